@@ -1,0 +1,10 @@
+"""Pure torch + diffusers parallel engine (never imports ComfyUI)."""
+from .comm import CommStats, all_gather_uneven, all_reduce, all_to_all, broadcast, split_sizes
+from .config import ConfigError, ParallelConfig
+from .context import AxisGroup, ParallelContext
+from .mesh import AXES, rank_coords, rank_groups
+
+__all__ = [
+    "AXES", "AxisGroup", "CommStats", "ConfigError", "ParallelConfig", "ParallelContext",
+    "all_gather_uneven", "all_reduce", "all_to_all", "broadcast", "rank_coords", "rank_groups", "split_sizes",
+]

@@ -1,0 +1,165 @@
+"""Collectives every parallel method uses, each counting the bytes it sends.
+
+The helpers take an `AxisGroup` (see context.py) so that callers say *which
+axis* they talk along, never raw ranks. Byte counts are what this rank sends
+to *other* ranks (its own chunk of an all-to-all stays home and is not
+counted); benchmarks compare them with the analytic volumes of each method.
+Every helper short-circuits at axis size 1, so serial runs pay nothing.
+gloo refuses all_gather with uneven sizes, so `all_gather_uneven` pads.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Optional, Sequence
+
+import torch
+import torch.distributed as dist
+
+
+class CommStats:
+    """Calls and bytes sent per operation name, for benchmarks and tests."""
+
+    def __init__(self) -> None:
+        self.calls = defaultdict(int)
+        self.bytes = defaultdict(int)
+
+    def record(self, op: str, nbytes: int) -> None:
+        self.calls[op] += 1
+        self.bytes[op] += int(nbytes)
+
+    def total_bytes(self) -> int:
+        return sum(self.bytes.values())
+
+    def snapshot(self) -> dict:
+        return {op: {"calls": self.calls[op], "bytes": self.bytes[op]} for op in sorted(self.calls)}
+
+    def reset(self) -> None:
+        self.calls.clear()
+        self.bytes.clear()
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def split_sizes(n: int, parts: int) -> list:
+    """Sizes of `parts` near-equal chunks of `n`, larger ones first (the layout every shard uses)."""
+    base, extra = divmod(n, parts)
+    return [base + (1 if i < extra else 0) for i in range(parts)]
+
+
+def all_to_all(x: torch.Tensor, scatter_dim: int, gather_dim: int, ax,
+               gather_sizes: Optional[Sequence[int]] = None) -> torch.Tensor:
+    """Scatter `x` along `scatter_dim` to the ranks of `ax`, gather their pieces along `gather_dim`.
+
+    The Ulysses sequence<->heads exchange. Chunks along `scatter_dim` follow
+    `split_sizes`, so uneven splits work. `gather_sizes[j]` is rank j's size of
+    `gather_dim`; by default every rank is assumed to hold as many as this one.
+    """
+    if ax.size == 1:
+        return x
+    scatter_sizes = split_sizes(x.shape[scatter_dim], ax.size)
+    if gather_sizes is None:
+        gather_sizes = [x.shape[gather_dim]] * ax.size
+    inputs = torch.split(x, scatter_sizes, dim=scatter_dim)
+    out_shapes = []
+    for j in range(ax.size):
+        shape = list(x.shape)
+        shape[scatter_dim] = scatter_sizes[ax.rank]
+        shape[gather_dim] = gather_sizes[j]
+        out_shapes.append(shape)
+    # gloo's list all_to_all needs equal shapes; all_to_all_single on flat buffers takes uneven splits.
+    send = torch.cat([c.reshape(-1) for c in inputs])
+    out_numels = [int(torch.Size(s).numel()) for s in out_shapes]
+    recv = torch.empty(sum(out_numels), dtype=x.dtype, device=x.device)
+    dist.all_to_all_single(recv, send, output_split_sizes=out_numels,
+                           input_split_sizes=[c.numel() for c in inputs], group=ax.group)
+    ax.stats.record("all_to_all", sum(_nbytes(c) for j, c in enumerate(inputs) if j != ax.rank))
+    outputs = [p.view(s) for p, s in zip(recv.split(out_numels), out_shapes)]
+    return torch.cat(outputs, dim=gather_dim)
+
+
+def all_gather_uneven(x: torch.Tensor, dim: int, ax, sizes: Optional[Sequence[int]] = None) -> torch.Tensor:
+    """Concatenate every rank's `x` along `dim`; ranks may hold different sizes there.
+
+    Pass `sizes` when every rank knows them (saves one small collective);
+    otherwise they are exchanged first. Shards are padded to the largest size
+    because gloo's all_gather needs equal shapes.
+    """
+    if ax.size == 1:
+        return x
+    if sizes is None:
+        mine = torch.tensor([x.shape[dim]], dtype=torch.int64, device=x.device)
+        got = [torch.empty_like(mine) for _ in range(ax.size)]
+        dist.all_gather(got, mine, group=ax.group)
+        sizes = [int(s.item()) for s in got]
+    if sizes[ax.rank] != x.shape[dim]:
+        raise ValueError(f"sizes[{ax.rank}]={sizes[ax.rank]} but this rank holds {x.shape[dim]} along dim {dim}")
+    biggest = max(sizes)
+    if biggest != x.shape[dim]:
+        pad_shape = list(x.shape)
+        pad_shape[dim] = biggest - x.shape[dim]
+        x = torch.cat([x, x.new_zeros(pad_shape)], dim=dim)
+    x = x.contiguous()
+    got = [torch.empty_like(x) for _ in range(ax.size)]
+    dist.all_gather(got, x, group=ax.group)
+    ax.stats.record("all_gather", _nbytes(x) * (ax.size - 1))
+    return torch.cat([g.narrow(dim, 0, s) for g, s in zip(got, sizes)], dim=dim)
+
+
+def all_reduce(x: torch.Tensor, ax, op=dist.ReduceOp.SUM) -> torch.Tensor:
+    """In-place all-reduce; counts the 2(n-1)/n volume of a ring all-reduce."""
+    if ax.size == 1:
+        return x
+    dist.all_reduce(x, op=op, group=ax.group)
+    ax.stats.record("all_reduce", _nbytes(x) * 2 * (ax.size - 1) // ax.size)
+    return x
+
+
+def broadcast(x: torch.Tensor, ax, src_axis_rank: int = 0) -> torch.Tensor:
+    """In-place broadcast from the axis rank `src_axis_rank`."""
+    if ax.size == 1:
+        return x
+    dist.broadcast(x, src=ax.global_rank(src_axis_rank), group=ax.group)
+    if ax.rank == src_axis_rank:
+        ax.stats.record("broadcast", _nbytes(x) * (ax.size - 1))
+    return x
+
+
+class RingExchange:
+    """One rotation of a ring: send tensors to the next rank, receive the previous rank's.
+
+    Issued at construction, completed by `wait()`, so the caller can compute
+    on the current block while the next one is in flight (Ring attention).
+    """
+
+    def __init__(self, tensors: Sequence[torch.Tensor], ax):
+        self.received = [torch.empty_like(t) for t in tensors]
+        self._reqs = []
+        if ax.size == 1:
+            self.received = list(tensors)
+            return
+        ops = []
+        for t, r in zip(tensors, self.received):
+            ops.append(dist.P2POp(dist.isend, t.contiguous(), ax.next_rank, group=ax.group))
+            ops.append(dist.P2POp(dist.irecv, r, ax.prev_rank, group=ax.group))
+        self._reqs = dist.batch_isend_irecv(ops)
+        ax.stats.record("ring_p2p", sum(_nbytes(t) for t in tensors))
+
+    def wait(self) -> list:
+        for r in self._reqs:
+            r.wait()
+        self._reqs = []
+        return self.received
+
+
+def isend(t: torch.Tensor, dst_axis_rank: int, ax, op: str = "pp_send"):
+    """Non-blocking send to an axis rank (pipeline stages); returns the work handle."""
+    work = dist.isend(t.contiguous(), ax.global_rank(dst_axis_rank), group=ax.group)
+    ax.stats.record(op, _nbytes(t))
+    return work
+
+
+def irecv(buf: torch.Tensor, src_axis_rank: int, ax):
+    """Non-blocking receive into `buf` from an axis rank; returns the work handle."""
+    return dist.irecv(buf, ax.global_rank(src_axis_rank), group=ax.group)

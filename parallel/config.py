@@ -1,0 +1,139 @@
+"""The user-facing description of a parallel run.
+
+A `ParallelConfig` is frozen and validated on construction so that a bad
+combination is refused *before* any process is started or any step is run;
+every message names the field to change and, where one exists, a value that
+would work (xDiT #345: degrees that don't multiply to the device count gave a
+confusing error deep inside NCCL).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Optional
+
+METHODS = ("usp", "distrifusion")
+
+
+class ConfigError(ValueError):
+    """A ParallelConfig that cannot run; the message says what to change."""
+
+
+def _check_int(name: str, value, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{name} must be an integer, got {value!r}")
+    if value < minimum:
+        raise ConfigError(f"{name} must be >= {minimum}, got {value}")
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """Degrees of every parallel axis, innermost (tp) to outermost (dp).
+
+    world_size = dp * cfg * pp * ring * ulysses * tp; sp = ulysses * ring.
+    `method` picks what the sequence ranks do: "usp" (exact Ulysses/Ring
+    attention) or "distrifusion" (displaced patch parallelism with stale
+    activations, which reuses the sp ranks as patch ranks).
+    """
+
+    dp_degree: int = 1
+    cfg_degree: int = 1
+    ulysses_degree: int = 1
+    ring_degree: int = 1
+    pp_degree: int = 1
+    num_pipeline_patch: Optional[int] = None
+    attn_layer_num_for_pp: Optional[tuple] = None
+    tp_degree: int = 1
+    warmup_steps: int = 1
+    method: str = "usp"
+    devices: tuple = field(default=())
+
+    def __post_init__(self) -> None:
+        for name in ("dp_degree", "cfg_degree", "ulysses_degree", "ring_degree", "pp_degree", "tp_degree"):
+            _check_int(name, getattr(self, name), 1)
+        _check_int("warmup_steps", self.warmup_steps, 0)
+        if self.cfg_degree not in (1, 2):
+            raise ConfigError(
+                f"cfg_degree must be 1 or 2 (a CFG batch has two halves: conditional and unconditional), "
+                f"got {self.cfg_degree}; use dp_degree to split the batch further")
+        if self.method not in METHODS:
+            raise ConfigError(f"method must be one of {METHODS}, got {self.method!r}")
+
+        # PipeFusion knobs.
+        if self.num_pipeline_patch is None:
+            object.__setattr__(self, "num_pipeline_patch", self.pp_degree)
+        _check_int("num_pipeline_patch", self.num_pipeline_patch, 1)
+        if self.pp_degree > 1 and self.num_pipeline_patch < self.pp_degree:
+            raise ConfigError(
+                f"num_pipeline_patch ({self.num_pipeline_patch}) must be >= pp_degree ({self.pp_degree}) so every "
+                f"pipeline stage has a patch to work on; set num_pipeline_patch to {self.pp_degree} or more")
+        if self.pp_degree == 1 and self.num_pipeline_patch != 1:
+            raise ConfigError(
+                f"num_pipeline_patch={self.num_pipeline_patch} only applies to PipeFusion; "
+                f"set pp_degree > 1 or num_pipeline_patch to 1")
+        if self.attn_layer_num_for_pp is not None:
+            layers = tuple(self.attn_layer_num_for_pp)
+            object.__setattr__(self, "attn_layer_num_for_pp", layers)
+            if len(layers) != self.pp_degree:
+                raise ConfigError(
+                    f"attn_layer_num_for_pp has {len(layers)} entries but pp_degree is {self.pp_degree}: "
+                    f"give one layer count per pipeline stage")
+            for i, n in enumerate(layers):
+                _check_int(f"attn_layer_num_for_pp[{i}]", n, 1)
+
+        # Combinations we refuse, with the reason.
+        if self.tp_degree > 1 and self.pp_degree > 1:
+            raise ConfigError(
+                "tp_degree > 1 with pp_degree > 1 is not supported: PipeFusion's per-stage KV buffers hold full "
+                "heads while tensor parallel shards them; set tp_degree=1 or pp_degree=1")
+        if self.method == "distrifusion" and (self.pp_degree > 1 or self.tp_degree > 1 or self.ring_degree > 1):
+            raise ConfigError(
+                "method='distrifusion' splits the image into one patch per sequence rank: set its degree with "
+                "ulysses_degree and keep ring_degree=1, pp_degree=1 and tp_degree=1")
+
+        devices = tuple(str(d) for d in self.devices)
+        object.__setattr__(self, "devices", devices)
+        if devices and len(devices) != self.world_size:
+            raise ConfigError(
+                f"the degrees multiply to a world of {self.world_size} processes "
+                f"({self.describe()}), but {len(devices)} device(s) were listed ({', '.join(devices)}); "
+                f"list {self.world_size} devices or lower the degrees")
+
+    @property
+    def sp_degree(self) -> int:
+        return self.ulysses_degree * self.ring_degree
+
+    @property
+    def world_size(self) -> int:
+        return self.dp_degree * self.cfg_degree * self.pp_degree * self.sp_degree * self.tp_degree
+
+    def describe(self) -> str:
+        parts = [f"{n}{getattr(self, n + '_degree')}" for n in ("dp", "cfg", "pp", "ring", "ulysses", "tp")
+                 if getattr(self, n + "_degree") > 1]
+        return "·".join(parts) or "serial"
+
+    def mesh_key(self) -> tuple:
+        """What a running world depends on: two configs with the same key can share one pool."""
+        return (self.dp_degree, self.cfg_degree, self.pp_degree, self.ring_degree,
+                self.ulysses_degree, self.tp_degree, self.devices)
+
+    def to_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ParallelConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ConfigError(f"unknown ParallelConfig field(s): {sorted(unknown)}; known: {sorted(known)}")
+        d = dict(d)
+        for k in ("attn_layer_num_for_pp", "devices"):
+            if isinstance(d.get(k), list):
+                d[k] = tuple(d[k])
+        return cls(**d)
+
+    def check_world(self, available: int, kind: str = "device") -> None:
+        """Refuse a world larger than what the machine has, naming the axes to lower."""
+        if self.world_size > available:
+            raise ConfigError(
+                f"the degrees ({self.describe()}) need {self.world_size} {kind}s but only {available} "
+                f"are available; lower a degree so the product is at most {available}")

@@ -1,0 +1,141 @@
+"""Per-process parallel state, created once after `init_process_group`.
+
+There is no module-level registry of groups (xDiT's `_RUNTIME` singleton is the
+counter-example): everything a parallel layer needs - its rank and group along
+each axis, the device, the comm counters - hangs off one `ParallelContext` that
+is passed explicitly. Two contexts can coexist in one process (tests do that).
+"""
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from .comm import CommStats
+from .config import ParallelConfig
+from .mesh import AXES, rank_coords, rank_groups
+
+DEFAULT_TIMEOUT_S = 120.0
+
+
+@dataclass
+class AxisGroup:
+    """This rank's view of one axis: its position, the peers, the process group.
+
+    `group` is None when the axis has size 1 (no communication needed) or the
+    world is a single process without torch.distributed.
+    """
+
+    name: str
+    rank: int
+    size: int
+    ranks: list
+    group: Optional[object]
+    stats: CommStats = field(repr=False)
+
+    def global_rank(self, axis_rank: int) -> int:
+        return self.ranks[axis_rank % self.size]
+
+    @property
+    def next_rank(self) -> int:
+        return self.global_rank(self.rank + 1)
+
+    @property
+    def prev_rank(self) -> int:
+        return self.global_rank(self.rank - 1)
+
+
+class ParallelContext:
+    """Config + process groups + comm counters for one process of the world."""
+
+    def __init__(self, config: ParallelConfig, device: Optional[torch.device] = None,
+                 timeout_s: float = DEFAULT_TIMEOUT_S):
+        self.config = config
+        self.timeout_s = timeout_s
+        self.stats = CommStats()
+        if dist.is_available() and dist.is_initialized():
+            self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        else:
+            self.rank, self.world_size = 0, 1
+        if self.world_size != config.world_size:
+            raise ValueError(
+                f"the world has {self.world_size} processes but the config ({config.describe()}) needs "
+                f"{config.world_size}; start the world with the config's world_size")
+        self.device = device or torch.device("cpu")
+        self.coords = rank_coords(config, self.rank)
+        self._own_groups = []
+        self.axes = self._build_axes()
+
+    def _build_axes(self) -> dict:
+        timeout = datetime.timedelta(seconds=self.timeout_s)
+        axes = {}
+        for name, groups in rank_groups(self.config).items():
+            mine = next(g for g in groups if self.rank in g)
+            pg = None
+            if len(mine) > 1:
+                # new_group is collective over the whole world: every rank creates every group, in order.
+                for g in groups:
+                    handle = dist.new_group(g, timeout=timeout)
+                    self._own_groups.append(handle)
+                    if g is mine:
+                        pg = handle
+            axes[name] = AxisGroup(name, mine.index(self.rank), len(mine), list(mine), pg, self.stats)
+        return axes
+
+    def with_config(self, config: ParallelConfig) -> "ParallelContext":
+        """A context for another config of the same mesh, sharing these groups (no collective)."""
+        if config.mesh_key() != self.config.mesh_key():
+            raise ValueError(f"mesh changed ({self.config.describe()} -> {config.describe()}): build a new context")
+        other = object.__new__(ParallelContext)
+        other.__dict__.update(self.__dict__)
+        other.config = config
+        other._own_groups = []  # the groups stay owned by self
+        return other
+
+    def axis(self, name: str) -> AxisGroup:
+        return self.axes[name]
+
+    # Shorthands for the axes every layer asks about.
+    @property
+    def sp(self) -> AxisGroup:
+        return self.axes["sp"]
+
+    @property
+    def ulysses(self) -> AxisGroup:
+        return self.axes["ulysses"]
+
+    @property
+    def ring(self) -> AxisGroup:
+        return self.axes["ring"]
+
+    @property
+    def pp(self) -> AxisGroup:
+        return self.axes["pp"]
+
+    @property
+    def cfg(self) -> AxisGroup:
+        return self.axes["cfg"]
+
+    @property
+    def dp(self) -> AxisGroup:
+        return self.axes["dp"]
+
+    @property
+    def tp(self) -> AxisGroup:
+        return self.axes["tp"]
+
+    def destroy(self) -> None:
+        """Free the subgroups (the world group belongs to whoever initialised it)."""
+        for g in self._own_groups:
+            try:
+                dist.destroy_process_group(g)
+            except Exception:  # noqa: BLE001 - best effort during teardown
+                pass
+        self._own_groups = []
+
+    def __repr__(self) -> str:
+        coords = ", ".join(f"{a}={self.coords[a]}" for a in AXES)
+        return f"ParallelContext(rank={self.rank}/{self.world_size}, {coords}, device={self.device})"

@@ -1,0 +1,1 @@
+"""One adapter per model family: what is split, not how."""

@@ -1,0 +1,150 @@
+"""Run a test body on N gloo processes on CPU, and never hang.
+
+A `DistPool` spawns N processes once (importing torch costs seconds on this
+machine) and keeps them, with their gloo world, across tests. `run(fn, ...)`
+calls `fn` on every rank and returns the per-rank results. If any rank raises,
+the test fails with that rank's traceback; ranks still blocked in a collective
+are given a short grace period and then the world is torn down and respawned
+for the next test, so one failure never hangs or poisons the rest. A per-call
+timeout turns a hang into a failure the same way.
+"""
+from __future__ import annotations
+
+import datetime
+import multiprocessing as mp
+import os
+import socket
+import time
+import traceback
+
+GRACE_S = 5.0
+
+
+class DistFailure(AssertionError):
+    """One or more ranks failed, hung or died; the message carries their tracebacks."""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker_main(rank: int, world: int, port: int, conn, collective_timeout_s: float) -> None:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=collective_timeout_s))
+    conn.send(("ready", rank))
+    while True:
+        try:
+            msg = conn.recv()
+        except EOFError:
+            break
+        if msg is None:
+            break
+        fn, args, kwargs = msg
+        try:
+            conn.send(("ok", fn(*args, **kwargs)))
+        except BaseException:  # noqa: BLE001 - report everything, the driver decides
+            conn.send(("err", traceback.format_exc()))
+    dist.destroy_process_group()
+
+
+class DistPool:
+    def __init__(self, world_size: int, collective_timeout_s: float = 60.0):
+        self.world_size = world_size
+        self.collective_timeout_s = collective_timeout_s
+        self.procs, self.conns = [], []
+        self.spawns = 0
+
+    def _start(self) -> None:
+        ctx = mp.get_context("spawn")
+        port = _free_port()
+        for r in range(self.world_size):
+            parent, child = ctx.Pipe()
+            p = ctx.Process(target=_worker_main, args=(r, self.world_size, port, child, self.collective_timeout_s),
+                            daemon=True, name=f"dist-test-rank{r}")
+            p.start()
+            child.close()
+            self.procs.append(p)
+            self.conns.append(parent)
+        self.spawns += 1
+        deadline = time.monotonic() + 120
+        for r, c in enumerate(self.conns):
+            if not c.poll(max(0.0, deadline - time.monotonic())):
+                self.close()
+                raise DistFailure(f"rank {r} of a {self.world_size}-process gloo world did not start in 120 s")
+            c.recv()
+
+    def close(self) -> None:
+        for c in self.conns:
+            try:
+                c.send(None)
+            except (OSError, BrokenPipeError):
+                pass
+        for p in self.procs:
+            p.join(timeout=2)
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=2)
+        for c in self.conns:
+            c.close()
+        self.procs, self.conns = [], []
+
+    def run(self, fn, *args, timeout: float = 120.0, **kwargs) -> list:
+        """Call fn(*args, **kwargs) on every rank; return the results in rank order."""
+        if not self.procs:
+            self._start()
+        for c in self.conns:
+            c.send((fn, args, kwargs))
+        results, errors = [None] * self.world_size, {}
+        pending = set(range(self.world_size))
+        deadline = time.monotonic() + timeout
+        while pending:
+            now = time.monotonic()
+            if now > deadline:
+                break
+            for r in sorted(pending):
+                c = self.conns[r]
+                try:
+                    if not c.poll(0.01):
+                        continue
+                    status, payload = c.recv()
+                except (EOFError, OSError):
+                    status, payload = "err", f"rank {r} died (exit code {self.procs[r].exitcode})"
+                pending.discard(r)
+                if status == "ok":
+                    results[r] = payload
+                else:
+                    errors[r] = payload
+                    deadline = min(deadline, time.monotonic() + GRACE_S)
+        if not errors and not pending:
+            return results
+        name = getattr(fn, "__name__", repr(fn))
+        parts = [f"--- rank {r} raised ---\n{tb}" for r, tb in sorted(errors.items())]
+        if pending:
+            parts.append(f"--- ranks {sorted(pending)} did not finish "
+                         f"({'after another rank failed' if errors else f'within {timeout:.0f} s: hang?'}) ---")
+        if pending:  # ranks stuck in a collective: this world is unusable, respawn on next use
+            self.close()
+        raise DistFailure(f"{name} failed on a {self.world_size}-rank world:\n" + "\n".join(parts))
+
+
+# ---- helpers for test bodies (run inside the workers) ----
+_contexts: dict = {}
+
+
+def context_for(config):
+    """The ParallelContext for `config` in this worker, created once (new_group is collective)."""
+    from comfyui_hybrid_parallel.parallel import ParallelContext
+
+    key = config.mesh_key()
+    if key not in _contexts:
+        _contexts[key] = ParallelContext(config)
+    ctx = _contexts[key].with_config(config)
+    ctx.stats.reset()
+    return ctx

@@ -1,0 +1,1 @@
+"""The persistent pool of torch.distributed workers (driver side and worker loop)."""
