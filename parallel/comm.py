@@ -49,16 +49,19 @@ def split_sizes(n: int, parts: int) -> list:
 
 
 def all_to_all(x: torch.Tensor, scatter_dim: int, gather_dim: int, ax,
-               gather_sizes: Optional[Sequence[int]] = None) -> torch.Tensor:
+               gather_sizes: Optional[Sequence[int]] = None,
+               scatter_sizes: Optional[Sequence[int]] = None) -> torch.Tensor:
     """Scatter `x` along `scatter_dim` to the ranks of `ax`, gather their pieces along `gather_dim`.
 
     The Ulysses sequence<->heads exchange. Chunks along `scatter_dim` follow
-    `split_sizes`, so uneven splits work. `gather_sizes[j]` is rank j's size of
+    `scatter_sizes` (default `split_sizes`), so uneven splits work. `gather_sizes[j]` is rank j's size of
     `gather_dim`; by default every rank is assumed to hold as many as this one.
     """
     if ax.size == 1:
         return x
-    scatter_sizes = split_sizes(x.shape[scatter_dim], ax.size)
+    if scatter_sizes is None:
+        scatter_sizes = split_sizes(x.shape[scatter_dim], ax.size)
+    scatter_sizes = list(scatter_sizes)
     if gather_sizes is None:
         gather_sizes = [x.shape[gather_dim]] * ax.size
     inputs = torch.split(x, scatter_sizes, dim=scatter_dim)
@@ -134,14 +137,15 @@ class RingExchange:
     """
 
     def __init__(self, tensors: Sequence[torch.Tensor], ax):
-        self.received = [torch.empty_like(t) for t in tensors]
         self._reqs = []
         if ax.size == 1:
             self.received = list(tensors)
             return
+        tensors = [t.contiguous() for t in tensors]
+        self.received = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in tensors]
         ops = []
         for t, r in zip(tensors, self.received):
-            ops.append(dist.P2POp(dist.isend, t.contiguous(), ax.next_rank, group=ax.group))
+            ops.append(dist.P2POp(dist.isend, t, ax.next_rank, group=ax.group))
             ops.append(dist.P2POp(dist.irecv, r, ax.prev_rank, group=ax.group))
         self._reqs = dist.batch_isend_irecv(ops)
         ax.stats.record("ring_p2p", sum(_nbytes(t) for t in tensors))

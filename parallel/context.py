@@ -65,6 +65,7 @@ class ParallelContext:
                 f"the world has {self.world_size} processes but the config ({config.describe()}) needs "
                 f"{config.world_size}; start the world with the config's world_size")
         self.device = device or torch.device("cpu")
+        self.attention_backend = "auto"  # see parallel/attention.py; a pool may force one
         self.coords = rank_coords(config, self.rank)
         self._own_groups = []
         self.axes = self._build_axes()

@@ -59,9 +59,12 @@ def _groups_varying(config: ParallelConfig, varying: tuple) -> list:
 def rank_groups(config: ParallelConfig) -> dict:
     """The ranks that communicate along each axis.
 
-    Keys: dp, cfg, pp, sp, ring, ulysses, tp. Each value partitions
+    Keys: dp, cfg, pp, sp, ring, ulysses, tp, and batch (cfg x dp: the ranks
+    a batch is split over, cfg-major so that ComfyUI's [cond..., uncond...]
+    batch puts the conditional half on cfg rank 0). Each value partitions
     range(world_size); a group's list is in the order of the axis' own rank.
     """
     groups = {ax: _groups_varying(config, (ax,)) for ax in AXES}
     groups["sp"] = _groups_varying(config, ("ulysses", "ring"))
-    return {k: groups[k] for k in ("dp", "cfg", "pp", "sp", "ring", "ulysses", "tp")}
+    groups["batch"] = _groups_varying(config, ("dp", "cfg"))
+    return {k: groups[k] for k in ("dp", "cfg", "pp", "sp", "ring", "ulysses", "tp", "batch")}

@@ -15,6 +15,7 @@ def test_seed_example_dp2_cfg2_pp2_sp2():
     assert g["ring"] == [[i] for i in range(16)]
     assert g["dp"] == [[i, i + 8] for i in range(8)]
     assert g["tp"] == [[i] for i in range(16)]
+    assert g["batch"] == [[i, i + 8, i + 4, i + 12] for i in range(4)]  # cfg-major: cond half first
 
 
 def test_ulysses_inside_ring():
@@ -44,18 +45,19 @@ def test_groups_partition_and_are_orthogonal(config):
     g = rank_groups(config)
     world = set(range(config.world_size))
     sizes = {"dp": config.dp_degree, "cfg": config.cfg_degree, "pp": config.pp_degree, "sp": config.sp_degree,
-             "ring": config.ring_degree, "ulysses": config.ulysses_degree, "tp": config.tp_degree}
+             "ring": config.ring_degree, "ulysses": config.ulysses_degree, "tp": config.tp_degree,
+             "batch": config.cfg_degree * config.dp_degree}
     for axis, groups in g.items():
         flat = [r for grp in groups for r in grp]
         assert sorted(flat) == sorted(world), axis  # a partition
         assert all(len(grp) == sizes[axis] for grp in groups), axis
         for grp in groups:  # members differ only along this axis
             coords = [rank_coords(config, r) for r in grp]
-            varying = {"sp": {"ulysses", "ring"}}.get(axis, {axis})
+            varying = {"sp": {"ulysses", "ring"}, "batch": {"cfg", "dp"}}.get(axis, {axis})
             for a in ("tp", "ulysses", "ring", "pp", "cfg", "dp"):
                 if a not in varying:
                     assert len({c[a] for c in coords}) == 1, (axis, a, grp)
-            if axis != "sp":  # position in the group is the axis coordinate
+            if axis not in ("sp", "batch"):  # position in the group is the axis coordinate
                 assert [c[axis] for c in coords] == list(range(len(grp)))
     # orthogonal: two different axes' groups share at most one rank
     single = ["dp", "cfg", "pp", "ring", "ulysses", "tp"]

@@ -1,0 +1,19 @@
+"""PixArt-alpha / Sigma (`PixArtTransformer2DModel`): what is split for sequence parallelism.
+
+Split after `pos_embed` (it needs the full latent), gather after `proj_out`.
+Only the image self-attention (`attn1`) is distributed; the cross-attention to
+the text (`attn2`) has local image queries and full text K/V already.
+"""
+from ..plan import Attention, FamilyPlan, GatherOutput, SplitOutput
+
+PLAN = FamilyPlan(
+    family="pixart",
+    model_class="PixArtTransformer2DModel",
+    batch_inputs=("hidden_states", "encoder_hidden_states", "timestep", "added_cond_kwargs",
+                  "attention_mask", "encoder_attention_mask"),
+    sequence={
+        "pos_embed": [SplitOutput(dim=1)],
+        "proj_out": [GatherOutput(dim=1)],
+    },
+    attention={"transformer_blocks.*.attn1": Attention()},
+)
