@@ -72,13 +72,17 @@ def all_to_all(x: torch.Tensor, scatter_dim: int, gather_dim: int, ax,
         shape[gather_dim] = gather_sizes[j]
         out_shapes.append(shape)
     # gloo's list all_to_all needs equal shapes; all_to_all_single on flat buffers takes uneven splits.
-    send = torch.cat([c.reshape(-1) for c in inputs])
+    # Pieces are laid out in process-group rank order, which may differ from axis order.
+    order = ax.group_order
+    by_group = sorted(range(ax.size), key=lambda j: order[j])  # axis ranks in group-rank order
+    send = torch.cat([inputs[j].reshape(-1) for j in by_group])
     out_numels = [int(torch.Size(s).numel()) for s in out_shapes]
     recv = torch.empty(sum(out_numels), dtype=x.dtype, device=x.device)
-    dist.all_to_all_single(recv, send, output_split_sizes=out_numels,
-                           input_split_sizes=[c.numel() for c in inputs], group=ax.group)
+    dist.all_to_all_single(recv, send, output_split_sizes=[out_numels[j] for j in by_group],
+                           input_split_sizes=[inputs[j].numel() for j in by_group], group=ax.group)
     ax.stats.record("all_to_all", sum(_nbytes(c) for j, c in enumerate(inputs) if j != ax.rank))
-    outputs = [p.view(s) for p, s in zip(recv.split(out_numels), out_shapes)]
+    pieces = dict(zip(by_group, recv.split([out_numels[j] for j in by_group])))
+    outputs = [pieces[j].view(out_shapes[j]) for j in range(ax.size)]
     return torch.cat(outputs, dim=gather_dim)
 
 
@@ -95,7 +99,7 @@ def all_gather_uneven(x: torch.Tensor, dim: int, ax, sizes: Optional[Sequence[in
         mine = torch.tensor([x.shape[dim]], dtype=torch.int64, device=x.device)
         got = [torch.empty_like(mine) for _ in range(ax.size)]
         dist.all_gather(got, mine, group=ax.group)
-        sizes = [int(s.item()) for s in got]
+        sizes = [int(got[g].item()) for g in ax.group_order]
     if sizes[ax.rank] != x.shape[dim]:
         raise ValueError(f"sizes[{ax.rank}]={sizes[ax.rank]} but this rank holds {x.shape[dim]} along dim {dim}")
     biggest = max(sizes)
@@ -107,6 +111,7 @@ def all_gather_uneven(x: torch.Tensor, dim: int, ax, sizes: Optional[Sequence[in
     got = [torch.empty_like(x) for _ in range(ax.size)]
     dist.all_gather(got, x, group=ax.group)
     ax.stats.record("all_gather", _nbytes(x) * (ax.size - 1))
+    got = [got[g] for g in ax.group_order]  # group-rank order -> axis order
     return torch.cat([g.narrow(dim, 0, s) for g, s in zip(got, sizes)], dim=dim)
 
 

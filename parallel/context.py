@@ -36,6 +36,17 @@ class AxisGroup:
     group: Optional[object]
     stats: CommStats = field(repr=False)
 
+    @property
+    def group_order(self) -> list:
+        """group_order[i]: the process-group rank of axis rank i.
+
+        torch numbers a group's members by ascending global rank, but an axis
+        may list them in another order (the batch axis is cfg-major); collectives
+        whose results are positional use this to put pieces in axis order.
+        """
+        ascending = sorted(self.ranks)
+        return [ascending.index(r) for r in self.ranks]
+
     def global_rank(self, axis_rank: int) -> int:
         return self.ranks[axis_rank % self.size]
 

@@ -168,3 +168,23 @@ def test_harness_timeout_turns_hang_into_failure(dist_pools):
     with pytest.raises(DistFailure, match=r"ranks \[0\] did not finish \(within 3 s: hang"):
         pool.run(_hang_on_rank_0, timeout=3)
     assert pool.run(_ranks) == [0, 1]
+
+
+def _non_ascending_axis_body():
+    """The batch axis lists its ranks cfg-major ([0, 2, 1, 3] for dp2·cfg2), not in global order."""
+    ctx = context_for(ParallelConfig(dp_degree=2, cfg_degree=2))
+    ax = ctx.axis("batch")
+    mine = torch.full((ax.rank + 1, 2), float(ax.rank))
+    gathered = all_gather_uneven(mine, 0, ax)
+    expect = torch.cat([torch.full((r + 1, 2), float(r)) for r in range(ax.size)])
+    torch.testing.assert_close(gathered, expect, rtol=0, atol=0)
+    # row j of every rank's tensor is addressed to axis rank j; axis rank j receives them in axis order
+    x = torch.tensor([[10.0 * ax.rank + j] * 3 for j in range(ax.size)])
+    got = all_to_all(x, scatter_dim=0, gather_dim=0, ax=ax, gather_sizes=[1] * ax.size)
+    torch.testing.assert_close(got, torch.tensor([[10.0 * i + ax.rank] * 3 for i in range(ax.size)]), rtol=0, atol=0)
+    return ax.ranks
+
+
+def test_collectives_follow_axis_order_not_global_order(dist_pools):
+    res = dist_pools(4).run(_non_ascending_axis_body)
+    assert res[0] == [0, 2, 1, 3]
