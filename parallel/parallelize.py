@@ -5,6 +5,7 @@ import torch
 
 from .models import plan_for
 from .plan import apply_plan, remove_plan
+from .tp import apply_tp, check_tp
 
 
 def parallelize(transformer: torch.nn.Module, ctx) -> torch.nn.Module:
@@ -16,13 +17,19 @@ def parallelize(transformer: torch.nn.Module, ctx) -> torch.nn.Module:
     """
     if ctx.config.world_size == 1:
         return transformer
-    unsupported = [n for n in ("pp", "tp") if getattr(ctx.config, f"{n}_degree") > 1]
-    if unsupported:
-        raise NotImplementedError(f"parallelize() does not implement {unsupported} yet; "
-                                  f"use dp/cfg/ulysses/ring degrees")
-    return apply_plan(transformer, plan_for(transformer), ctx)
+    if ctx.config.pp_degree > 1:
+        raise NotImplementedError("PipeFusion (pp_degree > 1) runs the whole denoising loop in the workers; "
+                                  "parallelize() covers dp/cfg/ulysses/ring/tp")
+    plan = plan_for(transformer)
+    if ctx.config.tp_degree > 1:
+        check_tp(transformer, plan, ctx.config.tp_degree)  # refuse before anything is sharded
+    apply_plan(transformer, plan, ctx)
+    if ctx.config.tp_degree > 1:
+        apply_tp(transformer, plan, ctx.tp, device_type=ctx.device.type)
+    return transformer
 
 
 def unparallelize(transformer: torch.nn.Module) -> torch.nn.Module:
-    """Undo `parallelize` (restores the serial forward)."""
+    """Undo the hooks of `parallelize` (restores the serial forward). Tensor-parallel
+    sharding replaced the weights and is not undone: rebuild the model instead."""
     return remove_plan(transformer)

@@ -67,6 +67,8 @@ class FamilyPlan:
     batch_inputs: tuple
     sequence: dict            # module path ("" = the model itself) -> list of SplitInput/SplitOutput/GatherOutput
     attention: dict           # module path pattern ('*' = one path segment) -> Attention
+    tp: Optional[dict] = None  # diffusers `_tp_plan` format: pattern -> "colwise" | "rowwise" | packed
+    tp_refusal: str = ""       # why tensor parallel is refused when `tp` is None
     heads_attr: str = "num_attention_heads"
 
 

@@ -5,6 +5,8 @@ Inputs are the 2x2-packed image tokens plus per-token RoPE ids; splitting
 embedding of exactly the local tokens. The text stream is replicated on every
 rank (it is short next to the image) and joins attention at the front.
 """
+from diffusers import FluxTransformer2DModel
+
 from ..plan import Attention, FamilyPlan, GatherOutput, SplitInput
 
 PLAN = FamilyPlan(
@@ -21,4 +23,7 @@ PLAN = FamilyPlan(
         # single-stream blocks concatenate [text, image] before attention: read the text length at the block
         "single_transformer_blocks.*": Attention(text_arg="encoder_hidden_states", text_first=True),
     },
+    # diffusers ships Flux's tensor-parallel plan; use it rather than restating it
+    tp=dict(getattr(FluxTransformer2DModel, "_tp_plan", None) or {}) or None,
+    tp_refusal="this diffusers version has no _tp_plan for Flux",
 )

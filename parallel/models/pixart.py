@@ -16,4 +16,11 @@ PLAN = FamilyPlan(
         "proj_out": [GatherOutput(dim=1)],
     },
     attention={"transformer_blocks.*.attn1": Attention()},
+    tp={
+        **{f"transformer_blocks.*.{a}.{n}": "colwise" for a in ("attn1", "attn2") for n in ("to_q", "to_k", "to_v")},
+        "transformer_blocks.*.attn1.to_out.0": "rowwise",
+        "transformer_blocks.*.attn2.to_out.0": "rowwise",
+        "transformer_blocks.*.ff.net.0.proj": "colwise",
+        "transformer_blocks.*.ff.net.2": "rowwise",
+    },
 )

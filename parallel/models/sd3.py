@@ -19,4 +19,16 @@ PLAN = FamilyPlan(
         "transformer_blocks.*.attn": Attention(text_arg="encoder_hidden_states", text_first=False),
         "transformer_blocks.*.attn2": Attention(),
     },
+    tp={
+        **{f"transformer_blocks.*.attn.{n}": "colwise"
+           for n in ("to_q", "to_k", "to_v", "add_q_proj", "add_k_proj", "add_v_proj")},
+        "transformer_blocks.*.attn.to_out.0": "rowwise",
+        "transformer_blocks.*.attn.to_add_out": "rowwise",
+        **{f"transformer_blocks.*.attn2.{n}": "colwise" for n in ("to_q", "to_k", "to_v")},
+        "transformer_blocks.*.attn2.to_out.0": "rowwise",
+        "transformer_blocks.*.ff.net.0.proj": "colwise",
+        "transformer_blocks.*.ff.net.2": "rowwise",
+        "transformer_blocks.*.ff_context.net.0.proj": "colwise",
+        "transformer_blocks.*.ff_context.net.2": "rowwise",
+    },
 )

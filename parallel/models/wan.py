@@ -19,4 +19,7 @@ PLAN = FamilyPlan(
         "proj_out": [GatherOutput(dim=1)],
     },
     attention={"blocks.*.attn1": Attention()},
+    tp=None,
+    tp_refusal=("Wan normalises q and k over all heads together (qk_norm='rms_norm_across_heads'), which "
+                "column-sharded heads cannot compute locally; use ulysses_degree/ring_degree for Wan instead"),
 )
