@@ -4,6 +4,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh || exit 1
+bash scripts/setup_comfyui.sh .venv >/dev/null || exit 1
 MARK=()
 [ "${HP_FULL:-0}" = "1" ] || MARK=(-m "not slow")
 .venv/bin/python -m pytest -q -ra "${MARK[@]}" "$@"

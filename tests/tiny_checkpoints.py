@@ -1,0 +1,176 @@
+"""Tiny random-init checkpoints in ComfyUI's own format, built from ComfyUI's own model classes.
+
+Each builder instantiates the ComfyUI class on the meta device (no memory, no init cost) to get
+the exact key set and shapes ComfyUI expects, fills every tensor from a seeded generator, and
+saves the state dict with safetensors, with no key prefix — the layout of a file in
+models/diffusion_models (or models/vae). `comfy.sd.load_diffusion_model(path)` / `comfy.sd.VAE`
+then detect the model type from these shapes, so the configs below are the smallest that
+ComfyUI's detection (comfy.model_detection, comfy.sd.VAE) still maps to the intended family:
+
+- Flux.1: detection fixes 24 heads and RoPE axes (16, 56, 56), hence hidden 3072: even one double
+  and one single block is 531M parameters. Saved as bf16 (1 GB) by default.
+- SD3 (MMDiT): hidden = 64 * depth and heads = depth; depth 2.
+- PixArt-Σ: hidden 1152 / 16 heads fixed; caption_channels 4096 is not read by detection, so it
+  must stay 4096; depth 1.
+- Wan 2.1 T2V: heads = dim / 128, text_dim 4096 is not read by detection; dim 128, 1 layer.
+- KL VAE: architecture fixed by ComfyUI (ch 128, mult 1,2,4,4); only latent channels are read.
+  "sd" style has quant convs (4 channels), "flux" style has none (16 channels).
+- Wan 2.1 VAE: base width read from the weights.
+
+Requires ComfyUI importable (call comfy_env.setup_comfy() first).
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+# Shared text/pooled widths for the tiny models: small where detection reads them from the weights.
+TINY_CONTEXT_DIM = 32
+TINY_POOLED_DIM = 24
+
+
+def _random_state_dict(module: torch.nn.Module, seed: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Seeded values for every entry of module.state_dict(), scaled so activations stay O(1).
+
+    Nothing is left at zero (ComfyUI and diffusers zero-init some output layers): a zero layer
+    would let a wrong key mapping pass the equivalence tests unnoticed.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    out = {}
+    for name, ref in module.state_dict().items():
+        shape = tuple(ref.shape)
+        if not ref.dtype.is_floating_point:
+            raise TypeError(f"unexpected non-float entry {name} ({ref.dtype}) in a tiny checkpoint")
+        leaf = name.rsplit(".", 1)[-1]
+        t = torch.randn(shape, generator=gen)
+        if "norm" in name or leaf in ("gamma", "scale"):
+            t = 1.0 + 0.1 * t  # norm gains near 1
+        elif "pos_embed" in name or "y_embedding" in name:
+            t = 0.5 * t
+        elif len(shape) >= 2:
+            t = t / math.sqrt(max(1, math.prod(shape[1:])))
+        else:
+            t = 0.1 * t
+        out[name] = t.to(dtype).contiguous()
+    return out
+
+
+def _save(module_factory, path: Path, seed: int, dtype: torch.dtype,
+          meta_context: bool = False) -> dict[str, torch.Tensor]:
+    """Build on the meta device: DiT classes take device= (a global meta context would break their
+    `.item()` calls at init); the VAE classes take no device argument, so they need the context."""
+    if meta_context:
+        with torch.device("meta"):
+            module = module_factory()
+    else:
+        module = module_factory()
+    sd = _random_state_dict(module, seed, dtype)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    save_file(sd, str(path), metadata={"format": "pt"})
+    return sd
+
+
+def _ops():
+    import comfy.ops
+
+    return comfy.ops.disable_weight_init
+
+
+def write_flux(path: Path, *, guidance: bool = True, depth: int = 1, depth_single: int = 1,
+               seed: int = 0, dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
+    """Flux.1 dev (guidance=True) or schnell (guidance=False) with hidden 3072 (forced, see module doc)."""
+    from comfy.ldm.flux.model import Flux
+
+    def make():
+        return Flux(image_model="flux", in_channels=16, out_channels=16, vec_in_dim=TINY_POOLED_DIM,
+                    context_in_dim=TINY_CONTEXT_DIM, hidden_size=3072, mlp_ratio=4.0, num_heads=24,
+                    depth=depth, depth_single_blocks=depth_single, axes_dim=[16, 56, 56], theta=10000,
+                    patch_size=2, qkv_bias=True, guidance_embed=guidance, operations=_ops(), device="meta")
+
+    return _save(make, path, seed, dtype)
+
+
+def write_sd3(path: Path, *, depth: int = 2, pos_embed_max_size: int = 16, seed: int = 0,
+              dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    """SD3-medium-style MMDiT (no qk norm, no dual attention): hidden = 64 * depth."""
+    from comfy.ldm.modules.diffusionmodules.mmdit import MMDiT
+
+    hidden = 64 * depth
+
+    def make():
+        return MMDiT(in_channels=16, patch_size=2, out_channels=16, depth=depth, input_size=None,
+                     adm_in_channels=TINY_POOLED_DIM,
+                     context_embedder_config={"target": "torch.nn.Linear",
+                                              "params": {"in_features": TINY_CONTEXT_DIM, "out_features": hidden}},
+                     num_patches=pos_embed_max_size ** 2, pos_embed_max_size=pos_embed_max_size,
+                     operations=_ops(), device="meta")
+
+    return _save(make, path, seed, dtype)
+
+
+def write_pixart(path: Path, *, depth: int = 1, model_max_length: int = 8, seed: int = 0,
+                 dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    """PixArt-Σ (no micro-conditioning): hidden 1152 and 16 heads are fixed by detection."""
+    from comfy.ldm.pixart.pixartms import PixArtMS
+
+    def make():
+        return PixArtMS(input_size=None, patch_size=2, in_channels=4, hidden_size=1152, depth=depth,
+                        num_heads=16, caption_channels=4096, model_max_length=model_max_length,
+                        pe_interpolation=None, micro_condition=False, operations=_ops(), device="meta")
+
+    return _save(make, path, seed, dtype)
+
+
+def write_wan(path: Path, *, dim: int = 128, ffn_dim: int = 256, num_layers: int = 1, seed: int = 0,
+              dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    """Wan 2.1 T2V: heads = dim / 128 (detection), text_dim 4096 (not read by detection)."""
+    from comfy.ldm.wan.model import WanModel
+
+    if dim % 128:
+        raise ValueError(f"Wan dim must be a multiple of 128 (ComfyUI uses heads = dim/128), got {dim}")
+
+    def make():
+        return WanModel(model_type="t2v", patch_size=(1, 2, 2), text_len=512, in_dim=16, dim=dim,
+                        ffn_dim=ffn_dim, freq_dim=256, text_dim=4096, out_dim=16, num_heads=dim // 128,
+                        num_layers=num_layers, window_size=(-1, -1), qk_norm=True, cross_attn_norm=True,
+                        eps=1e-6, operations=_ops(), device="meta")
+
+    return _save(make, path, seed, dtype)
+
+
+def write_kl_vae(path: Path, *, style: str = "sd", seed: int = 0,
+                 dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    """The SD ("sd": 4 latent channels, quant convs) or Flux ("flux": 16 channels, none) KL VAE."""
+    from comfy.ldm.models.autoencoder import AutoencoderKL, AutoencodingEngine
+
+    if style not in ("sd", "flux"):
+        raise ValueError(f"style must be 'sd' or 'flux', got {style!r}")
+    z = 4 if style == "sd" else 16
+    ddconfig = {"double_z": True, "z_channels": z, "resolution": 256, "in_channels": 3, "out_ch": 3,
+                "ch": 128, "ch_mult": [1, 2, 4, 4], "num_res_blocks": 2, "attn_resolutions": [],
+                "dropout": 0.0}
+
+    def make():
+        if style == "sd":
+            return AutoencoderKL(ddconfig=ddconfig, embed_dim=z)
+        reg = {"target": "comfy.ldm.models.autoencoder.DiagonalGaussianRegularizer"}
+        enc = {"target": "comfy.ldm.modules.diffusionmodules.model.Encoder", "params": ddconfig}
+        dec = {"target": "comfy.ldm.modules.diffusionmodules.model.Decoder", "params": ddconfig}
+        return AutoencodingEngine(regularizer_config=reg, encoder_config=enc, decoder_config=dec)
+
+    return _save(make, path, seed, dtype, meta_context=True)
+
+
+def write_wan_vae(path: Path, *, dim: int = 8, seed: int = 0,
+                  dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    """Wan 2.1 VAE (16 latent channels, 4x temporal / 8x spatial) with base width `dim`."""
+    from comfy.ldm.wan.vae import WanVAE
+
+    def make():
+        return WanVAE(dim=dim, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=2, attn_scales=[],
+                      temperal_downsample=[False, True, True], dropout=0.0)
+
+    return _save(make, path, seed, dtype, meta_context=True)
