@@ -1,0 +1,102 @@
+"""The README's main job: a real headless ComfyUI, our three nodes, a tiny embedded SD3 model, on CPU.
+
+Writes a tiny random-init SD3 diffusion model and a 16-channel KL VAE in ComfyUI's own file
+format (the default model embedded in the pack's tooling: no download), starts ComfyUI with the
+pack in custom_nodes, posts two API prompts - KSampler -> VAEDecode, and Parallel Config ->
+Hybrid Sampler -> Patch VAE Decode - saves both images, and prints their difference and timings.
+"""
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "tests"))
+
+from comfy_env import comfyui_dir, setup_comfy  # noqa: E402
+from comfy_server import ComfyServer  # noqa: E402
+
+
+def graph(degrees, tag, width, height, steps, cfg):
+    g = {
+        "1": {"class_type": "UNETLoader", "inputs": {"unet_name": "tiny_sd3.safetensors", "weight_dtype": "default"}},
+        "2": {"class_type": "HPExampleConditioning", "inputs": {"seed": 1, "tokens": 7, "context_dim": 32,
+                                                               "pooled_dim": 24, "guidance": -1.0}},
+        "3": {"class_type": "HPExampleConditioning", "inputs": {"seed": 2, "tokens": 7, "context_dim": 32,
+                                                               "pooled_dim": 24, "guidance": -1.0}},
+        "4": {"class_type": "EmptySD3LatentImage", "inputs": {"width": width, "height": height, "batch_size": 1}},
+        "6": {"class_type": "VAELoader", "inputs": {"vae_name": "tiny_kl16.safetensors"}},
+    }
+    common = {"model": ["1", 0], "seed": 42, "steps": steps, "cfg": cfg, "sampler_name": "euler",
+              "scheduler": "normal", "positive": ["2", 0], "negative": ["3", 0], "latent_image": ["4", 0],
+              "denoise": 1.0}
+    if degrees is None:
+        g["5"] = {"class_type": "KSampler", "inputs": common}
+        g["7"] = {"class_type": "VAEDecode", "inputs": {"samples": ["5", 0], "vae": ["6", 0]}}
+    else:
+        pc = {"dp_degree": 1, "cfg_degree": 1, "ulysses_degree": 1, "ring_degree": 1, "pp_degree": 1,
+              "num_pipeline_patch": 0, "warmup_steps": 1, "tp_degree": 1, "method": "usp", "device": "cpu",
+              "attention": "auto", "devices": "", **degrees}
+        g["9"] = {"class_type": "HybridParallelConfig", "inputs": pc}
+        g["5"] = {"class_type": "HybridSampler", "inputs": {**common, "parallel_config": ["9", 0]}}
+        g["7"] = {"class_type": "HybridPatchVAEDecode", "inputs": {"samples": ["5", 0], "vae": ["6", 0],
+                                                                   "parallel_config": ["9", 0]}}
+    g["8"] = {"class_type": "HPSaveImageTensor", "inputs": {"images": ["7", 0], "filename": tag}}
+    g["11"] = {"class_type": "SaveImage", "inputs": {"images": ["7", 0], "filename_prefix": tag}}
+    return g
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--ulysses", type=int, default=2)
+    ap.add_argument("--cfg-degree", type=int, default=1)
+    ap.add_argument("--width", type=int, default=264)
+    ap.add_argument("--height", type=int, default=200)
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--base", default=None, help="ComfyUI base directory (default: a temp dir)")
+    args = ap.parse_args()
+
+    if comfyui_dir() is None:
+        sys.exit("ComfyUI is not installed: run scripts/main_job.sh (it installs it)")
+    comfy = setup_comfy()
+    import torch
+    from safetensors.torch import load_file
+
+    import tiny_checkpoints as tc
+
+    base = Path(args.base or tempfile.mkdtemp(prefix="hp-main-"))
+    srv = ComfyServer(comfy, base)
+    tc.write_sd3(base / "models" / "diffusion_models" / "tiny_sd3.safetensors", depth=4, seed=3)
+    tc.write_kl_vae(base / "models" / "vae" / "tiny_kl16.safetensors", style="flux", seed=4)
+    t0 = time.perf_counter()
+    srv.start()
+    print(f"ComfyUI ready in {time.perf_counter() - t0:.1f} s (base {base})")
+    try:
+        results = {}
+        for tag, degrees in (("ksampler", None), ("hybrid", {"ulysses_degree": args.ulysses,
+                                                              "cfg_degree": args.cfg_degree})):
+            t = time.perf_counter()
+            entry = srv.run(graph(degrees, tag, args.width, args.height, args.steps, 4.0))
+            dt = time.perf_counter() - t
+            if entry.get("status", {}).get("status_str") != "success":
+                print(srv.tail())
+                sys.exit(f"{tag} prompt failed: {entry.get('rejected') or entry.get('status')}")
+            results[tag] = (load_file(str(srv.output(f"{tag}.safetensors")))["images"], dt)
+            print(f"{tag:9s}: {dt:6.2f} s  image {tuple(results[tag][0].shape)}")
+        ref, par = results["ksampler"][0], results["hybrid"][0]
+        diff = (par - ref).abs().max().item()
+        rel = ((par.double() - ref.double()).norm() / ref.double().norm()).item()
+        print(f"Hybrid Sampler (ulysses {args.ulysses}, cfg {args.cfg_degree}) vs KSampler: "
+              f"max |diff| {diff:.2e}, relative {rel:.2e}")
+        print("images:", ", ".join(sorted(str(p) for p in (base / "output").glob("*.png"))))
+        if rel > 1e-4:
+            sys.exit("the parallel image differs from the KSampler reference")
+    finally:
+        srv.stop()
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    main()

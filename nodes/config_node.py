@@ -1,0 +1,73 @@
+"""Parallel Config node: degrees and devices -> PARALLEL_CONFIG, validated at once."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..parallel.config import ConfigError, ParallelConfig
+from ..parallel.mesh import rank_groups
+
+ATTENTION_CHOICES = ["auto", "cpu_flash", "cuda_flash", "cuda_efficient", "flash_attn", "math"]
+
+
+@dataclass(frozen=True)
+class HybridParallelConfig:
+    """What flows along a PARALLEL_CONFIG wire: the engine config plus where and how to run it."""
+    config: ParallelConfig
+    device: str = "auto"          # "auto" | "cpu" | "cuda"
+    attention: str = "auto"
+
+    def describe(self) -> str:
+        return f"{self.config.describe()} on {self.config.world_size} {self.device} worker(s)"
+
+
+def _int(default, lo, hi, tip):
+    return ("INT", {"default": default, "min": lo, "max": hi, "tooltip": tip})
+
+
+class ParallelConfigNode:
+    DESCRIPTION = ("How one generation is split across devices: data parallel (dp) splits the batch, CFG "
+                   "parallel runs the conditional and unconditional halves side by side, Ulysses and Ring split "
+                   "the image tokens, PipeFusion splits the layers and the image into patches, tensor parallel "
+                   "splits the weights. The world size is the product of the degrees.")
+    CATEGORY = "sampling/hybrid parallel"
+    RETURN_TYPES = ("PARALLEL_CONFIG",)
+    RETURN_NAMES = ("parallel_config",)
+    OUTPUT_TOOLTIPS = ("Connect to Hybrid Sampler and Patch VAE Decode.",)
+    FUNCTION = "build"
+    OUTPUT_NODE = True
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {
+            "dp_degree": _int(1, 1, 64, "Data parallel: the latent batch is split over this many replicas."),
+            "cfg_degree": _int(1, 1, 2, "2 = the conditional and unconditional passes run on different devices."),
+            "ulysses_degree": _int(1, 1, 64, "Ulysses sequence parallel: all-to-all over attention heads."),
+            "ring_degree": _int(1, 1, 64, "Ring attention: K/V blocks rotate around this many devices."),
+            "pp_degree": _int(1, 1, 16, "PipeFusion: pipeline stages (layers split across devices)."),
+            "num_pipeline_patch": _int(0, 0, 64, "PipeFusion patches (0 = pp_degree)."),
+            "warmup_steps": _int(1, 0, 1000, "Synchronous steps before PipeFusion/DistriFusion use stale K/V."),
+            "tp_degree": _int(1, 1, 16, "Tensor parallel: weights of attention and MLP split across devices."),
+            "method": (["usp", "distrifusion"], {"tooltip": "What the sequence ranks do: exact USP attention, "
+                                                 "or DistriFusion's displaced patches (stale activations)."}),
+            "device": (["auto", "cpu", "cuda"], {"tooltip": "auto = CUDA when available, else CPU processes."}),
+            "attention": (ATTENTION_CHOICES, {"tooltip": "Attention kernel for ring attention (auto picks the "
+                                              "best for the device and dtype)."}),
+        }, "optional": {
+            "devices": ("STRING", {"default": "", "tooltip": "Optional comma-separated device list, one per "
+                                   "rank (e.g. cuda:0,cuda:1); empty = the first world_size devices."}),
+        }}
+
+    def build(self, dp_degree, cfg_degree, ulysses_degree, ring_degree, pp_degree, num_pipeline_patch,
+              warmup_steps, tp_degree, method, device, attention, devices=""):
+        try:
+            config = ParallelConfig(
+                dp_degree=dp_degree, cfg_degree=cfg_degree, ulysses_degree=ulysses_degree, ring_degree=ring_degree,
+                pp_degree=pp_degree, num_pipeline_patch=num_pipeline_patch or None, tp_degree=tp_degree,
+                warmup_steps=warmup_steps, method=method,
+                devices=tuple(d.strip() for d in devices.split(",") if d.strip()))
+        except ConfigError as e:
+            raise ValueError(f"Parallel Config: {e}") from None
+        hp = HybridParallelConfig(config, device=device, attention=attention)
+        groups = {k: v for k, v in rank_groups(config).items() if len(v[0]) > 1}
+        text = [hp.describe()] + [f"{k}: {v}" for k, v in groups.items()]
+        return {"ui": {"text": text}, "result": (hp,)}

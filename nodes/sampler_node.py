@@ -1,0 +1,158 @@
+"""Hybrid Sampler: KSampler's inputs and ComfyUI's own sampling, with the diffusion model on the pool.
+
+Step mode: ComfyUI runs the sampler exactly as KSampler does (same noise,
+sigmas, CFG, masks, previews); an APPLY_MODEL wrapper swaps the diffusion
+model for a proxy for the duration of each model call, and the proxy sends
+that one forward to the workers. Everything around the forward - input
+scaling, timestep conversion, denoised output - stays ComfyUI's code.
+"""
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+from ..parallel.checkpoints import family_module
+from .runtime import to_diffusers, weights_key
+
+WRAPPER_KEY = "comfyui_hybrid_parallel"
+
+SUPPORTED_EXTRA = {  # the diffusion-model keyword arguments each family maps to diffusers
+    "flux": {"y", "guidance"},
+    "sd3": {"y"},
+    "pixart": set(),
+    "wan": set(),
+}
+
+
+class PoolDiffusionModel(torch.nn.Module):
+    """Stands in for ComfyUI's diffusion model during one call: converts, submits, converts back."""
+
+    def __init__(self, runtime, hp, original: torch.nn.Module, state: dict):
+        super().__init__()
+        self.runtime, self.hp, self.state = runtime, hp, state
+        self.dtype = original.dtype
+        self.device = getattr(original, "device", None)
+        self._original = [original]  # not a submodule: keep ComfyUI's weights out of this proxy
+
+    def _ensure_resident(self):
+        st = self.state
+        if st.get("resident"):
+            return
+        original = self._original[0]
+        info = self.runtime.model_info.get(st["key"])
+        pool = self.runtime.pool(self.hp)
+        if info is None:
+            family, _cls, config, dsd = to_diffusers(original)
+            pool.ensure_model(self.hp.config, st["key"], family, config, state_dict=dsd)
+            self.runtime.remember(st["key"], (family, config))
+        else:  # weights are converted again only if the workers lost them (restart, eviction)
+            family, config = info
+            pool.ensure_model(self.hp.config, st["key"], family, config,
+                              state_dict=lambda: to_diffusers(original)[3])
+        st.update(family=family, config=config, resident=True)
+
+    def forward(self, x, timestep, context=None, control=None, transformer_options=None, **extra):
+        if control is not None:
+            raise ValueError("Hybrid Sampler does not support ControlNet inputs yet; remove the ControlNet")
+        self._ensure_resident()
+        family, config = self.state["family"], self.state["config"]
+        unsupported = sorted(k for k, v in extra.items() if v is not None and k not in SUPPORTED_EXTRA[family])
+        if unsupported:
+            raise ValueError(f"Hybrid Sampler cannot pass {unsupported} to a {family} model yet (supported "
+                             f"conditioning: text context{', ' if SUPPORTED_EXTRA[family] else ''}"
+                             f"{', '.join(sorted(SUPPORTED_EXTRA[family]))})")
+        fm = family_module(family)
+        params = inspect.signature(fm.comfy_to_diffusers_inputs).parameters
+        kw = {k: v for k, v in extra.items() if k in params}
+        if "config" in params:
+            kw["config"] = config
+        inputs = fm.comfy_to_diffusers_inputs(x, timestep, context, **kw)
+        inputs.pop("return_dict", None)
+        tensors = _flatten(inputs)
+        values = {"key": self.state["key"], "structure": _structure(inputs)}
+        if family == "pixart":
+            values["resolution"] = list(x.shape[-2:])
+        res = self.runtime.pool(self.hp).submit(self.hp.config, "forward", values, tensors)
+        return fm.diffusers_to_comfy_output(res.tensors["out"].to(x.device), x.shape)
+
+
+def _flatten(inputs: dict) -> dict:
+    """Tensors of the diffusers kwargs, nested dicts flattened as 'outer.inner'."""
+    out = {}
+    for k, v in inputs.items():
+        if isinstance(v, dict):
+            out.update({f"{k}.{ik}": iv for ik, iv in v.items() if isinstance(iv, torch.Tensor)})
+        elif isinstance(v, torch.Tensor):
+            out[k] = v
+    return out
+
+
+def _structure(inputs: dict) -> dict:
+    """The non-tensor part of the kwargs (None leaves, nested dict names), JSON-safe."""
+    out = {}
+    for k, v in inputs.items():
+        if isinstance(v, dict):
+            out[k] = {ik: None for ik, iv in v.items() if not isinstance(iv, torch.Tensor)}
+        elif not isinstance(v, torch.Tensor):
+            out[k] = v
+    return out
+
+
+def make_apply_model_wrapper(runtime, hp, state: dict):
+    def wrapper(executor, *args, **kwargs):
+        base = executor.class_obj
+        original = base.diffusion_model
+        proxy = PoolDiffusionModel(runtime, hp, original, state)
+        base.diffusion_model = proxy
+        try:
+            return executor(*args, **kwargs)
+        finally:
+            base.diffusion_model = original
+    return wrapper
+
+
+class HybridSampler:
+    DESCRIPTION = ("A drop-in KSampler that runs the diffusion model across the devices of a Parallel Config. "
+                   "Same inputs and the same result as KSampler (exactly, at degree 1 and for the exact methods).")
+    CATEGORY = "sampling/hybrid parallel"
+    RETURN_TYPES = ("LATENT",)
+    OUTPUT_TOOLTIPS = ("The denoised latent.",)
+    FUNCTION = "sample"
+    runtime = None  # set by the pack's entry point
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        import comfy.samplers
+        return {"required": {
+            "model": ("MODEL", {"tooltip": "A Flux.1, SD3/3.5, PixArt-Sigma or Wan 2.1/2.2 diffusion model."}),
+            "seed": ("INT", {"default": 0, "min": 0, "max": 0xffffffffffffffff, "control_after_generate": True,
+                             "tooltip": "The random seed used for creating the noise."}),
+            "steps": ("INT", {"default": 20, "min": 1, "max": 10000, "tooltip": "Denoising steps."}),
+            "cfg": ("FLOAT", {"default": 8.0, "min": 0.0, "max": 100.0, "step": 0.1, "round": 0.01,
+                              "tooltip": "Classifier-free guidance scale."}),
+            "sampler_name": (comfy.samplers.KSampler.SAMPLERS, {"tooltip": "ComfyUI's sampler."}),
+            "scheduler": (comfy.samplers.KSampler.SCHEDULERS, {"tooltip": "ComfyUI's scheduler."}),
+            "positive": ("CONDITIONING", {"tooltip": "What to include."}),
+            "negative": ("CONDITIONING", {"tooltip": "What to exclude."}),
+            "latent_image": ("LATENT", {"tooltip": "The latent to denoise."}),
+            "parallel_config": ("PARALLEL_CONFIG", {"tooltip": "From the Parallel Config node."}),
+            "denoise": ("FLOAT", {"default": 1.0, "min": 0.0, "max": 1.0, "step": 0.01,
+                                  "tooltip": "Below 1.0 keeps part of the input latent (img2img)."}),
+        }}
+
+    def sample(self, model, seed, steps, cfg, sampler_name, scheduler, positive, negative, latent_image,
+               parallel_config, denoise=1.0):
+        import comfy.patcher_extension
+        import nodes as comfy_nodes  # ComfyUI's own top-level module (our package never uses this name)
+
+        hp = parallel_config
+        if hp.config.pp_degree > 1 or hp.config.method != "usp":
+            raise ValueError("PipeFusion (pp_degree > 1) and DistriFusion are not available in Hybrid Sampler "
+                             "yet; use dp/cfg/ulysses/ring/tp degrees")
+        m = model.clone()
+        state = {"key": weights_key(model.model, model.patches_uuid)}
+        m.add_wrapper_with_key(comfy.patcher_extension.WrappersMP.APPLY_MODEL, WRAPPER_KEY,
+                               make_apply_model_wrapper(self.runtime, hp, state))
+        return comfy_nodes.common_ksampler(m, seed, steps, cfg, sampler_name, scheduler, positive, negative,
+                                           latent_image, denoise=denoise)

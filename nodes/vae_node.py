@@ -1,0 +1,59 @@
+"""Patch VAE Decode: ComfyUI's VAEDecode with the decode split into row patches across the workers."""
+from __future__ import annotations
+
+import torch
+
+from ..parallel.checkpoints import convert, family_module
+from .runtime import weights_key
+
+
+class PatchVAEDecode:
+    DESCRIPTION = ("Decodes latents like VAE Decode, with the image split into row patches across the devices of "
+                   "a Parallel Config (every worker decodes its rows; borders exchanged exactly), so large images "
+                   "and long videos decode without one device holding all activations. Same output as VAE Decode.")
+    CATEGORY = "latent/hybrid parallel"
+    RETURN_TYPES = ("IMAGE",)
+    OUTPUT_TOOLTIPS = ("The decoded image.",)
+    FUNCTION = "decode"
+    runtime = None  # set by the pack's entry point
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {
+            "samples": ("LATENT", {"tooltip": "The latent to decode."}),
+            "vae": ("VAE", {"tooltip": "An SD3/Flux/PixArt-style KL VAE or the Wan 2.1 video VAE."}),
+            "parallel_config": ("PARALLEL_CONFIG", {"tooltip": "From the Parallel Config node; every rank of its "
+                                                    "world decodes a band of rows."}),
+        }, "optional": {
+            "block_size": ("INT", {"default": 0, "min": 0, "max": 4096, "tooltip": "Rows per chunk inside each "
+                                   "worker to cap peak memory (0 = whole patch at once). Exact either way."}),
+        }}
+
+    def decode(self, samples, vae, parallel_config, block_size=0):
+        hp = parallel_config
+        first = vae.first_stage_model
+        family = "vae_wan" if type(first).__name__ == "WanVAE" else "vae_kl"
+        key = weights_key(first, "vae")
+        pool = self.runtime.pool(hp)
+
+        def converted():
+            return convert(family, {k: v.detach() for k, v in first.state_dict().items()})
+
+        info = self.runtime.model_info.get(key)
+        if info is None:
+            _cls, config, dsd = converted()
+            pool.ensure_model(hp.config, key, family, config, state_dict=dsd)
+            self.runtime.remember(key, (family, config))
+        else:
+            pool.ensure_model(hp.config, key, family, info[1], state_dict=lambda: converted()[2])
+        latent = samples["samples"].float()
+        if latent.is_nested:
+            raise ValueError("Patch VAE Decode does not take nested (multi-part) latents")
+        values = {"key": key}
+        if block_size:
+            values["block_size"] = int(block_size)
+        res = pool.submit(hp.config, "vae_decode", values, {"latent": latent})
+        images = family_module(family).diffusers_to_comfy_images(res.tensors["image"])
+        if images.ndim == 5:  # video: (B, T, H, W, C) -> frames in the batch, as VAEDecode does
+            images = images.reshape(-1, *images.shape[-3:])
+        return (images.to(torch.float32),)

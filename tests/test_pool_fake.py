@@ -1,0 +1,248 @@
+"""The pool's lifecycle, transport and fault handling on fake workers (no torch.distributed; fast)."""
+import glob
+import os
+import socket
+import threading
+import time
+
+import pytest
+import torch
+
+from comfyui_hybrid_parallel.parallel import ParallelConfig
+from comfyui_hybrid_parallel.workers import (JobCancelled, JobTimeout, WorkerDied, WorkerError, WorkerPool)
+from comfyui_hybrid_parallel.workers.transport import list_prefix
+
+SP2 = ParallelConfig(ulysses_degree=2)
+
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return "\nState:\tZ" not in f.read()
+    except FileNotFoundError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def pool():
+    p = WorkerPool(fake="serve", job_timeout_s=30)
+    yield p
+    p.close()
+
+
+def _pids(pool):
+    return [h["pid"] for h in pool.health()]
+
+
+def test_start_reuse_resize_stop(pool):
+    pool.submit(SP2, "steps", {"n": 1})
+    gen, pids = pool.generation, _pids(pool)
+    assert len(pids) == 2 and all(_alive(p) for p in pids)
+    # another config with the same mesh reuses the world
+    pool.submit(ParallelConfig(ulysses_degree=2, warmup_steps=3), "steps", {"n": 1})
+    assert pool.generation == gen and _pids(pool) == pids
+    # a different mesh restarts it, with the new world size
+    r = pool.submit(ParallelConfig(ulysses_degree=2, cfg_degree=2), "steps", {"n": 2})
+    assert pool.generation == gen + 1 and len(r.per_rank) == 4
+    assert r.values["value"] == 2 * 4 * 5 // 2
+    new_pids = _pids(pool)
+    assert not set(new_pids) & set(pids)
+    time.sleep(0.2)
+    assert not any(_alive(p) for p in pids)
+    pool.stop()
+    assert not pool.running
+    time.sleep(0.2)
+    assert not any(_alive(p) for p in new_pids)
+    assert pool.health() == []
+    assert pool.submit(SP2, "steps", {"n": 1}).values["steps"] == 1  # usable after stop
+
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.bool]
+SHAPES = [(), (0,), (3, 0, 2), (5,), (2, 3, 4)]
+
+
+def _sample(dtype, shape, seed):
+    g = torch.Generator().manual_seed(seed)
+    if dtype == torch.bool:
+        return torch.rand(shape, generator=g) > 0.5
+    if dtype == torch.int64:
+        return torch.randint(-2**40, 2**40, shape, generator=g)
+    return torch.randn(shape, generator=g).to(dtype)
+
+
+def test_tensors_round_trip_exactly(pool):
+    tensors = {f"t{i}_{j}": _sample(d, s, i * 10 + j) for i, d in enumerate(DTYPES) for j, s in enumerate(SHAPES)}
+    tensors["noncontig"] = torch.arange(24.).view(4, 6).t()
+    out = pool.submit(SP2, "echo", {}, tensors).tensors
+    assert set(out) == set(tensors)
+    for k, t in tensors.items():
+        assert out[k].dtype == t.dtype and out[k].shape == t.shape, k
+        assert torch.equal(out[k], t), k
+    assert list_prefix(pool.shm_prefix) == []
+
+
+def test_no_shm_leak_after_100_jobs(pool):
+    before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+    x = torch.randn(4, 64, 64)
+    for i in range(100):
+        out = pool.submit(SP2, "forward", {}, {"x": x + i}).tensors["out"]
+        assert torch.equal(out, x + i)
+    assert list_prefix(pool.shm_prefix) == []
+    if before:
+        leaked = [n for n in set(os.listdir("/dev/shm")) - before if n.startswith("chp-")]
+        assert leaked == []
+
+
+def test_progress_events(pool):
+    seen = []
+    pool.submit(SP2, "steps", {"n": 5}, progress=lambda s, n: seen.append((s, n)))
+    assert seen == [(s, 5) for s in range(1, 6)]
+
+
+def test_cancel_within_one_step(pool):
+    seen = []
+
+    def progress(step, total):
+        seen.append(step)
+        if step == 2:
+            pool.cancel()
+    with pytest.raises(JobCancelled):
+        pool.submit(SP2, "steps", {"n": 50, "sleep_s": 0.05}, progress=progress)
+    assert seen[:2] == [1, 2] and len(seen) <= 3
+    gen = pool.generation
+    assert pool.submit(SP2, "steps", {"n": 2}).values["steps"] == 2
+    assert pool.generation == gen  # cancel keeps the world
+
+
+def test_cancel_token_and_callback_exception(pool):
+    token = threading.Event()
+    threading.Timer(0.3, token.set).start()
+    t0 = time.monotonic()
+    with pytest.raises(JobCancelled):
+        pool.submit(SP2, "steps", {"n": 100, "sleep_s": 0.05}, cancel=token)
+    assert time.monotonic() - t0 < 2.0
+
+    class Interrupted(Exception):
+        pass
+
+    def progress(step, total):
+        raise Interrupted("user pressed cancel")
+    with pytest.raises(Interrupted):
+        pool.submit(SP2, "steps", {"n": 100, "sleep_s": 0.05}, progress=progress)
+    assert pool.submit(SP2, "steps", {"n": 1}).values["steps"] == 1
+
+
+def test_bad_input_refused_before_work(pool):
+    pool.submit(SP2, "steps", {"n": 1})
+    gen = pool.generation
+    with pytest.raises(ValueError, match="unknown job kind"):
+        pool.submit(SP2, "nope")
+    with pytest.raises(ValueError, match="JSON"):
+        pool.submit(SP2, "steps", {"n": object()})
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        pool.submit(SP2, "echo", {}, {"x": [1, 2]})
+    with pytest.raises(ValueError, match="unknown model family"):
+        pool.ensure_model(SP2, "k", "sdxl", {}, state_dict={})
+    with pytest.raises(ValueError, match="fake behaviour"):
+        WorkerPool(fake="explode")
+    assert pool.generation == gen and pool.submit(SP2, "steps", {"n": 1}).values["steps"] == 1
+
+
+def test_residency_counter(pool):
+    sd = {"w": torch.ones(3)}
+    first = pool.ensure_model(SP2, "m1", "flux", {}, state_dict=sd)
+    again = pool.ensure_model(SP2, "m1", "flux", {}, state_dict=sd)
+    assert first["loaded"] and not again["loaded"] and again["loads"] == first["loads"]
+
+
+@pytest.mark.parametrize("behaviour, exc, match", [
+    ("raise:1", WorkerError, "fake worker rank 1 raised"),
+    ("die:1", WorkerDied, "rank 1"),
+    ("hang:1", JobTimeout, "did not finish"),
+])
+def test_fault_then_success(behaviour, exc, match):
+    with WorkerPool(fake=behaviour, job_timeout_s=30) as pool:
+        pool.ensure_world(SP2)
+        t0 = time.monotonic()
+        timeout = 2.0 if behaviour.startswith("hang") else None
+        with pytest.raises(exc, match=match) as info:
+            pool.submit(SP2, "steps", {"n": 3}, timeout_s=timeout)
+        assert time.monotonic() - t0 < 10.0
+        if exc is WorkerError:
+            assert info.value.rank == 1 and "Traceback" in info.value.remote_traceback
+        r = pool.submit(SP2, "steps", {"n": 3})
+        assert r.values["steps"] == 3
+        assert list_prefix(pool.shm_prefix) == []
+
+
+def test_slow_worker_reports_progress():
+    with WorkerPool(fake="slow") as pool:
+        seen = []
+        t0 = time.monotonic()
+        pool.submit(SP2, "steps", {"n": 3}, progress=lambda s, n: seen.append(s))
+        assert seen == [1, 2, 3] and time.monotonic() - t0 >= 0.6
+
+
+def _attack(path_glob, stop):
+    """Connect to the control socket and send garbage / silence until told to stop."""
+    while not stop.is_set():
+        for path in glob.glob(path_glob):
+            for payload in (b"\x00garbage\xff" * 10, b"", b"\x80\x04\x95" + os.urandom(64)):
+                try:
+                    s = socket.socket(socket.AF_UNIX)
+                    s.settimeout(0.5)
+                    s.connect(path)
+                    s.sendall(payload)
+                    s.close()
+                except OSError:
+                    pass
+        time.sleep(0.01)
+
+
+def test_unauthenticated_peers_refused_during_startup():
+    with WorkerPool(fake="serve", env={"CHP_FAKE_CONNECT_DELAY_S": "0.5"}) as pool:
+        stop = threading.Event()
+        t = threading.Thread(target=_attack, args=(os.path.join(pool.tmpdir, "ctl-*.sock"), stop), daemon=True)
+        t.start()
+        try:
+            r = pool.submit(SP2, "steps", {"n": 2})
+        finally:
+            stop.set()
+            t.join(5)
+        assert r.values["steps"] == 2 and pool.generation == 1
+        assert pool.submit(SP2, "echo", {}, {"x": torch.ones(2)}).tensors["x"].sum() == 2
+
+
+def test_health_while_busy(pool):
+    pool.submit(SP2, "steps", {"n": 1})
+    idle = pool.health()
+    t = threading.Thread(target=pool.submit, args=(SP2, "steps", {"n": 6, "sleep_s": 0.05}))
+    t.start()
+    time.sleep(0.1)
+    busy = pool.health()
+    t.join(10)
+    assert [h["state"] for h in busy] == ["busy", "busy"]
+    assert [h["pid"] for h in busy] == [h["pid"] for h in idle]
+    assert all(h["resident"] == idle[0]["resident"] for h in busy)
+
+
+def test_cuda_requested_without_cuda_is_refused_before_starting():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")  # not counted: the CPU run below is the check
+    from comfyui_hybrid_parallel.workers import PoolError
+    with WorkerPool(device="cuda") as p:
+        with pytest.raises(PoolError, match="device='cpu'"):
+            p.submit(SP2, "steps", {"n": 1})
+        assert p.generation == 0 and p.world is None
+
+
+def test_worker_killed_while_idle_restarts_transparently(pool):
+    import signal
+    pool.submit(SP2, "steps", {"n": 1})
+    gen, pids = pool.generation, _pids(pool)
+    os.kill(pids[1], signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while pool.running and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert pool.submit(SP2, "steps", {"n": 2}).values["steps"] == 2
+    assert pool.generation == gen + 1 and not set(_pids(pool)) & set(pids)

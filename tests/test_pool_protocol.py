@@ -1,0 +1,105 @@
+"""The control channel's security and message checks, and the transport's naming rules (no processes)."""
+import json
+import socket
+import threading
+import time
+
+import pytest
+import torch
+from multiprocessing.connection import AuthenticationError, Connection, answer_challenge, deliver_challenge
+
+from comfyui_hybrid_parallel.workers.protocol import (PROTOCOL_VERSION, ProtocolError, authenticate_server, decode,
+                                                      encode, new_authkey)
+from comfyui_hybrid_parallel.workers.transport import new_prefix, read_tensor, unlink, write_tensor
+
+
+def _serve_one(sock, key, timeout=5.0):
+    out = {}
+    t = threading.Thread(target=lambda: out.setdefault("conn", authenticate_server(sock, key, timeout)))
+    t.start()
+    return t, out
+
+
+def test_right_key_accepted():
+    a, b = socket.socketpair()
+    key = new_authkey()
+    t, out = _serve_one(a, key)
+    client = Connection(b.detach())
+    answer_challenge(client, key)
+    deliver_challenge(client, key)
+    t.join(5)
+    assert out["conn"] is not None
+    out["conn"].send_bytes(encode("init", x=1))
+    assert decode(client.recv_bytes())["x"] == 1
+
+
+def test_wrong_key_refused():
+    a, b = socket.socketpair()
+    t, out = _serve_one(a, new_authkey())
+    client = Connection(b.detach())
+    with pytest.raises(AuthenticationError):
+        answer_challenge(client, new_authkey())
+    t.join(5)
+    assert out["conn"] is None
+
+
+@pytest.mark.parametrize("payload", [b"GET / HTTP/1.0\r\n\r\n", b"\x00\x00\x00\x10" + b"\x80\x04" * 8, b""])
+def test_garbage_and_silence_refused_quickly(payload):
+    a, b = socket.socketpair()
+    t0 = time.monotonic()
+    t, out = _serve_one(a, new_authkey(), timeout=0.5)
+    b.sendall(payload)
+    t.join(5)
+    assert out["conn"] is None and time.monotonic() - t0 < 3.0
+    b.close()
+
+
+def test_messages_are_typed_and_versioned():
+    msg = decode(encode("job", job=3, kind="steps"))
+    assert msg == {"v": PROTOCOL_VERSION, "t": "job", "job": 3, "kind": "steps"}
+    with pytest.raises(ProtocolError, match="version mismatch"):
+        decode(json.dumps({"v": PROTOCOL_VERSION + 1, "t": "job"}).encode())
+    with pytest.raises(ProtocolError, match="not JSON"):
+        decode(b"\x80\x04\x95garbage")
+    with pytest.raises(ProtocolError, match="unexpected message type"):
+        decode(encode("stop"), expect={"result"})
+    with pytest.raises(ProtocolError, match="unknown message type"):
+        encode("exec")
+
+
+def test_transport_refuses_foreign_names_and_dtypes():
+    prefix = new_prefix()
+    d = write_tensor(torch.arange(5), prefix)
+    try:
+        with pytest.raises(ValueError, match="does not belong"):
+            read_tensor({**d, "name": "../etc/passwd"}, prefix)
+        with pytest.raises(ValueError, match="does not belong"):
+            read_tensor(d, new_prefix())
+        with pytest.raises(ValueError, match="cannot travel"):
+            read_tensor({**d, "dtype": "object"}, prefix)
+        assert torch.equal(read_tensor(d, prefix), torch.arange(5))
+    finally:
+        unlink(d, prefix)
+    with pytest.raises(ValueError, match="cannot travel"):
+        write_tensor(torch.zeros(2, dtype=torch.complex128), prefix)
+
+
+def test_worker_with_another_protocol_version_is_named_at_startup(tmp_path):
+    """A worker running other code (pack updated on disk) is reported as such, not as a timeout."""
+    from comfyui_hybrid_parallel.parallel import ParallelConfig
+    from comfyui_hybrid_parallel.workers.launch import StartupError, World
+
+    class OtherVersionWorld(World):
+        def _command(self, rank):
+            cmd = super()._command(rank)
+            boot = cmd[2].replace("runpy.run_module", "__import__('comfyui_hybrid_parallel.workers.protocol')"
+                                  ".workers.protocol.__setattr__('PROTOCOL_VERSION', 99); runpy.run_module")
+            return [cmd[0], "-c", boot, *cmd[3:]]
+
+    w = OtherVersionWorld(ParallelConfig(), tmpdir=str(tmp_path), generation=1, shm_prefix=new_prefix(),
+                          fake="serve", device_kind="cpu", max_models=1, collective_timeout_s=10)
+    t0 = time.monotonic()
+    with pytest.raises(StartupError, match="another protocol.*version mismatch: peer speaks 99"):
+        w.start(timeout_s=30)
+    assert time.monotonic() - t0 < 20 and not w.alive()
+    assert all(p.poll() is not None for p in w.procs)  # torn down, nothing left running

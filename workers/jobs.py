@@ -1,0 +1,251 @@
+"""Job kinds the real worker runs, and the per-worker state they share (resident models).
+
+A handler is `fn(state, ctx, payload) -> dict`: `ctx` is the worker's
+ParallelContext, `payload` the job's JSON values with its tensors (already
+read from shared memory; model weights are mapped) merged in. Every rank runs the same handler on the
+same payload; tensors in the returned dict travel back from rank 0 only, JSON
+values from every rank (the driver keeps rank 0's and lists all of them).
+"""
+from __future__ import annotations
+
+import collections
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+from .protocol import MODEL_FAMILIES as FAMILIES
+from .serve import Cancelled, JobRun
+from .transport import read_tensor, write_tensor
+
+WEIGHT_PREFIX = "sd."
+
+
+class WorkerState:
+    """Everything one worker keeps between jobs: its resident models (LRU) and counters."""
+
+    def __init__(self, rank: int, device: torch.device, shm_prefix: str, max_models: int):
+        self.rank, self.device, self.shm_prefix = rank, device, shm_prefix
+        self.max_models = max(1, int(max_models))
+        self.models: collections.OrderedDict = collections.OrderedDict()  # key -> (family, model)
+        self.loads = 0
+        self.parallelized: dict = {}
+        self.run: JobRun | None = None
+
+    def model(self, key: str):
+        if key not in self.models:
+            raise KeyError(f"model {key!r} is not resident on rank {self.rank} "
+                           f"(resident: {list(self.models)}); call ensure_model first")
+        self.models.move_to_end(key)
+        return self.models[key][1]
+
+    def stop_point(self, ctx) -> None:
+        """Agree over the whole world whether the job was cancelled; raise Cancelled on every rank if so.
+
+        A collective rather than a local check, so that all ranks stop at the same
+        step and none is left waiting in the next collective.
+        """
+        flag = torch.tensor([1 if self.run.cancel_requested else 0], dtype=torch.int32, device=self.device)
+        if ctx.world_size > 1:
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        if int(flag.item()):
+            raise Cancelled(f"job {self.run.job_id} cancelled")
+
+
+def _rss_bytes() -> int | None:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def job_health(state: WorkerState, ctx, payload: dict) -> dict:
+    return {"pid": os.getpid(), "device": str(state.device), "resident": list(state.models),
+            "loads": state.loads, "rss_bytes": _rss_bytes()}
+
+
+def job_steps(state: WorkerState, ctx, payload: dict) -> dict:
+    """Diagnostic: n steps of a small all-reduce each, with progress, cancel and fault injection.
+
+    The result is checkable: after step s every rank holds s * sum(rank+1).
+    `raise_at` / `die_at` / `hang_at` make `fault_rank` misbehave at that step
+    (tests of the pool's fault handling); `alloc_bytes` asks for an allocation
+    that cannot succeed (the OOM report).
+    """
+    n, size = int(payload.get("n", 4)), int(payload.get("size", 1024))
+    sleep_s = float(payload.get("sleep_s", 0.0))
+    fault_rank = int(payload.get("fault_rank", ctx.world_size - 1))
+    if payload.get("alloc_bytes"):
+        torch.empty(int(payload["alloc_bytes"]), dtype=torch.uint8)
+    x = torch.full((size,), float(ctx.rank + 1), device=state.device)
+    y = x
+    for step in range(1, n + 1):
+        state.stop_point(ctx)
+        if ctx.rank == fault_rank:
+            if payload.get("raise_at") == step:
+                raise RuntimeError(f"injected failure at step {step} on rank {ctx.rank}")
+            if payload.get("die_at") == step:
+                os._exit(17)
+            if payload.get("hang_at") == step:
+                time.sleep(3600)
+        y = x * step
+        if ctx.world_size > 1:
+            dist.all_reduce(y)
+        if sleep_s:
+            time.sleep(sleep_s)
+        state.run.progress(step, n)
+    return {"steps": n, "value": float(y[0]) if n else 0.0}
+
+
+def _build_model(family: str, config: dict):
+    import diffusers
+    if family not in FAMILIES:
+        raise ValueError(f"unknown model family {family!r}; known: {', '.join(FAMILIES)}")
+    return getattr(diffusers, FAMILIES[family]).from_config(config)
+
+
+def job_load_model(state: WorkerState, ctx, payload: dict) -> dict:
+    """Make `key` resident (build from config + weights), or just touch it if it already is."""
+    key = payload["key"]
+    if key in state.models:
+        state.models.move_to_end(key)
+        return {"loaded": False, "loads": state.loads, "resident": list(state.models)}
+    weights = {k[len(WEIGHT_PREFIX):]: v for k, v in payload.items() if k.startswith(WEIGHT_PREFIX)}
+    if not weights and not payload.get("path"):
+        return {"need_weights": True, "loads": state.loads, "resident": list(state.models)}
+    if payload.get("path"):
+        from safetensors.torch import load_file
+        weights = load_file(payload["path"])  # mmapped by safetensors
+    model = _build_model(payload["family"], payload["config"])
+    # assign=True keeps the (copy-on-write mapped) tensors: ranks share the pages until someone writes.
+    model.load_state_dict(weights, strict=True, assign=True)
+    model = model.eval().requires_grad_(False).to(state.device)
+    from comfyui_hybrid_parallel import parallel as engine
+    parallelize = getattr(engine, "parallelize", None)
+    if parallelize is not None and payload["family"] not in ("vae_kl", "vae_wan"):
+        model = parallelize(model, ctx) or model
+    state.parallelized[key] = parallelize is not None
+    state.models[key] = (payload["family"], model)
+    state.loads += 1
+    while len(state.models) > state.max_models:
+        evicted, _ = state.models.popitem(last=False)
+        state.parallelized.pop(evicted, None)
+    return {"loaded": True, "loads": state.loads, "resident": list(state.models)}
+
+
+def _inputs(state: WorkerState, payload: dict) -> dict:
+    """The forward's kwargs: the JSON part (`kwargs`, or `structure` as the nodes send it, nested
+    dicts allowed) with every tensor put in place; a tensor named "outer.inner" goes to kwargs[outer][inner]."""
+    kwargs = json_copy(payload.get("kwargs") or payload.get("structure") or {})
+    for name, v in payload.items():
+        if not isinstance(v, torch.Tensor):
+            continue
+        v = v.to(state.device)
+        outer, dot, inner = name.partition(".")
+        if dot:
+            kwargs.setdefault(outer, {})
+            if not isinstance(kwargs[outer], dict):
+                raise ValueError(f"tensor {name!r} needs kwargs[{outer!r}] to be a dict")
+            kwargs[outer][inner] = v
+        else:
+            kwargs[name] = v
+    return kwargs
+
+
+def json_copy(value):
+    return {k: json_copy(v) for k, v in value.items()} if isinstance(value, dict) else value
+
+
+def job_forward(state: WorkerState, ctx, payload: dict) -> dict:
+    """Step mode: the resident model on the full inputs; every rank returns the full output.
+
+    `resolution` [H, W] re-targets a PixArt model's position embedding to the latent
+    size first (ComfyUI recomputes it on every call; see parallel/checkpoints/pixart.py).
+    """
+    key = payload["key"]
+    model = state.model(key)
+    if payload.get("resolution") and state.models[key][0] == "pixart":
+        from comfyui_hybrid_parallel.parallel.checkpoints.pixart import set_resolution
+        set_resolution(model, *[int(v) for v in payload["resolution"]])
+    kwargs = _inputs(state, payload)
+    state.stop_point(ctx)
+    with torch.no_grad():
+        out = model(**kwargs, return_dict=False)[0]
+    return {"out": out, "parallelized": state.parallelized.get(key, False)}
+
+
+def job_vae_decode(state: WorkerState, ctx, payload: dict) -> dict:
+    """Patch-parallel decode over `axis` (default: every rank of the world); full image from rank 0."""
+    vae = state.model(payload["key"])
+    latent = payload["latent"].to(state.device)
+    try:
+        from comfyui_hybrid_parallel.parallel.vae import patch_decode, world_axis
+    except ImportError:
+        patch_decode = world_axis = None
+    name = payload.get("axis", "world")
+    if name == "world":
+        axis = world_axis(ctx) if world_axis is not None else None
+        size = ctx.world_size
+    else:
+        axis = ctx.axis(name)
+        size = axis.size
+    state.stop_point(ctx)
+    with torch.no_grad():
+        if patch_decode is not None:
+            out = patch_decode(vae, latent, axis, block_size=payload.get("block_size"))
+        elif size == 1:
+            out = vae.decode(latent, return_dict=False)[0]
+        else:
+            raise RuntimeError(f"patch-parallel VAE decode is not available in this version of the pack; "
+                               f"decode with a world of 1 (axis {name!r} has {size} ranks)")
+    return {"image": out, "patch_parallel": patch_decode is not None}
+
+
+def job_echo(state: WorkerState, ctx, payload: dict) -> dict:
+    """Diagnostic: return the job's tensors unchanged (the transport's round trip, for tests and bench)."""
+    return {k: v for k, v in payload.items() if isinstance(v, torch.Tensor)}
+
+
+JOBS = {
+    "health": job_health,
+    "echo": job_echo,
+    "steps": job_steps,
+    "load_model": job_load_model,
+    "forward": job_forward,
+    "vae_decode": job_vae_decode,
+}
+
+
+def make_executor(state: WorkerState, ctx):
+    """The `execute(msg, run)` that serve() calls: map tensors in, run the handler, write tensors out."""
+
+    def execute(msg: dict, run: JobRun) -> dict:
+        kind = msg["kind"]
+        if kind not in JOBS:
+            raise ValueError(f"unknown job kind {kind!r}; known: {', '.join(JOBS)}")
+        job_ctx = ctx
+        if msg.get("config"):
+            from comfyui_hybrid_parallel.parallel import ParallelConfig
+            cfg = ParallelConfig.from_dict(msg["config"])
+            job_ctx = ctx if cfg == ctx.config else ctx.with_config(cfg)
+        payload = dict(msg.get("values") or {})
+        for name, desc in (msg.get("tensors") or {}).items():
+            # weights are mapped (ranks share the pages); per-step tensors are copied (faster, see transport.py)
+            payload[name] = read_tensor(desc, state.shm_prefix, mapped=name.startswith(WEIGHT_PREFIX))
+        state.run = run
+        try:
+            out = JOBS[kind](state, job_ctx, payload)
+        finally:
+            state.run = None
+            payload.clear()
+        values = {k: v for k, v in out.items() if not isinstance(v, torch.Tensor)}
+        tensors = {}
+        if state.rank == 0:
+            for k, v in out.items():
+                if isinstance(v, torch.Tensor):
+                    tensors[k] = write_tensor(v, state.shm_prefix)
+        return {"ok": True, "values": values, "tensors": tensors}
+
+    return execute

@@ -1,0 +1,256 @@
+"""Starting and tearing down one world of worker processes (driver side).
+
+Workers are plain subprocesses running a module of the pack (multiprocessing
+spawn would re-run ComfyUI's main.py in every child). The pack may live in
+custom_nodes/<any folder name>/ without being installed, so a two-line
+bootstrap (BOOTSTRAP) registers the pack root as `comfyui_hybrid_parallel` and
+runs the worker module with runpy: the child imports exactly the code the
+driver runs, and skips the pack's __init__ (ComfyUI node registrations).
+
+The control channel is a unix socket in that 0700 temp dir (0600 itself) plus
+the stdlib HMAC challenge with a random 32-byte key handed to each child on
+stdin. Each accepted connection is authenticated in its own thread with a
+deadline, so a peer that connects and stays silent can neither stall startup
+nor get a message unpickled (messages are JSON; see protocol.py). The listener
+is closed as soon as every rank has connected.
+"""
+from __future__ import annotations
+
+import os
+import queue
+import select
+import socket
+import subprocess
+import sys
+import threading
+import time
+from multiprocessing.connection import wait as wait_conns
+from pathlib import Path
+
+from .protocol import Channel, ProtocolError, authenticate_server, new_authkey
+from .transport import cleanup_prefix
+
+PACKAGE = "comfyui_hybrid_parallel"
+STOP_GRACE_S = 3.0
+
+
+class PoolError(RuntimeError):
+    """Base class of everything the pool raises about its workers."""
+
+
+class StartupError(PoolError):
+    """The world could not be started; the message carries the failing rank's reason."""
+
+
+def pack_root() -> Path:
+    return Path(__file__).resolve().parents[1]
+
+
+# Runs a worker module with the pack imported as `comfyui_hybrid_parallel` from its root, whatever the
+# folder is called, *without* executing the pack's own __init__ (the ComfyUI node registrations, which
+# import the node layer and may need ComfyUI itself; a worker never needs them).
+BOOTSTRAP = ("import runpy, sys, types; root = sys.argv.pop(1); module = sys.argv.pop(1); "
+             f"pkg = types.ModuleType({PACKAGE!r}); pkg.__path__ = [root]; sys.modules[{PACKAGE!r}] = pkg; "
+             "runpy.run_module(module, run_name='__main__', alter_sys=True)")
+
+
+class World:
+    """N worker processes, their authenticated channels, and how to stop them."""
+
+    def __init__(self, config, *, tmpdir: str, generation: int, shm_prefix: str, fake: str | None,
+                 device_kind: str, max_models: int, collective_timeout_s: float, env: dict | None = None):
+        self.config, self.mesh_key = config, config.mesh_key()
+        self.world_size = config.world_size
+        self.tmpdir, self.generation, self.shm_prefix = tmpdir, generation, shm_prefix
+        self.fake, self.device_kind, self.max_models = fake, device_kind, max_models
+        self.collective_timeout_s = collective_timeout_s
+        self.extra_env = dict(env or {})
+        self.procs: list = []
+        self.channels: list = []
+        self.devices: list = []
+        self.address = os.path.join(tmpdir, f"ctl-{generation}.sock")
+        self.state = "starting"
+        self.resident: list = []
+
+    # ---- start ----
+    def _devices(self) -> list:
+        if self.fake:
+            return ["fake"] * self.world_size
+        if self.config.devices:
+            return list(self.config.devices)
+        if self.device_kind == "cuda":
+            return [f"cuda:{i}" for i in range(self.world_size)]
+        return ["cpu"] * self.world_size
+
+    def _command(self, rank: int) -> list:
+        """`python -c BOOTSTRAP <pack root> <module> args`: a plain subprocess, never multiprocessing spawn."""
+        common = ["--rank", str(rank), "--world-size", str(self.world_size), "--address", self.address,
+                  "--driver-pid", str(os.getpid())]
+        module = f"{PACKAGE}.workers.{'fake_worker' if self.fake else 'worker_main'}"
+        extra = ["--behaviour", self.fake] if self.fake else []
+        return [sys.executable, "-c", BOOTSTRAP, str(pack_root()), module, *common, *extra]
+
+    def _env(self, threads: int) -> dict:
+        env = dict(os.environ)
+        env["OMP_NUM_THREADS"] = str(threads)
+        env.update(self.extra_env)
+        return env
+
+    def start(self, timeout_s: float) -> None:
+        self.devices = self._devices()
+        threads = max(1, (os.cpu_count() or 1) // self.world_size)
+        authkey = new_authkey()
+        unix = hasattr(socket, "AF_UNIX")
+        listener = socket.socket(socket.AF_UNIX if unix else socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            if unix:
+                listener.bind(self.address)
+                os.chmod(self.address, 0o600)
+            else:  # no unix sockets (Windows): loopback TCP; the HMAC challenge still gates every peer
+                listener.bind(("127.0.0.1", 0))
+                self.address = f"127.0.0.1:{listener.getsockname()[1]}"
+            listener.listen(128)
+            env = self._env(threads)
+            for rank in range(self.world_size):
+                # cwd = the private dir: `python -m` puts the cwd first on sys.path, and ComfyUI's cwd
+                # holds modules (nodes.py, ...) that must not shadow anything in the worker.
+                p = subprocess.Popen(self._command(rank), stdin=subprocess.PIPE, env=env, close_fds=True,
+                                     cwd=self.tmpdir)
+                self.procs.append(p)
+                p.stdin.write(authkey.hex().encode() + b"\n")
+                p.stdin.close()
+            self.channels = self._accept(listener, authkey, time.monotonic() + timeout_s)
+        except BaseException:
+            self.teardown(graceful=False)
+            raise
+        finally:
+            listener.close()
+            if unix:
+                try:
+                    os.unlink(self.address)
+                except FileNotFoundError:
+                    pass
+        try:
+            self._init(threads, time.monotonic() + timeout_s)
+        except BaseException:
+            self.teardown(graceful=False)
+            raise
+        self.state = "idle"
+
+    def _check_procs(self, phase: str) -> None:
+        for rank, p in enumerate(self.procs):
+            if p.poll() is not None:
+                raise StartupError(f"worker rank {rank} exited with code {p.returncode} while {phase} "
+                                   f"(its traceback is on the driver's stderr)")
+
+    def _accept(self, listener: socket.socket, authkey: bytes, deadline: float) -> list:
+        shaken: queue.Queue = queue.Queue()
+        channels = self.channels = [None] * self.world_size
+        pending = 0
+        while any(c is None for c in channels):
+            self._check_procs("connecting")
+            if time.monotonic() > deadline:
+                raise StartupError(f"workers did not connect in time (connected: "
+                                   f"{[r for r, c in enumerate(channels) if c is not None]})")
+            for _ in range(64):  # drain the backlog (peers may crowd it), but keep checking the deadline
+                if not select.select([listener], [], [], 0.02)[0]:
+                    break
+                sock, _ = listener.accept()
+                pending += 1
+                threading.Thread(target=lambda s=sock: shaken.put(authenticate_server(s, authkey)),
+                                 daemon=True, name="pool-handshake").start()
+            while pending:
+                try:
+                    conn = shaken.get_nowait()
+                except queue.Empty:
+                    break
+                pending -= 1
+                if conn is None:
+                    continue  # refused: wrong key or not our protocol; nothing of it was unpickled
+                ch = Channel(conn)
+                try:
+                    hello = ch.recv(expect={"hello"}, timeout=5.0)
+                    rank, pid = int(hello["rank"]), int(hello["pid"])
+                except ProtocolError as e:
+                    # It knows our key, so it is one of our workers running other code (the pack was
+                    # updated on disk while this process kept the old one): say so instead of timing out.
+                    ch.close()
+                    raise StartupError(f"a worker speaks another protocol: {e}") from None
+                except (TimeoutError, EOFError, OSError, KeyError, ValueError):
+                    ch.close()
+                    continue
+                if not (0 <= rank < self.world_size) or channels[rank] is not None or pid != self.procs[rank].pid:
+                    ch.close()  # authenticated but not the process we started for that rank
+                    continue
+                channels[rank] = ch
+        return channels
+
+    def _init(self, threads: int, deadline: float) -> None:
+        backend = "nccl" if self.devices[0].startswith("cuda") else "gloo"
+        store = os.path.join(self.tmpdir, f"store-{self.generation}")
+        for rank, ch in enumerate(self.channels):
+            ch.send("init", config=self.config.to_dict(), backend=backend, init_method=f"file://{store}",
+                    device=self.devices[rank], threads=threads, timeout_s=self.collective_timeout_s,
+                    shm_prefix=self.shm_prefix, max_models=self.max_models)
+        ready = set()
+        while len(ready) < self.world_size:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise StartupError(f"ranks {sorted(set(range(self.world_size)) - ready)} did not join the "
+                                   f"{self.config.describe()} world in time")
+            for conn in wait_conns([c.conn for r, c in enumerate(self.channels) if r not in ready],
+                                   timeout=min(remaining, 0.5)):
+                rank = next(r for r, c in enumerate(self.channels) if c.conn is conn)
+                try:
+                    msg = self.channels[rank].recv(expect={"ready"})
+                except (EOFError, OSError):
+                    self._check_procs("joining the world")
+                    raise StartupError(f"worker rank {rank} hung up while joining the world") from None
+                if not msg.get("ok"):
+                    raise StartupError(f"worker rank {rank} could not join the {self.config.describe()} "
+                                       f"world:\n{msg.get('error')}")
+                ready.add(rank)
+            self._check_procs("joining the world")
+
+    # ---- state ----
+    def alive(self) -> bool:
+        return bool(self.procs) and all(p.poll() is None for p in self.procs) and self.state != "dead"
+
+    def broadcast(self, t: str, **fields) -> None:
+        for ch in self.channels:
+            ch.send(t, **fields)
+
+    # ---- stop ----
+    def teardown(self, graceful: bool = True) -> None:
+        """Stop every worker (politely first if `graceful`), then kill what is left; never raises."""
+        self.state = "dead"
+        if graceful:
+            for ch in self.channels:
+                try:
+                    if ch is not None:
+                        ch.send("stop")
+                except (OSError, ValueError):
+                    pass
+            deadline = time.monotonic() + STOP_GRACE_S
+            for p in self.procs:
+                try:
+                    p.wait(timeout=max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    pass
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+        for p in self.procs:
+            try:
+                p.wait(timeout=5.0)
+            except subprocess.TimeoutExpired:
+                pass
+        for ch in self.channels:
+            if ch is not None:
+                ch.close()
+        self.channels = []
+        cleanup_prefix(self.shm_prefix)
+        try:
+            os.unlink(os.path.join(self.tmpdir, f"store-{self.generation}"))
+        except FileNotFoundError:
+            pass

@@ -1,0 +1,422 @@
+"""WorkerPool: the driver's handle on a persistent world of workers.
+
+The caller owns the pool (no global singleton): it starts a world for a
+ParallelConfig on first use, reuses it while `config.mesh_key()` is unchanged,
+restarts it when the mesh changes or after a fault, and stops it on `stop()`,
+on garbage collection and at interpreter exit (weakref.finalize).
+
+One job at a time (a lock); `cancel()` and `health()` may be called from other
+threads. Failure policy: a rank that raises, dies, hangs past the job timeout
+or runs out of memory fails the job with a PoolError subclass carrying that
+rank's traceback. The world is torn down (next job restarts it) unless every
+rank reported back, i.e. none is stuck in a collective - then it is still
+consistent and resident models are kept. A cancel stops all ranks at the same
+step (the ranks agree through a collective), so the world stays up.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import threading
+import time
+import weakref
+from dataclasses import dataclass, field
+from multiprocessing.connection import wait as wait_conns
+
+from .launch import PoolError, StartupError, World
+from .protocol import MODEL_FAMILIES, ProtocolError
+from .transport import cleanup_prefix, new_prefix, read_tensor, unlink, write_tensor
+
+JOB_KINDS = ("health", "echo", "steps", "load_model", "forward", "vae_decode")
+FAULT_GRACE_S = 2.0
+POLL_S = 0.05
+DEATH_CHECK_S = 0.5
+
+
+class WorkerError(PoolError):
+    """A rank raised; `rank` and `remote_traceback` say where and why."""
+
+    def __init__(self, message: str, rank: int = -1, remote_traceback: str = ""):
+        super().__init__(message)
+        self.rank, self.remote_traceback = rank, remote_traceback
+
+
+class WorkerOOM(WorkerError):
+    """A rank ran out of memory; the message names the parallel config to change."""
+
+
+class WorkerDied(PoolError):
+    """A worker process exited during a job."""
+
+
+class JobTimeout(PoolError):
+    """The job did not finish within its timeout (a hang); the world was torn down."""
+
+
+class JobCancelled(PoolError):
+    """The job was cancelled; all ranks stopped and the world is still up."""
+
+
+@dataclass
+class JobResult:
+    values: dict                      # rank 0's JSON values
+    tensors: dict                     # rank 0's tensors (owned by the caller; nothing left in shared memory)
+    per_rank: list = field(default_factory=list)  # every rank's JSON values
+    job_id: int = 0
+    elapsed_s: float = 0.0
+
+
+class _Holder:
+    """What the finalizer needs (never the pool itself, or it would keep the pool alive)."""
+
+    def __init__(self, tmpdir: str, prefix: str):
+        self.world, self.tmpdir, self.prefix = None, tmpdir, prefix
+
+
+def _shutdown(holder: _Holder) -> None:
+    if holder.world is not None:
+        holder.world.teardown(graceful=True)
+        holder.world = None
+    cleanup_prefix(holder.prefix)
+    import shutil
+    shutil.rmtree(holder.tmpdir, ignore_errors=True)
+
+
+class WorkerPool:
+    """Start / reuse / restart a world of workers and run jobs on it.
+
+    fake: None for real torch.distributed workers, or a fake behaviour
+    ("serve", "die", "hang", "slow", "raise", optionally ":K") - see fake_worker.py.
+    device: "cpu", "cuda" or "auto" (cuda when available). max_models: resident
+    models per worker before the least recently used is evicted.
+    """
+
+    def __init__(self, *, fake: str | None = None, device: str = "auto", max_models: int = 2,
+                 job_timeout_s: float = 600.0, start_timeout_s: float = 120.0,
+                 collective_timeout_s: float = 120.0, env: dict | None = None):
+        if fake is not None:
+            from .fake_worker import parse_behaviour
+            parse_behaviour(fake)
+        if device not in ("auto", "cpu", "cuda"):
+            raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {device!r}")
+        if int(max_models) < 1:
+            raise ValueError(f"max_models must be >= 1, got {max_models}")
+        self.fake, self.device, self.max_models = fake, device, int(max_models)
+        self.job_timeout_s, self.start_timeout_s = float(job_timeout_s), float(start_timeout_s)
+        self.collective_timeout_s, self.env = float(collective_timeout_s), env
+        self._holder = _Holder(tempfile.mkdtemp(prefix="chp-pool-"), new_prefix())
+        self._finalizer = weakref.finalize(self, _shutdown, self._holder)
+        self._lock = threading.RLock()
+        self._cancel = threading.Event()
+        self._next_job = 0
+        self.generation = 0  # worlds started so far
+
+    # ---- lifecycle ----
+    @property
+    def world(self) -> World | None:
+        return self._holder.world
+
+    @property
+    def tmpdir(self) -> str:
+        """The pool's private 0700 directory (import symlink, control sockets, rendezvous files)."""
+        return self._holder.tmpdir
+
+    @property
+    def shm_prefix(self) -> str:
+        return self._holder.prefix
+
+    @property
+    def running(self) -> bool:
+        return self.world is not None and self.world.alive()
+
+    def _device_kind(self, config) -> str:
+        if self.fake:
+            return "cpu"
+        kind = self.device
+        if kind == "auto" or kind == "cuda":
+            import torch
+            has = torch.cuda.is_available()
+            if kind == "cuda" and not has:
+                raise PoolError("device='cuda' but torch sees no CUDA device; use device='cpu'")
+            kind = "cuda" if has else "cpu"
+            if kind == "cuda" and not config.devices:
+                config.check_world(torch.cuda.device_count(), "GPU")
+        return kind
+
+    def ensure_world(self, config) -> World:
+        """The running world for `config`'s mesh: reused if it matches, (re)started if not."""
+        from ..parallel.config import ParallelConfig
+        if not isinstance(config, ParallelConfig):
+            raise TypeError(f"config must be a ParallelConfig, got {type(config).__name__}")
+        with self._lock:
+            w = self.world
+            if w is not None and w.mesh_key == config.mesh_key() and w.alive():
+                return w
+            kind = self._device_kind(config)
+            self._teardown(graceful=True)
+            self.generation += 1
+            w = World(config, tmpdir=self._holder.tmpdir, generation=self.generation, shm_prefix=self.shm_prefix,
+                      fake=self.fake, device_kind=kind, max_models=self.max_models,
+                      collective_timeout_s=self.collective_timeout_s, env=self.env)
+            w.start(self.start_timeout_s)
+            self._holder.world = w
+            return w
+
+    def _teardown(self, graceful: bool) -> None:
+        if self._holder.world is not None:
+            self._holder.world.teardown(graceful=graceful)
+            self._holder.world = None
+
+    def stop(self) -> None:
+        """Stop the workers and remove every file the pool made; the pool can be used again after."""
+        with self._lock:
+            self._teardown(graceful=True)
+            cleanup_prefix(self.shm_prefix)
+
+    def close(self) -> None:
+        """stop() for good: also remove the pool's temp dir."""
+        with self._lock:
+            self._finalizer()
+
+    def __enter__(self) -> "WorkerPool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ---- jobs ----
+    def cancel(self) -> None:
+        """Ask the running job (if any) to stop at its next step; submit() then raises JobCancelled."""
+        self._cancel.set()
+
+    @staticmethod
+    def _validate(kind: str, values: dict, tensors: dict) -> str:
+        if kind not in JOB_KINDS:
+            raise ValueError(f"unknown job kind {kind!r}; choose one of {', '.join(JOB_KINDS)}")
+        try:
+            json.dumps(values)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"job values must be JSON (numbers, strings, lists, dicts); pass tensors in "
+                             f"`tensors`: {e}") from None
+        import torch
+        for name, t in tensors.items():
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"tensors[{name!r}] must be a torch.Tensor, got {type(t).__name__}")
+        overlap = set(values) & set(tensors)
+        if overlap:
+            raise ValueError(f"names used both as values and tensors: {sorted(overlap)}")
+        return kind
+
+    def submit(self, config, kind: str, values: dict | None = None, tensors: dict | None = None, *,
+               progress=None, timeout_s: float | None = None, cancel=None) -> JobResult:
+        """Run one job on every rank and return rank 0's result.
+
+        progress(step, total) is called on this thread for every step rank 0
+        reports; if it raises (e.g. ComfyUI's interrupt), the job is cancelled
+        and that exception propagates. `cancel` is any object with is_set().
+        """
+        values, tensors = dict(values or {}), dict(tensors or {})
+        self._validate(kind, values, tensors)
+        timeout_s = self.job_timeout_s if timeout_s is None else float(timeout_s)
+        with self._lock:
+            world = self.ensure_world(config)
+            self._cancel.clear()
+            self._next_job += 1
+            job_id = self._next_job
+            descs = {}
+            try:
+                for name, t in tensors.items():
+                    descs[name] = write_tensor(t, self.shm_prefix)
+                world.state = "busy"
+                try:
+                    world.broadcast("job", job=job_id, kind=kind, values=values, tensors=descs,
+                                    config=config.to_dict(), timeout_s=timeout_s)
+                except (OSError, ValueError):  # a worker died while idle
+                    self._check_deaths(world, job_id, {})
+                    self._teardown(graceful=False)
+                    raise WorkerDied(f"a worker of {world.config.describe()} hung up before job {job_id}; "
+                                     f"the world was stopped and restarts on the next job") from None
+                return self._collect(world, job_id, config, timeout_s, progress, cancel)
+            finally:
+                for d in descs.values():
+                    unlink(d, self.shm_prefix)
+                if world.state == "busy":
+                    world.state = "idle"
+
+    def _collect(self, world: World, job_id: int, config, timeout_s: float, progress, cancel) -> JobResult:
+        start = time.monotonic()
+        deadline = start + timeout_s
+        results: dict = {}
+        failed_at = None
+        callback_exc = None
+        cancel_sent = False
+        last_death_check = start
+        conns = {ch.conn: r for r, ch in enumerate(world.channels)}
+        while len(results) < world.world_size:
+            now = time.monotonic()
+            if not cancel_sent and (self._cancel.is_set() or callback_exc is not None
+                                    or (cancel is not None and cancel.is_set())):
+                cancel_sent = True
+                try:
+                    world.broadcast("cancel", job=job_id)
+                except (OSError, ValueError):
+                    pass  # a dead worker: the death check below reports it
+            if now > deadline or (failed_at is not None and now > failed_at + FAULT_GRACE_S):
+                break
+            if now - last_death_check > DEATH_CHECK_S:
+                last_death_check = now
+                self._check_deaths(world, job_id, results)
+            waiting = [c for c, r in conns.items() if r not in results]
+            for conn in wait_conns(waiting, timeout=POLL_S):
+                rank = conns[conn]
+                try:
+                    msg = world.channels[rank].recv(expect={"progress", "result"})
+                except (EOFError, OSError):
+                    self._died(world, rank, job_id)
+                except ProtocolError as e:
+                    self._teardown(graceful=False)
+                    raise PoolError(f"rank {rank} sent a bad message: {e}") from None
+                if msg["t"] == "progress":
+                    if progress is not None and callback_exc is None and int(msg["job"]) == job_id:
+                        try:
+                            progress(int(msg["step"]), int(msg["total"]))
+                        except BaseException as e:  # noqa: BLE001 - cancel the job, re-raise after the drain
+                            callback_exc = e
+                    continue
+                if int(msg["job"]) != job_id:
+                    continue  # a late answer to an older job
+                results[rank] = msg
+                err = msg.get("error") or {}
+                if not msg.get("ok") and err.get("kind") != "cancelled" and failed_at is None:
+                    failed_at = time.monotonic()
+        return self._finish(world, job_id, config, results, callback_exc, timeout_s, start)
+
+    def _check_deaths(self, world: World, job_id: int, results: dict) -> None:
+        for rank, p in enumerate(world.procs):
+            if p.poll() is not None and rank not in results:
+                self._died(world, rank, job_id)
+
+    def _died(self, world: World, rank: int, job_id: int) -> None:
+        code = world.procs[rank].poll()
+        if code is None:
+            try:
+                code = world.procs[rank].wait(timeout=1.0)
+            except Exception:  # noqa: BLE001 - still alive but hung up: treat as dead
+                code = "unknown"
+        self._teardown(graceful=False)
+        raise WorkerDied(f"worker rank {rank} (of {world.config.describe()}) died during job {job_id} "
+                         f"(exit code {code}); the world was stopped and restarts on the next job")
+
+    def _finish(self, world, job_id, config, results, callback_exc, timeout_s, start) -> JobResult:
+        missing = sorted(set(range(world.world_size)) - set(results))
+        errors = {r: m["error"] for r, m in sorted(results.items()) if not m.get("ok")}
+        real = {r: e for r, e in errors.items() if e.get("kind") != "cancelled"}
+        if missing or real:
+            for m in results.values():  # rank 0's tensors of a failed job
+                for d in (m.get("tensors") or {}).values():
+                    unlink(d, self.shm_prefix)
+            if missing:
+                self._teardown(graceful=False)
+        if real:
+            rank, err = next(iter(real.items()))
+            where = f"rank {rank} of {world.config.describe()} ({world.devices[rank]})"
+            tail = (f"\nranks {missing} did not finish (stuck in a collective); the world was stopped "
+                    f"and restarts on the next job" if missing else "")
+            if err.get("kind") == "oom":
+                raise WorkerOOM(f"out of memory on {where}: {err['message']}\nlower the resolution or batch, or "
+                                f"spread the work over more devices (more ulysses/ring/pp degree){tail}",
+                                rank, err.get("traceback", ""))
+            raise WorkerError(f"job {job_id} failed on {where}: {err['type']}: {err['message']}{tail}\n"
+                              f"--- remote traceback (rank {rank}) ---\n{err.get('traceback', '')}",
+                              rank, err.get("traceback", ""))
+        if missing:
+            if callback_exc is not None:
+                raise callback_exc
+            raise JobTimeout(f"job {job_id} did not finish within {timeout_s:.0f} s on ranks {missing} of "
+                             f"{world.config.describe()} (hang?); the world was stopped and restarts on the next job")
+        if callback_exc is not None:
+            raise callback_exc
+        if errors:
+            raise JobCancelled(f"job {job_id} was cancelled")
+        descs = results[0].get("tensors") or {}
+        tensors = {k: read_tensor(d, self.shm_prefix, unlink=True) for k, d in descs.items()}
+        values = results[0].get("values") or {}
+        if "resident" in values:
+            world.resident = list(values["resident"])
+        per_rank = [results[r].get("values") or {} for r in sorted(results)]
+        return JobResult(values=values, tensors=tensors, per_rank=per_rank, job_id=job_id,
+                         elapsed_s=time.monotonic() - start)
+
+    # ---- models ----
+    def ensure_model(self, config, key: str, family: str, diffusers_config: dict, state_dict: dict | None = None,
+                     path: str | None = None, timeout_s: float | None = None) -> dict:
+        """Make a model resident on every worker; a key already resident costs one small round trip.
+
+        Weights come from `state_dict` (through shared memory) or `path` (a
+        safetensors file every worker mmaps); they are only sent when a worker
+        says it does not hold `key`. `state_dict` may be a callable returning the
+        dict, so a caller only converts weights when they must travel.
+        Returns rank 0's {loaded, loads, resident}.
+        """
+        if family not in MODEL_FAMILIES:
+            raise ValueError(f"unknown model family {family!r}; choose one of {', '.join(MODEL_FAMILIES)}")
+        if not isinstance(key, str) or not key:
+            raise ValueError("key must be a non-empty string identifying the weights and their patches")
+        if state_dict is None and path is None:
+            raise ValueError("give the weights: state_dict=... or path=<safetensors file>")
+        if path is not None and not os.path.isfile(path):
+            raise FileNotFoundError(f"weights file {path!r} does not exist")
+        base = {"key": key, "family": family, "config": dict(diffusers_config)}
+        with self._lock:
+            res = self.submit(config, "load_model", base, timeout_s=timeout_s)
+            if res.values.get("need_weights"):
+                if path is not None:
+                    res = self.submit(config, "load_model", {**base, "path": os.path.abspath(path)},
+                                      timeout_s=timeout_s)
+                else:
+                    sd = state_dict() if callable(state_dict) else state_dict
+                    res = self.submit(config, "load_model", base, {f"sd.{k}": v for k, v in sd.items()},
+                                      timeout_s=timeout_s)
+            return res.values
+
+    def forward(self, config, key: str, inputs: dict, kwargs: dict | None = None, **submit_kw):
+        """Step mode: the resident model `key` on the full `inputs` (tensors) and JSON `kwargs`; the output."""
+        return self.submit(config, "forward", {"key": key, "kwargs": dict(kwargs or {})}, inputs,
+                           **submit_kw).tensors["out"]
+
+    def vae_decode(self, config, key: str, latent, block_size: int | None = None, **submit_kw):
+        """Patch-parallel decode of `latent` by the resident VAE `key` over all ranks; the image."""
+        return self.submit(config, "vae_decode", {"key": key, "block_size": block_size}, {"latent": latent},
+                           **submit_kw).tensors["image"]
+
+    # ---- health ----
+    def health(self) -> list:
+        """Per rank: pid, device, state, resident model keys, RSS bytes. Asks the workers when idle."""
+        w = self.world
+        if w is None:
+            return []
+        if self._lock.acquire(blocking=False):
+            try:
+                if w.alive() and w.state == "idle":
+                    res = self.submit(w.config, "health", timeout_s=10.0)
+                    return [{**v, "rank": r, "state": "idle"} for r, v in enumerate(res.per_rank)]
+            except PoolError:
+                pass
+            finally:
+                self._lock.release()
+        return [{"rank": r, "pid": p.pid, "device": w.devices[r] if w.devices else None,
+                 "state": w.state if p.poll() is None else f"exited({p.returncode})",
+                 "resident": list(w.resident), "rss_bytes": _proc_rss(p.pid)} for r, p in enumerate(w.procs)]
+
+
+def _proc_rss(pid: int):
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+__all__ = ["JobCancelled", "JobResult", "JobTimeout", "PoolError", "StartupError", "WorkerDied", "WorkerError",
+           "WorkerOOM", "WorkerPool"]

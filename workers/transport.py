@@ -1,0 +1,163 @@
+"""Tensors between processes through shared-memory files, described in messages by (name, dtype, shape).
+
+Why files under /dev/shm rather than pickling through the socket: the bytes are
+written once by the creator and read (or, for weights, mapped) by every reader,
+with no pickling and no socket traffic beyond a small JSON descriptor.
+Why not `multiprocessing.shared_memory`: before Python 3.13 every
+process that attaches registers the segment with its resource tracker, which
+unlinks (or warns about) it when that process exits - wrong for a segment the
+driver owns. Plain files give us full control of the lifetime:
+
+* every file name starts with the pool's private prefix, so `cleanup_prefix`
+  removes whatever a crashed process left behind;
+* the creator unlinks its files when the job is done; the driver reads a
+  result and unlinks it at once, so nothing is left in /dev/shm.
+
+Torch is imported lazily: the fake worker moves raw bytes without it.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import tempfile
+import uuid
+
+_DTYPES = ("float32", "float64", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool",
+           "complex64", "float8_e4m3fn", "float8_e5m2")
+
+
+def shm_dir() -> str:
+    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+
+
+def new_prefix() -> str:
+    """A per-pool prefix; only files carrying it are ever opened or cleaned up by the pool."""
+    return f"chp-{os.getpid()}-{uuid.uuid4().hex[:8]}-"
+
+
+def _path(name: str, prefix: str) -> str:
+    if not name.startswith(prefix) or "/" in name or "\0" in name or name in (".", ".."):
+        raise ValueError(f"shared-memory name {name!r} does not belong to this pool (prefix {prefix!r})")
+    return os.path.join(shm_dir(), name)
+
+
+def _dtype(name: str):
+    import torch
+    if name not in _DTYPES:
+        raise ValueError(f"dtype {name!r} cannot travel through the pool; supported: {', '.join(_DTYPES)}")
+    return getattr(torch, name)
+
+
+def _create(prefix: str, nbytes: int) -> tuple:
+    name = f"{prefix}{uuid.uuid4().hex}"
+    fd = os.open(_path(name, prefix), os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    try:
+        os.ftruncate(fd, nbytes)
+    except BaseException:
+        os.close(fd)
+        raise
+    return name, fd
+
+
+def _bytes_view(t):
+    """A writable byte view of a contiguous CPU tensor (numpy has no bfloat16, so go through uint8)."""
+    return memoryview(t.reshape(-1).view(__import__("torch").uint8).numpy()).cast("B")
+
+
+def write_tensor(t, prefix: str) -> dict:
+    """Copy `t` into a new shared-memory file; returns its descriptor (the caller owns the file).
+
+    os.write rather than writing through a mapping: the kernel copies straight
+    into the file's pages, without one page fault per 4 KiB in this process
+    (measured 8x faster for 1 MiB in a sandboxed VM, see bench_transport.py).
+    """
+    dtype = str(t.dtype).removeprefix("torch.")
+    _dtype(dtype)
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    desc = {"name": None, "dtype": dtype, "shape": list(t.shape)}
+    if t.numel() == 0:
+        return desc
+    name, fd = _create(prefix, t.numel() * t.element_size())
+    desc["name"] = name
+    try:
+        view, done = _bytes_view(t.contiguous()), 0
+        while done < len(view):
+            done += os.write(fd, view[done:])
+    finally:
+        os.close(fd)
+    return desc
+
+
+def read_tensor(desc: dict, prefix: str, mapped: bool = False, unlink: bool = False):
+    """The described tensor: a private copy (default), or a copy-on-write mapping (`mapped=True`).
+
+    Copying suits per-step tensors (fast, and the file can go at once); mapping
+    suits model weights: ranks share the pages until someone writes, so N ranks
+    do not hold N copies. `unlink=True` removes the file after reading (a mapping
+    stays valid after unlink).
+    """
+    import torch
+    dtype = _dtype(desc["dtype"])
+    shape = [int(s) for s in desc["shape"]]
+    numel = 1
+    for s in shape:
+        numel *= s
+    if desc.get("name") is None:
+        if numel != 0:
+            raise ValueError(f"descriptor without a name for a non-empty tensor of shape {shape}")
+        return torch.empty(shape, dtype=dtype)
+    path = _path(desc["name"], prefix)
+    if mapped:
+        t = torch.from_file(path, shared=False, size=numel, dtype=dtype).view(shape)
+    else:
+        t = torch.empty(shape, dtype=dtype)
+        view, done = _bytes_view(t), 0
+        with open(path, "rb", buffering=0) as f:
+            while done < len(view):
+                got = f.readinto(view[done:])
+                if not got:
+                    raise ValueError(f"shared-memory file {desc['name']} is shorter than its {dtype} {shape}")
+                done += got
+    if unlink:
+        os.unlink(path)
+    return t
+
+
+def unlink(desc: dict, prefix: str) -> None:
+    if desc.get("name"):
+        try:
+            os.unlink(_path(desc["name"], prefix))
+        except FileNotFoundError:
+            pass
+
+
+def copy_blob(desc: dict, prefix: str) -> dict:
+    """A new file with the same bytes (the fake worker's echo; no torch needed)."""
+    if desc.get("name") is None:
+        return dict(desc)
+    src = _path(desc["name"], prefix)
+    name, fd = _create(prefix, os.path.getsize(src))
+    with open(src, "rb") as fi, open(fd, "r+b") as fo:
+        shutil.copyfileobj(fi, fo, 1 << 20)
+    return {**desc, "name": name}
+
+
+def list_prefix(prefix: str) -> list:
+    if not prefix or "/" in prefix:
+        raise ValueError(f"bad prefix {prefix!r}")
+    return sorted(glob.glob(os.path.join(glob.escape(shm_dir()), glob.escape(prefix) + "*")))
+
+
+def cleanup_prefix(prefix: str) -> int:
+    """Remove every file this pool (or one of its dead workers) left behind; returns how many."""
+    n = 0
+    for p in list_prefix(prefix):
+        try:
+            os.unlink(p)
+            n += 1
+        except FileNotFoundError:
+            pass
+    return n

@@ -1,0 +1,88 @@
+"""Entry point of one real worker: `python -m comfyui_hybrid_parallel.workers.worker_main`.
+
+Started by the driver with subprocess (never multiprocessing spawn, whose
+children re-run ComfyUI's main.py). The auth key arrives on stdin, never on the
+command line where `ps` would show it. Order: connect and authenticate, say
+hello, receive the world description, join the torch.distributed world (with a
+timeout), build the ParallelContext once, report ready, then serve jobs.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import sys
+import traceback
+
+from .protocol import connect
+from .serve import ParentWatch
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--rank", type=int, required=True)
+    p.add_argument("--world-size", type=int, required=True)
+    p.add_argument("--address", required=True, help="driver's unix socket path or host:port")
+    p.add_argument("--driver-pid", type=int, required=True)
+    return p.parse_args(argv)
+
+
+def read_authkey() -> bytes:
+    line = sys.stdin.readline().strip()
+    sys.stdin.close()
+    if len(line) != 64:
+        raise SystemExit("worker: expected a 32-byte hex auth key on stdin")
+    return bytes.fromhex(line)
+
+
+def _join_world(args, init: dict):
+    """init_process_group + ParallelContext; returns (ctx, device)."""
+    threads = int(init.get("threads") or 1)
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    import torch
+    import torch.distributed as dist
+
+    from comfyui_hybrid_parallel.parallel import ParallelConfig, ParallelContext
+
+    torch.set_num_threads(threads)
+    config = ParallelConfig.from_dict(init["config"])
+    device = torch.device(init["device"])
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    timeout = datetime.timedelta(seconds=float(init["timeout_s"]))
+    if args.world_size > 1:
+        dist.init_process_group(init["backend"], init_method=init["init_method"], rank=args.rank,
+                                world_size=args.world_size, timeout=timeout)
+    return ParallelContext(config, device=device, timeout_s=float(init["timeout_s"])), device
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    watch = ParentWatch(args.driver_pid, args.rank)
+    channel = connect(args.address, read_authkey())
+    channel.send("hello", rank=args.rank, pid=os.getpid())
+    init = channel.recv(expect={"init"}, timeout=60.0)
+    watch.prefix, watch.tmpdir = init["shm_prefix"], os.path.dirname(args.address)
+    try:
+        ctx, device = _join_world(args, init)
+    except BaseException as e:  # noqa: BLE001 - tell the driver why, then exit
+        channel.send("ready", rank=args.rank, ok=False,
+                     error=f"{type(e).__name__}: {e}\n{traceback.format_exc()}")
+        return 2
+    channel.send("ready", rank=args.rank, ok=True, device=str(device))
+
+    from .jobs import WorkerState, make_executor
+    from .serve import serve
+
+    state = WorkerState(args.rank, device, init["shm_prefix"], init.get("max_models", 2))
+    serve(channel, args.rank, make_executor(state, ctx), watch)
+    ctx.destroy()
+    import torch.distributed as dist
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    channel.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
