@@ -16,36 +16,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 
 from comfy_env import comfyui_dir, setup_comfy  # noqa: E402
-from comfy_server import ComfyServer  # noqa: E402
-
-
-def graph(degrees, tag, width, height, steps, cfg):
-    g = {
-        "1": {"class_type": "UNETLoader", "inputs": {"unet_name": "tiny_sd3.safetensors", "weight_dtype": "default"}},
-        "2": {"class_type": "HPExampleConditioning", "inputs": {"seed": 1, "tokens": 7, "context_dim": 32,
-                                                               "pooled_dim": 24, "guidance": -1.0}},
-        "3": {"class_type": "HPExampleConditioning", "inputs": {"seed": 2, "tokens": 7, "context_dim": 32,
-                                                               "pooled_dim": 24, "guidance": -1.0}},
-        "4": {"class_type": "EmptySD3LatentImage", "inputs": {"width": width, "height": height, "batch_size": 1}},
-        "6": {"class_type": "VAELoader", "inputs": {"vae_name": "tiny_kl16.safetensors"}},
-    }
-    common = {"model": ["1", 0], "seed": 42, "steps": steps, "cfg": cfg, "sampler_name": "euler",
-              "scheduler": "normal", "positive": ["2", 0], "negative": ["3", 0], "latent_image": ["4", 0],
-              "denoise": 1.0}
-    if degrees is None:
-        g["5"] = {"class_type": "KSampler", "inputs": common}
-        g["7"] = {"class_type": "VAEDecode", "inputs": {"samples": ["5", 0], "vae": ["6", 0]}}
-    else:
-        pc = {"dp_degree": 1, "cfg_degree": 1, "ulysses_degree": 1, "ring_degree": 1, "pp_degree": 1,
-              "num_pipeline_patch": 0, "warmup_steps": 1, "tp_degree": 1, "method": "usp", "device": "cpu",
-              "attention": "auto", "devices": "", **degrees}
-        g["9"] = {"class_type": "HybridParallelConfig", "inputs": pc}
-        g["5"] = {"class_type": "HybridSampler", "inputs": {**common, "parallel_config": ["9", 0]}}
-        g["7"] = {"class_type": "HybridPatchVAEDecode", "inputs": {"samples": ["5", 0], "vae": ["6", 0],
-                                                                   "parallel_config": ["9", 0]}}
-    g["8"] = {"class_type": "HPSaveImageTensor", "inputs": {"images": ["7", 0], "filename": tag}}
-    g["11"] = {"class_type": "SaveImage", "inputs": {"images": ["7", 0], "filename_prefix": tag}}
-    return g
+from comfy_server import ComfyServer, sd3_workflow  # noqa: E402
 
 
 def main():
@@ -78,12 +49,12 @@ def main():
         for tag, degrees in (("ksampler", None), ("hybrid", {"ulysses_degree": args.ulysses,
                                                               "cfg_degree": args.cfg_degree})):
             t = time.perf_counter()
-            entry = srv.run(graph(degrees, tag, args.width, args.height, args.steps, 4.0))
+            entry = srv.run(sd3_workflow(degrees, tag, args.width, args.height, args.steps, 4.0, png=True))
             dt = time.perf_counter() - t
             if entry.get("status", {}).get("status_str") != "success":
                 print(srv.tail())
                 sys.exit(f"{tag} prompt failed: {entry.get('rejected') or entry.get('status')}")
-            results[tag] = (load_file(str(srv.output(f"{tag}.safetensors")))["images"], dt)
+            results[tag] = (load_file(str(srv.output(f"img_{tag}.safetensors")))["images"], dt)
             print(f"{tag:9s}: {dt:6.2f} s  image {tuple(results[tag][0].shape)}")
         ref, par = results["ksampler"][0], results["hybrid"][0]
         diff = (par - ref).abs().max().item()

@@ -41,6 +41,23 @@ class Runtime:
                 self._pool = WorkerPool(device=hp.device)
             return self._pool
 
+    def ensure_resident(self, hp, key: str, convert_weights):
+        """Make `key` resident on the workers; returns (family, diffusers config).
+
+        `convert_weights()` -> (family, diffusers config, diffusers state dict) runs the first time a key
+        is seen here, and later only when the workers lost the weights (restart, eviction).
+        """
+        pool = self.pool(hp)
+        info = self.model_info.get(key)
+        if info is None:
+            family, config, dsd = convert_weights()
+            pool.ensure_model(hp.config, key, family, config, state_dict=dsd)
+            self.remember(key, (family, config))
+            return family, config
+        family, config = info
+        pool.ensure_model(hp.config, key, family, config, state_dict=lambda: convert_weights()[2])
+        return family, config
+
     def stop(self) -> None:
         with self._lock:
             if self._pool is not None:
@@ -77,9 +94,9 @@ def family_of(diffusion_model: torch.nn.Module, state_dict=None) -> str:
                      f"this MODEL's diffusion model is {name}")
 
 
-def to_diffusers(diffusion_model: torch.nn.Module):
-    """(family, diffusers class, diffusers config, diffusers state dict) of ComfyUI's (patched) weights."""
-    sd = {k: v.detach() for k, v in diffusion_model.state_dict().items()}
-    family = family_of(diffusion_model, sd)
-    class_name, config, dsd = convert(family, sd)
-    return family, class_name, config, dsd
+def to_diffusers(module: torch.nn.Module, family: str = None):
+    """(family, diffusers config, diffusers state dict) of a ComfyUI module's current (patched) weights."""
+    sd = {k: v.detach() for k, v in module.state_dict().items()}
+    family = family or family_of(module, sd)
+    _class_name, config, dsd = convert(family, sd)
+    return family, config, dsd

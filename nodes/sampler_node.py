@@ -40,16 +40,7 @@ class PoolDiffusionModel(torch.nn.Module):
         if st.get("resident"):
             return
         original = self._original[0]
-        info = self.runtime.model_info.get(st["key"])
-        pool = self.runtime.pool(self.hp)
-        if info is None:
-            family, _cls, config, dsd = to_diffusers(original)
-            pool.ensure_model(self.hp.config, st["key"], family, config, state_dict=dsd)
-            self.runtime.remember(st["key"], (family, config))
-        else:  # weights are converted again only if the workers lost them (restart, eviction)
-            family, config = info
-            pool.ensure_model(self.hp.config, st["key"], family, config,
-                              state_dict=lambda: to_diffusers(original)[3])
+        family, config = self.runtime.ensure_resident(self.hp, st["key"], lambda: to_diffusers(original))
         st.update(family=family, config=config, resident=True)
 
     def forward(self, x, timestep, context=None, control=None, transformer_options=None, **extra):
@@ -73,8 +64,27 @@ class PoolDiffusionModel(torch.nn.Module):
         values = {"key": self.state["key"], "structure": _structure(inputs)}
         if family == "pixart":
             values["resolution"] = list(x.shape[-2:])
-        res = self.runtime.pool(self.hp).submit(self.hp.config, "forward", values, tensors)
+        res = submit_interruptible(self.runtime.pool(self.hp), self.hp.config, "forward", values, tensors)
         return fm.diffusers_to_comfy_output(res.tensors["out"].to(x.device), x.shape)
+
+
+class ComfyInterrupt:
+    """ComfyUI's interrupt flag as the pool's cancel token (polled while a job runs)."""
+
+    def is_set(self) -> bool:
+        import comfy.model_management
+        return comfy.model_management.processing_interrupted()
+
+
+def submit_interruptible(pool, config, kind, values, tensors):
+    """pool.submit that stops at ComfyUI's interrupt button and raises ComfyUI's own interrupt exception."""
+    from ..workers.pool import JobCancelled
+    try:
+        return pool.submit(config, kind, values, tensors, cancel=ComfyInterrupt())
+    except JobCancelled:
+        import comfy.model_management
+        comfy.model_management.throw_exception_if_processing_interrupted()
+        raise
 
 
 def _flatten(inputs: dict) -> dict:

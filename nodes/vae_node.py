@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import torch
 
-from ..parallel.checkpoints import convert, family_module
-from .runtime import weights_key
+from ..parallel.checkpoints import family_module
+from .runtime import to_diffusers, weights_key
+from .sampler_node import submit_interruptible
 
 
 class PatchVAEDecode:
@@ -34,25 +35,15 @@ class PatchVAEDecode:
         first = vae.first_stage_model
         family = "vae_wan" if type(first).__name__ == "WanVAE" else "vae_kl"
         key = weights_key(first, "vae")
+        self.runtime.ensure_resident(hp, key, lambda: to_diffusers(first, family))
         pool = self.runtime.pool(hp)
-
-        def converted():
-            return convert(family, {k: v.detach() for k, v in first.state_dict().items()})
-
-        info = self.runtime.model_info.get(key)
-        if info is None:
-            _cls, config, dsd = converted()
-            pool.ensure_model(hp.config, key, family, config, state_dict=dsd)
-            self.runtime.remember(key, (family, config))
-        else:
-            pool.ensure_model(hp.config, key, family, info[1], state_dict=lambda: converted()[2])
         latent = samples["samples"].float()
         if latent.is_nested:
             raise ValueError("Patch VAE Decode does not take nested (multi-part) latents")
         values = {"key": key}
         if block_size:
             values["block_size"] = int(block_size)
-        res = pool.submit(hp.config, "vae_decode", values, {"latent": latent})
+        res = submit_interruptible(pool, hp.config, "vae_decode", values, {"latent": latent})
         images = family_module(family).diffusers_to_comfy_images(res.tensors["image"])
         if images.ndim == 5:  # video: (B, T, H, W, C) -> frames in the batch, as VAEDecode does
             images = images.reshape(-1, *images.shape[-3:])

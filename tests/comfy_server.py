@@ -112,3 +112,38 @@ class ComfyServer:
                 self.proc.kill()
                 self.proc.wait(5)
         self.proc = None
+
+
+def sd3_workflow(degrees, tag: str, width: int, height: int, steps: int = 3, cfg: float = 4.0,
+                 sampler: str = "euler", scheduler: str = "normal", batch: int = 1, png: bool = False) -> dict:
+    """API prompt on the tiny SD3 + KL16 checkpoints: KSampler -> VAEDecode when `degrees` is None,
+    else Parallel Config(degrees) -> Hybrid Sampler -> Patch VAE Decode; the image and the latent are
+    saved losslessly as output/img_<tag> and output/lat_<tag> (and as a PNG when `png`)."""
+    def cond(seed):
+        return {"class_type": "HPExampleConditioning", "inputs": {"seed": seed, "tokens": 7, "context_dim": 32,
+                                                                   "pooled_dim": 24, "guidance": -1.0}}
+    g = {
+        "1": {"class_type": "UNETLoader", "inputs": {"unet_name": "tiny_sd3.safetensors", "weight_dtype": "default"}},
+        "2": cond(1), "3": cond(2),
+        "4": {"class_type": "EmptySD3LatentImage", "inputs": {"width": width, "height": height, "batch_size": batch}},
+        "6": {"class_type": "VAELoader", "inputs": {"vae_name": "tiny_kl16.safetensors"}},
+    }
+    common = {"model": ["1", 0], "seed": 42, "steps": steps, "cfg": cfg, "sampler_name": sampler,
+              "scheduler": scheduler, "positive": ["2", 0], "negative": ["3", 0], "latent_image": ["4", 0],
+              "denoise": 1.0}
+    if degrees is None:
+        g["5"] = {"class_type": "KSampler", "inputs": common}
+        g["7"] = {"class_type": "VAEDecode", "inputs": {"samples": ["5", 0], "vae": ["6", 0]}}
+    else:
+        pc = {"dp_degree": 1, "cfg_degree": 1, "ulysses_degree": 1, "ring_degree": 1, "pp_degree": 1,
+              "num_pipeline_patch": 0, "warmup_steps": 1, "tp_degree": 1, "method": "usp", "device": "cpu",
+              "attention": "auto", "devices": "", **degrees}
+        g["9"] = {"class_type": "HybridParallelConfig", "inputs": pc}
+        g["5"] = {"class_type": "HybridSampler", "inputs": {**common, "parallel_config": ["9", 0]}}
+        g["7"] = {"class_type": "HybridPatchVAEDecode", "inputs": {"samples": ["5", 0], "vae": ["6", 0],
+                                                                   "parallel_config": ["9", 0]}}
+    g["8"] = {"class_type": "HPSaveImageTensor", "inputs": {"images": ["7", 0], "filename": f"img_{tag}"}}
+    g["10"] = {"class_type": "HPSaveLatentTensor", "inputs": {"samples": ["5", 0], "filename": f"lat_{tag}"}}
+    if png:
+        g["11"] = {"class_type": "SaveImage", "inputs": {"images": ["7", 0], "filename_prefix": tag}}
+    return g

@@ -20,6 +20,7 @@ CASES = [
     (dict(cfg_degree=2), 2),
     (dict(cfg_degree=2), 4),
     (dict(cfg_degree=2), 1),
+    (dict(cfg_degree=2), 3),  # e.g. [cond, area cond, uncond]: split 2 + 1, still exact
     (dict(dp_degree=2), 3),
     (dict(dp_degree=2), 1),
     (dict(dp_degree=2, cfg_degree=2), 4),
@@ -42,9 +43,9 @@ def test_batch_parallel_equals_serial(dist_pools, family, degrees, batch):
         assert all(s.get("all_gather") for _, s in res), "the batch was not split and gathered"
 
 
-@pytest.mark.parametrize("family", ["flux", "pixart"])
+@pytest.mark.parametrize("family", ["flux", "sd3", "pixart", "wan"])
 def test_cfg2_ulysses2_ring2_eight_processes(dist_pools, family):
-    h, w = {"flux": (5, 3), "pixart": (6, 10)}[family]
+    h, w = {"flux": (5, 3), "sd3": (6, 10), "pixart": (6, 10), "wan": (4, 6)}[family]
     degrees = dict(cfg_degree=2, ulysses_degree=2, ring_degree=2)
     res = dist_pools(8).run(_usp_body, family, degrees, 99, 2, h, w, 11, 1)
     assert max(e for e, _ in res) <= 1e-5

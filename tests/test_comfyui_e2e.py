@@ -4,7 +4,7 @@ import torch
 from safetensors.torch import load_file
 
 from comfy_env import setup_comfy
-from comfy_server import ComfyServer
+from comfy_server import ComfyServer, sd3_workflow
 
 pytestmark = pytest.mark.comfy
 
@@ -25,34 +25,8 @@ def server(tmp_path_factory):
     srv.stop()
 
 
-def _graph(parallel: dict | None, tag: str, steps=3, cfg=4.0, sampler="euler", scheduler="normal", batch=1):
-    g = {
-        "1": {"class_type": "UNETLoader", "inputs": {"unet_name": "tiny_sd3.safetensors", "weight_dtype": "default"}},
-        "2": {"class_type": "HPExampleConditioning", "inputs": {"seed": 1, "tokens": 7, "context_dim": 32,
-                                                               "pooled_dim": 24, "guidance": -1.0}},
-        "3": {"class_type": "HPExampleConditioning", "inputs": {"seed": 2, "tokens": 7, "context_dim": 32,
-                                                               "pooled_dim": 24, "guidance": -1.0}},
-        "4": {"class_type": "EmptySD3LatentImage", "inputs": {"width": W, "height": H, "batch_size": batch}},
-        "6": {"class_type": "VAELoader", "inputs": {"vae_name": "tiny_kl16.safetensors"}},
-    }
-    common = {"model": ["1", 0], "seed": 42, "steps": steps, "cfg": cfg, "sampler_name": sampler,
-              "scheduler": scheduler, "positive": ["2", 0], "negative": ["3", 0], "latent_image": ["4", 0],
-              "denoise": 1.0}
-    if parallel is None:
-        g["5"] = {"class_type": "KSampler", "inputs": common}
-        g["7"] = {"class_type": "VAEDecode", "inputs": {"samples": ["5", 0], "vae": ["6", 0]}}
-    else:
-        cfg_inputs = {"dp_degree": 1, "cfg_degree": 1, "ulysses_degree": 1, "ring_degree": 1, "pp_degree": 1,
-                      "num_pipeline_patch": 0, "warmup_steps": 1, "tp_degree": 1, "method": "usp", "device": "cpu",
-                      "attention": "auto", "devices": ""}
-        cfg_inputs.update(parallel)
-        g["9"] = {"class_type": "HybridParallelConfig", "inputs": cfg_inputs}
-        g["5"] = {"class_type": "HybridSampler", "inputs": {**common, "parallel_config": ["9", 0]}}
-        g["7"] = {"class_type": "HybridPatchVAEDecode", "inputs": {"samples": ["5", 0], "vae": ["6", 0],
-                                                                   "parallel_config": ["9", 0]}}
-    g["8"] = {"class_type": "HPSaveImageTensor", "inputs": {"images": ["7", 0], "filename": f"img_{tag}"}}
-    g["10"] = {"class_type": "HPSaveLatentTensor", "inputs": {"samples": ["5", 0], "filename": f"lat_{tag}"}}
-    return g
+def _graph(parallel, tag, **kw):
+    return sd3_workflow(parallel, tag, W, H, **kw)
 
 
 def _ok(server, entry):
@@ -91,3 +65,93 @@ def test_bad_config_is_a_clear_error_and_the_next_prompt_works(server, reference
     text = str(entry)
     assert "error" in text.lower() and "tp_degree=3" in text and "attention heads" in text, text[:2000]
     _ok(server, server.run(_graph({"cfg_degree": 2}, "after_bad", steps=2)))
+
+
+def _queue(server, graph):
+    import uuid
+    resp = server.post("/prompt", {"prompt": graph, "client_id": str(uuid.uuid4())})
+    assert "prompt_id" in resp, resp
+    return resp["prompt_id"]
+
+
+def _wait(server, pid, timeout_s=120):
+    import time
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        h = server.get(f"/history/{pid}")
+        if pid in h and h[pid].get("status", {}).get("completed") is not None:
+            return h[pid]
+        time.sleep(0.1)
+    raise TimeoutError(server.tail())
+
+
+def _worker_pids(server):
+    """Our pool's worker processes: children of the ComfyUI server running the worker module."""
+    import os
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            cmd = open(f"/proc/{d}/cmdline", "rb").read().replace(b"\0", b" ").decode()
+            ppid = int(open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == server.proc.pid and "worker_main" in cmd:
+            out.append(int(d))
+    return out
+
+
+def _wait_for_workers(server, n, timeout_s=120):
+    import time
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        pids = _worker_pids(server)
+        if len(pids) >= n:
+            return pids
+        time.sleep(0.3)
+    raise AssertionError(f"{n} workers did not start:\n{server.tail()}")
+
+
+def _wait_for_steps(server, total, timeout_s=180):
+    """Until ComfyUI's progress bar (in the server log) shows a few of `total` steps done."""
+    import re
+    import time
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        done = [int(m) for m in re.findall(rf"(\d+)/{total} \[", server.tail(5))]
+        if done and max(done) >= 3:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"sampling did not start:\n{server.tail()}")
+
+
+def test_interrupt_stops_the_run_and_the_next_prompt_works(server, reference):
+    import time
+    pid = _queue(server, _graph({"ulysses_degree": 2}, "interrupted", steps=5000))
+    _wait_for_steps(server, 5000)  # sampling is running on the workers
+    t = time.monotonic()
+    server.post("/interrupt", {})
+    entry = _wait(server, pid)
+    assert time.monotonic() - t < 10
+    assert entry["status"]["status_str"] == "error"
+    assert any(m[0] == "execution_interrupted" for m in entry["status"]["messages"]), entry["status"]
+    _ok(server, server.run(_graph({"ulysses_degree": 2}, "after_interrupt")))
+    lat = _load(server, "lat_after_interrupt", "images")
+    assert _rel(lat, reference[0]) <= 1e-4
+
+
+def test_worker_killed_mid_run_fails_clearly_and_the_next_prompt_works(server, reference):
+    import os
+    import signal
+    import time
+    pid = _queue(server, _graph({"ring_degree": 2}, "killed", steps=5000))
+    _wait_for_steps(server, 5000)
+    workers = _wait_for_workers(server, 2)  # the ring2 world's workers, now busy sampling
+    os.kill(max(workers), signal.SIGKILL)
+    entry = _wait(server, pid)
+    assert entry["status"]["status_str"] == "error"
+    text = str(entry["status"]["messages"])
+    assert "rank" in text and ("died" in text or "exit" in text), text[:2000]
+    _ok(server, server.run(_graph({"ring_degree": 2}, "after_kill")))
+    assert _rel(_load(server, "lat_after_kill", "images"), reference[0]) <= 1e-4

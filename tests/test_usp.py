@@ -63,6 +63,14 @@ def test_long_text_lengths(dist_pools, family):
         assert max(e for e, _ in res) <= 1e-5
 
 
+@pytest.mark.parametrize("degrees", [dict(ulysses_degree=2, ring_degree=2), dict(ring_degree=4)],
+                         ids=lambda d: ParallelConfig(**d).describe())
+def test_wan_long_video_frame_counts(dist_pools, degrees):
+    """21 latent frames (an 81-frame video) on an odd 3x5 token grid per frame: 315 tokens over 4 ranks."""
+    res = dist_pools(4).run(_usp_body, "wan", degrees, 21, 1, 6, 10, 7, 21)
+    assert max(e for e, _ in res) <= 1e-5
+
+
 @pytest.mark.parametrize("family", ["flux", "pixart"])
 @pytest.mark.parametrize("degrees", [dict(ulysses_degree=2), dict(ulysses_degree=4), dict(ulysses_degree=2, ring_degree=2)],
                          ids=lambda d: ParallelConfig(**d).describe())
