@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from .distrifusion import apply_distrifusion
 from .models import plan_for
 from .plan import apply_plan, remove_plan
 from .tp import apply_tp, check_tp
@@ -21,6 +22,8 @@ def parallelize(transformer: torch.nn.Module, ctx) -> torch.nn.Module:
         raise NotImplementedError("PipeFusion (pp_degree > 1) runs the whole denoising loop in the workers; "
                                   "parallelize() covers dp/cfg/ulysses/ring/tp")
     plan = plan_for(transformer)
+    if ctx.config.method == "distrifusion":  # stale-patch attention instead of USP; run state: distrifusion_state()
+        return apply_distrifusion(transformer, ctx, plan)
     if ctx.config.tp_degree > 1:
         check_tp(transformer, plan, ctx.config.tp_degree)  # refuse before anything is sharded
     apply_plan(transformer, plan, ctx)

@@ -94,6 +94,9 @@ class _Applied:
     state: _RunState = field(default_factory=_RunState)
     handles: list = field(default_factory=list)
     forwards: list = field(default_factory=list)   # (module, had_instance_forward, old)
+    # What replaces self-attention (usp_attention's signature); another method (DistriFusion) passes its own.
+    attention_fn: Optional[object] = None
+    cleanups: list = field(default_factory=list)   # called by remove_plan (e.g. drain in-flight comm)
 
 
 def _arg(args, kwargs, name, position):
@@ -169,14 +172,15 @@ class _USPInterceptor(TorchFunctionMode):
         q, k, v = rest.pop("query"), rest.pop("key"), rest.pop("value")
         if rest.get("attn_mask") is not None or rest.get("is_causal") or rest.get("dropout_p", 0.0) or \
                 rest.get("enable_gqa"):
-            raise NotImplementedError("USP attention supports unmasked, non-causal self-attention without "
-                                      "dropout/GQA; this model's self-attention uses one of those")
+            raise NotImplementedError("sequence-parallel attention supports unmasked, non-causal self-attention "
+                                      "without dropout/GQA; this model's self-attention uses one of those")
         state = self.applied.state
         if state.seq_sizes is None:
             raise RuntimeError("self-attention ran on a sequence that was never split: plan inconsistent")
-        return usp_attention(q, k, v, ctx=self.applied.ctx, seq_sizes=state.seq_sizes, text_len=self.text_len,
-                             text_first=self.text_first, scale=rest.get("scale"),
-                             backend=getattr(self.applied.ctx, "attention_backend", "auto"))
+        attend = self.applied.attention_fn or usp_attention
+        return attend(q, k, v, ctx=self.applied.ctx, seq_sizes=state.seq_sizes, text_len=self.text_len,
+                      text_first=self.text_first, scale=rest.get("scale"),
+                      backend=getattr(self.applied.ctx, "attention_backend", "auto"))
 
 
 def _path_matches(path: str, pattern: str) -> bool:
@@ -257,11 +261,14 @@ def _slice_batch(value, B, start, n):
     return value
 
 
-def apply_plan(model: torch.nn.Module, plan: FamilyPlan, ctx) -> torch.nn.Module:
-    """Install the plan's hooks on `model` (in place). Undo with `remove_plan`."""
+def apply_plan(model: torch.nn.Module, plan: FamilyPlan, ctx, attention_fn=None) -> torch.nn.Module:
+    """Install the plan's hooks on `model` (in place). Undo with `remove_plan`.
+
+    `attention_fn` replaces USP attention in the plan's attention modules (same signature as `usp_attention`).
+    """
     if getattr(model, "_hp_applied", None) is not None:
         raise RuntimeError("model is already parallelized; call remove_plan(model) first")
-    applied = _Applied(plan, ctx)
+    applied = _Applied(plan, ctx, attention_fn=attention_fn)
     modules = dict(model.named_modules())
     if ctx.sp.size > 1:
         for path, actions in plan.sequence.items():
@@ -297,6 +304,8 @@ def remove_plan(model: torch.nn.Module) -> torch.nn.Module:
     applied = getattr(model, "_hp_applied", None)
     if applied is None:
         return model
+    for fn in applied.cleanups:
+        fn()
     for h in applied.handles:
         h.remove()
     for mod, had, old in reversed(applied.forwards):
