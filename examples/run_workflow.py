@@ -39,7 +39,8 @@ def main():
 
     base = Path(args.base or tempfile.mkdtemp(prefix="hp-main-"))
     srv = ComfyServer(comfy, base)
-    tc.write_sd3(base / "models" / "diffusion_models" / "tiny_sd3.safetensors", depth=4, seed=3)
+    tc.write_sd3(base / "models" / "diffusion_models" / "tiny_sd3.safetensors", depth=4, pos_embed_max_size=48,
+                 seed=3)
     tc.write_kl_vae(base / "models" / "vae" / "tiny_kl16.safetensors", style="flux", seed=4)
     t0 = time.perf_counter()
     srv.start()
@@ -52,8 +53,10 @@ def main():
             entry = srv.run(sd3_workflow(degrees, tag, args.width, args.height, args.steps, 4.0, png=True))
             dt = time.perf_counter() - t
             if entry.get("status", {}).get("status_str") != "success":
-                print(srv.tail())
-                sys.exit(f"{tag} prompt failed: {entry.get('rejected') or entry.get('status')}")
+                errors = [m[1].get("exception_message", "") for m in entry.get("status", {}).get("messages", [])
+                          if m[0] == "execution_error"]
+                print(srv.tail(30))
+                sys.exit(f"{tag} prompt failed: {entry.get('rejected') or errors}")
             results[tag] = (load_file(str(srv.output(f"img_{tag}.safetensors")))["images"], dt)
             print(f"{tag:9s}: {dt:6.2f} s  image {tuple(results[tag][0].shape)}")
         ref, par = results["ksampler"][0], results["hybrid"][0]

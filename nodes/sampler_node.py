@@ -61,7 +61,8 @@ class PoolDiffusionModel(torch.nn.Module):
         inputs = fm.comfy_to_diffusers_inputs(x, timestep, context, **kw)
         inputs.pop("return_dict", None)
         tensors = _flatten(inputs)
-        values = {"key": self.state["key"], "structure": _structure(inputs)}
+        values = {"key": self.state["key"], "structure": _structure(inputs), "call_index": self.state["calls"]}
+        self.state["calls"] += 1
         if family == "pixart":
             values["resolution"] = list(x.shape[-2:])
         res = submit_interruptible(self.runtime.pool(self.hp), self.hp.config, "forward", values, tensors)
@@ -157,11 +158,13 @@ class HybridSampler:
         import nodes as comfy_nodes  # ComfyUI's own top-level module (our package never uses this name)
 
         hp = parallel_config
-        if hp.config.pp_degree > 1 or hp.config.method != "usp":
-            raise ValueError("PipeFusion (pp_degree > 1) and DistriFusion are not available in Hybrid Sampler "
-                             "yet; use dp/cfg/ulysses/ring/tp degrees")
+        if hp.config.pp_degree > 1:
+            raise ValueError("PipeFusion (pp_degree > 1) is not available in Hybrid Sampler yet; use "
+                             "dp/cfg/ulysses/ring/tp degrees or method=distrifusion")
         m = model.clone()
-        state = {"key": weights_key(model.model, model.patches_uuid)}
+        # the workers keep the model parallelized for one method: the method is part of its identity
+        method = f"{hp.config.method}" + (f"-w{hp.config.warmup_steps}" if hp.config.method != "usp" else "")
+        state = {"key": f"{weights_key(model.model, model.patches_uuid)}|{method}", "calls": 0}
         m.add_wrapper_with_key(comfy.patcher_extension.WrappersMP.APPLY_MODEL, WRAPPER_KEY,
                                make_apply_model_wrapper(self.runtime, hp, state))
         return comfy_nodes.common_ksampler(m, seed, steps, cfg, sampler_name, scheduler, positive, negative,

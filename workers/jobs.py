@@ -169,6 +169,10 @@ def job_forward(state: WorkerState, ctx, payload: dict) -> dict:
     if payload.get("resolution") and state.models[key][0] == "pixart":
         from comfyui_hybrid_parallel.parallel.checkpoints.pixart import set_resolution
         set_resolution(model, *[int(v) for v in payload["resolution"]])
+    if payload.get("call_index") is not None and ctx.config.method == "distrifusion" and ctx.world_size > 1:
+        # step mode: the sampler's call index decides warmup vs stale, and 0 starts a new run
+        from comfyui_hybrid_parallel.parallel.distrifusion import distrifusion_state
+        distrifusion_state(model).set_step(int(payload["call_index"]))
     kwargs = _inputs(state, payload)
     state.stop_point(ctx)
     with torch.no_grad():
