@@ -16,7 +16,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 
 from comfy_env import comfyui_dir, setup_comfy  # noqa: E402
-from comfy_server import ComfyServer, sd3_workflow  # noqa: E402
+from comfy_server import ComfyServer, workflow, write_checkpoints  # noqa: E402
 
 
 def main():
@@ -35,13 +35,9 @@ def main():
     import torch
     from safetensors.torch import load_file
 
-    import tiny_checkpoints as tc
-
     base = Path(args.base or tempfile.mkdtemp(prefix="hp-main-"))
     srv = ComfyServer(comfy, base)
-    tc.write_sd3(base / "models" / "diffusion_models" / "tiny_sd3.safetensors", depth=4, pos_embed_max_size=48,
-                 seed=3)
-    tc.write_kl_vae(base / "models" / "vae" / "tiny_kl16.safetensors", style="flux", seed=4)
+    write_checkpoints(base, ("sd3",))
     t0 = time.perf_counter()
     srv.start()
     print(f"ComfyUI ready in {time.perf_counter() - t0:.1f} s (base {base})")
@@ -50,7 +46,7 @@ def main():
         for tag, degrees in (("ksampler", None), ("hybrid", {"ulysses_degree": args.ulysses,
                                                               "cfg_degree": args.cfg_degree})):
             t = time.perf_counter()
-            entry = srv.run(sd3_workflow(degrees, tag, args.width, args.height, args.steps, 4.0, png=True))
+            entry = srv.run(workflow(degrees, tag, args.width, args.height, args.steps, 4.0, png=True))
             dt = time.perf_counter() - t
             if entry.get("status", {}).get("status_str") != "success":
                 errors = [m[1].get("exception_message", "") for m in entry.get("status", {}).get("messages", [])

@@ -20,7 +20,7 @@ WRAPPER_KEY = "comfyui_hybrid_parallel"
 SUPPORTED_EXTRA = {  # the diffusion-model keyword arguments each family maps to diffusers
     "flux": {"y", "guidance"},
     "sd3": {"y"},
-    "pixart": set(),
+    "pixart": {"c_size", "c_ar"},  # micro-conditioning: ComfyUI always passes it; PixArt-Sigma ignores it
     "wan": set(),
 }
 

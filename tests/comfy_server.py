@@ -114,19 +114,52 @@ class ComfyServer:
         self.proc = None
 
 
-def sd3_workflow(degrees, tag: str, width: int, height: int, steps: int = 3, cfg: float = 4.0,
-                 sampler: str = "euler", scheduler: str = "normal", batch: int = 1, png: bool = False) -> dict:
-    """API prompt on the tiny SD3 + KL16 checkpoints: KSampler -> VAEDecode when `degrees` is None,
-    else Parallel Config(degrees) -> Hybrid Sampler -> Patch VAE Decode; the image and the latent are
-    saved losslessly as output/img_<tag> and output/lat_<tag> (and as a PNG when `png`)."""
+FAMILIES = {  # the tiny checkpoints each family's workflow loads, and the shapes its conditioning needs
+    "sd3": dict(unet="tiny_sd3.safetensors", vae="tiny_kl16.safetensors", latent="EmptySD3LatentImage",
+                tokens=7, context_dim=32, pooled_dim=24),
+    "pixart": dict(unet="tiny_pixart.safetensors", vae="tiny_kl4.safetensors", latent="EmptyLatentImage",
+                   tokens=8, context_dim=4096, pooled_dim=0),
+    "wan": dict(unet="tiny_wan.safetensors", vae="tiny_wan_vae.safetensors", latent="EmptyHunyuanLatentVideo",
+                tokens=7, context_dim=4096, pooled_dim=0),
+}
+
+
+def write_checkpoints(base: Path, families=("sd3",)) -> None:
+    """Tiny random-init checkpoints in ComfyUI's own format into base/models (needs `import comfy`)."""
+    import tiny_checkpoints as tc
+
+    unet, vae = base / "models" / "diffusion_models", base / "models" / "vae"
+    if "sd3" in families:
+        tc.write_sd3(unet / "tiny_sd3.safetensors", depth=4, pos_embed_max_size=48, seed=3)
+        tc.write_kl_vae(vae / "tiny_kl16.safetensors", style="flux", seed=4)
+    if "pixart" in families:
+        tc.write_pixart(unet / "tiny_pixart.safetensors", seed=5)
+        tc.write_kl_vae(vae / "tiny_kl4.safetensors", style="sd", seed=6)
+    if "wan" in families:
+        tc.write_wan(unet / "tiny_wan.safetensors", dim=256, ffn_dim=256, seed=7)
+        tc.write_wan_vae(vae / "tiny_wan_vae.safetensors", seed=8)
+
+
+def workflow(degrees, tag: str, width: int, height: int, steps: int = 3, cfg: float = 4.0,
+             sampler: str = "euler", scheduler: str = "normal", batch: int = 1, png: bool = False,
+             family: str = "sd3", length: int = 5) -> dict:
+    """API prompt on a family's tiny checkpoints: KSampler -> VAEDecode when `degrees` is None, else
+    Parallel Config(degrees) -> Hybrid Sampler -> Patch VAE Decode; the image and the latent are saved
+    losslessly as output/img_<tag> and output/lat_<tag> (and as a PNG when `png`)."""
+    f = FAMILIES[family]
+
     def cond(seed):
-        return {"class_type": "HPExampleConditioning", "inputs": {"seed": seed, "tokens": 7, "context_dim": 32,
-                                                                   "pooled_dim": 24, "guidance": -1.0}}
+        return {"class_type": "HPExampleConditioning", "inputs": {
+            "seed": seed, "tokens": f["tokens"], "context_dim": f["context_dim"], "pooled_dim": f["pooled_dim"],
+            "guidance": -1.0}}
+    latent = {"width": width, "height": height, "batch_size": batch}
+    if family == "wan":
+        latent["length"] = length
     g = {
-        "1": {"class_type": "UNETLoader", "inputs": {"unet_name": "tiny_sd3.safetensors", "weight_dtype": "default"}},
+        "1": {"class_type": "UNETLoader", "inputs": {"unet_name": f["unet"], "weight_dtype": "default"}},
         "2": cond(1), "3": cond(2),
-        "4": {"class_type": "EmptySD3LatentImage", "inputs": {"width": width, "height": height, "batch_size": batch}},
-        "6": {"class_type": "VAELoader", "inputs": {"vae_name": "tiny_kl16.safetensors"}},
+        "4": {"class_type": f["latent"], "inputs": latent},
+        "6": {"class_type": "VAELoader", "inputs": {"vae_name": f["vae"]}},
     }
     common = {"model": ["1", 0], "seed": 42, "steps": steps, "cfg": cfg, "sampler_name": sampler,
               "scheduler": scheduler, "positive": ["2", 0], "negative": ["3", 0], "latent_image": ["4", 0],

@@ -4,7 +4,7 @@ import torch
 from safetensors.torch import load_file
 
 from comfy_env import setup_comfy
-from comfy_server import ComfyServer, sd3_workflow
+from comfy_server import ComfyServer, workflow, write_checkpoints
 
 pytestmark = pytest.mark.comfy
 
@@ -14,19 +14,16 @@ W, H = 104, 72  # latent 13 x 9: odd on both axes (ComfyUI pads SD3 circularly)
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     comfy_dir = setup_comfy()
-    import tiny_checkpoints as tc
-
     base = tmp_path_factory.mktemp("comfy_base")
     srv = ComfyServer(comfy_dir, base)
-    tc.write_sd3(base / "models" / "diffusion_models" / "tiny_sd3.safetensors", seed=3)
-    tc.write_kl_vae(base / "models" / "vae" / "tiny_kl16.safetensors", style="flux", seed=4)
+    write_checkpoints(base, ("sd3", "pixart", "wan"))
     srv.start()
     yield srv
     srv.stop()
 
 
 def _graph(parallel, tag, **kw):
-    return sd3_workflow(parallel, tag, W, H, **kw)
+    return workflow(parallel, tag, W, H, **kw)
 
 
 def _ok(server, entry):
@@ -71,6 +68,24 @@ def test_distrifusion_in_step_mode(server, reference, warmup):
         assert err <= 1e-4
     else:
         assert 1e-7 < err < 0.5
+
+
+# PixArt: ComfyUI needs even latent sides with (H+W)//2 >= 33 -> 66 x 68 latent (1122 tokens);
+# Wan: 5 frames (2 latent frames) of an odd 13 x 9 latent, 2 heads.
+FAMILY_SIZES = {"pixart": (544, 528), "wan": (W, H)}
+
+
+@pytest.mark.parametrize("family", ["pixart", "wan"])
+def test_other_families_equal_ksampler(server, family):
+    w, h = FAMILY_SIZES[family]
+    kw = dict(family=family, steps=2)
+    _ok(server, server.run(workflow(None, f"{family}_ref", w, h, **kw)))
+    _ok(server, server.run(workflow({"ulysses_degree": 2}, f"{family}_u2", w, h, **kw)))
+    lat_ref, lat = _load(server, f"lat_{family}_ref", "images"), _load(server, f"lat_{family}_u2", "images")
+    img_ref, img = _load(server, f"img_{family}_ref", "images"), _load(server, f"img_{family}_u2", "images")
+    assert lat.shape == lat_ref.shape and img.shape == img_ref.shape
+    assert _rel(lat, lat_ref) <= 1e-4, _rel(lat, lat_ref)
+    assert (img - img_ref).abs().max().item() <= 1e-4
 
 
 def test_bad_config_is_a_clear_error_and_the_next_prompt_works(server, reference):
