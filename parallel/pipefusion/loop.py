@@ -1,0 +1,210 @@
+"""Loop mode: the whole denoising loop of PipeFusion inside the workers.
+
+Schedule of stage s (of S) for N steps, P patches, W warmup steps:
+
+* steps 0..W-1 (synchronous): the full latent goes through the stages; every
+  layer stores fresh K/V of the whole image; the last stage applies the
+  sampler step and returns the full latent to stage 0.
+* steps W..N-1 (asynchronous): stage 0 feeds patch p of step i as soon as its
+  rows are back from the last stage (from step W+1 on), sends its activations
+  on with a non-blocking send and goes straight to the next patch; the last
+  stage applies the sampler step to each patch as it finishes and sends those
+  rows back to stage 0. There is no barrier between steps: while the last
+  stage finishes step i, stage 0 already works on step i+1.
+* at the end the last stage broadcasts the final latent to the pp group.
+
+Cancel: stage 0 checks `cancel()` before every step and, if set, sends a
+cancel message down the pipeline in place of the next activations; every
+stage stops at the same step and raises PipelineCancelled (no rank is left
+waiting); with cfg/dp replicas the stage 0s first agree on the decision
+(a one-element all-reduce per step). Every receive waits at most ctx.timeout_s.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+
+import torch.distributed as dist
+
+from ..comm import all_reduce, broadcast
+from ..config import ConfigError
+from ..models import plan_for
+from .batch import gather_cfg, gather_dp, share_batch
+from .plans import latent_layout, pipeline_plan_for, stage_ranges
+from .sampling import Convention, check_sigmas, get_sampler
+from .stage import TAG_LATENT, Channel, PipelineCancelled, Run, Stage
+
+
+def _check_config(ctx) -> None:
+    c = ctx.config
+    if c.sp_degree > 1:
+        raise ConfigError(f"PipeFusion with sequence parallelism (ulysses_degree={c.ulysses_degree}, "
+                          f"ring_degree={c.ring_degree}) is not implemented yet; set ulysses_degree=1 and "
+                          f"ring_degree=1, or pp_degree=1 to use USP alone")
+
+
+def _check_cfg(inputs: dict, batch: int, cfg_scale) -> None:
+    if cfg_scale is None:
+        return
+    for k, v in inputs.items():
+        if isinstance(v, torch.Tensor) and k.startswith("encoder_hidden_states") and v.shape[0] != 2 * batch:
+            raise ConfigError(f"with cfg_scale the conditioning batch must be [cond, uncond] = 2 x the latent "
+                              f"batch ({2 * batch}); {k} has batch {v.shape[0]}")
+
+
+def _poll_cancel(cancel, ctx) -> bool:
+    """Stage 0's cancel decision, agreed by the stage 0s of all (cfg, dp) replicas: their last stages
+    meet in per-patch collectives (cfg) and must stop at the same step."""
+    flag = cancel is not None and bool(cancel())
+    if ctx is None or ctx.axis("batch").size == 1:
+        return flag
+    t = torch.tensor([1.0 if flag else 0.0], device=ctx.device)
+    return bool(all_reduce(t, ctx.axis("batch"), op=dist.ReduceOp.MAX).item() > 0)
+
+
+def _denoise(convention, x, sigma, out, channel_dim, cfg_scale):
+    """ComfyUI's denoised, with its CFG mix (uncond + (cond - uncond) * scale) when cfg_scale is set."""
+    if cfg_scale is None:
+        return convention.denoised(x, sigma, out, channel_dim)
+    cond, uncond = convention.denoised(torch.cat([x, x]), sigma, out, channel_dim).chunk(2)
+    return uncond + (cond - uncond) * cfg_scale
+
+
+def _model_latent(convention, x, sigma, dtype, cfg_scale):
+    h = convention.model_input(x, sigma).to(dtype)
+    return h if cfg_scale is None else torch.cat([h, h])
+
+
+def run_pipefusion_loop(transformer, ctx, inputs: dict, sigmas, noise: torch.Tensor, *,
+                        convention: Convention, sampler: str = "euler", cfg_scale: Optional[float] = None,
+                        callback: Optional[Callable] = None,
+                        cancel: Optional[Callable] = None, num_patches: Optional[int] = None,
+                        warmup_steps: Optional[int] = None, timeout_s: Optional[float] = None) -> torch.Tensor:
+    """Sample with PipeFusion and return the final latent (whole batch) on every rank.
+
+    inputs: the transformer's conditioning kwargs (everything except hidden_states and timestep),
+    identical on every rank. noise: the sample at sigmas[0] (ComfyUI's noise_scaling already applied).
+    convention: how sigma and the model output map to ComfyUI's denoised (sampling.flow / sampling.eps).
+    cfg_scale: classifier-free guidance inside the pipeline: `inputs` hold [cond, uncond] (twice the
+    latent batch), both halves travel through the stages together and the last stage mixes them;
+    with cfg_degree=2 the halves run on two pipelines instead, and dp_degree splits the batch (batch.py).
+    callback(i, n_steps) runs on every rank when it has finished its share of step i (on the last
+    stage: step i is done). cancel() is polled by stage 0 before every step.
+    `ctx=None` runs all stages in this process: with num_patches > 1 that is the exact single-device
+    emulation of the stale-KV schedule (a reference for tests); with 1 patch it is the serial loop.
+    num_patches / warmup_steps / timeout_s default to ctx.config / ctx.timeout_s.
+    """
+    # ---- validate everything before any work ----
+    if ctx is not None:
+        _check_config(ctx)
+    S = 1 if ctx is None else ctx.pp.size
+    stage_i = 0 if ctx is None else ctx.pp.rank
+    P = num_patches if num_patches is not None else (1 if ctx is None else ctx.config.num_pipeline_patch)
+    W = warmup_steps if warmup_steps is not None else (0 if ctx is None else ctx.config.warmup_steps)
+    if P < S:
+        raise ConfigError(f"num_pipeline_patch={P} must be >= pp_degree={S}")
+    fplan = plan_for(transformer)
+    pplan = pipeline_plan_for(fplan.family)
+    sigmas = check_sigmas(sigmas)
+    N = len(sigmas) - 1
+    if P > 1 and W < 1:
+        raise ConfigError("PipeFusion needs warmup_steps >= 1: the first step fills the stale KV buffers "
+                          "with the whole image; set warmup_steps to 1 or more")
+    samp = get_sampler(sampler)
+    _check_cfg(inputs, noise.shape[0], cfg_scale)
+    share, inputs, noise = share_batch(ctx, fplan.batch_inputs, inputs, noise, cfg_scale)
+    in_pipeline_cfg = None if share.cfg_split else cfg_scale  # CFG halves batched inside this pipeline
+    layout = latent_layout(transformer, pplan, noise, inputs, P)
+    bands = layout.patch_rows(P)
+    n_tokens = layout.rows * layout.cols
+    layer_counts = None if ctx is None else ctx.config.attn_layer_num_for_pp
+    n_blocks = sum(len(dict(transformer.named_modules())[b.path]) for b in pplan.blocks)
+    start, stop = stage_ranges(n_blocks, S, layer_counts)[stage_i]
+    bad = {"hidden_states", "timestep", "return_dict"} & set(inputs)
+    if bad:
+        raise ConfigError(f"inputs must not contain {sorted(bad)}: the loop supplies the latent and timestep")
+    channel = None if S == 1 else Channel(ctx.pp, timeout_s or ctx.timeout_s)
+    first, last = stage_i == 0, stage_i == S - 1
+    channel_dim = 1 if layout.kind == "image" else -1
+    dtype = next(transformer.parameters()).dtype
+
+    x = noise.detach().clone().float()
+    state = {k: torch.zeros_like(x) for k in samp.state_keys}
+
+    def model_kwargs(i):
+        sigma = sigmas[i]
+        h = _model_latent(convention, x, sigma, dtype, in_pipeline_cfg)
+        return dict(inputs, hidden_states=h, timestep=convention.timestep(sigma, h.shape[0], dtype))
+
+    def finish(i, out, r0, r1):
+        """Last stage: sampler step on rows [r0, r1) of x (all rows in full mode)."""
+        rows = lambda t: layout.latent_rows(t, r0, r1)  # noqa: E731
+        xr = rows(x)
+        den = _denoise(convention, xr, sigmas[i], gather_cfg(rows(out), ctx, share), channel_dim, cfg_scale)
+        xr.copy_(samp.step(i, sigmas, xr, den, {k: rows(v) for k, v in state.items()}))
+
+    stage = Stage(transformer, fplan, pplan, stage_i, S, start, stop, channel)
+    pending_rows = {}
+    try:
+        for i in range(N):
+            patch_mode = P > 1 and i >= W
+            cancelled = first and _poll_cancel(cancel, ctx)
+            if cancelled and patch_mode and i > W and S > 1:
+                for p in range(P):  # drain the rows the last stage already sent for this step
+                    channel.wait(pending_rows.pop(p), "latent rows from the last stage")
+            if not patch_mode:
+                out = stage.forward(model_kwargs(i), Run("full", 0, n_tokens, n_tokens, cancelled))
+                if last:
+                    finish(i, out, 0, layout.rows)
+                    if S > 1 and i + 1 < N:
+                        channel.send(x.clone(), 0, TAG_LATENT, "pp_latent")
+                if first and S > 1 and i + 1 < N:
+                    x.copy_(channel.wait(channel.recv(torch.empty(x.shape, device=x.device), S - 1, TAG_LATENT),
+                                         "the latent from the last stage"))
+            else:
+                for p, (r0, r1) in enumerate(bands):
+                    if first and S > 1 and i > W and not cancelled:
+                        layout.latent_rows(x, r0, r1).copy_(channel.wait(pending_rows.pop(p),
+                                                                         "latent rows from the last stage"))
+                    t0, t1 = layout.tokens(r0, r1)
+                    out = stage.forward(model_kwargs(i), Run("patch", t0, t1, n_tokens, cancelled and p == 0))
+                    if last:
+                        finish(i, out, r0, r1)
+                        if S > 1 and i + 1 < N:
+                            channel.send(layout.latent_rows(x, r0, r1).clone(), 0, TAG_LATENT, "pp_latent")
+                    if first and S > 1 and i + 1 < N:  # post the receive of this patch's next rows early
+                        pending_rows[p] = channel.recv(torch.empty(layout.latent_rows(x, r0, r1).shape, device=x.device),
+                                                       S - 1, TAG_LATENT)
+            if callback is not None:
+                callback(i, N)
+        if channel is not None:
+            channel.flush()
+    except PipelineCancelled:
+        if channel is not None:  # the cancel message must reach the next stage before this rank moves on
+            channel.flush()
+        raise
+    finally:
+        stage.remove()
+    if S > 1:
+        broadcast(x, ctx.pp, src_axis_rank=S - 1)
+    return gather_dp(x, ctx, share)
+
+
+def run_serial_loop(transformer, inputs: dict, sigmas, noise: torch.Tensor, *, convention: Convention,
+                    sampler: str = "euler", cfg_scale: Optional[float] = None) -> torch.Tensor:
+    """The plain loop on one device (no hooks): what PipeFusion with warmup_steps >= steps must reproduce."""
+    sigmas = check_sigmas(sigmas)
+    samp = get_sampler(sampler)
+    x = noise.detach().clone().float()
+    state = {k: torch.zeros_like(x) for k in samp.state_keys}
+    dtype = next(transformer.parameters()).dtype
+    channel_dim = 1 if x.ndim == 4 else -1
+    _check_cfg(inputs, x.shape[0], cfg_scale)
+    for i in range(len(sigmas) - 1):
+        h = _model_latent(convention, x, sigmas[i], dtype, cfg_scale)
+        with torch.no_grad():
+            out = transformer(**inputs, hidden_states=h, timestep=convention.timestep(sigmas[i], h.shape[0], dtype),
+                              return_dict=False)[0]
+        x = samp.step(i, sigmas, x, _denoise(convention, x, sigmas[i], out, channel_dim, cfg_scale), state)
+    return x

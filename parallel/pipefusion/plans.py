@@ -1,0 +1,141 @@
+"""What PipeFusion splits, per family: the block lists that make up the stages, and the latent layout.
+
+Data only, next to (not inside) the sequence-parallel `FamilyPlan` of
+parallel/models: PipeFusion reuses that plan's `sequence` entries (where the
+image token sequence starts and where it is gathered) to cut a patch of token
+rows, and its `attention` entries to find the self-attention layers that need
+a stale-KV buffer. What it adds is which ModuleLists are "the blocks" (the
+stages split them), what a block carries to the next one (`streams`) and in
+which order it returns them (`returns`), so one generic driver can skip, feed
+and stop any family's blocks without copying a forward().
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..comm import split_sizes
+from ..config import ConfigError
+
+
+@dataclass(frozen=True)
+class BlockList:
+    """A ModuleList of transformer blocks. `streams`: the forward arguments that flow from block to block
+    (the image stream `hidden_states` first); `returns`: the names of the returned tensors, in order."""
+    path: str
+    streams: tuple = ("hidden_states",)
+    returns: tuple = ("hidden_states",)
+
+
+@dataclass(frozen=True)
+class PipelinePlan:
+    family: str
+    blocks: tuple          # BlockList, in execution order
+    latent: str            # "image": (B, C, H, W) patchified by the model; "tokens": (B, N, C) packed tokens
+
+
+_MMDIT = dict(streams=("hidden_states", "encoder_hidden_states"), returns=("encoder_hidden_states", "hidden_states"))
+
+PIPELINE_PLANS = {
+    "pixart": PipelinePlan("pixart", (BlockList("transformer_blocks"),), "image"),
+    "sd3": PipelinePlan("sd3", (BlockList("transformer_blocks", **_MMDIT),), "image"),
+    "flux": PipelinePlan("flux", (BlockList("transformer_blocks", **_MMDIT),
+                                  BlockList("single_transformer_blocks", **_MMDIT)), "tokens"),
+}
+
+REFUSED = {
+    "wan": "Wan's tokens are (frame, row, col)-flattened video patches, so a band of rows is not a contiguous "
+           "token range; PipeFusion is not implemented for Wan: use ulysses_degree/ring_degree (USP) instead",
+}
+
+
+def pipeline_plan_for(family: str) -> PipelinePlan:
+    if family in REFUSED:
+        raise ConfigError(REFUSED[family])
+    if family not in PIPELINE_PLANS:
+        raise ConfigError(f"PipeFusion does not support family {family!r}; supported: {sorted(PIPELINE_PLANS)}")
+    return PIPELINE_PLANS[family]
+
+
+def flat_blocks(model, plan: PipelinePlan) -> list:
+    """[(path, module, BlockList)] of every block in execution order."""
+    mods = dict(model.named_modules())
+    out = []
+    for bl in plan.blocks:
+        if bl.path not in mods:
+            raise KeyError(f"{plan.family} pipeline plan names {bl.path!r}, which {type(model).__name__} lacks")
+        out += [(f"{bl.path}.{i}", m, bl) for i, m in enumerate(mods[bl.path])]
+    return out
+
+
+def stage_ranges(n_blocks: int, pp: int, layer_counts=None) -> list:
+    """[start, stop) block index of each stage: `layer_counts` (attn_layer_num_for_pp) or an even split."""
+    if pp > n_blocks:
+        raise ConfigError(f"pp_degree={pp} but the model has only {n_blocks} transformer blocks: every stage "
+                          f"needs at least one; set pp_degree to at most {n_blocks}")
+    counts = list(layer_counts) if layer_counts is not None else split_sizes(n_blocks, pp)
+    if sum(counts) != n_blocks:
+        raise ConfigError(f"attn_layer_num_for_pp={tuple(counts)} sums to {sum(counts)} but the model has "
+                          f"{n_blocks} transformer blocks; give counts that sum to {n_blocks}")
+    starts = [sum(counts[:i]) for i in range(pp)]
+    return [(s, s + c) for s, c in zip(starts, counts)]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How the sampler's latent maps to the image token grid (row-major, `cols` tokens per row).
+
+    `unit` is how many latent rows (image) make one token row: the patch size, so patch
+    boundaries always fall on patch-size multiples of the latent height.
+    """
+    kind: str
+    rows: int
+    cols: int
+    unit: int
+
+    def patch_rows(self, num_patches: int) -> list:
+        """[r0, r1) token rows of each patch: near-equal bands, larger ones first."""
+        sizes = split_sizes(self.rows, num_patches)
+        return [(sum(sizes[:i]), sum(sizes[:i + 1])) for i in range(num_patches)]
+
+    def tokens(self, r0: int, r1: int) -> tuple:
+        return r0 * self.cols, r1 * self.cols
+
+    def latent_rows(self, x: torch.Tensor, r0: int, r1: int) -> torch.Tensor:
+        if self.kind == "image":
+            return x.narrow(-2, r0 * self.unit, (r1 - r0) * self.unit)
+        return x.narrow(1, r0 * self.cols, (r1 - r0) * self.cols)
+
+
+def latent_layout(model, plan: PipelinePlan, x: torch.Tensor, inputs: dict, num_patches: int) -> Layout:
+    """The token grid of `x`, refusing sizes PipeFusion cannot split into `num_patches` bands."""
+    if plan.latent == "image":
+        ps = int(model.config.patch_size)
+        if x.ndim != 4:
+            raise ConfigError(f"{plan.family} expects a (B, C, H, W) latent, got shape {tuple(x.shape)}")
+        H, W = x.shape[-2:]
+        if H % ps or W % ps:
+            raise ConfigError(f"latent {H}x{W} is not a multiple of the patch size {ps}; pad or crop the latent "
+                              f"to a multiple of {ps}")
+        lay = Layout("image", H // ps, W // ps, ps)
+    else:
+        ids = inputs.get("img_ids")
+        if x.ndim != 3 or ids is None:
+            raise ConfigError(f"{plan.family} expects packed tokens (B, N, C) and img_ids; got shape "
+                              f"{tuple(x.shape)}{' without img_ids' if ids is None else ''}")
+        ids = ids[0] if ids.ndim == 3 else ids
+        row = ids[:, 1]
+        cols = int((row == row[0]).sum())
+        n = x.shape[1]
+        if cols == 0 or n % cols or not torch.equal(row.reshape(n // cols, cols),
+                                                      row.reshape(n // cols, cols)[:, :1].expand(-1, cols)):
+            raise ConfigError("img_ids are not a row-major token grid (row id in column 1, constant along each "
+                              "row); PipeFusion splits the image into bands of token rows and needs that grid")
+        lay = Layout("tokens", n // cols, cols, 1)
+    if num_patches > lay.rows:
+        unit = f"{lay.unit} latent rows" if lay.kind == "image" else "one token row"
+        raise ConfigError(f"num_pipeline_patch={num_patches} but the image has only {lay.rows} token rows "
+                          f"(each patch needs at least {unit}); set num_pipeline_patch to at most {lay.rows} "
+                          f"or use a taller image")
+    return lay

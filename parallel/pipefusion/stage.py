@@ -1,0 +1,330 @@
+"""One pipeline stage of PipeFusion: hooks that make a diffusers transformer run only its own blocks.
+
+Every stage calls the model's *own* forward with the full inputs; hooks driven
+by the family plans decide what actually happens:
+
+* the embeddings (patchify, positional / timestep / text embeddings) run on
+  every stage: they are a few per cent of a block, and recomputing them is
+  cheaper than shipping temb, RoPE tables and text embeddings between stages;
+* in patch mode the image sequence is cut to the current band of token rows
+  where the sequence-parallel plan splits it (after `pos_embed`, or at the
+  model input with `img_ids` for Flux); the patch is computed on the full
+  latent and sliced, which is exact because patch embedding is per token;
+* blocks before this stage's first block pass their streams through; the first
+  block takes its streams from the previous stage instead (one message per
+  patch, the streams concatenated plus one control element, cancel = 1); the
+  last block sends its streams on and stops the forward (`_StageDone`), so
+  norm_out / proj_out / unpatchify only run on the last stage, where the
+  patch output is scattered into a zero full-size sequence before unpatchify;
+* inside every self-attention module of its blocks, F.scaled_dot_product_attention
+  is swapped (TorchFunctionMode, diffusers processors untouched) for attention
+  over the layer's KV buffer: full mode stores the fresh image K/V of the whole
+  image; patch mode writes the patch's fresh K/V into its rows and attends to
+  the buffer, i.e. stale K/V (previous step) for patches not yet recomputed.
+  Text tokens of joint attention are always fresh: they are recomputed with
+  every patch and travel between stages with it.
+"""
+from __future__ import annotations
+
+import datetime
+import functools
+import inspect
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+from ..plan import GatherOutput, SplitInput, SplitOutput, _path_matches
+from .plans import flat_blocks
+
+TAG_ACT, TAG_LATENT = 11, 12
+
+
+class _StageDone(Exception):
+    """Raised by this stage's last block: the rest of the forward belongs to later stages."""
+
+
+class PipelineCancelled(RuntimeError):
+    """The run was cancelled; every rank of the pipeline raises it at the same step."""
+
+
+@dataclass
+class Run:
+    """What the current forward computes: the whole image ("full") or one band of token rows ("patch")."""
+    mode: str = "full"
+    t0: int = 0
+    t1: int = 0
+    n_tokens: int = 0
+    cancel: bool = False
+
+
+class Channel:
+    """Point-to-point messages along the pp axis, each wait bounded by a timeout; counts bytes sent."""
+
+    def __init__(self, ax, timeout_s: float):
+        self.ax, self.timeout = ax, datetime.timedelta(seconds=timeout_s)
+        self.pending = []
+
+    def send(self, t: torch.Tensor, dst: int, tag: int, op: str) -> None:
+        t = t.contiguous()
+        self.pending = [(w, b) for w, b in self.pending if not w.is_completed()]
+        self.pending.append((dist.isend(t, self.ax.global_rank(dst), group=self.ax.group, tag=tag), t))
+        self.ax.stats.record(op, t.numel() * t.element_size())
+
+    def recv(self, buf: torch.Tensor, src: int, tag: int):
+        return dist.irecv(buf, self.ax.global_rank(src), group=self.ax.group, tag=tag), buf
+
+    def wait(self, handle, what: str) -> torch.Tensor:
+        work, buf = handle
+        try:
+            work.wait(self.timeout)
+        except RuntimeError as e:
+            raise TimeoutError(f"PipeFusion stage {self.ax.rank}: no {what} within "
+                               f"{self.timeout.total_seconds():.0f} s (did another stage fail?): {e}") from e
+        return buf
+
+    def flush(self) -> None:
+        for w, _ in self.pending:
+            w.wait(self.timeout)
+        self.pending = []
+
+
+class _KVAttention(TorchFunctionMode):
+    """Self-attention over the layer's KV buffer (see the module docstring)."""
+
+    def __init__(self, stage, key, text_len, text_first):
+        super().__init__()
+        self.stage, self.key, self.text_len, self.text_first = stage, key, text_len, text_first
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is not F.scaled_dot_product_attention:
+            return func(*args, **kwargs)
+        names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale")
+        a = dict(zip(names, args))
+        a.update(kwargs)
+        if a.get("attn_mask") is not None or a.get("is_causal") or a.get("dropout_p", 0.0) or a.get("enable_gqa"):
+            raise NotImplementedError("PipeFusion's KV buffer supports unmasked, non-causal self-attention only")
+        q, k, v = a.pop("query"), a.pop("key"), a.pop("value")
+        n, run, bufs = self.text_len, self.stage.run, self.stage.kv
+
+        def split(x):  # -> text, image
+            if n == 0:
+                return None, x
+            return (x[:, :, :n], x[:, :, n:]) if self.text_first else (x[:, :, -n:], x[:, :, :-n])
+
+        (kt, ki), (vt, vi) = split(k), split(v)
+        if run.mode == "full":
+            bufs[self.key] = (ki.clone(), vi.clone())
+            return func(q, k, v, **a)  # the very call the serial model makes
+        if self.key not in bufs:
+            raise RuntimeError(f"no KV buffer for {self.key}: PipeFusion needs warmup_steps >= 1")
+        bk, bv = bufs[self.key]
+        if ki.shape[2] != run.t1 - run.t0 or bk.shape[2] != run.n_tokens:
+            raise RuntimeError(f"{self.key}: patch of {ki.shape[2]} tokens / buffer of {bk.shape[2]} does not "
+                               f"match tokens [{run.t0}, {run.t1}) of {run.n_tokens}")
+        bk[:, :, run.t0:run.t1] = ki
+        bv[:, :, run.t0:run.t1] = vi
+        if n:
+            bk, bv = (torch.cat([kt, bk], 2), torch.cat([vt, bv], 2)) if self.text_first else \
+                (torch.cat([bk, kt], 2), torch.cat([bv, vt], 2))
+        return func(q, bk, bv, **a)
+
+
+def _bind(fn):
+    sig = inspect.signature(fn)
+    return lambda args, kwargs: sig.bind(*args, **kwargs)
+
+
+class Stage:
+    """Installs the hooks of stage `index` of `count` (blocks [start, stop)) on `model`; `remove()` undoes them."""
+
+    def __init__(self, model, family_plan, pipe_plan, index: int, count: int, start: int, stop: int,
+                 channel: Optional[Channel]):
+        self.model, self.fplan, self.pplan = model, family_plan, pipe_plan
+        self.index, self.count, self.start, self.stop = index, count, start, stop
+        self.first, self.last = index == 0, index == count - 1
+        self.channel = channel
+        self.run = Run()
+        self.kv = {}
+        self._handles, self._forwards = [], []
+        self.blocks = flat_blocks(model, pipe_plan)
+        try:
+            self._install()
+        except BaseException:
+            self.remove()
+            raise
+
+    # ---- install / remove ----
+    def _wrap(self, module, make):
+        had = "forward" in module.__dict__
+        old = module.forward
+        module.forward = make(old)
+        self._forwards.append((module, had, old))
+
+    def _install(self):
+        mods = dict(self.model.named_modules())
+        for path, actions in self.fplan.sequence.items():
+            if path == "":
+                continue
+            if path not in mods:
+                raise KeyError(f"{self.fplan.family} plan names module {path!r}, which the model lacks")
+            for a in actions:
+                if isinstance(a, SplitOutput):
+                    self._handles.append(mods[path].register_forward_hook(self._cut_output(a.dim)))
+                elif isinstance(a, GatherOutput):
+                    self._handles.append(mods[path].register_forward_hook(self._scatter_output(a.dim)))
+                elif isinstance(a, SplitInput):
+                    raise NotImplementedError(f"PipeFusion: SplitInput on submodule {path!r} is not supported")
+        own = set()
+        for j, (path, mod, spec) in enumerate(self.blocks):
+            self._wrap(mod, self._block(j, spec))
+            if self.start <= j < self.stop:
+                own.add(path)
+        n_attn = 0
+        for path, mod in mods.items():
+            if not any(path == b or path.startswith(b + ".") for b in own):
+                continue
+            for pattern, spec in self.fplan.attention.items():
+                if _path_matches(path, pattern):
+                    self._wrap(mod, self._attention(path, spec))
+                    n_attn += 1
+                    break
+        if n_attn == 0:
+            raise KeyError(f"{self.fplan.family}: no self-attention module matched in blocks "
+                           f"[{self.start}, {self.stop})")
+        self._wrap(self.model, self._root())
+
+    def remove(self):
+        for h in self._handles:
+            h.remove()
+        for mod, had, old in reversed(self._forwards):
+            if had:
+                mod.forward = old
+            else:
+                del mod.forward
+        self._handles, self._forwards = [], []
+
+    # ---- the image sequence ----
+    def _cut(self, x, dim):
+        dim = dim % x.ndim
+        if x.shape[dim] != self.run.n_tokens:
+            raise RuntimeError(f"{self.fplan.family}: the sequence has {x.shape[dim]} tokens where "
+                               f"{self.run.n_tokens} were expected; the pipeline plan is inconsistent")
+        return x.narrow(dim, self.run.t0, self.run.t1 - self.run.t0)
+
+    def _cut_output(self, dim):
+        def hook(module, args, out):
+            if self.run.mode != "patch":
+                return out
+            if isinstance(out, tuple):
+                return tuple(self._cut(o, dim) if isinstance(o, torch.Tensor) else o for o in out)
+            return self._cut(out, dim)
+        return hook
+
+    def _scatter_output(self, dim):
+        def hook(module, args, out):
+            if self.run.mode != "patch":
+                return out
+            d = dim % out.ndim
+            shape = list(out.shape)
+            shape[d] = self.run.n_tokens
+            full = out.new_zeros(shape)
+            full.narrow(d, self.run.t0, self.run.t1 - self.run.t0).copy_(out)
+            return full
+        return hook
+
+    def _root(self):
+        specs = [a for a in self.fplan.sequence.get("", []) if isinstance(a, SplitInput)]
+
+        def make(old):
+            bind = _bind(old)
+
+            @functools.wraps(old)
+            def forward(*args, **kwargs):
+                if self.run.mode == "patch" and specs:
+                    b = bind(args, kwargs)
+                    for s in specs:
+                        v = b.arguments.get(s.name)
+                        if isinstance(v, torch.Tensor) and (s.only_ndim is None or v.ndim == s.only_ndim):
+                            b.arguments[s.name] = self._cut(v, s.dim)
+                    args, kwargs = b.args, b.kwargs
+                return old(*args, **kwargs)
+            return forward
+        return make
+
+    # ---- blocks ----
+    def _block(self, j, spec):
+        nxt = self.blocks[self.stop][2] if self.stop < len(self.blocks) else None
+
+        def make(old):
+            bind = _bind(old)
+
+            @functools.wraps(old)
+            def forward(*args, **kwargs):
+                if j < self.start:  # an earlier stage's block: pass the streams through
+                    b = bind(args, kwargs).arguments
+                    outs = tuple(b[n] for n in spec.returns)
+                    return outs if len(outs) > 1 else outs[0]
+                if j == self.start:
+                    b = bind(args, kwargs)
+                    if not self.first:
+                        self._receive(b.arguments, spec.streams)
+                    if self.run.cancel:
+                        if not self.last:
+                            self._send({n: b.arguments[n] for n in spec.streams}, spec.streams, cancel=True)
+                        raise PipelineCancelled("cancelled")
+                    args, kwargs = b.args, b.kwargs
+                out = old(*args, **kwargs)
+                if j == self.stop - 1 and not self.last:
+                    got = dict(zip(spec.returns, out if isinstance(out, tuple) else (out,)))
+                    self._send(got, nxt.streams, cancel=False)
+                    raise _StageDone
+                return out
+            return forward
+        return make
+
+    def _receive(self, arguments, streams):
+        like = [arguments[n] for n in streams]
+        buf = torch.empty(sum(t.numel() for t in like) + 1, dtype=like[0].dtype, device=like[0].device)
+        buf = self.channel.wait(self.channel.recv(buf, self.index - 1, TAG_ACT), "activations from the previous stage")
+        if bool(buf[-1] != 0):
+            self.run.cancel = True
+        off = 0
+        for n, t in zip(streams, like):
+            arguments[n] = buf[off:off + t.numel()].view(t.shape)
+            off += t.numel()
+
+    def _send(self, tensors: dict, streams, cancel: bool):
+        parts = [tensors[n].reshape(-1) for n in streams]
+        flag = parts[0].new_full((1,), 1.0 if cancel else 0.0)
+        self.channel.send(torch.cat(parts + [flag]), self.index + 1, TAG_ACT, "pp_activations")
+
+    # ---- attention ----
+    def _attention(self, path, spec):
+        def make(old):
+            bind = _bind(old)
+
+            @functools.wraps(old)
+            def forward(*args, **kwargs):
+                text_len = 0
+                if spec.text_arg is not None:
+                    t = bind(args, kwargs).arguments.get(spec.text_arg)
+                    text_len = 0 if t is None else t.shape[1]
+                with _KVAttention(self, path, text_len, spec.text_first):
+                    return old(*args, **kwargs)
+            return forward
+        return make
+
+    # ---- one forward ----
+    def forward(self, kwargs: dict, run: Run):
+        """The model output on the last stage, None on the others (their part went to the next stage)."""
+        self.run = run
+        try:
+            with torch.no_grad():
+                return self.model(**kwargs, return_dict=False)[0]
+        except _StageDone:
+            return None

@@ -1,0 +1,291 @@
+"""PipeFusion loop mode (gloo, CPU): exact when every step is a warmup step, the exact stale-KV schedule
+otherwise (equal to its one-process emulation, measurably different from serial), samplers bit-identical
+to ComfyUI, clear errors for what cannot run, and a cancel that stops every stage at the same step."""
+import copy
+
+import pytest
+import torch
+
+from comfyui_hybrid_parallel.parallel import ConfigError, ParallelConfig
+from comfyui_hybrid_parallel.parallel.pipefusion import (PipelineCancelled, eps, flow, run_pipefusion_loop,
+                                                         run_serial_loop, stage_ranges)
+from comfyui_hybrid_parallel.parallel.pipefusion.sampling import get_sampler
+from dist_harness import context_for
+import tiny_models as tm
+
+pytestmark = pytest.mark.dist
+
+_models = {}
+
+
+def build_deep(family: str):
+    """Tiny models with 4 blocks (Flux: 2 double + 2 single) so that pp=4 has a block per stage."""
+    from diffusers import FluxTransformer2DModel, PixArtTransformer2DModel, SD3Transformer2DModel
+
+    if family in _models:
+        return _models[family]
+    torch.manual_seed(1)
+    if family == "pixart":
+        m = PixArtTransformer2DModel(sample_size=16, patch_size=2, in_channels=4, out_channels=8, num_layers=4,
+                                     num_attention_heads=2, attention_head_dim=8, cross_attention_dim=16,
+                                     caption_channels=24, use_additional_conditions=False)
+    elif family == "sd3":
+        m = SD3Transformer2DModel(sample_size=16, patch_size=2, in_channels=4, num_layers=4, attention_head_dim=8,
+                                  num_attention_heads=2, joint_attention_dim=24, caption_projection_dim=16,
+                                  pooled_projection_dim=12, out_channels=4, pos_embed_max_size=24,
+                                  dual_attention_layers=(0, 2))
+    else:
+        m = FluxTransformer2DModel(patch_size=1, in_channels=8, num_layers=2, num_single_layers=2,
+                                   attention_head_dim=16, num_attention_heads=2, joint_attention_dim=24,
+                                   pooled_projection_dim=12, guidance_embeds=True, axes_dims_rope=(4, 6, 6))
+    _models[family] = m.eval()
+    return _models[family]
+
+
+CONVENTIONS = {"pixart": lambda: eps(lambda s: s * 60.0), "sd3": lambda: flow(1000.0), "flux": lambda: flow(1.0)}
+
+
+def problem(family, seed, h, w, steps, batch=1):
+    """Conditioning kwargs, initial sample and sigmas; h x w latent (Flux: token grid)."""
+    kw = tm.inputs(family, seed, batch=batch, h=h, w=w, text=5)
+    noise = kw.pop("hidden_states")
+    kw.pop("timestep")
+    if family == "pixart":
+        sigmas = torch.cat([torch.logspace(1.0, -1.0, steps), torch.zeros(1)])
+    else:
+        sigmas = torch.linspace(1.0, 0.0, steps + 1)
+    return kw, noise, sigmas
+
+
+def _pp_body(family, pp, patches, warmup, seed, h, w, steps, sampler, layers=None, cfg_scale=None, batch=1,
+             bf16=False, dp=1, cfg=1):
+    ctx = context_for(ParallelConfig(pp_degree=pp, num_pipeline_patch=patches, warmup_steps=warmup,
+                                     attn_layer_num_for_pp=layers, dp_degree=dp, cfg_degree=cfg))
+    model = build_deep(family)
+    if bf16:  # a copy: the cached fp32 model must not be rounded for later tests
+        model = copy.deepcopy(model).to(torch.bfloat16)
+    kw, noise, sigmas = problem(family, seed, h, w, steps, batch=batch)
+    kw = {k: v.to(torch.bfloat16) if bf16 and isinstance(v, torch.Tensor) else v for k, v in kw.items()}
+    if cfg_scale is not None:  # [cond, uncond] conditioning for a latent batch of half the size
+        noise = noise[: batch // 2]
+    conv = CONVENTIONS[family]()
+    seen = []
+    out = run_pipefusion_loop(model, ctx, kw, sigmas, noise, convention=conv, sampler=sampler, cfg_scale=cfg_scale,
+                              callback=lambda i, n: seen.append(i))
+    assert seen == list(range(steps)), seen
+    serial = run_serial_loop(model, kw, sigmas, noise, convention=conv, sampler=sampler, cfg_scale=cfg_scale)
+    emulated = run_pipefusion_loop(model, None, kw, sigmas, noise, convention=conv, sampler=sampler,
+                                   num_patches=patches, warmup_steps=warmup, cfg_scale=cfg_scale)
+    return tm.rel_err(out, serial), tm.rel_err(out, emulated), ctx.stats.snapshot()
+
+
+# (family, latent h, w): one size that splits evenly into the patch bands, one that does not
+SIZES = {"pixart": [(8, 6), (10, 6)], "sd3": [(12, 8), (10, 6)], "flux": [(6, 4), (7, 3)]}
+
+
+@pytest.mark.parametrize("family", ["pixart", "sd3", "flux"])
+@pytest.mark.parametrize("pp,patches", [(2, 2), (2, 3), (4, 4)])
+@pytest.mark.parametrize("size_i", [0, 1], ids=["even", "odd"])
+def test_all_warmup_equals_serial(dist_pools, family, pp, patches, size_i):
+    h, w = SIZES[family][size_i]
+    steps = 3
+    res = dist_pools(pp).run(_pp_body, family, pp, patches, steps, 10 * pp + patches + size_i, h, w, steps,
+                             "euler")
+    errs = [r[0] for r in res]
+    print(f"\n{family} pp{pp} patches{patches} all-warmup: max rel err vs serial {max(errs):.2e}")
+    assert max(errs) <= 1e-5, errs
+    assert res[0][2]["pp_activations"]["bytes"] > 0 and res[-1][2]["pp_latent"]["bytes"] > 0
+
+
+@pytest.mark.parametrize("family", ["pixart", "sd3", "flux"])
+@pytest.mark.parametrize("pp,patches,sampler", [(2, 2, "euler"), (2, 3, "dpmpp_2m"), (4, 4, "euler")])
+def test_stale_kv_schedule(dist_pools, family, pp, patches, sampler):
+    """warmup 1: the parallel run is exactly the stale-KV schedule (its one-process emulation), and differs
+    from serial by a small, measured amount."""
+    h, w = SIZES[family][1]
+    steps = 4
+    res = dist_pools(pp).run(_pp_body, family, pp, patches, 1, 7 * pp + patches, h, w, steps, sampler)
+    vs_serial = max(r[0] for r in res)
+    vs_emulation = max(r[1] for r in res)
+    print(f"\n{family} pp{pp} patches{patches} warmup1 {sampler}: rel err vs serial {vs_serial:.3e}, "
+          f"vs stale-KV emulation {vs_emulation:.2e}")
+    assert vs_emulation <= 1e-5, res
+    assert 0 < vs_serial < 0.2, vs_serial
+    assert all(r[0] == res[0][0] for r in res), "ranks returned different latents"
+
+
+def test_bf16_model(dist_pools):
+    """bf16 weights and messages (the latent and sampler stay fp32, as in ComfyUI)."""
+    res = dist_pools(2).run(_pp_body, "sd3", 2, 2, 3, 8, 10, 6, 3, "euler", bf16=True)
+    assert max(r[0] for r in res) <= 1e-5
+    res = dist_pools(2).run(_pp_body, "flux", 2, 3, 1, 8, 7, 3, 3, "euler", bf16=True)
+    assert max(r[1] for r in res) <= 1e-5 and 0 < max(r[0] for r in res) < 0.2
+
+
+def test_uneven_layer_split(dist_pools):
+    res = dist_pools(2).run(_pp_body, "sd3", 2, 3, 1, 5, 10, 6, 3, "euler", layers=(1, 3))
+    assert max(r[1] for r in res) <= 1e-5 and 0 < max(r[0] for r in res) < 0.2
+
+
+@pytest.mark.parametrize("family", ["sd3", "flux"])
+@pytest.mark.parametrize("warmup", [3, 1])
+def test_cfg_and_batch_inside_the_pipeline(dist_pools, family, warmup):
+    """CFG in loop mode: [cond, uncond] (here 2 samples each) go through the stages as one batch."""
+    res = dist_pools(2).run(_pp_body, family, 2, 3, warmup, 13, *SIZES[family][1], 3, "euler", cfg_scale=3.5,
+                            batch=4)
+    vs_serial, vs_emulation = max(r[0] for r in res), max(r[1] for r in res)
+    print(f"\n{family} cfg 3.5 batch 2 warmup{warmup}: vs serial {vs_serial:.2e}, vs emulation {vs_emulation:.2e}")
+    assert vs_emulation <= 1e-5
+    assert vs_serial <= 1e-5 if warmup == 3 else 0 < vs_serial < 0.2
+
+
+@pytest.mark.parametrize("family", ["pixart", "sd3"])
+@pytest.mark.parametrize("mesh", [dict(dp=2, batch=3), dict(dp=2, batch=1), dict(cfg=2, batch=4, cfg_scale=4.0)],
+                         ids=["dp2-batch3", "dp2-batch1", "cfg2"])
+@pytest.mark.parametrize("warmup", [3, 1])
+def test_cfg_dp_around_the_pipeline(dist_pools, family, mesh, warmup):
+    h, w = SIZES[family][1]
+    res = dist_pools(4).run(_pp_body, family, 2, 3, warmup, 17, h, w, 3, "euler", **mesh)
+    vs_serial, vs_emulation = max(r[0] for r in res), max(r[1] for r in res)
+    print(f"\n{family} pp2 {mesh} warmup{warmup}: vs serial {vs_serial:.2e}, vs emulation {vs_emulation:.2e}")
+    assert vs_emulation <= 1e-5
+    assert vs_serial <= 1e-5 if warmup == 3 else 0 < vs_serial < 0.2
+    assert all(torch.equal(torch.tensor(r[0]), torch.tensor(res[0][0])) for r in res)
+
+
+def _cancel_body(at_step, warmup):
+    ctx = context_for(ParallelConfig(pp_degree=2, num_pipeline_patch=2, warmup_steps=warmup))
+    model = build_deep("pixart")
+    kw, noise, sigmas = problem("pixart", 3, 8, 6, 5)
+    seen = []
+    try:
+        run_pipefusion_loop(model, ctx, kw, sigmas, noise, convention=CONVENTIONS["pixart"](),
+                            callback=lambda i, n: seen.append(i), cancel=lambda: len(seen) >= at_step)
+    except PipelineCancelled:
+        return "cancelled", seen
+    return "finished", seen
+
+
+@pytest.mark.parametrize("warmup,at_step", [(3, 1), (1, 1), (1, 3)], ids=["in-warmup", "first-patch-step", "later"])
+def test_cancel_stops_every_stage_at_the_same_step(dist_pools, warmup, at_step):
+    res = dist_pools(2).run(_cancel_body, at_step, warmup, timeout=60)
+    assert [r[0] for r in res] == ["cancelled", "cancelled"], res
+    assert all(r[1] == list(range(at_step)) for r in res), res
+    # the pool is still usable afterwards (nothing left in flight)
+    res = dist_pools(2).run(_pp_body, "pixart", 2, 2, 3, 1, 8, 6, 3, "euler")
+    assert max(r[0] for r in res) <= 1e-5
+
+
+# ---- one process ----
+
+def test_degree_one_euler_is_the_formula():
+    model = build_deep("sd3")
+    kw, noise, sigmas = problem("sd3", 11, 6, 8, 4)
+    out = run_pipefusion_loop(model, None, kw, sigmas, noise, convention=flow(1000.0), sampler="euler")
+    x = noise.clone()
+    for i in range(4):
+        with torch.no_grad():
+            v = model(**kw, hidden_states=x, timestep=(sigmas[i] * 1000).reshape(1), return_dict=False)[0]
+        denoised = x - v * sigmas[i]
+        x = x + (sigmas[i + 1] - sigmas[i]) * (x - denoised) / sigmas[i]
+    assert tm.rel_err(out, x) <= 1e-6
+
+
+@pytest.mark.comfy
+@pytest.mark.parametrize("name", ["euler", "dpmpp_2m"])
+def test_samplers_bit_identical_to_comfyui(name):
+    from comfy_env import setup_comfy
+
+    setup_comfy()
+    from comfy.k_diffusion import sampling as ks
+    from comfy.samplers import calculate_sigmas
+    import comfy.model_sampling as ms
+
+    g = torch.Generator().manual_seed(4)
+    x0 = torch.randn(2, 4, 6, 5, generator=g)
+    w = torch.randn(4, 4, generator=g)
+
+    def denoise(x, sigma):  # any deterministic, nonlinear denoiser
+        return torch.tanh(torch.einsum("bchw,cd->bdhw", x, w)) * sigma.reshape(-1, 1, 1, 1) + 0.1 * x
+
+    sampling = ms.ModelSamplingDiscreteFlow(None) if hasattr(ms, "ModelSamplingDiscreteFlow") else None
+    sigmas = calculate_sigmas(sampling, "simple", 6) if sampling is not None else torch.linspace(1, 0, 7)
+    ref = getattr(ks, f"sample_{name}")(lambda x, s, **k: denoise(x, s), x0.clone(), sigmas, disable=True)
+    samp = get_sampler(name)
+    x = x0.clone()
+    state = {k: torch.zeros_like(x) for k in samp.state_keys}
+    s_in = x.new_ones([x.shape[0]])
+    for i in range(len(sigmas) - 1):
+        x = samp.step(i, sigmas, x, denoise(x, sigmas[i] * s_in), state)
+    assert torch.equal(x, ref)
+
+
+def test_bad_inputs_fail_before_any_work():
+    model = build_deep("pixart")
+    kw, noise, sigmas = problem("pixart", 2, 6, 6, 3)  # 3 token rows
+    conv = CONVENTIONS["pixart"]()
+    kw_probe = dict(kw)
+
+    def run(**over):
+        args = dict(convention=conv, num_patches=2, warmup_steps=1)
+        args.update(over)
+        n = args.pop("noise", noise)
+        return run_pipefusion_loop(model, None, kw_probe, args.pop("sigmas", sigmas), n, **args)
+
+    with pytest.raises(ConfigError, match="num_pipeline_patch=4 .* only 3 token rows"):
+        run(num_patches=4)
+    with pytest.raises(ConfigError, match="multiple of the patch size 2"):
+        run(noise=torch.randn(1, 4, 7, 6))
+    with pytest.raises(ConfigError, match="warmup_steps >= 1"):
+        run(warmup_steps=0)
+    with pytest.raises(ConfigError, match="dpmpp_2m"):
+        run(sampler="heun")
+    with pytest.raises(ConfigError, match="sigma"):
+        run(sigmas=torch.tensor([1.0, 0.0, 0.0]))
+    with pytest.raises(ConfigError, match=r"\[cond, uncond\]"):
+        run(cfg_scale=2.0)
+    with pytest.raises(ConfigError, match="pp_degree=5 .* only 4"):
+        stage_ranges(4, 5)
+    with pytest.raises(ConfigError, match="sums to 3 .* 4 transformer blocks"):
+        stage_ranges(4, 2, (1, 2))
+    assert stage_ranges(5, 2) == [(0, 3), (3, 5)] and stage_ranges(4, 2, (1, 3)) == [(0, 1), (1, 4)]
+    wan = tm.build("wan")
+    with pytest.raises(ConfigError, match="not implemented for Wan"):
+        run_pipefusion_loop(wan, None, {}, sigmas, torch.randn(1, 4, 2, 4, 4), convention=conv, num_patches=2,
+                            warmup_steps=1)
+    assert "forward" not in model.__dict__, "a refused run left hooks behind"
+
+
+def _refuse_body(degrees):
+    ctx = context_for(ParallelConfig(pp_degree=2, **degrees))
+    kw, noise, sigmas = problem("pixart", 1, 8, 6, 2)
+    try:
+        run_pipefusion_loop(build_deep("pixart"), ctx, kw, sigmas, noise, convention=CONVENTIONS["pixart"]())
+    except ConfigError as e:
+        return str(e)
+    return "no error"
+
+
+def test_pp_with_sequence_parallel_is_refused(dist_pools):
+    msgs = dist_pools(4).run(_refuse_body, dict(ulysses_degree=2))
+    assert all("ulysses_degree=1" in m for m in msgs), msgs
+    msgs = dist_pools(4).run(_refuse_body, dict(cfg_degree=2))
+    assert all("pass cfg_scale" in m for m in msgs), msgs
+
+
+def _cancel_one_replica_body():
+    """Only global rank 0 (stage 0 of dp replica 0) is asked to cancel: both replicas must stop."""
+    ctx = context_for(ParallelConfig(pp_degree=2, num_pipeline_patch=2, warmup_steps=1, dp_degree=2))
+    kw, noise, sigmas = problem("pixart", 3, 8, 6, 5, batch=2)
+    seen = []
+    try:
+        run_pipefusion_loop(build_deep("pixart"), ctx, kw, sigmas, noise, convention=CONVENTIONS["pixart"](),
+                            callback=lambda i, n: seen.append(i), cancel=lambda: ctx.rank == 0 and len(seen) >= 2)
+    except PipelineCancelled:
+        return "cancelled", seen
+    return "finished", seen
+
+
+def test_cancel_reaches_every_replica(dist_pools):
+    res = dist_pools(4).run(_cancel_one_replica_body, timeout=60)
+    assert res == [("cancelled", [0, 1])] * 4, res
