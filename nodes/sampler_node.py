@@ -13,6 +13,7 @@ import inspect
 import torch
 
 from ..parallel.checkpoints import family_module
+from .loop_mode import Captured, check_loop_mode, make_loop_sampler
 from .runtime import to_diffusers, weights_key
 
 WRAPPER_KEY = "comfyui_hybrid_parallel"
@@ -60,6 +61,8 @@ class PoolDiffusionModel(torch.nn.Module):
             kw["config"] = config
         inputs = fm.comfy_to_diffusers_inputs(x, timestep, context, **kw)
         inputs.pop("return_dict", None)
+        if self.state.get("capture"):  # loop mode: ComfyUI built the conditioning; hand it over, compute nothing
+            raise Captured(inputs, list((transformer_options or {}).get("cond_or_uncond") or [0]), x.shape)
         tensors = _flatten(inputs)
         values = {"key": self.state["key"], "structure": _structure(inputs), "call_index": self.state["calls"]}
         self.state["calls"] += 1
@@ -159,13 +162,33 @@ class HybridSampler:
 
         hp = parallel_config
         if hp.config.pp_degree > 1:
-            raise ValueError("PipeFusion (pp_degree > 1) is not available in Hybrid Sampler yet; use "
-                             "dp/cfg/ulysses/ring/tp degrees or method=distrifusion")
+            check_loop_mode(sampler_name)  # before any work
         m = model.clone()
         # the workers keep the model parallelized for one method: the method is part of its identity
         method = f"{hp.config.method}" + (f"-w{hp.config.warmup_steps}" if hp.config.method != "usp" else "")
         state = {"key": f"{weights_key(model.model, model.patches_uuid)}|{method}", "calls": 0}
         m.add_wrapper_with_key(comfy.patcher_extension.WrappersMP.APPLY_MODEL, WRAPPER_KEY,
                                make_apply_model_wrapper(self.runtime, hp, state))
-        return comfy_nodes.common_ksampler(m, seed, steps, cfg, sampler_name, scheduler, positive, negative,
-                                           latent_image, denoise=denoise)
+        if hp.config.pp_degree == 1:  # step mode: ComfyUI's KSampler, one pool forward per model call
+            return comfy_nodes.common_ksampler(m, seed, steps, cfg, sampler_name, scheduler, positive, negative,
+                                               latent_image, denoise=denoise)
+        return self._loop_mode(m, hp, state, seed, steps, cfg, sampler_name, scheduler, positive, negative,
+                               latent_image, denoise)
+
+    def _loop_mode(self, m, hp, state, seed, steps, cfg, sampler_name, scheduler, positive, negative, latent,
+                   denoise):
+        """PipeFusion: ComfyUI's noise, sigmas and conditioning; the loop runs in the workers."""
+        import comfy.sample
+        import comfy.samplers
+
+        latent_image = comfy.sample.fix_empty_latent_channels(m, latent["samples"])
+        noise = comfy.sample.prepare_noise(latent_image, seed, latent.get("batch_index"))
+        sigmas = comfy.samplers.KSampler(m, steps=steps, device=m.load_device, sampler=sampler_name,
+                                         scheduler=scheduler, denoise=denoise, model_options=m.model_options).sigmas
+        sampler = make_loop_sampler(self.runtime, hp, state, sampler_name, cfg,
+                                    m.get_model_object("model_sampling"), lambda: state["family"])
+        samples = comfy.sample.sample_custom(m, noise, cfg, sampler, sigmas, positive, negative, latent_image,
+                                             noise_mask=latent.get("noise_mask"), seed=seed)
+        out = latent.copy()
+        out["samples"] = samples
+        return (out,)

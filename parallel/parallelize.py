@@ -19,8 +19,9 @@ def parallelize(transformer: torch.nn.Module, ctx) -> torch.nn.Module:
     if ctx.config.world_size == 1:
         return transformer
     if ctx.config.pp_degree > 1:
-        raise NotImplementedError("PipeFusion (pp_degree > 1) runs the whole denoising loop in the workers; "
-                                  "parallelize() covers dp/cfg/ulysses/ring/tp")
+        # PipeFusion drives the model itself, inside its loop (pipefusion.run_pipefusion_loop installs
+        # and removes its stage hooks per run); there is no per-forward plan to apply here.
+        return transformer
     plan = plan_for(transformer)
     if ctx.config.method == "distrifusion":  # stale-patch attention instead of USP; run state: distrifusion_state()
         return apply_distrifusion(transformer, ctx, plan)

@@ -88,6 +88,30 @@ def test_other_families_equal_ksampler(server, family):
     assert (img - img_ref).abs().max().item() <= 1e-4
 
 
+PF_W, PF_H = 112, 80  # PipeFusion needs an even latent: 14 x 10
+
+
+@pytest.mark.parametrize("sampler", ["euler", "dpmpp_2m"])
+def test_pipefusion_loop_mode(server, sampler):
+    """pp2 with warmup = all steps equals KSampler; with warmup 1 the stale patches give a measured error."""
+    kw = dict(steps=3, sampler=sampler)
+    _ok(server, server.run(workflow(None, f"pf_ref_{sampler}", PF_W, PF_H, **kw)))
+    ref = _load(server, f"lat_pf_ref_{sampler}", "images")
+    for warmup in (3, 1):
+        tag = f"pf_{sampler}_w{warmup}"
+        degrees = {"pp_degree": 2, "num_pipeline_patch": 2, "warmup_steps": warmup}
+        _ok(server, server.run(workflow(degrees, tag, PF_W, PF_H, **kw)))
+        err = _rel(_load(server, f"lat_{tag}", "images"), ref)
+        print(f"PipeFusion pp2/2 patches {sampler}, warmup {warmup}/3: latent relative error vs KSampler {err:.2e}")
+        assert err <= 1e-4 if warmup == 3 else 1e-7 < err < 0.5
+
+
+def test_pipefusion_refuses_an_unsupported_sampler_before_work(server):
+    entry = server.run(workflow({"pp_degree": 2}, "pf_bad", PF_W, PF_H, sampler="heun"))
+    text = str(entry)
+    assert "euler" in text and "dpmpp_2m" in text and "heun" in text, text[:2000]
+
+
 def test_bad_config_is_a_clear_error_and_the_next_prompt_works(server, reference):
     entry = server.run(_graph({"tp_degree": 3}, "bad"))
     text = str(entry)

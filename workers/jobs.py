@@ -166,6 +166,9 @@ def job_forward(state: WorkerState, ctx, payload: dict) -> dict:
     """
     key = payload["key"]
     model = state.model(key)
+    if ctx.config.pp_degree > 1:
+        raise ValueError("PipeFusion (pp_degree > 1) runs the whole denoising loop in the workers "
+                         "(job 'pipefusion_loop'), not one forward per step")
     if payload.get("resolution") and state.models[key][0] == "pixart":
         from comfyui_hybrid_parallel.parallel.checkpoints.pixart import set_resolution
         set_resolution(model, *[int(v) for v in payload["resolution"]])
@@ -178,6 +181,40 @@ def job_forward(state: WorkerState, ctx, payload: dict) -> dict:
     with torch.no_grad():
         out = model(**kwargs, return_dict=False)[0]
     return {"out": out, "parallelized": state.parallelized.get(key, False)}
+
+
+def job_pipefusion_loop(state: WorkerState, ctx, payload: dict) -> dict:
+    """Loop mode: the whole denoising loop through PipeFusion's patch pipeline; every rank gets the latent.
+
+    `noise` is the sample at sigmas[0]; `convention` says how sigma and the model output map to
+    ComfyUI's denoised ({"kind": "flow", "timestep_scale"} or {"kind": "eps", "timesteps": one per sigma}).
+    """
+    from comfyui_hybrid_parallel.parallel.pipefusion import PipelineCancelled, eps, flow, run_pipefusion_loop
+
+    key = payload["key"]
+    model = state.model(key)
+    if payload.get("resolution") and state.models[key][0] == "pixart":
+        from comfyui_hybrid_parallel.parallel.checkpoints.pixart import set_resolution
+        set_resolution(model, *[int(v) for v in payload["resolution"]])
+    conv = payload["convention"]
+    sigmas = payload["sigmas"].float().cpu()
+    if conv["kind"] == "flow":
+        convention = flow(float(conv["timestep_scale"]))
+    else:
+        table = {float(s): float(t) for s, t in zip(sigmas.tolist(), conv["timesteps"])}
+        convention = eps(lambda sigma: table[float(sigma)])
+    noise = payload["noise"].to(state.device)
+    inputs = {k: v for k, v in _inputs(state, payload).items() if k not in ("noise", "sigmas")}
+    n_steps = len(sigmas) - 1
+    try:
+        with torch.no_grad():
+            out = run_pipefusion_loop(model, ctx, inputs, sigmas, noise, convention=convention,
+                                      sampler=payload["sampler"], cfg_scale=payload.get("cfg_scale"),
+                                      callback=lambda i, n: state.run.progress(i + 1, n_steps),
+                                      cancel=lambda: state.run.cancel_requested)
+    except PipelineCancelled as e:
+        raise Cancelled(str(e)) from None
+    return {"out": out}
 
 
 def job_vae_decode(state: WorkerState, ctx, payload: dict) -> dict:
@@ -219,6 +256,7 @@ JOBS = {
     "load_model": job_load_model,
     "forward": job_forward,
     "vae_decode": job_vae_decode,
+    "pipefusion_loop": job_pipefusion_loop,
 }
 
 

@@ -1,0 +1,96 @@
+"""Loop mode for Hybrid Sampler: PipeFusion runs the whole denoising loop in the workers.
+
+Patches cross timesteps in PipeFusion, so the per-step APPLY_MODEL routing of step
+mode cannot express it. ComfyUI still does everything around the loop: noise,
+sigmas (scheduler, denoise), noise scaling, CFG setup and the final latent
+format. The loop itself is a ComfyUI *sampler object* (KSAMPLER) whose function
+(1) lets ComfyUI run its conditioning pipeline for one model call and captures
+the converted diffusers inputs at the diffusion model (instead of computing), then
+(2) ships noise, sigmas and those inputs to the workers' `pipefusion_loop` job.
+"""
+from __future__ import annotations
+
+import torch
+
+SUPPORTED_SAMPLERS = ("euler", "dpmpp_2m")
+LOOP_FAMILIES = ("sd3", "pixart")  # latents whose diffusers layout is ComfyUI's (B, C, H, W)
+
+
+class Captured(Exception):
+    """Raised by the proxy in capture mode: carries one call's diffusers inputs; nothing was computed."""
+
+    def __init__(self, inputs: dict, cond_or_uncond: list, x_shape):
+        super().__init__("captured")
+        self.inputs, self.cond_or_uncond, self.x_shape = inputs, cond_or_uncond, x_shape
+
+
+def check_loop_mode(sampler_name: str) -> None:
+    if sampler_name not in SUPPORTED_SAMPLERS:
+        raise ValueError(f"PipeFusion runs its own worker-side sampler, which supports {list(SUPPORTED_SAMPLERS)}; "
+                         f"choose one of those instead of {sampler_name!r}, or set pp_degree=1")
+
+
+def _cond_uncond_order(inputs: dict, cond_or_uncond: list, batch: int) -> tuple:
+    """Reorder ComfyUI's batch (chunks in `cond_or_uncond` order) to [cond, uncond]; cfg halves or cond only."""
+    if sorted(cond_or_uncond) not in ([0], [0, 1]):
+        raise ValueError("PipeFusion supports one positive and one negative conditioning (no area/mask conds "
+                         f"or conditioning combines); this prompt batches {cond_or_uncond}")
+    order = [cond_or_uncond.index(0)] + ([cond_or_uncond.index(1)] if 1 in cond_or_uncond else [])
+
+    def pick(v):
+        if isinstance(v, dict):
+            return {k: pick(x) for k, x in v.items()}
+        if isinstance(v, torch.Tensor) and v.ndim > 0 and v.shape[0] == batch * len(cond_or_uncond):
+            return torch.cat([v[i * batch:(i + 1) * batch] for i in order])
+        return v
+    return {k: pick(v) for k, v in inputs.items()}, len(order) == 2
+
+
+def make_loop_sampler(runtime, hp, state: dict, sampler_name: str, cfg: float, model_sampling, family_of_state):
+    """A ComfyUI KSAMPLER whose function runs PipeFusion on the workers."""
+    import comfy.model_management
+    import comfy.samplers
+    import comfy.utils
+
+    from .sampler_node import _flatten, _structure
+
+    def sample(model_k, x, sigmas, extra_args=None, callback=None, disable=None):
+        extra_args = dict(extra_args or {})
+        if extra_args.get("denoise_mask") is not None:
+            raise ValueError("PipeFusion does not support noise masks (inpainting) yet; set pp_degree=1")
+        state["capture"] = True
+        try:
+            model_k(x, sigmas[0] * x.new_ones([x.shape[0]]), **extra_args)
+            raise RuntimeError("the diffusion model was not reached while capturing conditioning")
+        except Captured as c:
+            cap = c
+        finally:
+            state["capture"] = False
+        family = family_of_state()
+        if family not in LOOP_FAMILIES:
+            raise ValueError(f"PipeFusion through Hybrid Sampler supports {list(LOOP_FAMILIES)} models; "
+                             f"this is {family}: use pp_degree=1 (USP/CFG/DP/TP work for it)")
+        if x.shape[-1] % 2 or x.shape[-2] % 2:
+            raise ValueError(f"PipeFusion needs an even latent height and width, got {tuple(x.shape[-2:])}: "
+                             "use an image size that is a multiple of 16")
+        inputs = {k: v for k, v in cap.inputs.items() if k not in ("hidden_states", "timestep", "return_dict")}
+        inputs, has_uncond = _cond_uncond_order(inputs, cap.cond_or_uncond, x.shape[0])
+        if family == "pixart":
+            ts = [float(model_sampling.timestep(s.reshape(1)).item()) for s in sigmas.float().cpu()]
+            convention = {"kind": "eps", "timesteps": ts}
+        else:
+            convention = {"kind": "flow", "timestep_scale": 1000.0}
+        values = {"key": state["key"], "structure": _structure(inputs), "sampler": sampler_name,
+                  "cfg_scale": float(cfg) if has_uncond else None, "convention": convention,
+                  "resolution": list(x.shape[-2:])}
+        tensors = {**_flatten(inputs), "noise": x.float().contiguous(), "sigmas": sigmas.float().cpu()}
+        pbar = comfy.utils.ProgressBar(len(sigmas) - 1)
+
+        def progress(step, total):
+            comfy.model_management.throw_exception_if_processing_interrupted()
+            pbar.update_absolute(step, total)
+
+        res = runtime.pool(hp).submit(hp.config, "pipefusion_loop", values, tensors, progress=progress)
+        return res.tensors["out"].to(x.device, x.dtype)
+
+    return comfy.samplers.KSAMPLER(sample)
