@@ -43,7 +43,19 @@ class ComfyServer:
         if not ex.exists():
             shutil.copytree(REPO / "examples" / "hp_example_nodes", ex)
 
-    def start(self, timeout_s: float = 180.0) -> "ComfyServer":
+    def start(self, timeout_s: float = 180.0, tries: int = 3) -> "ComfyServer":
+        """Start and wait until our nodes are registered; a port taken meanwhile is retried on another."""
+        for attempt in range(tries):
+            try:
+                return self._start_once(timeout_s)
+            except RuntimeError as e:
+                if "address already in use" not in str(e) or attempt == tries - 1:
+                    raise
+                self.port = _free_port()
+                self.url = f"http://127.0.0.1:{self.port}"
+        raise AssertionError("unreachable")
+
+    def _start_once(self, timeout_s: float) -> "ComfyServer":
         self.log = open(self.base / "comfyui.log", "w")
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen(

@@ -207,3 +207,21 @@ def test_worker_killed_mid_run_fails_clearly_and_the_next_prompt_works(server, r
     assert "rank" in text and ("died" in text or "exit" in text), text[:2000]
     _ok(server, server.run(_graph({"ring_degree": 2}, "after_kill")))
     assert _rel(_load(server, "lat_after_kill", "images"), reference[0]) <= 1e-4
+
+
+def test_example_api_prompts_match_the_server_schema(server):
+    """Every node and input of examples/api/*.json exists in this ComfyUI (with our pack loaded)."""
+    import json
+    from pathlib import Path
+    info = server.get("/object_info")
+    files = sorted((Path(__file__).resolve().parents[1] / "examples" / "api").glob("*.json"))
+    assert len(files) >= 4
+    for f in files:
+        for nid, node in json.loads(f.read_text()).items():
+            assert node["class_type"] in info, (f.name, nid, node["class_type"])
+            spec = info[node["class_type"]]["input"]
+            declared = set(spec.get("required", {})) | set(spec.get("optional", {}))
+            unknown = set(node["inputs"]) - declared
+            assert not unknown, (f.name, nid, node["class_type"], unknown)
+            missing = set(spec.get("required", {})) - set(node["inputs"])
+            assert not missing, (f.name, nid, node["class_type"], missing)
