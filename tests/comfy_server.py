@@ -34,7 +34,7 @@ class ComfyServer:
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = None
         (self.base / "custom_nodes").mkdir(parents=True, exist_ok=True)
-        for sub in ("diffusion_models", "vae"):
+        for sub in ("diffusion_models", "vae", "loras"):
             (self.base / "models" / sub).mkdir(parents=True, exist_ok=True)
         link = self.base / "custom_nodes" / "hybrid_parallel_under_test"
         if not link.exists():
@@ -154,10 +154,11 @@ def write_checkpoints(base: Path, families=("sd3",)) -> None:
 
 def workflow(degrees, tag: str, width: int, height: int, steps: int = 3, cfg: float = 4.0,
              sampler: str = "euler", scheduler: str = "normal", batch: int = 1, png: bool = False,
-             family: str = "sd3", length: int = 5) -> dict:
+             family: str = "sd3", length: int = 5, lora: tuple = None, denoise: float = 1.0) -> dict:
     """API prompt on a family's tiny checkpoints: KSampler -> VAEDecode when `degrees` is None, else
     Parallel Config(degrees) -> Hybrid Sampler -> Patch VAE Decode; the image and the latent are saved
-    losslessly as output/img_<tag> and output/lat_<tag> (and as a PNG when `png`)."""
+    losslessly as output/img_<tag> and output/lat_<tag> (and as a PNG when `png`). `lora`: (file, strength)
+    applied to the MODEL with LoraLoaderModelOnly."""
     f = FAMILIES[family]
 
     def cond(seed):
@@ -173,9 +174,14 @@ def workflow(degrees, tag: str, width: int, height: int, steps: int = 3, cfg: fl
         "4": {"class_type": f["latent"], "inputs": latent},
         "6": {"class_type": "VAELoader", "inputs": {"vae_name": f["vae"]}},
     }
-    common = {"model": ["1", 0], "seed": 42, "steps": steps, "cfg": cfg, "sampler_name": sampler,
+    model = ["1", 0]
+    if lora is not None:
+        g["12"] = {"class_type": "LoraLoaderModelOnly", "inputs": {"model": ["1", 0], "lora_name": lora[0],
+                                                                   "strength_model": lora[1]}}
+        model = ["12", 0]
+    common = {"model": model, "seed": 42, "steps": steps, "cfg": cfg, "sampler_name": sampler,
               "scheduler": scheduler, "positive": ["2", 0], "negative": ["3", 0], "latent_image": ["4", 0],
-              "denoise": 1.0}
+              "denoise": denoise}
     if degrees is None:
         g["5"] = {"class_type": "KSampler", "inputs": common}
         g["7"] = {"class_type": "VAEDecode", "inputs": {"samples": ["5", 0], "vae": ["6", 0]}}

@@ -17,9 +17,22 @@ def server(tmp_path_factory):
     base = tmp_path_factory.mktemp("comfy_base")
     srv = ComfyServer(comfy_dir, base)
     write_checkpoints(base, ("sd3", "pixart", "wan"))
+    _write_tiny_lora(base / "models" / "loras" / "tiny_lora.safetensors")
     srv.start()
     yield srv
     srv.stop()
+
+
+def _write_tiny_lora(path):
+    """A rank-4 LoRA on every joint block's image qkv of the tiny SD3 (ComfyUI's generic key format)."""
+    from safetensors.torch import save_file
+    g = torch.Generator().manual_seed(9)
+    sd = {}
+    for i in range(4):
+        k = f"diffusion_model.joint_blocks.{i}.x_block.attn.qkv"
+        sd[f"{k}.lora_up.weight"] = torch.randn(3 * 256, 4, generator=g) * 0.2
+        sd[f"{k}.lora_down.weight"] = torch.randn(4, 256, generator=g) * 0.2
+    save_file(sd, str(path))
 
 
 def _graph(parallel, tag, **kw):
@@ -110,6 +123,31 @@ def test_pipefusion_refuses_an_unsupported_sampler_before_work(server):
     entry = server.run(workflow({"pp_degree": 2}, "pf_bad", PF_W, PF_H, sampler="heun"))
     text = str(entry)
     assert "euler" in text and "dpmpp_2m" in text and "heun" in text, text[:2000]
+
+
+@pytest.mark.parametrize("sampler, scheduler, denoise", [("dpmpp_2m", "karras", 1.0), ("heun", "simple", 0.6),
+                                                         ("uni_pc", "sgm_uniform", 1.0)])
+def test_any_comfyui_sampler_in_step_mode(server, sampler, scheduler, denoise):
+    """Step mode runs ComfyUI's own sampler: multistep, 2-evaluation and img2img (denoise < 1) included."""
+    kw = dict(sampler=sampler, scheduler=scheduler, denoise=denoise, batch=2)
+    tag = f"{sampler}_{denoise}"
+    _ok(server, server.run(_graph(None, f"ref_{tag}", **kw)))
+    _ok(server, server.run(_graph({"cfg_degree": 2, "ulysses_degree": 2}, f"par_{tag}", **kw)))
+    ref, par = _load(server, f"lat_ref_{tag}", "images"), _load(server, f"lat_par_{tag}", "images")
+    assert par.shape == ref.shape and ref.shape[0] == 2
+    assert _rel(par, ref) <= 1e-4
+
+
+def test_lora_patched_weights_are_used(server, reference):
+    """A LoRA on the MODEL changes the result, and Hybrid Sampler follows it (and a new strength) exactly."""
+    for strength in (1.0, 0.5):
+        lora = ("tiny_lora.safetensors", strength)
+        _ok(server, server.run(_graph(None, f"lora_ref_{strength}", lora=lora)))
+        _ok(server, server.run(_graph({"ulysses_degree": 2}, f"lora_u2_{strength}", lora=lora)))
+        ref = _load(server, f"lat_lora_ref_{strength}", "images")
+        par = _load(server, f"lat_lora_u2_{strength}", "images")
+        assert _rel(ref, reference[0]) > 1e-3, "the LoRA did not change the reference: the test proves nothing"
+        assert _rel(par, ref) <= 1e-4, (strength, _rel(par, ref))
 
 
 def test_bad_config_is_a_clear_error_and_the_next_prompt_works(server, reference):
