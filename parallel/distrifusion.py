@@ -58,7 +58,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from .models import plan_for
-from .plan import _wrap_forward, apply_plan
+from .plan import apply_plan, wrap_forward
 
 _gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
@@ -363,7 +363,7 @@ def apply_distrifusion(transformer: torch.nn.Module, ctx, plan=None,
     apply_plan(transformer, plan, ctx, attention_fn=state.attention)
     applied = transformer._hp_applied
     if ctx.sp.size > 1:  # one patch per rank; with sp 1 (cfg/dp only) there is nothing stale to keep
-        _wrap_forward(transformer, applied, state.forward_wrapper)
+        wrap_forward(transformer, applied.forwards, state.forward_wrapper)
 
     def cleanup():
         state.close()

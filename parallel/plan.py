@@ -183,17 +183,28 @@ class _USPInterceptor(TorchFunctionMode):
                       backend=getattr(self.applied.ctx, "attention_backend", "auto"))
 
 
-def _path_matches(path: str, pattern: str) -> bool:
+def path_matches(path: str, pattern: str) -> bool:
     """fnmatch per dotted segment: '*' stands for exactly one segment (a block index), never for several."""
     p, q = path.split("."), pattern.split(".")
     return len(p) == len(q) and all(fnmatch.fnmatchcase(a, b) for a, b in zip(p, q))
 
 
-def _wrap_forward(module, applied, make_wrapper):
+def wrap_forward(module, forwards: list, make_wrapper) -> None:
+    """Replace module.forward by make_wrapper(old forward); record how to undo it in `forwards`."""
     had = "forward" in module.__dict__
     old = module.forward
     module.forward = make_wrapper(old)
-    applied.forwards.append((module, had, old))
+    forwards.append((module, had, old))
+
+
+def restore_forwards(forwards: list) -> None:
+    """Undo `wrap_forward`s, newest first."""
+    for mod, had, old in reversed(forwards):
+        if had:
+            mod.forward = old
+        else:
+            del mod.forward
+    forwards.clear()
 
 
 def _attention_wrapper(applied, spec):
@@ -289,13 +300,13 @@ def apply_plan(model: torch.nn.Module, plan: FamilyPlan, ctx, attention_fn=None)
         matched = 0
         for path, mod in modules.items():
             for pattern, spec in plan.attention.items():
-                if _path_matches(path, pattern):
-                    _wrap_forward(mod, applied, _attention_wrapper(applied, spec))
+                if path_matches(path, pattern):
+                    wrap_forward(mod, applied.forwards, _attention_wrapper(applied, spec))
                     matched += 1
                     break
         if matched == 0:
             raise KeyError(f"{plan.family} plan's attention patterns {list(plan.attention)} match no module")
-    _wrap_forward(model, applied, _root_wrapper(applied))
+    wrap_forward(model, applied.forwards, _root_wrapper(applied))
     model._hp_applied = applied
     return model
 
@@ -308,11 +319,7 @@ def remove_plan(model: torch.nn.Module) -> torch.nn.Module:
         fn()
     for h in applied.handles:
         h.remove()
-    for mod, had, old in reversed(applied.forwards):
-        if had:
-            mod.forward = old
-        else:
-            del mod.forward
+    restore_forwards(applied.forwards)
     model._hp_applied = None
     return model
 

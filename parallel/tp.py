@@ -79,7 +79,7 @@ def check_tp(model: torch.nn.Module, plan, tp_size: int) -> None:
 
 def apply_tp(model: torch.nn.Module, plan, ax, device_type: str = "cpu") -> torch.nn.Module:
     """Shard `model` in place over the ranks of axis `ax` (the tp axis)."""
-    from .plan import _path_matches
+    from .plan import path_matches
 
     check_tp(model, plan, ax.size)
     mesh = DeviceMesh.from_group(ax.group, device_type=device_type, mesh=list(ax.ranks))
@@ -87,7 +87,7 @@ def apply_tp(model: torch.nn.Module, plan, ax, device_type: str = "cpu") -> torc
     styles = {}
     for pattern, value in plan.tp.items():
         for path, mod in modules.items():
-            if _path_matches(path, pattern):
+            if path_matches(path, pattern):
                 if not isinstance(mod, torch.nn.Linear):
                     raise ValueError(f"tp plan entry {pattern!r} matched {path!r}, a {type(mod).__name__}")
                 if mod.out_features % ax.size and value == "colwise":

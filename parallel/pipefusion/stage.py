@@ -37,7 +37,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from ..plan import GatherOutput, SplitInput, SplitOutput, _path_matches
+from ..plan import GatherOutput, SplitInput, SplitOutput, path_matches, restore_forwards, wrap_forward
 from .plans import flat_blocks
 
 TAG_ACT, TAG_LATENT = 11, 12
@@ -160,10 +160,7 @@ class Stage:
 
     # ---- install / remove ----
     def _wrap(self, module, make):
-        had = "forward" in module.__dict__
-        old = module.forward
-        module.forward = make(old)
-        self._forwards.append((module, had, old))
+        wrap_forward(module, self._forwards, make)
 
     def _install(self):
         mods = dict(self.model.named_modules())
@@ -189,7 +186,7 @@ class Stage:
             if not any(path == b or path.startswith(b + ".") for b in own):
                 continue
             for pattern, spec in self.fplan.attention.items():
-                if _path_matches(path, pattern):
+                if path_matches(path, pattern):
                     self._wrap(mod, self._attention(path, spec))
                     n_attn += 1
                     break
@@ -201,12 +198,8 @@ class Stage:
     def remove(self):
         for h in self._handles:
             h.remove()
-        for mod, had, old in reversed(self._forwards):
-            if had:
-                mod.forward = old
-            else:
-                del mod.forward
-        self._handles, self._forwards = [], []
+        restore_forwards(self._forwards)
+        self._handles = []
 
     # ---- the image sequence ----
     def _cut(self, x, dim):
