@@ -10,13 +10,10 @@ out is (B, H, L, D) in the input dtype; lse is (B, H, L) float32, natural log.
 """
 from __future__ import annotations
 
-import logging
 import math
 from typing import Optional
 
 import torch
-
-log = logging.getLogger(__name__)
 
 BACKENDS = ("flash_attn", "cuda_flash", "cuda_efficient", "cpu_flash", "math")
 

@@ -36,16 +36,15 @@ class AxisGroup:
     group: Optional[object]
     stats: CommStats = field(repr=False)
 
-    @property
-    def group_order(self) -> list:
-        """group_order[i]: the process-group rank of axis rank i.
+    # group_order[i]: the process-group rank of axis rank i. torch numbers a group's members by
+    # ascending global rank, but an axis may list them in another order (the batch axis is
+    # cfg-major); positional collectives use this to put pieces in axis order. Fixed per axis,
+    # so computed once rather than in every all-to-all of every attention layer.
+    group_order: list = field(init=False, repr=False)
 
-        torch numbers a group's members by ascending global rank, but an axis
-        may list them in another order (the batch axis is cfg-major); collectives
-        whose results are positional use this to put pieces in axis order.
-        """
+    def __post_init__(self) -> None:
         ascending = sorted(self.ranks)
-        return [ascending.index(r) for r in self.ranks]
+        self.group_order = [ascending.index(r) for r in self.ranks]
 
     def global_rank(self, axis_rank: int) -> int:
         return self.ranks[axis_rank % self.size]
