@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from ..parallel.config import ConfigError, ParallelConfig
 from ..parallel.mesh import rank_groups
 
+SAMPLING_MODES = ["auto", "step", "loop"]
 ATTENTION_CHOICES = ["auto", "cpu_flash", "cuda_flash", "cuda_efficient", "flash_attn", "math"]
 
 
@@ -15,9 +16,11 @@ class HybridParallelConfig:
     config: ParallelConfig
     device: str = "auto"          # "auto" | "cpu" | "cuda"
     attention: str = "auto"
+    mode: str = "auto"            # "auto" (loop for PipeFusion, else step) | "step" | "loop"
 
     def describe(self) -> str:
-        return f"{self.config.describe()} on {self.config.world_size} {self.device} worker(s)"
+        mode = "loop" if self.config.pp_degree > 1 or self.mode == "loop" else "step"
+        return f"{self.config.describe()} on {self.config.world_size} {self.device} worker(s), {mode} mode"
 
 
 def _int(default, lo, hi, tip):
@@ -55,10 +58,14 @@ class ParallelConfigNode:
         }, "optional": {
             "devices": ("STRING", {"default": "", "tooltip": "Optional comma-separated device list, one per "
                                    "rank (e.g. cuda:0,cuda:1); empty = the first world_size devices."}),
+            "sampling_mode": (SAMPLING_MODES, {"default": "auto", "tooltip": "step: ComfyUI runs the sampler and "
+                              "each model call goes to the workers (every sampler). loop: the whole denoising loop "
+                              "runs in the workers (euler / dpmpp_2m; DistriFusion overlaps better). auto: loop for "
+                              "PipeFusion (which needs it), step otherwise."}),
         }}
 
     def build(self, dp_degree, cfg_degree, ulysses_degree, ring_degree, pp_degree, num_pipeline_patch,
-              warmup_steps, tp_degree, method, device, attention, devices=""):
+              warmup_steps, tp_degree, method, device, attention, devices="", sampling_mode="auto"):
         try:
             config = ParallelConfig(
                 dp_degree=dp_degree, cfg_degree=cfg_degree, ulysses_degree=ulysses_degree, ring_degree=ring_degree,
@@ -67,7 +74,12 @@ class ParallelConfigNode:
                 devices=tuple(d.strip() for d in devices.split(",") if d.strip()))
         except ConfigError as e:
             raise ValueError(f"Parallel Config: {e}") from None
-        hp = HybridParallelConfig(config, device=device, attention=attention)
+        if sampling_mode == "step" and pp_degree > 1:
+            raise ValueError(f"Parallel Config: PipeFusion (pp_degree={pp_degree}) runs the denoising loop in the "
+                             "workers; set sampling_mode to auto or loop, or pp_degree to 1")
+        if sampling_mode not in SAMPLING_MODES:
+            raise ValueError(f"Parallel Config: sampling_mode must be one of {SAMPLING_MODES}, got {sampling_mode!r}")
+        hp = HybridParallelConfig(config, device=device, attention=attention, mode=sampling_mode)
         groups = {k: v for k, v in rank_groups(config).items() if len(v[0]) > 1}
         text = [hp.describe()] + [f"{k}: {v}" for k, v in groups.items()]
         return {"ui": {"text": text}, "result": (hp,)}

@@ -168,7 +168,7 @@ def job_forward(state: WorkerState, ctx, payload: dict) -> dict:
     model = state.model(key)
     if ctx.config.pp_degree > 1:
         raise ValueError("PipeFusion (pp_degree > 1) runs the whole denoising loop in the workers "
-                         "(job 'pipefusion_loop'), not one forward per step")
+                         "(job 'loop'), not one forward per step")
     if payload.get("resolution") and state.models[key][0] == "pixart":
         from comfyui_hybrid_parallel.parallel.checkpoints.pixart import set_resolution
         set_resolution(model, *[int(v) for v in payload["resolution"]])
@@ -183,9 +183,12 @@ def job_forward(state: WorkerState, ctx, payload: dict) -> dict:
     return {"out": out, "parallelized": state.parallelized.get(key, False)}
 
 
-def job_pipefusion_loop(state: WorkerState, ctx, payload: dict) -> dict:
-    """Loop mode: the whole denoising loop through PipeFusion's patch pipeline; every rank gets the latent.
+def job_loop(state: WorkerState, ctx, payload: dict) -> dict:
+    """Loop mode: the whole denoising loop in the workers; every rank gets the final latent.
 
+    pp_degree > 1: PipeFusion's patch pipeline (latent in the model's layout). Otherwise one
+    parallel forward per step (USP, CFG/DP, TP or DistriFusion) with the latent in ComfyUI's layout,
+    converted to the family's hidden_states on every step as ComfyUI's own model does.
     `noise` is the sample at sigmas[0]; `convention` says how sigma and the model output map to
     ComfyUI's denoised ({"kind": "flow", "timestep_scale"} or {"kind": "eps", "timesteps": one per sigma}).
     """
@@ -193,7 +196,8 @@ def job_pipefusion_loop(state: WorkerState, ctx, payload: dict) -> dict:
 
     key = payload["key"]
     model = state.model(key)
-    if payload.get("resolution") and state.models[key][0] == "pixart":
+    family = state.models[key][0]
+    if payload.get("resolution") and family == "pixart":
         from comfyui_hybrid_parallel.parallel.checkpoints.pixart import set_resolution
         set_resolution(model, *[int(v) for v in payload["resolution"]])
     conv = payload["convention"]
@@ -206,14 +210,34 @@ def job_pipefusion_loop(state: WorkerState, ctx, payload: dict) -> dict:
     noise = payload["noise"].to(state.device)
     inputs = {k: v for k, v in _inputs(state, payload).items() if k not in ("noise", "sigmas")}
     n_steps = len(sigmas) - 1
-    try:
-        with torch.no_grad():
-            out = run_pipefusion_loop(model, ctx, inputs, sigmas, noise, convention=convention,
-                                      sampler=payload["sampler"], cfg_scale=payload.get("cfg_scale"),
-                                      callback=lambda i, n: state.run.progress(i + 1, n_steps),
-                                      cancel=lambda: state.run.cancel_requested)
-    except PipelineCancelled as e:
-        raise Cancelled(str(e)) from None
+    progress = lambda i, n: state.run.progress(i + 1, n_steps)  # noqa: E731
+    if ctx.config.pp_degree > 1:
+        try:
+            with torch.no_grad():
+                out = run_pipefusion_loop(model, ctx, inputs, sigmas, noise, convention=convention,
+                                          sampler=payload["sampler"], cfg_scale=payload.get("cfg_scale"),
+                                          callback=progress, cancel=lambda: state.run.cancel_requested)
+        except PipelineCancelled as e:
+            raise Cancelled(str(e)) from None
+        return {"out": out}
+    from comfyui_hybrid_parallel.parallel.checkpoints import family_module
+    from comfyui_hybrid_parallel.parallel.loop import run_loop
+    fm = family_module(family)
+    config = payload.get("model_config") or dict(getattr(model, "config", {}) or {})
+    distri = None
+    if ctx.config.method == "distrifusion" and ctx.world_size > 1:
+        from comfyui_hybrid_parallel.parallel.distrifusion import distrifusion_state
+        distri = distrifusion_state(model)
+
+    def before_step(i, n):
+        state.stop_point(ctx)  # every rank agrees on a cancel before the step's first collective
+        if distri is not None:
+            distri.set_step(i, total_steps=n)  # step 0 starts a new run: fresh buffers, synchronous warmup
+
+    with torch.no_grad():
+        out = run_loop(model, inputs, sigmas, noise, convention=convention, sampler=payload["sampler"],
+                       cfg_scale=payload.get("cfg_scale"), to_model=lambda h: fm.latent_to_hidden_states(h, config),
+                       from_model=fm.diffusers_to_comfy_output, before_step=before_step, callback=progress)
     return {"out": out}
 
 
@@ -256,7 +280,8 @@ JOBS = {
     "load_model": job_load_model,
     "forward": job_forward,
     "vae_decode": job_vae_decode,
-    "pipefusion_loop": job_pipefusion_loop,
+    "loop": job_loop,
+    "pipefusion_loop": job_loop,  # the name of protocol version 1
 }
 
 

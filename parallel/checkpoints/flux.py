@@ -69,6 +69,14 @@ def convert(sd) -> tuple[str, dict, dict]:
     return CLASS_NAME, config, out
 
 
+def latent_to_hidden_states(x: torch.Tensor, config: dict | None = None) -> torch.Tensor:
+    """ComfyUI's (B, C, H, W) latent as Flux's packed 2x2 tokens (B, N, 4C), padded circularly as ComfyUI does."""
+    b, c = x.shape[:2]
+    xp = pad_to_patch(x, (PATCH, PATCH))
+    hl, wl = xp.shape[-2] // PATCH, xp.shape[-1] // PATCH
+    return xp.reshape(b, c, hl, PATCH, wl, PATCH).permute(0, 2, 4, 1, 3, 5).reshape(b, hl * wl, c * PATCH * PATCH)
+
+
 def comfy_to_diffusers_inputs(x: torch.Tensor, timestep, context: torch.Tensor, *, y: torch.Tensor,
                               guidance=None, config: dict | None = None) -> dict:
     """kwargs for FluxTransformer2DModel.forward from ComfyUI's diffusion-model arguments.
@@ -79,10 +87,9 @@ def comfy_to_diffusers_inputs(x: torch.Tensor, timestep, context: torch.Tensor, 
     """
     if x.ndim != 4:
         raise ValueError(f"Flux expects a 4-D latent (B, C, H, W), got shape {tuple(x.shape)}")
-    b, c, h, w = x.shape
-    xp = pad_to_patch(x, (PATCH, PATCH))
-    hl, wl = xp.shape[-2] // PATCH, xp.shape[-1] // PATCH
-    tokens = xp.reshape(b, c, hl, PATCH, wl, PATCH).permute(0, 2, 4, 1, 3, 5).reshape(b, hl * wl, c * PATCH * PATCH)
+    b = x.shape[0]
+    tokens = latent_to_hidden_states(x)
+    hl, wl = -(-x.shape[-2] // PATCH), -(-x.shape[-1] // PATCH)
     img_ids = torch.zeros(hl, wl, 3, device=x.device, dtype=torch.float32)
     img_ids[..., 1] = torch.arange(hl, device=x.device, dtype=torch.float32)[:, None]
     img_ids[..., 2] = torch.arange(wl, device=x.device, dtype=torch.float32)[None, :]

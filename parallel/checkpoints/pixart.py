@@ -134,6 +134,11 @@ def set_resolution(model, height: int, width: int) -> None:
     embed.height, embed.width = -1, -1
 
 
+def latent_to_hidden_states(x: torch.Tensor, config: dict | None = None) -> torch.Tensor:
+    """PixArt takes ComfyUI's latent as it is (even H and W; ComfyUI does not pad it)."""
+    return x
+
+
 def comfy_to_diffusers_inputs(x: torch.Tensor, timestep, context: torch.Tensor, *, config: dict | None = None) -> dict:
     """kwargs for PixArtTransformer2DModel.forward. timestep: ComfyUI's discrete timestep (0..999).
 

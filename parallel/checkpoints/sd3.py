@@ -60,14 +60,19 @@ def convert(sd) -> tuple[str, dict, dict]:
     return CLASS_NAME, config, out
 
 
+def latent_to_hidden_states(x: torch.Tensor, config: dict | None = None) -> torch.Tensor:
+    """The latent padded circularly to the patch size, as ComfyUI's MMDiT does on every call."""
+    patch = 2 if config is None else config["patch_size"]
+    return pad_to_patch(x, (patch, patch))
+
+
 def comfy_to_diffusers_inputs(x: torch.Tensor, timestep, context: torch.Tensor, *, y: torch.Tensor,
                               config: dict | None = None) -> dict:
     """kwargs for SD3Transformer2DModel.forward. timestep: what ComfyUI passes (sigma * 1000)."""
     if x.ndim != 4:
         raise ValueError(f"SD3 expects a 4-D latent (B, C, H, W), got shape {tuple(x.shape)}")
-    patch = 2 if config is None else config["patch_size"]
     return {
-        "hidden_states": pad_to_patch(x, (patch, patch)),
+        "hidden_states": latent_to_hidden_states(x, config),
         "encoder_hidden_states": context,
         "pooled_projections": y,
         "timestep": as_batch_timestep(timestep, x.shape[0], x.device),

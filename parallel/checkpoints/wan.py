@@ -56,13 +56,18 @@ def convert(sd) -> tuple[str, dict, dict]:
     return CLASS_NAME, config, out
 
 
+def latent_to_hidden_states(x: torch.Tensor, config: dict | None = None) -> torch.Tensor:
+    """The (B, C, T, H, W) latent padded circularly to the patch size, as ComfyUI's WanModel does."""
+    patch = (1, 2, 2) if config is None else tuple(config["patch_size"])
+    return pad_to_patch(x, patch)
+
+
 def comfy_to_diffusers_inputs(x: torch.Tensor, timestep, context: torch.Tensor, *, config: dict | None = None) -> dict:
     """kwargs for WanTransformer3DModel.forward. x: (B, C, T, H, W); timestep: sigma * 1000."""
     if x.ndim != 5:
         raise ValueError(f"Wan expects a 5-D latent (B, C, T, H, W), got shape {tuple(x.shape)}")
-    patch = (1, 2, 2) if config is None else tuple(config["patch_size"])
     return {
-        "hidden_states": pad_to_patch(x, patch),
+        "hidden_states": latent_to_hidden_states(x, config),
         "timestep": as_batch_timestep(timestep, x.shape[0], x.device),
         "encoder_hidden_states": context,
         "return_dict": False,

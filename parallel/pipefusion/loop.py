@@ -32,7 +32,7 @@ from ..config import ConfigError
 from ..models import plan_for
 from .batch import gather_cfg, gather_dp, share_batch
 from .plans import latent_layout, pipeline_plan_for, stage_ranges
-from .sampling import Convention, check_sigmas, get_sampler
+from .sampling import Convention, check_cfg_batch, check_sigmas, denoise, get_sampler, model_latent
 from .stage import TAG_LATENT, Channel, PipelineCancelled, Run, Stage
 
 
@@ -44,15 +44,6 @@ def _check_config(ctx) -> None:
                           f"ring_degree=1, or pp_degree=1 to use USP alone")
 
 
-def _check_cfg(inputs: dict, batch: int, cfg_scale) -> None:
-    if cfg_scale is None:
-        return
-    for k, v in inputs.items():
-        if isinstance(v, torch.Tensor) and k.startswith("encoder_hidden_states") and v.shape[0] != 2 * batch:
-            raise ConfigError(f"with cfg_scale the conditioning batch must be [cond, uncond] = 2 x the latent "
-                              f"batch ({2 * batch}); {k} has batch {v.shape[0]}")
-
-
 def _poll_cancel(cancel, ctx) -> bool:
     """Stage 0's cancel decision, agreed by the stage 0s of all (cfg, dp) replicas: their last stages
     meet in per-patch collectives (cfg) and must stop at the same step."""
@@ -61,19 +52,6 @@ def _poll_cancel(cancel, ctx) -> bool:
         return flag
     t = torch.tensor([1.0 if flag else 0.0], device=ctx.device)
     return bool(all_reduce(t, ctx.axis("batch"), op=dist.ReduceOp.MAX).item() > 0)
-
-
-def _denoise(convention, x, sigma, out, channel_dim, cfg_scale):
-    """ComfyUI's denoised, with its CFG mix (uncond + (cond - uncond) * scale) when cfg_scale is set."""
-    if cfg_scale is None:
-        return convention.denoised(x, sigma, out, channel_dim)
-    cond, uncond = convention.denoised(torch.cat([x, x]), sigma, out, channel_dim).chunk(2)
-    return uncond + (cond - uncond) * cfg_scale
-
-
-def _model_latent(convention, x, sigma, dtype, cfg_scale):
-    h = convention.model_input(x, sigma).to(dtype)
-    return h if cfg_scale is None else torch.cat([h, h])
 
 
 def run_pipefusion_loop(transformer, ctx, inputs: dict, sigmas, noise: torch.Tensor, *,
@@ -112,7 +90,7 @@ def run_pipefusion_loop(transformer, ctx, inputs: dict, sigmas, noise: torch.Ten
         raise ConfigError("PipeFusion needs warmup_steps >= 1: the first step fills the stale KV buffers "
                           "with the whole image; set warmup_steps to 1 or more")
     samp = get_sampler(sampler)
-    _check_cfg(inputs, noise.shape[0], cfg_scale)
+    check_cfg_batch(inputs, noise.shape[0], cfg_scale)
     share, inputs, noise = share_batch(ctx, fplan.batch_inputs, inputs, noise, cfg_scale)
     in_pipeline_cfg = None if share.cfg_split else cfg_scale  # CFG halves batched inside this pipeline
     layout = latent_layout(transformer, pplan, noise, inputs, P)
@@ -134,14 +112,14 @@ def run_pipefusion_loop(transformer, ctx, inputs: dict, sigmas, noise: torch.Ten
 
     def model_kwargs(i):
         sigma = sigmas[i]
-        h = _model_latent(convention, x, sigma, dtype, in_pipeline_cfg)
+        h = model_latent(convention, x, sigma, dtype, in_pipeline_cfg)
         return dict(inputs, hidden_states=h, timestep=convention.timestep(sigma, h.shape[0], dtype))
 
     def finish(i, out, r0, r1):
         """Last stage: sampler step on rows [r0, r1) of x (all rows in full mode)."""
         rows = lambda t: layout.latent_rows(t, r0, r1)  # noqa: E731
         xr = rows(x)
-        den = _denoise(convention, xr, sigmas[i], gather_cfg(rows(out), ctx, share), channel_dim, cfg_scale)
+        den = denoise(convention, xr, sigmas[i], gather_cfg(rows(out), ctx, share), channel_dim, cfg_scale)
         xr.copy_(samp.step(i, sigmas, xr, den, {k: rows(v) for k, v in state.items()}))
 
     stage = Stage(transformer, fplan, pplan, stage_i, S, start, stop, channel)
@@ -194,17 +172,5 @@ def run_pipefusion_loop(transformer, ctx, inputs: dict, sigmas, noise: torch.Ten
 def run_serial_loop(transformer, inputs: dict, sigmas, noise: torch.Tensor, *, convention: Convention,
                     sampler: str = "euler", cfg_scale: Optional[float] = None) -> torch.Tensor:
     """The plain loop on one device (no hooks): what PipeFusion with warmup_steps >= steps must reproduce."""
-    sigmas = check_sigmas(sigmas)
-    samp = get_sampler(sampler)
-    x = noise.detach().clone().float()
-    state = {k: torch.zeros_like(x) for k in samp.state_keys}
-    dtype = next(transformer.parameters()).dtype
-    channel_dim = 1 if x.ndim == 4 else -1
-    _check_cfg(inputs, x.shape[0], cfg_scale)
-    for i in range(len(sigmas) - 1):
-        h = _model_latent(convention, x, sigmas[i], dtype, cfg_scale)
-        with torch.no_grad():
-            out = transformer(**inputs, hidden_states=h, timestep=convention.timestep(sigmas[i], h.shape[0], dtype),
-                              return_dict=False)[0]
-        x = samp.step(i, sigmas, x, _denoise(convention, x, sigmas[i], out, channel_dim, cfg_scale), state)
-    return x
+    from ..loop import run_loop  # not at import time: parallel.loop imports this package's sampling module
+    return run_loop(transformer, inputs, sigmas, noise, convention=convention, sampler=sampler, cfg_scale=cfg_scale)

@@ -113,3 +113,25 @@ def check_sigmas(sigmas) -> torch.Tensor:
     if bool((sigmas[:-1] <= 0).any()):
         raise ConfigError("every sigma but the last must be > 0 (the samplers divide by it)")
     return sigmas
+
+
+def check_cfg_batch(inputs: dict, batch: int, cfg_scale) -> None:
+    if cfg_scale is None:
+        return
+    for k, v in inputs.items():
+        if isinstance(v, torch.Tensor) and k.startswith("encoder_hidden_states") and v.shape[0] != 2 * batch:
+            raise ConfigError(f"with cfg_scale the conditioning batch must be [cond, uncond] = 2 x the latent "
+                              f"batch ({2 * batch}); {k} has batch {v.shape[0]}")
+
+
+def denoise(convention: Convention, x, sigma, out, channel_dim: int, cfg_scale):
+    """ComfyUI's denoised, with its CFG mix (uncond + (cond - uncond) * scale) when cfg_scale is set."""
+    if cfg_scale is None:
+        return convention.denoised(x, sigma, out, channel_dim)
+    cond, uncond = convention.denoised(torch.cat([x, x]), sigma, out, channel_dim).chunk(2)
+    return uncond + (cond - uncond) * cfg_scale
+
+
+def model_latent(convention: Convention, x, sigma, dtype, cfg_scale):
+    h = convention.model_input(x, sigma).to(dtype)
+    return h if cfg_scale is None else torch.cat([h, h])

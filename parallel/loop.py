@@ -1,0 +1,64 @@
+"""Loop mode without a pipeline: the whole denoising loop in the workers, one parallel forward per step.
+
+Why a loop in the workers when step mode already works: DistriFusion's stale
+buffers and their asynchronous refresh overlap the sampler step and the start
+of the next forward only when the next forward follows without a round trip to
+the driver; the driver also pays its per-step transport once per run instead of
+once per step. Any parallelized model works here (USP, CFG/DP, TP,
+DistriFusion): it takes the full inputs on every rank and returns the full
+output on every rank, so every rank applies the same (elementwise) sampler step
+to the same latent and the ranks stay identical without further communication.
+
+The latent lives in the sampler's layout (ComfyUI's (B, C, ...)); `to_model`
+turns the scaled latent into the model's hidden_states on every step (Flux
+packs 2x2 tokens; SD3/Wan pad circularly exactly as ComfyUI re-pads on every
+call) and `from_model` maps the output back (unpack, crop, drop learned-sigma
+channels). That is why odd latent sizes stay bit-compatible with ComfyUI: the
+padding is recomputed from the cropped latent on every step, never carried.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+
+from .config import ConfigError
+from .pipefusion.sampling import Convention, check_cfg_batch, check_sigmas, denoise, get_sampler, model_latent
+
+
+def run_loop(model, inputs: dict, sigmas, noise: torch.Tensor, *, convention: Convention, sampler: str = "euler",
+             cfg_scale: Optional[float] = None, to_model: Optional[Callable] = None,
+             from_model: Optional[Callable] = None, before_step: Optional[Callable] = None,
+             callback: Optional[Callable] = None) -> torch.Tensor:
+    """Sample `noise` (the latent at sigmas[0]) down the sigmas; returns the final latent.
+
+    inputs: the model's conditioning kwargs (not hidden_states / timestep); with cfg_scale they hold
+    [cond, uncond] (twice the latent batch) and the output is mixed as ComfyUI's CFG does.
+    before_step(i, n) runs before each forward (cancel agreement, DistriFusion's step index);
+    callback(i, n) after step i is applied.
+    """
+    sigmas = check_sigmas(sigmas)
+    samp = get_sampler(sampler)
+    bad = {"hidden_states", "timestep", "return_dict"} & set(inputs)
+    if bad:
+        raise ConfigError(f"inputs must not contain {sorted(bad)}: the loop supplies the latent and timestep")
+    check_cfg_batch(inputs, noise.shape[0], cfg_scale)
+    x = noise.detach().clone().float()
+    state = {k: torch.zeros_like(x) for k in samp.state_keys}
+    dtype = next(model.parameters()).dtype
+    channel_dim = -1 if x.ndim == 3 else 1
+    n = len(sigmas) - 1
+    for i in range(n):
+        if before_step is not None:
+            before_step(i, n)
+        h = model_latent(convention, x, sigmas[i], dtype, cfg_scale)
+        hs = h if to_model is None else to_model(h)
+        with torch.no_grad():
+            out = model(**inputs, hidden_states=hs, timestep=convention.timestep(sigmas[i], h.shape[0], dtype),
+                        return_dict=False)[0]
+        if from_model is not None:
+            out = from_model(out, h.shape)
+        x = samp.step(i, sigmas, x, denoise(convention, x, sigmas[i], out, channel_dim, cfg_scale), state)
+        if callback is not None:
+            callback(i, n)
+    return x
