@@ -84,6 +84,38 @@ def test_transport_refuses_foreign_names_and_dtypes():
         write_tensor(torch.zeros(2, dtype=torch.complex128), prefix)
 
 
+def test_arena_is_reused_grows_and_checks_bounds():
+    from comfyui_hybrid_parallel.workers.transport import ARENA_MAX_BYTES, Arena, list_prefix
+    prefix = new_prefix()
+    arena, maps = Arena(prefix), {}
+    try:
+        g = torch.Generator().manual_seed(5)
+        first = {"a": torch.randn(3, 5, generator=g), "b": torch.arange(7, dtype=torch.int16),
+                 "c": torch.rand(4, generator=g) > 0.5, "e": torch.zeros(0, 3)}
+        d1 = arena.write(first)
+        name = arena.name
+        assert d1["a"]["name"] == d1["b"]["name"] == name and d1["b"]["offset"] % 64 == 0
+        for k, t in first.items():
+            assert torch.equal(read_tensor(d1[k], prefix, unlink=True, maps=maps), t), k
+        unlink(d1["a"], prefix)  # arenas outlive a job: neither unlink nor read(unlink=True) removes them
+        d2 = arena.write({"x": torch.randn(64, 64, generator=g)})
+        assert arena.name == name and list_prefix(prefix) == [f"/dev/shm/{name}"]
+        big = torch.randn(2 * arena.capacity // 4, generator=g)  # does not fit: a new, larger file
+        d3 = arena.write({"big": big})
+        assert arena.name != name and list_prefix(prefix) == [f"/dev/shm/{arena.name}"]
+        assert torch.equal(read_tensor(d3["big"], prefix, maps=maps), big)
+        with pytest.raises(ValueError, match="holds"):
+            read_tensor({**d3["big"], "offset": arena.capacity}, prefix)
+        with pytest.raises(ValueError, match="does not belong"):
+            read_tensor({**d2["x"], "name": "../x"}, prefix)
+        huge = arena.write({"h": torch.zeros(ARENA_MAX_BYTES // 4 + 1)})["h"]  # its own file, unlinked after use
+        assert "offset" not in huge
+        read_tensor(huge, prefix, unlink=True)
+    finally:
+        arena.close()
+    assert list_prefix(prefix) == []
+
+
 def test_worker_with_another_protocol_version_is_named_at_startup(tmp_path):
     """A worker running other code (pack updated on disk) is reported as such, not as a timeout."""
     from comfyui_hybrid_parallel.parallel import ParallelConfig

@@ -17,9 +17,8 @@ import torch.distributed as dist
 
 from .protocol import MODEL_FAMILIES as FAMILIES
 from .serve import Cancelled, JobRun
-from .transport import read_tensor, write_tensor
+from .transport import WEIGHT_PREFIX, Arena, read_tensor
 
-WEIGHT_PREFIX = "sd."
 
 
 class WorkerState:
@@ -27,6 +26,8 @@ class WorkerState:
 
     def __init__(self, rank: int, device: torch.device, shm_prefix: str, max_models: int):
         self.rank, self.device, self.shm_prefix = rank, device, shm_prefix
+        self.arena = Arena(shm_prefix)  # rank 0's results, reused by every job
+        self.arena_maps: dict = {}      # the driver's input arena, mapped once
         self.max_models = max(1, int(max_models))
         self.models: collections.OrderedDict = collections.OrderedDict()  # key -> (family, model)
         self.loads = 0
@@ -300,7 +301,8 @@ def make_executor(state: WorkerState, ctx):
         payload = dict(msg.get("values") or {})
         for name, desc in (msg.get("tensors") or {}).items():
             # weights are mapped (ranks share the pages); per-step tensors are copied (faster, see transport.py)
-            payload[name] = read_tensor(desc, state.shm_prefix, mapped=name.startswith(WEIGHT_PREFIX))
+            payload[name] = read_tensor(desc, state.shm_prefix, mapped=name.startswith(WEIGHT_PREFIX),
+                                        maps=state.arena_maps)
         state.run = run
         try:
             out = JOBS[kind](state, job_ctx, payload)
@@ -310,9 +312,7 @@ def make_executor(state: WorkerState, ctx):
         values = {k: v for k, v in out.items() if not isinstance(v, torch.Tensor)}
         tensors = {}
         if state.rank == 0:
-            for k, v in out.items():
-                if isinstance(v, torch.Tensor):
-                    tensors[k] = write_tensor(v, state.shm_prefix)
+            tensors = state.arena.write({k: v.cpu() for k, v in out.items() if isinstance(v, torch.Tensor)})
         return {"ok": True, "values": values, "tensors": tensors}
 
     return execute

@@ -26,7 +26,7 @@ from multiprocessing.connection import wait as wait_conns
 
 from .launch import PoolError, StartupError, World
 from .protocol import MODEL_FAMILIES, ProtocolError
-from .transport import cleanup_prefix, new_prefix, read_tensor, unlink, write_tensor
+from .transport import WEIGHT_PREFIX, Arena, cleanup_prefix, new_prefix, shm_dir, read_tensor, unlink, write_tensor
 
 JOB_KINDS = ("health", "echo", "steps", "load_model", "forward", "vae_decode", "loop", "pipefusion_loop")
 FAULT_GRACE_S = 2.0
@@ -106,6 +106,8 @@ class WorkerPool:
         self.job_timeout_s, self.start_timeout_s = float(job_timeout_s), float(start_timeout_s)
         self.collective_timeout_s, self.env = float(collective_timeout_s), env
         self._holder = _Holder(tempfile.mkdtemp(prefix="chp-pool-"), new_prefix())
+        self._arena = Arena(self._holder.prefix)  # job inputs, reused while the world lives
+        self._arena_maps: dict = {}               # rank 0's result arena, mapped once
         self._finalizer = weakref.finalize(self, _shutdown, self._holder)
         self._lock = threading.RLock()
         self._cancel = threading.Event()
@@ -125,6 +127,11 @@ class WorkerPool:
     @property
     def shm_prefix(self) -> str:
         return self._holder.prefix
+
+    def arena_files(self) -> set:
+        """The shared-memory files kept between jobs: this driver's input arena and rank 0's result arena
+        (every other file of a job is gone when submit() returns)."""
+        return {os.path.join(shm_dir(), n) for n in (self._arena.name, *self._arena_maps) if n}
 
     @property
     def running(self) -> bool:
@@ -164,6 +171,8 @@ class WorkerPool:
             return w
 
     def _teardown(self, graceful: bool) -> None:
+        self._arena.close()
+        self._arena_maps.clear()
         if self._holder.world is not None:
             self._holder.world.teardown(graceful=graceful)
             self._holder.world = None
@@ -227,7 +236,9 @@ class WorkerPool:
             descs = {}
             try:
                 for name, t in tensors.items():
-                    descs[name] = write_tensor(t, self.shm_prefix)
+                    if name.startswith(WEIGHT_PREFIX):  # mapped copy-on-write by every rank: a file of its own
+                        descs[name] = write_tensor(t, self.shm_prefix)
+                descs.update(self._arena.write({k: t for k, t in tensors.items() if k not in descs}))
                 world.state = "busy"
                 try:
                     world.broadcast("job", job=job_id, kind=kind, values=values, tensors=descs,
@@ -340,7 +351,7 @@ class WorkerPool:
         if errors:
             raise JobCancelled(f"job {job_id} was cancelled")
         descs = results[0].get("tensors") or {}
-        tensors = {k: read_tensor(d, self.shm_prefix, unlink=True) for k, d in descs.items()}
+        tensors = {k: read_tensor(d, self.shm_prefix, unlink=True, maps=self._arena_maps) for k, d in descs.items()}
         values = results[0].get("values") or {}
         if "resident" in values:
             world.resident = list(values["resident"])
@@ -376,7 +387,7 @@ class WorkerPool:
                                       timeout_s=timeout_s)
                 else:
                     sd = state_dict() if callable(state_dict) else state_dict
-                    res = self.submit(config, "load_model", base, {f"sd.{k}": v for k, v in sd.items()},
+                    res = self.submit(config, "load_model", base, {f"{WEIGHT_PREFIX}{k}": v for k, v in sd.items()},
                                       timeout_s=timeout_s)
             return res.values
 
