@@ -17,15 +17,17 @@ import torch.distributed as dist
 
 from .protocol import MODEL_FAMILIES as FAMILIES
 from .serve import Cancelled, JobRun
-from .transport import WEIGHT_PREFIX, Arena, read_tensor
+from .transport import WEIGHT_PREFIX, Arena, read_tensor, tensor_dtype
 
 
 
 class WorkerState:
     """Everything one worker keeps between jobs: its resident models (LRU) and counters."""
 
-    def __init__(self, rank: int, device: torch.device, shm_prefix: str, max_models: int):
+    def __init__(self, rank: int, device: torch.device, shm_prefix: str, max_models: int,
+                 broadcast_tensors: bool = False):
         self.rank, self.device, self.shm_prefix = rank, device, shm_prefix
+        self.broadcast_tensors = broadcast_tensors  # a cluster world: only rank 0 sees the driver's /dev/shm
         self.arena = Arena(shm_prefix)  # rank 0's results, reused by every job
         self.arena_maps: dict = {}      # the driver's input arena, mapped once
         self.max_models = max(1, int(max_models))
@@ -286,6 +288,25 @@ JOBS = {
 }
 
 
+def _broadcast_tensors(state: WorkerState, descs: dict) -> dict:
+    """Cluster worlds: rank 0 reads the job's tensors from the driver's shared memory and broadcasts
+    their raw bytes to every rank (other machines cannot map those files); shapes and dtypes come
+    from the descriptors every rank already has."""
+    out = {}
+    for name in sorted(descs):
+        desc = descs[name]
+        if state.rank == 0:
+            t = read_tensor(desc, state.shm_prefix, maps=state.arena_maps).contiguous()
+        else:
+            t = torch.empty([int(s) for s in desc["shape"]], dtype=tensor_dtype(desc["dtype"]))
+        if t.numel():
+            buf = t.reshape(-1).view(torch.uint8).to(state.device)
+            dist.broadcast(buf, src=0)
+            t = buf.view(t.dtype).view(t.shape)
+        out[name] = t
+    return out
+
+
 def make_executor(state: WorkerState, ctx):
     """The `execute(msg, run)` that serve() calls: map tensors in, run the handler, write tensors out."""
 
@@ -299,10 +320,13 @@ def make_executor(state: WorkerState, ctx):
             cfg = ParallelConfig.from_dict(msg["config"])
             job_ctx = ctx if cfg == ctx.config else ctx.with_config(cfg)
         payload = dict(msg.get("values") or {})
-        for name, desc in (msg.get("tensors") or {}).items():
-            # weights are mapped (ranks share the pages); per-step tensors are copied (faster, see transport.py)
-            payload[name] = read_tensor(desc, state.shm_prefix, mapped=name.startswith(WEIGHT_PREFIX),
-                                        maps=state.arena_maps)
+        if state.broadcast_tensors:
+            payload.update(_broadcast_tensors(state, msg.get("tensors") or {}))
+        else:
+            for name, desc in (msg.get("tensors") or {}).items():
+                # weights are mapped (ranks share the pages); per-step tensors are copied (faster, see transport.py)
+                payload[name] = read_tensor(desc, state.shm_prefix, mapped=name.startswith(WEIGHT_PREFIX),
+                                            maps=state.arena_maps)
         state.run = run
         try:
             out = JOBS[kind](state, job_ctx, payload)

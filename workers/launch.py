@@ -58,7 +58,8 @@ class World:
     """N worker processes, their authenticated channels, and how to stop them."""
 
     def __init__(self, config, *, tmpdir: str, generation: int, shm_prefix: str, fake: str | None,
-                 device_kind: str, max_models: int, collective_timeout_s: float, env: dict | None = None):
+                 device_kind: str, max_models: int, collective_timeout_s: float, env: dict | None = None,
+                 cluster=None):
         self.config, self.mesh_key = config, config.mesh_key()
         self.world_size = config.world_size
         self.tmpdir, self.generation, self.shm_prefix = tmpdir, generation, shm_prefix
@@ -71,9 +72,13 @@ class World:
         self.address = os.path.join(tmpdir, f"ctl-{generation}.sock")
         self.state = "starting"
         self.resident: list = []
+        self.cluster = cluster  # a Cluster (cluster.py): workers started by torchrun, maybe on other machines
+        self.agent = None       # then: the torchrun agent of this machine's launch group
 
     # ---- start ----
     def _devices(self) -> list:
+        if self.cluster is not None:
+            return ["local"] * self.world_size  # each worker takes its LOCAL_RANK's device
         if self.fake:
             return ["fake"] * self.world_size
         if self.config.devices:
@@ -98,6 +103,8 @@ class World:
 
     def start(self, timeout_s: float) -> None:
         self.devices = self._devices()
+        if self.cluster is not None:
+            return self._start_cluster(timeout_s)
         threads = max(1, (os.cpu_count() or 1) // self.world_size)
         authkey = new_authkey()
         unix = hasattr(socket, "AF_UNIX")
@@ -137,9 +144,38 @@ class World:
             raise
         self.state = "idle"
 
+    def _start_cluster(self, timeout_s: float) -> None:
+        """Launch group 0 by torchrun on this machine; the other groups join with Cluster.join_command."""
+        from .cluster import bind_control
+        c = self.cluster
+        threads = max(1, (os.cpu_count() or 1) // c.nproc_per_node)
+        key = c.authkey()
+        listener = bind_control(c)
+        host = c.control.rpartition(":")[0]
+        self.address = f"{c.master_addr if host in ('0.0.0.0', '') else host}:{listener.getsockname()[1]}"
+        self.procs = [None] * self.world_size
+        try:
+            self.agent = subprocess.Popen(c.join_command(0, control=self.address), env=self._env(threads),
+                                          stdin=subprocess.DEVNULL, close_fds=True, cwd=self.tmpdir)
+            self.channels = self._accept(listener, key, time.monotonic() + timeout_s)
+        except BaseException:
+            self.teardown(graceful=False)
+            raise
+        finally:
+            listener.close()
+        try:
+            self._init(threads, time.monotonic() + timeout_s)
+        except BaseException:
+            self.teardown(graceful=False)
+            raise
+        self.state = "idle"
+
     def _check_procs(self, phase: str) -> None:
+        if self.agent is not None and self.agent.poll() is not None:
+            raise StartupError(f"this machine's launch group (torchrun) exited with code {self.agent.returncode} "
+                               f"while {phase} (its output is on the driver's stderr)")
         for rank, p in enumerate(self.procs):
-            if p.poll() is not None:
+            if p is not None and p.poll() is not None:
                 raise StartupError(f"worker rank {rank} exited with code {p.returncode} while {phase} "
                                    f"(its traceback is on the driver's stderr)")
 
@@ -150,8 +186,13 @@ class World:
         while any(c is None for c in channels):
             self._check_procs("connecting")
             if time.monotonic() > deadline:
-                raise StartupError(f"workers did not connect in time (connected: "
-                                   f"{[r for r, c in enumerate(channels) if c is not None]})")
+                missing = [r for r, c in enumerate(channels) if c is None]
+                hint = ""
+                if self.cluster is not None:
+                    hint = "; start the other launch groups with:\n" + "\n".join(
+                        " ".join(self.cluster.join_command(n, control=self.address))
+                        for n in range(1, self.cluster.nnodes))
+                raise StartupError(f"workers did not connect in time (missing ranks: {missing}){hint}")
             for _ in range(64):  # drain the backlog (peers may crowd it), but keep checking the deadline
                 if not select.select([listener], [], [], 0.02)[0]:
                     break
@@ -179,19 +220,26 @@ class World:
                 except (TimeoutError, EOFError, OSError, KeyError, ValueError):
                     ch.close()
                     continue
-                if not (0 <= rank < self.world_size) or channels[rank] is not None or pid != self.procs[rank].pid:
+                if not (0 <= rank < self.world_size) or channels[rank] is not None or (
+                        self.cluster is None and pid != self.procs[rank].pid):
                     ch.close()  # authenticated but not the process we started for that rank
                     continue
+                if self.cluster is not None:
+                    from .cluster import PeerHandle
+                    self.procs[rank] = PeerHandle(pid, local=hello.get("host") == socket.gethostname())
                 channels[rank] = ch
         return channels
 
     def _init(self, threads: int, deadline: float) -> None:
-        backend = "nccl" if self.devices[0].startswith("cuda") else "gloo"
+        cuda = self.devices[0].startswith("cuda") or (self.cluster is not None and self.device_kind == "cuda")
+        backend = "nccl" if cuda else "gloo"
         store = os.path.join(self.tmpdir, f"store-{self.generation}")
+        init_method = "env://" if self.cluster is not None else f"file://{store}"  # torchrun's MASTER_ADDR/PORT
         for rank, ch in enumerate(self.channels):
-            ch.send("init", config=self.config.to_dict(), backend=backend, init_method=f"file://{store}",
+            ch.send("init", config=self.config.to_dict(), backend=backend, init_method=init_method,
                     device=self.devices[rank], threads=threads, timeout_s=self.collective_timeout_s,
-                    shm_prefix=self.shm_prefix, max_models=self.max_models)
+                    shm_prefix=self.shm_prefix, max_models=self.max_models,
+                    broadcast_tensors=self.cluster is not None)
         ready = set()
         while len(ready) < self.world_size:
             remaining = deadline - time.monotonic()
@@ -214,7 +262,9 @@ class World:
 
     # ---- state ----
     def alive(self) -> bool:
-        return bool(self.procs) and all(p.poll() is None for p in self.procs) and self.state != "dead"
+        if self.agent is not None and self.agent.poll() is not None:
+            return False
+        return bool(self.procs) and all(p is not None and p.poll() is None for p in self.procs) and self.state != "dead"
 
     def broadcast(self, t: str, **fields) -> None:
         for ch in self.channels:
@@ -232,17 +282,25 @@ class World:
                 except (OSError, ValueError):
                     pass
             deadline = time.monotonic() + STOP_GRACE_S
-            for p in self.procs:
+            for p in [*self.procs, self.agent]:
                 try:
-                    p.wait(timeout=max(0.0, deadline - time.monotonic()))
+                    if p is not None:
+                        p.wait(timeout=max(0.0, deadline - time.monotonic()))
                 except subprocess.TimeoutExpired:
                     pass
-        for p in self.procs:
-            if p.poll() is None:
-                p.kill()
-        for p in self.procs:
+        if self.agent is not None and self.agent.poll() is None:
+            self.agent.terminate()  # torchrun passes it on to its workers
             try:
-                p.wait(timeout=5.0)
+                self.agent.wait(timeout=STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                pass
+        for p in [*self.procs, self.agent]:
+            if p is not None and p.poll() is None:
+                p.kill()
+        for p in [*self.procs, self.agent]:
+            try:
+                if p is not None:
+                    p.wait(timeout=5.0)
             except subprocess.TimeoutExpired:
                 pass
         for ch in self.channels:

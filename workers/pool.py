@@ -94,7 +94,7 @@ class WorkerPool:
 
     def __init__(self, *, fake: str | None = None, device: str = "auto", max_models: int = 2,
                  job_timeout_s: float = 600.0, start_timeout_s: float = 120.0,
-                 collective_timeout_s: float = 120.0, env: dict | None = None):
+                 collective_timeout_s: float = 120.0, env: dict | None = None, cluster=None):
         if fake is not None:
             from .fake_worker import parse_behaviour
             parse_behaviour(fake)
@@ -105,6 +105,9 @@ class WorkerPool:
         self.fake, self.device, self.max_models = fake, device, int(max_models)
         self.job_timeout_s, self.start_timeout_s = float(job_timeout_s), float(start_timeout_s)
         self.collective_timeout_s, self.env = float(collective_timeout_s), env
+        if cluster is not None and fake is not None:
+            raise ValueError("a cluster (workers started by torchrun) runs real workers; drop fake=")
+        self.cluster = cluster  # workers/cluster.py: a world spanning launch groups on several machines
         self._holder = _Holder(tempfile.mkdtemp(prefix="chp-pool-"), new_prefix())
         self._arena = Arena(self._holder.prefix)  # job inputs, reused while the world lives
         self._arena_maps: dict = {}               # rank 0's result arena, mapped once
@@ -160,12 +163,14 @@ class WorkerPool:
             w = self.world
             if w is not None and w.mesh_key == config.mesh_key() and w.alive():
                 return w
+            if self.cluster is not None:
+                self.cluster.check_world(config)
             kind = self._device_kind(config)
             self._teardown(graceful=True)
             self.generation += 1
             w = World(config, tmpdir=self._holder.tmpdir, generation=self.generation, shm_prefix=self.shm_prefix,
                       fake=self.fake, device_kind=kind, max_models=self.max_models,
-                      collective_timeout_s=self.collective_timeout_s, env=self.env)
+                      collective_timeout_s=self.collective_timeout_s, env=self.env, cluster=self.cluster)
             w.start(self.start_timeout_s)
             self._holder.world = w
             return w

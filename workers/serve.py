@@ -78,7 +78,8 @@ class ParentWatch:
             time.sleep(PARENT_POLL_S)
 
     def driver_gone(self) -> bool:
-        return os.getppid() != self.driver_pid
+        # driver_pid 0: started by torchrun, maybe on another machine; the control channel's EOF tells
+        return self.driver_pid != 0 and os.getppid() != self.driver_pid
 
     def exit(self) -> None:
         """Exit; clean up only if the driver is really gone (EOF may come a moment before reparenting).

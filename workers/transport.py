@@ -54,7 +54,7 @@ def _path(name: str, prefix: str) -> str:
     return os.path.join(shm_dir(), name)
 
 
-def _dtype(name: str):
+def tensor_dtype(name: str):
     import torch
     if name not in _DTYPES:
         raise ValueError(f"dtype {name!r} cannot travel through the pool; supported: {', '.join(_DTYPES)}")
@@ -85,7 +85,7 @@ def write_tensor(t, prefix: str) -> dict:
     (measured 8x faster for 1 MiB in a sandboxed VM, see bench_transport.py).
     """
     dtype = str(t.dtype).removeprefix("torch.")
-    _dtype(dtype)
+    tensor_dtype(dtype)
     t = t.detach()
     if t.device.type != "cpu":
         t = t.cpu()
@@ -143,7 +143,7 @@ class Arena:
         for k, (off, nbytes) in small.items():
             t = tensors[k].detach()
             dtype = str(t.dtype).removeprefix("torch.")
-            _dtype(dtype)
+            tensor_dtype(dtype)
             self._buf[off:off + nbytes].view(t.dtype).view(t.shape).copy_(t)
             descs[k] = {"name": self.name, "offset": off, "dtype": dtype, "shape": list(t.shape)}
         return descs
@@ -183,7 +183,7 @@ def read_tensor(desc: dict, prefix: str, mapped: bool = False, unlink: bool = Fa
     out and never unlinked; `maps` caches the arena mappings between calls.
     """
     import torch
-    dtype = _dtype(desc["dtype"])
+    dtype = tensor_dtype(desc["dtype"])
     shape = [int(s) for s in desc["shape"]]
     numel = 1
     for s in shape:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
+import socket
 import sys
 import traceback
 
@@ -20,11 +21,23 @@ from .serve import ParentWatch
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--rank", type=int, required=True)
-    p.add_argument("--world-size", type=int, required=True)
-    p.add_argument("--address", required=True, help="driver's unix socket path or host:port")
-    p.add_argument("--driver-pid", type=int, required=True)
-    return p.parse_args(argv)
+    p.add_argument("--torchrun", action="store_true", help="started by torchrun (cluster.py): rank and world "
+                   "size from its environment, the key from --authkey-file, the driver watched by its channel")
+    p.add_argument("--rank", type=int)
+    p.add_argument("--world-size", type=int)
+    p.add_argument("--address", "--driver", dest="address", required=True,
+                   help="driver's unix socket path or host:port")
+    p.add_argument("--driver-pid", type=int, default=0)
+    p.add_argument("--authkey-file")
+    args = p.parse_args(argv)
+    if args.torchrun:
+        if not args.authkey_file:
+            p.error("--torchrun needs --authkey-file")
+        args.rank, args.world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        args.driver_pid = 0
+    elif args.rank is None or args.world_size is None or not args.driver_pid:
+        p.error("--rank, --world-size and --driver-pid are required unless --torchrun")
+    return args
 
 
 def read_authkey() -> bytes:
@@ -46,7 +59,8 @@ def _join_world(args, init: dict):
 
     torch.set_num_threads(threads)
     config = ParallelConfig.from_dict(init["config"])
-    device = torch.device(init["device"])
+    device = torch.device(init["device"] if init["device"] != "local" else
+                          f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if init["backend"] == "nccl" else "cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
     timeout = datetime.timedelta(seconds=float(init["timeout_s"]))
@@ -59,10 +73,16 @@ def _join_world(args, init: dict):
 def main(argv=None) -> int:
     args = parse_args(argv)
     watch = ParentWatch(args.driver_pid, args.rank)
-    channel = connect(args.address, read_authkey())
-    channel.send("hello", rank=args.rank, pid=os.getpid())
+    if args.torchrun:
+        from .cluster import read_authkey_file
+        key = read_authkey_file(args.authkey_file)
+    else:
+        key = read_authkey()
+    channel = connect(args.address, key)
+    channel.send("hello", rank=args.rank, pid=os.getpid(), host=socket.gethostname())
     init = channel.recv(expect={"init"}, timeout=60.0)
-    watch.prefix, watch.tmpdir = init["shm_prefix"], os.path.dirname(args.address)
+    if not args.torchrun:  # a cluster worker owns no files of the driver's machine
+        watch.prefix, watch.tmpdir = init["shm_prefix"], os.path.dirname(args.address)
     try:
         ctx, device = _join_world(args, init)
     except BaseException as e:  # noqa: BLE001 - tell the driver why, then exit
@@ -74,7 +94,8 @@ def main(argv=None) -> int:
     from .jobs import WorkerState, make_executor
     from .serve import serve
 
-    state = WorkerState(args.rank, device, init["shm_prefix"], init.get("max_models", 2))
+    state = WorkerState(args.rank, device, init["shm_prefix"], init.get("max_models", 2),
+                        broadcast_tensors=bool(init.get("broadcast_tensors")))
     serve(channel, args.rank, make_executor(state, ctx), watch)
     ctx.destroy()
     import torch.distributed as dist
