@@ -36,22 +36,20 @@ from .sampling import Convention, check_cfg_batch, check_sigmas, denoise, get_sa
 from .stage import TAG_LATENT, Channel, PipelineCancelled, Run, Stage
 
 
-def _check_config(ctx) -> None:
-    c = ctx.config
-    if c.sp_degree > 1:
-        raise ConfigError(f"PipeFusion with sequence parallelism (ulysses_degree={c.ulysses_degree}, "
-                          f"ring_degree={c.ring_degree}) is not implemented yet; set ulysses_degree=1 and "
-                          f"ring_degree=1, or pp_degree=1 to use USP alone")
-
-
 def _poll_cancel(cancel, ctx) -> bool:
-    """Stage 0's cancel decision, agreed by the stage 0s of all (cfg, dp) replicas: their last stages
-    meet in per-patch collectives (cfg) and must stop at the same step."""
+    """Stage 0's cancel decision, agreed by all stage-0 ranks: the sp ranks of a pipeline (their pieces
+    meet in every attention) and the stage 0s of all (cfg, dp) replicas (their last stages meet in
+    per-patch collectives), so every rank stops at the same step."""
     flag = cancel is not None and bool(cancel())
-    if ctx is None or ctx.axis("batch").size == 1:
+    if ctx is None:
+        return flag
+    axes = [ax for ax in (ctx.sp, ctx.axis("batch")) if ax.size > 1]
+    if not axes:
         return flag
     t = torch.tensor([1.0 if flag else 0.0], device=ctx.device)
-    return bool(all_reduce(t, ctx.axis("batch"), op=dist.ReduceOp.MAX).item() > 0)
+    for ax in axes:
+        t = all_reduce(t, ax, op=dist.ReduceOp.MAX)
+    return bool(t.item() > 0)
 
 
 def run_pipefusion_loop(transformer, ctx, inputs: dict, sigmas, noise: torch.Tensor, *,
@@ -74,8 +72,6 @@ def run_pipefusion_loop(transformer, ctx, inputs: dict, sigmas, noise: torch.Ten
     num_patches / warmup_steps / timeout_s default to ctx.config / ctx.timeout_s.
     """
     # ---- validate everything before any work ----
-    if ctx is not None:
-        _check_config(ctx)
     S = 1 if ctx is None else ctx.pp.size
     stage_i = 0 if ctx is None else ctx.pp.rank
     P = num_patches if num_patches is not None else (1 if ctx is None else ctx.config.num_pipeline_patch)
@@ -122,7 +118,14 @@ def run_pipefusion_loop(transformer, ctx, inputs: dict, sigmas, noise: torch.Ten
         den = denoise(convention, xr, sigmas[i], gather_cfg(rows(out), ctx, share), channel_dim, cfg_scale)
         xr.copy_(samp.step(i, sigmas, xr, den, {k: rows(v) for k, v in state.items()}))
 
-    stage = Stage(transformer, fplan, pplan, stage_i, S, start, stop, channel)
+    sp = None if ctx is None else ctx.sp
+    if sp is not None and sp.size > 1:
+        small = min(t1 - t0 for t0, t1 in (layout.tokens(r0, r1) for r0, r1 in (bands if P > 1 else [(0, layout.rows)])))
+        if small < sp.size:
+            raise ConfigError(f"a PipeFusion patch of {small} tokens cannot be split over sp_degree={sp.size} "
+                              f"ranks; use fewer patches (num_pipeline_patch), a smaller ulysses/ring degree or "
+                              f"a larger image")
+    stage = Stage(transformer, fplan, pplan, stage_i, S, start, stop, channel, sp=sp)
     pending_rows = {}
     try:
         for i in range(N):

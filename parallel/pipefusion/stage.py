@@ -23,6 +23,18 @@ by the family plans decide what actually happens:
   the buffer, i.e. stale K/V (previous step) for patches not yet recomputed.
   Text tokens of joint attention are always fresh: they are recomputed with
   every patch and travel between stages with it.
+
+With sequence parallelism (seed 002, the pp x sp hybrid) every forward's token
+range - the whole image in full mode, the patch in patch mode - is split again
+over the sp ranks (uneven pieces allowed), so the image is cut into
+num_pipeline_patch x sp_degree pieces. Each rank computes only its piece; in
+every self-attention the pieces' fresh K/V are all-gathered over the sp group
+and written into the rank's KV buffer, so after one diffusion step every sp rank
+holds the whole fresh buffer; queries of the piece attend to that buffer. At the
+gather point the pieces are all-gathered again, so every sp rank of the last
+stage holds the patch output and applies the same sampler step. Ulysses and
+Ring degrees only size the sp group here: the KV-buffer exchange is the same
+all-gather for both (plain USP attention cannot serve stale K/V).
 """
 from __future__ import annotations
 
@@ -37,6 +49,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from ..comm import all_gather_uneven, split_sizes
 from ..plan import GatherOutput, SplitInput, SplitOutput, path_matches, restore_forwards, wrap_forward
 from .plans import flat_blocks
 
@@ -59,6 +72,9 @@ class Run:
     t1: int = 0
     n_tokens: int = 0
     cancel: bool = False
+    pieces: tuple = ()  # with sp > 1: the sp ranks' token counts within [t0, t1)
+    s0: int = 0         # this rank's piece [s0, s1)
+    s1: int = 0
 
 
 class Channel:
@@ -117,9 +133,17 @@ class _KVAttention(TorchFunctionMode):
             return (x[:, :, :n], x[:, :, n:]) if self.text_first else (x[:, :, -n:], x[:, :, :-n])
 
         (kt, ki), (vt, vi) = split(k), split(v)
+        sp = self.stage.sp
+        if run.pieces:  # the fresh K/V of the whole range, from every sp rank's piece
+            ki, vi = (all_gather_uneven(x, 2, sp, sizes=run.pieces) for x in (ki, vi))
         if run.mode == "full":
             bufs[self.key] = (ki.clone(), vi.clone())
-            return func(q, k, v, **a)  # the very call the serial model makes
+            if not run.pieces:
+                return func(q, k, v, **a)  # the very call the serial model makes
+            if n:
+                ki, vi = (torch.cat([kt, ki], 2), torch.cat([vt, vi], 2)) if self.text_first else \
+                    (torch.cat([ki, kt], 2), torch.cat([vi, vt], 2))
+            return func(q, ki, vi, **a)
         if self.key not in bufs:
             raise RuntimeError(f"no KV buffer for {self.key}: PipeFusion needs warmup_steps >= 1")
         bk, bv = bufs[self.key]
@@ -143,8 +167,9 @@ class Stage:
     """Installs the hooks of stage `index` of `count` (blocks [start, stop)) on `model`; `remove()` undoes them."""
 
     def __init__(self, model, family_plan, pipe_plan, index: int, count: int, start: int, stop: int,
-                 channel: Optional[Channel]):
+                 channel: Optional[Channel], sp=None):
         self.model, self.fplan, self.pplan = model, family_plan, pipe_plan
+        self.sp = sp if sp is not None and sp.size > 1 else None
         self.index, self.count, self.start, self.stop = index, count, start, stop
         self.first, self.last = index == 0, index == count - 1
         self.channel = channel
@@ -202,16 +227,20 @@ class Stage:
         self._handles = []
 
     # ---- the image sequence ----
+    @property
+    def _cutting(self) -> bool:
+        return self.run.mode == "patch" or bool(self.run.pieces)
+
     def _cut(self, x, dim):
         dim = dim % x.ndim
         if x.shape[dim] != self.run.n_tokens:
             raise RuntimeError(f"{self.fplan.family}: the sequence has {x.shape[dim]} tokens where "
                                f"{self.run.n_tokens} were expected; the pipeline plan is inconsistent")
-        return x.narrow(dim, self.run.t0, self.run.t1 - self.run.t0)
+        return x.narrow(dim, self.run.s0, self.run.s1 - self.run.s0)
 
     def _cut_output(self, dim):
         def hook(module, args, out):
-            if self.run.mode != "patch":
+            if not self._cutting:
                 return out
             if isinstance(out, tuple):
                 return tuple(self._cut(o, dim) if isinstance(o, torch.Tensor) else o for o in out)
@@ -220,6 +249,8 @@ class Stage:
 
     def _scatter_output(self, dim):
         def hook(module, args, out):
+            if self.run.pieces:  # every sp rank gets the whole range [t0, t1)
+                out = all_gather_uneven(out, dim % out.ndim, self.sp, sizes=self.run.pieces)
             if self.run.mode != "patch":
                 return out
             d = dim % out.ndim
@@ -238,7 +269,7 @@ class Stage:
 
             @functools.wraps(old)
             def forward(*args, **kwargs):
-                if self.run.mode == "patch" and specs:
+                if self._cutting and specs:
                     b = bind(args, kwargs)
                     for s in specs:
                         v = b.arguments.get(s.name)
@@ -315,6 +346,11 @@ class Stage:
     # ---- one forward ----
     def forward(self, kwargs: dict, run: Run):
         """The model output on the last stage, None on the others (their part went to the next stage)."""
+        run.s0, run.s1, run.pieces = run.t0, run.t1, ()
+        if self.sp is not None:
+            run.pieces = tuple(split_sizes(run.t1 - run.t0, self.sp.size))
+            run.s0 = run.t0 + sum(run.pieces[:self.sp.rank])
+            run.s1 = run.s0 + run.pieces[self.sp.rank]
         self.run = run
         try:
             with torch.no_grad():
