@@ -1,27 +1,161 @@
-"""Benchmarks run their bodies on real gloo worlds with the same harness as the tests."""
+"""What every benchmark shares: worlds of processes, the device they run on, machine facts, result files.
+
+Benchmarks run their bodies on real process groups with the tests' harness
+(tests/dist_harness.DistPool), but the worlds are started here so that the same
+script picks NCCL and one GPU per rank when CUDA is there and gloo on CPU
+otherwise - the bench scripts never name a device themselves. Each rank uses
+one CPU thread: on CPU, "2 workers x 1 thread vs 1 worker x 1 thread" is the
+scaling question, and on GPU the thread count does not matter.
+
+Every result file carries `machine_info()` so a number is never separated from
+the machine (CPU model, cores, torch, device, backend) that produced it.
+"""
+from __future__ import annotations
+
+import datetime
+import json
 import os
+import platform
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 
-from dist_harness import DistPool, context_for  # noqa: E402,F401
+from dist_harness import DistPool as _HarnessPool, DistFailure  # noqa: E402,F401
 import tiny_models  # noqa: E402,F401
 
 RESULTS = os.path.join(HERE, "results")
 
 
-def write_results(name: str, rows: list, markdown: str) -> None:
-    import json
-    import platform
-
+def _backend_for(world: int) -> str:
     import torch
+    return "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= world else "gloo"
 
+
+def _bench_worker_main(rank, world, port, conn, collective_timeout_s):
+    """dist_harness._worker_main with the backend chosen by the device (NCCL on CUDA, gloo on CPU)."""
+    os.environ["OMP_NUM_THREADS"] = "1"
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    backend = _backend_for(world)
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=collective_timeout_s))
+    _serve(conn, rank)
+    dist.destroy_process_group()
+
+
+def _serve(conn, rank):
+    import traceback
+    conn.send(("ready", rank))
+    while True:
+        try:
+            msg = conn.recv()
+        except EOFError:
+            break
+        if msg is None:
+            break
+        fn, args, kwargs = msg
+        try:
+            conn.send(("ok", fn(*args, **kwargs)))
+        except BaseException:  # noqa: BLE001 - the driver reports the rank's traceback
+            conn.send(("err", traceback.format_exc()))
+
+
+class DistPool(_HarnessPool):
+    """The harness's pool (failures and hangs become errors with tracebacks) on the device's backend."""
+
+    def __init__(self, world_size: int, collective_timeout_s: float = 300.0):
+        super().__init__(world_size, collective_timeout_s)
+
+    def _start(self) -> None:
+        import dist_harness
+        orig = dist_harness._worker_main
+        dist_harness._worker_main = _bench_worker_main  # _start looks the target up by name at call time
+        try:
+            super()._start()
+        finally:
+            dist_harness._worker_main = orig
+
+
+def bench_device():
+    """This process's device: its GPU under NCCL, else the CPU."""
+    import torch
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    if not (dist.is_available() and dist.is_initialized()) and torch.cuda.is_available():
+        return torch.device("cuda", 0)
+    return torch.device("cpu")
+
+
+_contexts: dict = {}
+
+
+def context_for(config):
+    """The ParallelContext for `config` in this rank, created once per mesh, on bench_device()."""
+    from comfyui_hybrid_parallel.parallel import ParallelContext
+
+    key = config.mesh_key()
+    if key not in _contexts:
+        _contexts[key] = ParallelContext(config, device=bench_device())
+    ctx = _contexts[key].with_config(config)
+    ctx.stats.reset()
+    return ctx
+
+
+def sync(device) -> None:
+    """Wait for the device (timings on CUDA are otherwise launch times)."""
+    import torch
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_info() -> dict:
+    import torch
+    import torch.distributed as dist
+
+    cuda = torch.cuda.is_available()
+    try:
+        import flash_attn  # noqa: F401
+        flash = getattr(flash_attn, "__version__", "yes")
+    except ImportError:
+        flash = None
+    info = {"cpu": _cpu_model(), "cores": os.cpu_count(), "platform": platform.platform(),
+            "python": platform.python_version(), "torch": torch.__version__,
+            "device": f"cuda: {torch.cuda.get_device_name(0)} x{torch.cuda.device_count()}" if cuda else "cpu",
+            "backend": "nccl" if cuda and dist.is_nccl_available() else "gloo",
+            "flash_attn": flash, "load_avg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+            "when": datetime.datetime.now().isoformat(timespec="seconds")}
+    try:
+        import diffusers
+        info["diffusers"] = diffusers.__version__
+    except ImportError:
+        pass
+    return info
+
+
+def write_results(name: str, rows: list, markdown: str, extra: dict | None = None) -> str:
+    """bench/results/<name>.json (machine, rows, extra) and .md; prints the Markdown; returns the json path."""
     os.makedirs(RESULTS, exist_ok=True)
-    meta = {"machine": platform.machine(), "cpus": os.cpu_count(), "torch": torch.__version__,
-            "device": "cuda:" + torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"}
-    with open(os.path.join(RESULTS, f"{name}.json"), "w") as f:
-        json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    path = os.path.join(RESULTS, f"{name}.json")
+    with open(path, "w") as f:
+        json.dump({"meta": machine_info(), "rows": rows, **(extra or {})}, f, indent=1, default=str)
     with open(os.path.join(RESULTS, f"{name}.md"), "w") as f:
         f.write(markdown + "\n")
     print(markdown)
+    return path

@@ -68,45 +68,25 @@ def _body(family, pp, patches, h, w, text, steps):
 
 
 def run(cases, steps):
-    rows = []
-    pools = {}
+    from comm_volume import pipefusion_row
+
+    rows, pools = [], {}
     try:
         for family, pp, patches, h, w, text in cases:
             pool = pools.setdefault(pp, DistPool(pp))
             res = pool.run(_body, family, pp, patches, h, w, text, steps, timeout=600)
-            hs, shape = res[0][2], res[0][3]
-            # per-step bytes of the whole world in the steady state: step 2 (async, not the last step)
-            def step_bytes(i, key):
-                return sum(r[0][i].get(key, 0) - (r[0][i - 1].get(key, 0) if i else 0) for r in res)
-            unit = 2 if family != "flux" else 1
-            p = (h // unit) * (w // unit)
-            mmdit = family != "pixart"
-            act = step_bytes(2, "pp_activations")
-            lat = step_bytes(2, "pp_latent")
-            warm = step_bytes(0, "pp_activations")
-            analytic_img = (pp - 1) * p * hs * 4
-            analytic_txt = (pp - 1) * patches * text * hs * 4 if mmdit else 0
-            analytic_flag = (pp - 1) * patches * 4
-            lat_elems = 1
-            for d in shape:
-                lat_elems *= d
-            rows.append(dict(family=family, pp=pp, patches=patches, tokens=p, hidden=hs, text=text,
-                             measured_activation_bytes=act, analytic_image_bytes=analytic_img,
-                             analytic_text_bytes=analytic_txt, analytic_flag_bytes=analytic_flag,
-                             exact_match=act == analytic_img + analytic_txt + analytic_flag,
-                             measured_latent_bytes=lat, analytic_latent_bytes=lat_elems * 4,
-                             warmup_step_activation_bytes=warm, wall_s=max(r[1] for r in res)))
+            row = pipefusion_row(family, pp, patches, h, w, text, res)
+            row["warmup_step_activation_bytes"] = sum(r[0][0].get("pp_activations", 0) for r in res)
+            rows.append(row)
     finally:
         for pool in pools.values():
             pool.close()
-    md = ["| family | pp | patches | p (tokens) | hs | act. bytes/step measured | (S-1)·p·hs·4 | + text | + flags "
-          "| exact | latent back/step (analytic) | warmup step act. bytes | wall s |",
-          "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    md = ["| family | pp·patches | p (tokens) | hs | bytes/step measured (all ranks) | analytic: (S-1)·(p·hs + P·T·hs + P)·4 "
+          "+ latent back | exact | warmup step act. bytes | wall s |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        md.append(f"| {r['family']} | {r['pp']} | {r['patches']} | {r['tokens']} | {r['hidden']} | "
-                  f"{r['measured_activation_bytes']} | {r['analytic_image_bytes']} | {r['analytic_text_bytes']} | "
-                  f"{r['analytic_flag_bytes']} | {r['exact_match']} | {r['measured_latent_bytes']} "
-                  f"({r['analytic_latent_bytes']}) | {r['warmup_step_activation_bytes']} | {r['wall_s']:.2f} |")
+        md.append(f"| {r['family']} | {r['degrees']} | {r['p']} | {r['hs']} | {r['measured_bytes']} | "
+                  f"{r['analytic_bytes']} | {r['per_op_exact']} | {r['warmup_step_activation_bytes']} | "
+                  f"{r['wall_s']:.2f} |")
     return rows, "\n".join(md)
 
 

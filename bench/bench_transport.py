@@ -1,35 +1,39 @@
 """Per-step round trip through the worker pool versus a plain in-process copy.
 
-What the pool adds to every step in step mode: the driver writes the latent to
-shared memory, sends one JSON job message, the worker maps the latent, rank 0
-writes its result to shared memory and answers, the driver maps the result.
+What the pool adds to every step in step mode: the driver writes the inputs to
+shared memory, sends one JSON job message, the worker maps them, rank 0 writes
+its result to shared memory and answers, the driver maps the result.
 Measured with the diagnostic "echo" job on one real worker (degree 1), so the
-model's compute is excluded; the "control only" row is a job without tensors.
+model's compute is excluded; "control only" is a job without tensors. The
+round trip moves the tensor four times (driver -> shm -> worker -> shm ->
+driver), so "overhead" is given beyond one copy (the issue's target, <= 1 ms)
+and beyond the four copies the design makes. The last case is a whole
+Flux step-mode payload: Hybrid Sampler sends the text conditioning with every
+step, not only the latent. Minimum over repetitions is the estimate on a shared
+machine (others' load only ever adds time); the median is given too.
 
-    python bench/bench_transport.py [--reps 50]
-
-Prints a Markdown table and writes bench/results/transport.json.
+    python bench/bench_transport.py [--quick]
 """
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import statistics
 import time
 
 import torch
 
-from comfyui_hybrid_parallel.parallel import ParallelConfig
-from comfyui_hybrid_parallel.workers import WorkerPool
+from _worlds import write_results
 
-CASES = [
-    ("control only (no tensor)", None, None),
-    ("SD 512² latent 4x64x64 fp32", (1, 4, 64, 64), torch.float32),
-    ("1 MB latent 1x4x256x256 fp32 (SD 2048²)", (1, 4, 256, 256), torch.float32),
-    ("Flux 1024² latent 16x128x128 fp32", (1, 16, 128, 128), torch.float32),
-    ("Wan 480p 81f latent 16x21x60x104 bf16", (1, 16, 21, 60, 104), torch.bfloat16),
+CASES = [  # name, {tensor name: (shape, dtype)}
+    ("control only (no tensor)", {}),
+    ("Flux 1024² latent 16×128×128 fp32", {"x": ((1, 16, 128, 128), torch.float32)}),
+    ("SD3 1024² latent 16×128×128 fp16", {"x": ((1, 16, 128, 128), torch.float16)}),
+    ("Wan 480p×81f latent 16×21×60×104 bf16", {"x": ((1, 16, 21, 60, 104), torch.bfloat16)}),
+    ("Wan 480p×81f latent 16×21×60×104 fp32", {"x": ((1, 16, 21, 60, 104), torch.float32)}),
+    ("Flux 1024² step payload: packed latent + T5 512×4096 + ids, fp32",
+     {"hidden_states": ((1, 4096, 64), torch.float32), "encoder_hidden_states": ((1, 512, 4096), torch.float32),
+      "pooled_projections": ((1, 768), torch.float32), "img_ids": ((4096, 3), torch.float32),
+      "txt_ids": ((512, 3), torch.float32)}),
 ]
 
 
@@ -49,47 +53,47 @@ def _stats(ms: list) -> dict:
     return {"median_ms": statistics.median(ms), "p90_ms": ms[int(0.9 * (len(ms) - 1))], "min_ms": ms[0]}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--reps", type=int, default=50)
-    args = ap.parse_args()
+def run(quick: bool = False) -> tuple:
+    from comfyui_hybrid_parallel.parallel import ParallelConfig
+    from comfyui_hybrid_parallel.workers import WorkerPool
+
+    reps = 15 if quick else 60
     cfg = ParallelConfig()
     rows = []
-    with WorkerPool(device="cpu") as pool:
+    with WorkerPool(device="auto") as pool:
         t = time.perf_counter()
         pool.ensure_world(cfg)
         start_s = time.perf_counter() - t
-        for name, shape, dtype in CASES:
-            if shape is None:
-                pool_ms = _time(lambda: pool.submit(cfg, "steps", {"n": 0}), args.reps)
-                copy_ms, nbytes = None, 0
-            else:
-                x = torch.randn(shape).to(dtype)
-                nbytes = x.numel() * x.element_size()
+        for name, spec in CASES:
+            tensors = {k: torch.randn(shape).to(dt) for k, (shape, dt) in spec.items()}
+            nbytes = sum(x.numel() * x.element_size() for x in tensors.values())
 
-                def round_trip():
-                    out = pool.submit(cfg, "echo", {}, {"x": x}).tensors["x"]
-                    assert out.shape == x.shape
-                pool_ms = _time(round_trip, args.reps)
-                copy_ms = _time(lambda: x.clone(), args.reps)
-            rows.append({"case": name, "bytes": nbytes, "pool": _stats(pool_ms),
-                         "in_process_copy": _stats(copy_ms) if copy_ms else None})
-    print(f"World start (1 CPU worker, gloo): {start_s:.2f} s\n")
-    print("min is the better estimate on a shared machine (others' load only ever adds time)\n")
-    print("| case | size | pool round trip min / median | in-process copy min / median | overhead (min) |")
-    print("|---|---:|---:|---:|---:|")
+            def round_trip():
+                out = pool.submit(cfg, "echo", {}, tensors).tensors
+                assert len(out) == len(tensors)
+            pool_ms = _time(round_trip, reps)
+            copy_ms = _time(lambda: [x.clone() for x in tensors.values()], reps) if tensors else None
+            p, c = _stats(pool_ms), _stats(copy_ms) if copy_ms else None
+            rows.append({"case": name, "bytes": nbytes, "pool": p, "in_process_copy": c,
+                         "overhead_beyond_copy_ms": p["min_ms"] - (c["min_ms"] if c else 0.0),
+                         "overhead_beyond_4_copies_ms": p["min_ms"] - 4 * (c["min_ms"] if c else 0.0)})
+    md = [f"World start (1 worker): {start_s:.2f} s; {reps} round trips per case, min / median.", "",
+          "| case | size | pool round trip | in-process copy | overhead beyond 1 copy (min) | beyond 4 copies |",
+          "|---|---:|---:|---:|---:|---:|"]
     for r in rows:
-        copy, pool_s = r["in_process_copy"], r["pool"]
-        cm = f"{copy['min_ms']:.3f} / {copy['median_ms']:.3f} ms" if copy else "-"
-        over = f"{pool_s['min_ms'] - copy['min_ms']:.2f} ms" if copy else "-"
-        print(f"| {r['case']} | {r['bytes'] / 2**20:.2f} MiB | {pool_s['min_ms']:.2f} / {pool_s['median_ms']:.2f} ms "
-              f"| {cm} | {over} |")
-    os.makedirs(os.path.join(os.path.dirname(__file__), "results"), exist_ok=True)
-    out = os.path.join(os.path.dirname(__file__), "results", "transport.json")
-    with open(out, "w") as f:
-        json.dump({"reps": args.reps, "world_start_s": start_s, "machine": platform.platform(),
-                   "cpus": os.cpu_count(), "torch": torch.__version__, "rows": rows}, f, indent=2)
-    print(f"\nwrote {out}")
+        c, p = r["in_process_copy"], r["pool"]
+        cm = f"{c['min_ms']:.3f} / {c['median_ms']:.3f} ms" if c else "–"
+        md.append(f"| {r['case']} | {r['bytes'] / 2**20:.2f} MiB | {p['min_ms']:.2f} / {p['median_ms']:.2f} ms | {cm} "
+                  f"| {r['overhead_beyond_copy_ms']:.2f} ms | {r['overhead_beyond_4_copies_ms']:.2f} ms |")
+    return rows, "\n".join(md), {"world_start_s": start_s, "reps": reps}
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true")
+    a = ap.parse_args(argv)
+    rows, md, extra = run(a.quick)
+    write_results("transport_quick" if a.quick else "transport", rows, md, extra)
 
 
 if __name__ == "__main__":

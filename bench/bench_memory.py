@@ -1,0 +1,137 @@
+"""Per-rank parameter memory and peak activation memory versus degree 1, for TP and PipeFusion.
+
+Why measured per rank: these methods are chosen to fit a model or an image
+that does not fit one device, so the number that matters is the largest rank's
+share. Parameters: bytes a rank holds (DTensor local shards under TP). Peak
+activations: bytes of tensor storages allocated during the forward (TP) or the
+whole sampling loop (PipeFusion: its per-stage K/V buffers included) and alive
+at once, counted by bench_vae.LiveBytes (weights and inputs excluded; on CUDA
+this equals what torch.cuda.max_memory_allocated adds). PipeFusion today keeps
+the whole model on every stage; the "own blocks" column is what a stage would
+hold if the other stages' blocks were dropped. Patch VAE decode is bench_vae.py.
+Model: medium SD3 of bench_tp_memory (hidden 512, 8 heads, 6 layers), 48x48 latent (576 tokens).
+
+    python bench/bench_memory.py [--quick]
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+from _worlds import DistPool, bench_device, context_for, write_results
+from bench_tp_memory import CONFIGS
+from bench_vae import LiveBytes
+
+
+def _model():
+    from diffusers import SD3Transformer2DModel
+    torch.manual_seed(0)
+    return SD3Transformer2DModel(**CONFIGS["sd3"]).eval().to(bench_device())
+
+
+def _inputs(h, w, text=77):
+    g = torch.Generator().manual_seed(3)
+    dev = bench_device()
+    c = CONFIGS["sd3"]
+    return dict(hidden_states=torch.randn(1, c["in_channels"], h, w, generator=g).to(dev),
+                encoder_hidden_states=torch.randn(1, text, c["joint_attention_dim"], generator=g).to(dev),
+                pooled_projections=torch.randn(1, c["pooled_projection_dim"], generator=g).to(dev),
+                timestep=torch.tensor([500.0]).to(dev))
+
+
+def _param_bytes(params) -> int:
+    from torch.distributed.tensor import DTensor
+    total = 0
+    for p in params:
+        t = p.to_local() if isinstance(p, DTensor) else p
+        total += t.numel() * t.element_size()
+    return total
+
+
+def _peak(fn) -> int:
+    mode = LiveBytes()
+    with torch.no_grad(), mode:
+        fn()
+    return mode.peak
+
+
+def body(method, degree, h, w, steps):
+    """(serial params, serial peak) on rank 0 and this rank's (params held, params of own blocks, peak)."""
+    from comfyui_hybrid_parallel.parallel import ParallelConfig, parallelize
+    from comfyui_hybrid_parallel.parallel.pipefusion import flow, run_pipefusion_loop
+    from comfyui_hybrid_parallel.parallel.pipefusion.plans import flat_blocks, pipeline_plan_for, stage_ranges
+
+    torch.set_num_threads(1)
+    model, kw = _model(), _inputs(h, w)
+    sigmas = torch.linspace(1.0, 0.0, steps + 1)
+
+    def loop(ctx):
+        k = dict(kw)
+        noise = k.pop("hidden_states")
+        k.pop("timestep")
+        return run_pipefusion_loop(model, ctx, k, sigmas, noise, convention=flow(1000.0))
+
+    out = {"serial_params": _param_bytes(model.parameters())}
+    if torch.distributed.get_rank() == 0:
+        serial = (lambda: loop(None)) if method == "PipeFusion" else (lambda: model(**kw, return_dict=False))
+        out["serial_peak"] = _peak(serial)
+    if method == "TP":
+        ctx = context_for(ParallelConfig(tp_degree=degree))
+        parallelize(model, ctx)
+        out["params"] = out["own_params"] = _param_bytes(model.parameters())
+        out["peak"] = _peak(lambda: model(**kw, return_dict=False))
+    else:
+        ctx = context_for(ParallelConfig(pp_degree=degree, num_pipeline_patch=degree, warmup_steps=1))
+        blocks = flat_blocks(model, pipeline_plan_for("sd3"))
+        s0, s1 = stage_ranges(len(blocks), degree)[ctx.pp.rank]
+        others = {id(p) for i, (_, b, _) in enumerate(blocks) if not s0 <= i < s1 for p in b.parameters()}
+        out["params"] = _param_bytes(model.parameters())
+        out["own_params"] = _param_bytes(p for p in model.parameters() if id(p) not in others)
+        out["peak"] = _peak(lambda: loop(ctx))
+    return out
+
+
+def run(quick: bool = False):
+    h = w = 32 if quick else 48
+    rows = []
+    for degree in ((2,) if quick else (2, 4)):
+        pool = DistPool(degree)
+        try:
+            for method in ("TP", "PipeFusion"):
+                res = pool.run(body, method, degree, h, w, 3, timeout=600)
+                r0 = res[0]
+                big = max(res, key=lambda r: r["peak"])
+                rows.append(dict(method=method, degree=degree, latent=[h, w],
+                                 params_deg1_MiB=r0["serial_params"] / 2**20,
+                                 params_per_rank_MiB=max(r["params"] for r in res) / 2**20,
+                                 own_block_params_MiB=max(r["own_params"] for r in res) / 2**20,
+                                 peak_act_deg1_MiB=r0["serial_peak"] / 2**20,
+                                 peak_act_per_rank_MiB=[r["peak"] / 2**20 for r in res],
+                                 peak_ratio=big["peak"] / r0["serial_peak"]))
+        finally:
+            pool.close()
+    return rows
+
+
+def markdown(rows):
+    md = ["| method | degree | latent | params deg. 1 MiB | params per rank MiB | own blocks only MiB | "
+          "peak act. deg. 1 MiB | peak act. per rank MiB (max) | ratio |", "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        md.append(f"| {r['method']} | {r['degree']} | {r['latent'][0]}×{r['latent'][1]} | {r['params_deg1_MiB']:.1f} | "
+                  f"{r['params_per_rank_MiB']:.1f} | {r['own_block_params_MiB']:.1f} | {r['peak_act_deg1_MiB']:.1f} | "
+                  f"{max(r['peak_act_per_rank_MiB']):.1f} | {r['peak_ratio']:.2f} |")
+    return "\n".join(md)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true")
+    a = ap.parse_args(argv)
+    rows = run(a.quick)
+    write_results("memory_quick" if a.quick else "memory", rows, markdown(rows))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,196 @@
+"""Degree-1 overhead: the same model and inputs sampled in-process and through the worker pool.
+
+Why two comparisons: the diffusers loop isolates what the pool adds to one
+forward (shared memory, job message, worker dispatch); the ComfyUI pair is
+what a user sees - KSampler against Hybrid Sampler with a degree-1 Parallel
+Config, both running ComfyUI's own sampling, so the difference also includes
+the input/output conversions of the APPLY_MODEL proxy. Target: <= 1.02x.
+
+Both sides use the same weights: a random SD3 checkpoint in ComfyUI's own
+format (tests/tiny_checkpoints.py), converted by the pack's converter for the
+diffusers side. "tiny" is the test model; "medium" (hidden 256, 4 layers,
+64x64 latent = 1024 tokens) is chosen so that one step takes >= 100 ms on one
+CPU thread. The worker of a degree-1 world gets all the machine's threads;
+the in-process side is given the same number. Runs are interleaved (A, B, A,
+B...) so that other load on a shared machine hits both sides alike; per-step
+time = run time / steps; the ratio of the medians and of the minima is given.
+The ComfyUI pair is skipped, with a note, where ComfyUI is not installed.
+
+    python bench/bench_overhead.py [--quick]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+
+from _worlds import write_results
+
+os.environ.setdefault("TQDM_DISABLE", "1")  # ComfyUI's progress bars: noise in the log, time in the loop
+
+MODELS = {  # name: (ComfyUI SD3 depth -> hidden 64*depth, heads depth; latent h, w; text tokens)
+    "tiny": (2, 16, 16, 8),
+    "medium": (4, 64, 64, 77),
+}
+
+
+def _checkpoint(name: str, tmp: str):
+    import tiny_checkpoints as tc
+    depth, h, w, _ = MODELS[name]
+    path = os.path.join(tmp, f"sd3_{name}.safetensors")
+    sd = tc.write_sd3(path, depth=depth, pos_embed_max_size=max(h, w) // 2)
+    return path, sd
+
+
+def _interleave(fns: dict, reps: int, steps: int) -> tuple:
+    """({name: [ms per step, one per rep]}, max |difference| of the warm-up results)."""
+    first = [f() for f in fns.values()]
+    err = float((first[0] - first[1]).abs().max())
+    out = {k: [] for k in fns}
+    for _ in range(reps):
+        for k, f in fns.items():
+            t = time.perf_counter()
+            f()
+            out[k].append((time.perf_counter() - t) * 1000 / steps)
+    return out, err
+
+
+def _row(model, pair, times, a, b, note=""):
+    ta, tb = times[a], times[b]
+    return dict(model=model, comparison=pair, baseline=a, pool=b, baseline_ms=statistics.median(ta),
+                pool_ms=statistics.median(tb), ratio_median=statistics.median(tb) / statistics.median(ta),
+                ratio_min=min(tb) / min(ta), reps=len(ta), note=note)
+
+
+def _diffusers_model(depth, h, w):
+    """The diffusers twin of ComfyUI's SD3 of this depth (what the converter builds), random weights."""
+    from diffusers import SD3Transformer2DModel
+
+    torch.manual_seed(0)
+    return SD3Transformer2DModel(sample_size=h, patch_size=2, in_channels=16, num_layers=depth, attention_head_dim=64,
+                                 num_attention_heads=depth, joint_attention_dim=32, caption_projection_dim=64 * depth,
+                                 pooled_projection_dim=24, out_channels=16, pos_embed_max_size=max(h, w) // 2).eval()
+
+
+def diffusers_pair(pool, name, steps, reps, threads):
+    """In-process diffusers forward loop vs the same loop with each forward on the pool (step mode)."""
+    from comfyui_hybrid_parallel.parallel import ParallelConfig
+
+    depth, h, w, text = MODELS[name]
+    model = _diffusers_model(depth, h, w)
+    cfg, dsd = dict(model.config), {k: v.detach() for k, v in model.state_dict().items()}
+    pc = ParallelConfig()
+    pool.ensure_model(pc, f"bench-{name}", "sd3", cfg, state_dict=dsd)
+    g = torch.Generator().manual_seed(0)
+    x0 = torch.randn(1, 16, h, w, generator=g)
+    cond = dict(encoder_hidden_states=torch.randn(1, text, cfg["joint_attention_dim"], generator=g),
+                pooled_projections=torch.randn(1, cfg["pooled_projection_dim"], generator=g))
+    sigmas = torch.linspace(1, 0, steps + 1)
+
+    def loop(forward):
+        x = x0
+        for i in range(steps):
+            v = forward(dict(hidden_states=x, timestep=(sigmas[i] * 1000).reshape(1), **cond))
+            x = x + (sigmas[i + 1] - sigmas[i]) * v
+        return x
+
+    def local():
+        torch.set_num_threads(threads)
+        with torch.no_grad():
+            return loop(lambda kw: model(**kw, return_dict=False)[0])
+
+    def pooled():
+        return loop(lambda kw: pool.forward(pc, f"bench-{name}", kw))
+
+    times, err = _interleave({"diffusers in-process": local, "diffusers via pool": pooled}, reps, steps)
+    return _row(name, "diffusers loop", times, "diffusers in-process", "diffusers via pool",
+                f"max |diff| {err:.1e}")
+
+
+def comfy_pair(runtime, name, path, steps, reps, threads):
+    """ComfyUI's KSampler vs Hybrid Sampler (degree 1), in this process, same MODEL and conditioning."""
+    import comfy_env
+    comfy_env.setup_comfy()
+    import comfy.sd
+    import nodes as comfy_nodes  # ComfyUI's top-level module (bench/ is sys.path[0], not the pack)
+    import tiny_checkpoints as tc
+    from comfyui_hybrid_parallel.nodes import HybridSampler
+    from comfyui_hybrid_parallel.nodes.config_node import HybridParallelConfig
+    from comfyui_hybrid_parallel.parallel import ParallelConfig
+
+    import comfy.utils
+    comfy.utils.PROGRESS_BAR_ENABLED = False
+    depth, h, w, text = MODELS[name]
+    patcher = comfy.sd.load_diffusion_model(path, model_options={"dtype": torch.float32})
+    g = torch.Generator().manual_seed(0)
+
+    def c():
+        return [[torch.randn(1, text, tc.TINY_CONTEXT_DIM, generator=g),
+                 {"pooled_output": torch.randn(1, tc.TINY_POOLED_DIM, generator=g)}]]
+    pos, neg = c(), c()
+    latent = {"samples": torch.zeros(1, 16, h, w)}
+    HybridSampler.runtime = runtime
+    hp = HybridParallelConfig(ParallelConfig(), device="auto")
+
+    def ksampler():
+        torch.set_num_threads(threads)
+        return comfy_nodes.common_ksampler(patcher, 7, steps, 1.0, "euler", "simple", pos, neg, latent)[0]["samples"]
+
+    def hybrid():
+        return HybridSampler().sample(patcher, 7, steps, 1.0, "euler", "simple", pos, neg, latent, hp)[0]["samples"]
+
+    times, err = _interleave({"KSampler": ksampler, "Hybrid Sampler (degree 1)": hybrid}, reps, steps)
+    return _row(name, "ComfyUI", times, "KSampler", "Hybrid Sampler (degree 1)", f"max |diff| {err:.1e}")
+
+
+def run(quick: bool = False):
+    from comfyui_hybrid_parallel.workers import WorkerPool
+    import comfy_env
+
+    threads = os.cpu_count() or 1  # what the pool gives the one worker of a degree-1 world
+    steps, reps = (2, 1) if quick else (5, 3)
+    rows, notes = [], []
+    with WorkerPool(device="auto") as pool:
+        for name in MODELS:
+            rows.append(diffusers_pair(pool, name, steps, reps, threads))
+    if comfy_env.comfyui_dir() is None:
+        notes.append("ComfyUI is not installed here: the KSampler / Hybrid Sampler pair was skipped")
+        return rows, notes
+    comfy_env.setup_comfy()  # before tiny_checkpoints: it builds from ComfyUI's classes
+    from comfyui_hybrid_parallel.nodes import Runtime
+    tmp = tempfile.mkdtemp(prefix="hp-bench-")
+    runtime = Runtime()  # one pool for both models, as in one ComfyUI process
+    try:
+        for name in MODELS:
+            path, _ = _checkpoint(name, tmp)
+            rows.append(comfy_pair(runtime, name, path, steps, reps, threads))
+    finally:
+        runtime.stop()
+    return rows, notes
+
+
+def markdown(rows, notes):
+    md = ["| model | comparison | in-process ms/step | via pool ms/step | ratio (median) | ratio (min) | note |",
+          "|---|---|---:|---:|---:|---:|---|"]
+    for r in rows:
+        md.append(f"| {r['model']} | {r['comparison']} | {r['baseline_ms']:.1f} | {r['pool_ms']:.1f} | "
+                  f"{r['ratio_median']:.3f} | {r['ratio_min']:.3f} | {r['note']} |")
+    return "\n".join(md + [f"\n{n}" for n in notes])
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true")
+    a = ap.parse_args(argv)
+    rows, notes = run(a.quick)
+    write_results("overhead_quick" if a.quick else "overhead", rows, markdown(rows, notes),
+                  {"threads": os.cpu_count(), "models": MODELS, "notes": notes})
+
+
+if __name__ == "__main__":
+    sys.exit(main())

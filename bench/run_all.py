@@ -1,0 +1,186 @@
+"""The whole benchmark suite in one command: every section, then one summary table and the plots.
+
+    python -m bench.run_all [--quick] [--only SECTION[,SECTION]]     (or: bash bench/run.sh ...)
+
+Why each section runs as its own subprocess (the scripts in bench/): a hang or
+crash in one section is reported and the others still run; each starts with a
+clean torch and a clean sys.path (ComfyUI's top-level `nodes` module must not
+meet the pack's `nodes/`, which `python -m` from the repo root would put first);
+and each script also runs alone. Sections write bench/results/<name>[_quick].json
+with the machine that produced them (_worlds.machine_info); this script reads
+them back, writes bench/results/summary[_quick].md / .json and the PNG plots
+(bench/plots.py). With --only, the summary also includes the latest results of
+the other sections, each with its own machine line.
+Nothing here names a device: on CUDA the same scripts use NCCL and one GPU per rank.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RESULTS = os.path.join(HERE, "results")
+
+# name: (script, result files, extra args, timeout s (full run))
+SECTIONS = {
+    "comm": ("comm_volume.py", ["comm_volume"], [], 240),
+    "transport": ("bench_transport.py", ["transport"], [], 120),
+    "overhead": ("bench_overhead.py", ["overhead"], [], 300),
+    "scaling": ("bench_scaling.py", ["scaling"], [], 300),
+    "memory": ("bench_memory.py", ["memory"], [], 240),
+    "vae": ("bench_vae.py", ["vae"], [], 300),
+}
+TITLES = {
+    "comm": "Communication volume per diffusion step (counters vs analytic)",
+    "transport": "Transport: driver ↔ pool round trip per step",
+    "overhead": "Degree-1 overhead: through the pool vs in-process",
+    "scaling": "CPU scaling: 2 ranks × 1 thread vs 1 rank × 1 thread",
+    "memory": "Memory per rank: TP and PipeFusion",
+    "vae": "Memory per rank: patch-parallel VAE decode",
+}
+
+
+def _load(name: str, quick: bool):
+    for n in ([f"{name}_quick", name] if quick else [name]):
+        path = os.path.join(RESULTS, f"{n}.json")
+        if os.path.exists(path):
+            with open(path) as f:
+                data = json.load(f)
+            md_path = os.path.join(RESULTS, f"{n}.md")
+            data["markdown"] = open(md_path).read() if os.path.exists(md_path) else ""
+            data["file"] = n
+            return data
+    return None
+
+
+def run_section(name: str, quick: bool) -> dict:
+    script, _, extra, timeout = SECTIONS[name]
+    args = [sys.executable, os.path.join(HERE, script)] + (["--quick"] if quick else []) + extra
+    if quick and name == "vae":
+        args += ["--worlds", "2"]
+    print(f"== {name}: {' '.join(os.path.basename(a) for a in args[1:])}", flush=True)
+    t = time.perf_counter()
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    try:
+        p = subprocess.run(args, cwd=os.path.dirname(HERE), env=env, timeout=timeout, capture_output=True, text=True)
+        rc, tail = p.returncode, (p.stdout + p.stderr)[-3000:]
+    except subprocess.TimeoutExpired as e:
+        rc, tail = "timeout", f"{name} ran past {timeout} s\n" + ((e.stdout or b"")[-2000:].decode(errors="replace")
+                                                                   if isinstance(e.stdout, bytes) else str(e.stdout or ""))
+    wall = time.perf_counter() - t
+    print(f"   {name}: rc={rc} in {wall:.0f} s", flush=True)
+    if rc != 0:
+        print(tail, flush=True)
+    return {"rc": rc, "wall_s": wall, "log_tail": tail if rc != 0 else ""}
+
+
+def _meta_line(meta: dict) -> str:
+    return (f"{meta.get('device')} · {meta.get('cpu')} · {meta.get('cores')} cores · torch {meta.get('torch')} · "
+            f"{meta.get('backend')}{' · flash-attn ' + str(meta['flash_attn']) if meta.get('flash_attn') else ''} · "
+            f"load avg {meta.get('load_avg_1m') or 0:.1f} · {meta.get('when')}")
+
+
+def headline(data: dict) -> list:
+    """One line per target of issue 10, from whatever sections have results (an older file format is skipped)."""
+    try:
+        return _headline(data)
+    except (KeyError, TypeError, ValueError) as e:
+        return [f"(headline unavailable: {type(e).__name__} {e}; rerun the sections)"]
+
+
+def _headline(data: dict) -> list:
+    out = ["| check | measured | target | machine |", "|---|---|---|---|"]
+
+    def add(check, value, target, d):
+        out.append(f"| {check} | {value} | {target} | {d['meta'].get('device')}, {d['meta'].get('cores')} cores |")
+
+    d = data.get("comm")
+    if d:
+        rows = [r for r in d["rows"] if r.get("ratio")]
+        lo, hi = min(r["ratio"] for r in rows), max(r["ratio"] for r in rows)
+        add(f"comm bytes measured / analytic ({len(rows)} cases, N = "
+            f"{','.join(str(n) for n in sorted({r['N'] for r in rows}))})", f"{lo:.4f} – {hi:.4f}", "within ±5 %", d)
+        xs = [r["image_vs_xdit"] for r in rows if r.get("image_vs_xdit")]
+        add("image-attention bytes / xDiT table·(N−1)/N", f"{min(xs):.3f} – {max(xs):.3f}", "≈ 1 (padding)", d)
+    d = data.get("transport")
+    if d:
+        for r in d["rows"]:
+            if r["bytes"] and ("Flux" in r["case"] or "Wan" in r["case"] or "SD3" in r["case"]) and "payload" not in r["case"]:
+                add(f"transport: {r['case']}", f"{r['overhead_beyond_copy_ms']:.2f} ms beyond the copy", "≤ 1 ms", d)
+    d = data.get("overhead")
+    if d:
+        for r in d["rows"]:
+            add(f"degree-1 overhead, {r['model']} model, {r['comparison']} ({r['baseline_ms']:.0f} ms/step)",
+                f"{r['ratio_median']:.3f}× (min {r['ratio_min']:.3f}×)", "≤ 1.02×", d)
+    d = data.get("scaling")
+    if d:
+        targets = {"CFG": "≥ 1.85×", "DP": "≥ 1.85×", "Ulysses": "≥ 1.6×", "Ring": "≥ 1.6×"}
+        for r in d["rows"]:
+            add(f"CPU scaling {r['method']} (serial {r['serial_ms']:.0f} ms/step)",
+                f"{r['speedup']:.2f}× ({100 * r['efficiency']:.0f} %)", targets.get(r["method"], "–"), d)
+    d = data.get("memory")
+    if d:
+        for r in d["rows"]:
+            add(f"{r['method']} degree {r['degree']}: params / activations per rank vs degree 1",
+                f"{r['params_per_rank_MiB'] / r['params_deg1_MiB']:.2f} / {r['peak_ratio']:.2f}", "–", d)
+    d = data.get("vae")
+    if d:
+        for r in d["rows"]:
+            if r.get("block_size") is None:
+                add(f"patch VAE {r['model']} on {r['ranks']} ranks: peak activations vs serial",
+                    f"{r['peak_ratio']:.2f}", "≈ 1/N", d)
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="short runs of every section (minutes)")
+    ap.add_argument("--only", default="", help=f"comma-separated sections of {', '.join(SECTIONS)}")
+    ap.add_argument("--no-run", action="store_true", help="only rebuild the summary and plots from results/")
+    a = ap.parse_args(argv)
+    chosen = [s.strip() for s in a.only.split(",") if s.strip()] or list(SECTIONS)
+    unknown = [s for s in chosen if s not in SECTIONS]
+    if unknown:
+        ap.error(f"unknown section(s) {unknown}; choose from {', '.join(SECTIONS)}")
+    t0 = time.perf_counter()
+    status = {}
+    if not a.no_run:
+        for name in chosen:
+            status[name] = run_section(name, a.quick)
+    data = {n: d for n in SECTIONS if (d := _load(SECTIONS[n][1][0], a.quick))}
+    sys.path.insert(0, HERE)
+    import _worlds
+    import plots
+
+    pngs = plots.make_all(data, RESULTS, suffix="_quick" if a.quick else "")
+    machine = _worlds.machine_info()
+    md = [f"# Benchmark summary{' (quick run)' if a.quick else ''}", "",
+          f"Command: `python -m bench.run_all{' --quick' if a.quick else ''}"
+          f"{' --only ' + a.only if a.only else ''}`; summary written on: {_meta_line(machine)}.", "",
+          "## Targets of issue 10", ""] + headline(data)
+    for n, d in data.items():
+        md += ["", f"## {TITLES[n]}", "", f"Machine: {_meta_line(d['meta'])} (`results/{d['file']}.json`)", "",
+               d["markdown"].strip()]
+    if pngs:
+        md += ["", "## Plots", ""] + [f"![{os.path.basename(p)}]({os.path.basename(p)})" for p in pngs]
+    failed = {n: s for n, s in status.items() if s["rc"] != 0}
+    if failed:
+        md += ["", "## Sections that failed in this run", ""] + [f"- {n}: rc={s['rc']}" for n, s in failed.items()]
+    stem = "summary_quick" if a.quick else "summary"
+    with open(os.path.join(RESULTS, f"{stem}.md"), "w") as f:
+        f.write("\n".join(md) + "\n")
+    with open(os.path.join(RESULTS, f"{stem}.json"), "w") as f:
+        json.dump({"machine": machine, "quick": a.quick, "status": status,
+                   "sections": {n: {"file": d["file"], "meta": d["meta"], "rows": d["rows"]} for n, d in data.items()},
+                   "plots": [os.path.basename(p) for p in pngs]}, f, indent=1, default=str)
+    print("\n".join(headline(data)))  # noqa
+    print(f"\nwrote bench/results/{stem}.md, {stem}.json and {len(pngs)} plots in {time.perf_counter() - t0:.0f} s")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
