@@ -175,7 +175,7 @@ def image_part(method, measured: dict, f, deg, B) -> int:
 
 # ---------------------------------------------------------------- measuring, on every rank
 class CollectiveBytes(torch.utils._python_dispatch.TorchDispatchMode):
-    """Bytes a rank sends in torch's functional collectives (DTensor's TP all-reduces bypass ctx.stats)."""
+    """Bytes a rank sends in torch's functional collectives: an independent check of tp.py's counter."""
 
     def __init__(self, n):
         super().__init__()
@@ -228,8 +228,10 @@ def measure_body(family, method, deg, h, w, text, batch, seed, steps=1, frames=1
             with torch.no_grad(), counter:
                 model(**kw, return_dict=False)
             snap = {k: v["bytes"] for k, v in ctx.stats.snapshot().items()}
-            if counter.calls:
-                snap["tp_all_reduce"] = counter.bytes
+            if counter.calls:  # tp.py's own counter, cross-checked against torch's collectives
+                if snap.get("tp_all_reduce") != counter.bytes:
+                    raise AssertionError(f"tp.py counted {snap.get('tp_all_reduce')} all-reduce bytes, torch's "
+                                         f"collectives {counter.bytes}")
             per_step.append(snap)
     finally:
         unparallelize(model)

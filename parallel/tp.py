@@ -96,6 +96,12 @@ def apply_tp(model: torch.nn.Module, plan, ax, device_type: str = "cpu") -> torc
     if not styles:
         raise ValueError(f"the {plan.family} tp plan matched no Linear module")
     parallelize_module(model, mesh, styles)
+    n = ax.size
+    for path, style in styles.items():  # DTensor's all-reduces bypass comm.py: count them here
+        if isinstance(style, RowwiseParallel):
+            modules[path].register_forward_hook(
+                lambda mod, args, out: ax.stats.record("tp_all_reduce",
+                                                       out.numel() * out.element_size() * 2 * (n - 1) // n))
     # AttnProcessor2_0-style processors derive head_dim from attn.heads: give them the local head count.
     for path, mod in modules.items():
         if hasattr(mod, "heads") and f"{path}.to_q" in styles:
