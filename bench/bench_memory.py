@@ -42,12 +42,8 @@ def _inputs(h, w, text=77):
 
 
 def _param_bytes(params) -> int:
-    from torch.distributed.tensor import DTensor
-    total = 0
-    for p in params:
-        t = p.to_local() if isinstance(p, DTensor) else p
-        total += t.numel() * t.element_size()
-    return total
+    from comfyui_hybrid_parallel.parallel.tp import local_param_bytes
+    return local_param_bytes(torch.nn.ParameterList(list(params)))
 
 
 def _peak(fn) -> int:
@@ -61,7 +57,8 @@ def body(method, degree, h, w, steps):
     """(serial params, serial peak) on rank 0 and this rank's (params held, params of own blocks, peak)."""
     from comfyui_hybrid_parallel.parallel import ParallelConfig, parallelize
     from comfyui_hybrid_parallel.parallel.pipefusion import flow, run_pipefusion_loop
-    from comfyui_hybrid_parallel.parallel.pipefusion.plans import flat_blocks, pipeline_plan_for, stage_ranges
+    from comfyui_hybrid_parallel.parallel.pipefusion.plans import (flat_blocks, keep_stage_blocks, pipeline_plan_for,
+                                                                   stage_ranges)
 
     torch.set_num_threads(1)
     model, kw = _model(), _inputs(h, w)
@@ -87,8 +84,9 @@ def body(method, degree, h, w, steps):
         blocks = flat_blocks(model, pipeline_plan_for("sd3"))
         s0, s1 = stage_ranges(len(blocks), degree)[ctx.pp.rank]
         others = {id(p) for i, (_, b, _) in enumerate(blocks) if not s0 <= i < s1 for p in b.parameters()}
-        out["params"] = _param_bytes(model.parameters())
         out["own_params"] = _param_bytes(p for p in model.parameters() if id(p) not in others)
+        keep_stage_blocks(model, ctx)  # as the workers do when they load a model for pp > 1
+        out["params"] = _param_bytes(model.parameters())
         out["peak"] = _peak(lambda: loop(ctx))
     return out
 

@@ -111,9 +111,11 @@ def apply_tp(model: torch.nn.Module, plan, ax, device_type: str = "cpu") -> torc
 
 
 def local_param_bytes(model: torch.nn.Module) -> int:
-    """Bytes of parameters this rank actually holds (the local shard of DTensors)."""
+    """Bytes of parameters this rank actually holds (the local shard of DTensors; freed meta weights of
+    other PipeFusion stages do not count)."""
     total = 0
     for p in model.parameters():
         t = p.to_local() if isinstance(p, DTensor) else p
-        total += t.numel() * t.element_size()
+        if not t.is_meta:
+            total += t.numel() * t.element_size()
     return total

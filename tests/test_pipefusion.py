@@ -329,3 +329,32 @@ def test_pipefusion_with_sequence_parallel(dist_pools, family, sp, patches, size
     assert 0 < max(r[0] for r in stale) < 0.2
     assert max(r[1] for r in stale) <= 1e-5  # the same stale-KV schedule as without sp
     assert exact[0][2]["all_gather"]["bytes"] > 0  # the sp group exchanged K/V pieces
+
+
+def _keep_body(family):
+    from comfyui_hybrid_parallel.parallel.pipefusion.plans import keep_stage_blocks
+    from comfyui_hybrid_parallel.parallel.tp import local_param_bytes
+    model = copy.deepcopy(build_deep(family))
+    before = local_param_bytes(model)
+    ctx = context_for(ParallelConfig(pp_degree=2, num_pipeline_patch=2, warmup_steps=3))
+    freed = keep_stage_blocks(model, ctx)
+    kw, noise, sigmas = problem(family, 5, *SIZES[family][1], 3)
+    conv = CONVENTIONS[family]()
+    out = run_pipefusion_loop(model, ctx, kw, sigmas, noise, convention=conv)
+    serial = run_serial_loop(build_deep(family), kw, sigmas, noise, convention=conv)
+    other = context_for(ParallelConfig(pp_degree=2, num_pipeline_patch=2, warmup_steps=3, attn_layer_num_for_pp=(1, 3)))
+    try:
+        run_pipefusion_loop(model, other, kw, sigmas, noise, convention=conv)
+        refused = ""
+    except ConfigError as e:
+        refused = str(e)
+    return tm.rel_err(out, serial), local_param_bytes(model) / before, freed, refused
+
+
+@pytest.mark.parametrize("family", ["sd3", "flux"])
+def test_a_stage_keeps_only_its_blocks(dist_pools, family):
+    """The workers free the other stages' block weights at load: same result, about half the parameters."""
+    res = dist_pools(2).run(_keep_body, family)
+    print(f"\n{family} pp2: parameters held per stage / whole model {[round(r[1], 3) for r in res]}")
+    assert all(r[0] <= 1e-5 and r[2] > 0 and 0.2 < r[1] < 0.8 for r in res), res
+    assert all("load it again" in r[3] for r in res), res

@@ -129,6 +129,9 @@ def job_load_model(state: WorkerState, ctx, payload: dict) -> dict:
     parallelize = getattr(engine, "parallelize", None)
     if parallelize is not None and payload["family"] not in ("vae_kl", "vae_wan"):
         model = parallelize(model, ctx) or model
+    if ctx.config.pp_degree > 1 and payload["family"] in ("flux", "sd3", "pixart"):
+        from comfyui_hybrid_parallel.parallel.pipefusion.plans import keep_stage_blocks
+        keep_stage_blocks(model, ctx)  # a stage holds only its own blocks' weights
     state.parallelized[key] = parallelize is not None
     state.models[key] = (payload["family"], model)
     state.loads += 1

@@ -95,6 +95,11 @@ def run_pipefusion_loop(transformer, ctx, inputs: dict, sigmas, noise: torch.Ten
     layer_counts = None if ctx is None else ctx.config.attn_layer_num_for_pp
     n_blocks = sum(len(dict(transformer.named_modules())[b.path]) for b in pplan.blocks)
     start, stop = stage_ranges(n_blocks, S, layer_counts)[stage_i]
+    kept = getattr(transformer, "_hp_pp_stage_blocks", None)
+    if kept is not None and kept != (start, stop, n_blocks):
+        raise ConfigError(f"this model keeps only the weights of blocks [{kept[0]}, {kept[1]}) (loaded for another "
+                          f"pipeline split) but this stage runs blocks [{start}, {stop}); load it again for this "
+                          f"config")
     bad = {"hidden_states", "timestep", "return_dict"} & set(inputs)
     if bad:
         raise ConfigError(f"inputs must not contain {sorted(bad)}: the loop supplies the latent and timestep")
