@@ -1,4 +1,6 @@
 """ComfyUI node classes: thin - validate, turn ComfyUI objects into a job, call the pool."""
+import sys
+
 from .config_node import ParallelConfigNode
 from .runtime import Runtime
 from .sampler_node import HybridSampler
@@ -7,6 +9,13 @@ from .vae_node import PatchVAEDecode
 RUNTIME = Runtime()  # this ComfyUI process's one connection to its worker pool
 HybridSampler.runtime = RUNTIME
 PatchVAEDecode.runtime = RUNTIME
+
+# The web extension's routes, only inside a running ComfyUI server (never import `server` ourselves: in
+# pytest or a plain `import` of the pack there is no PromptServer, and importing ComfyUI's would start one).
+_prompt_server = getattr(getattr(sys.modules.get("server"), "PromptServer", None), "instance", None)
+if _prompt_server is not None:
+    from .routes import register as _register_routes
+    _register_routes(_prompt_server, RUNTIME)
 
 NODE_CLASS_MAPPINGS = {
     "HybridParallelConfig": ParallelConfigNode,

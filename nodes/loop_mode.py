@@ -1,19 +1,22 @@
-"""Loop mode for Hybrid Sampler: PipeFusion runs the whole denoising loop in the workers.
+"""Loop mode for Hybrid Sampler: the whole denoising loop runs in the workers.
 
-Patches cross timesteps in PipeFusion, so the per-step APPLY_MODEL routing of step
-mode cannot express it. ComfyUI still does everything around the loop: noise,
+PipeFusion always runs here (patches cross timesteps, so the per-step APPLY_MODEL
+routing of step mode cannot express it); any other method runs here when the
+Parallel Config asks for loop mode (DistriFusion then overlaps its buffer refresh
+with the sampler step, and the driver pays one round trip per run, not per step).
+ComfyUI still does everything around the loop: noise,
 sigmas (scheduler, denoise), noise scaling, CFG setup and the final latent
 format. The loop itself is a ComfyUI *sampler object* (KSAMPLER) whose function
 (1) lets ComfyUI run its conditioning pipeline for one model call and captures
 the converted diffusers inputs at the diffusion model (instead of computing), then
-(2) ships noise, sigmas and those inputs to the workers' `pipefusion_loop` job.
+(2) ships noise, sigmas and those inputs to the workers' `loop` job.
 """
 from __future__ import annotations
 
 import torch
 
 SUPPORTED_SAMPLERS = ("euler", "dpmpp_2m")
-LOOP_FAMILIES = ("sd3", "pixart")  # latents whose diffusers layout is ComfyUI's (B, C, H, W)
+PIPEFUSION_FAMILIES = ("sd3", "pixart")  # latents whose diffusers layout is ComfyUI's (B, C, H, W)
 
 
 class Captured(Exception):
@@ -24,10 +27,19 @@ class Captured(Exception):
         self.inputs, self.cond_or_uncond, self.x_shape = inputs, cond_or_uncond, x_shape
 
 
+def uses_loop_mode(hp) -> bool:
+    """PipeFusion always loops in the workers; other methods when the config's sampling_mode says so."""
+    if hp.config.pp_degree > 1 and hp.mode == "step":
+        raise ValueError(f"PipeFusion (pp_degree={hp.config.pp_degree}) runs the denoising loop in the workers: "
+                         "set sampling_mode to auto or loop on the Parallel Config node")
+    return hp.config.pp_degree > 1 or hp.mode == "loop"
+
+
 def check_loop_mode(sampler_name: str) -> None:
     if sampler_name not in SUPPORTED_SAMPLERS:
-        raise ValueError(f"PipeFusion runs its own worker-side sampler, which supports {list(SUPPORTED_SAMPLERS)}; "
-                         f"choose one of those instead of {sampler_name!r}, or set pp_degree=1")
+        raise ValueError(f"loop mode runs its own worker-side sampler, which supports {list(SUPPORTED_SAMPLERS)}; "
+                         f"choose one of those instead of {sampler_name!r}, or use step mode (pp_degree=1 and "
+                         "sampling_mode auto/step: every ComfyUI sampler)")
 
 
 def _cond_uncond_order(inputs: dict, cond_or_uncond: list, batch: int) -> tuple:
@@ -47,7 +59,7 @@ def _cond_uncond_order(inputs: dict, cond_or_uncond: list, batch: int) -> tuple:
 
 
 def make_loop_sampler(runtime, hp, state: dict, sampler_name: str, cfg: float, model_sampling, family_of_state):
-    """A ComfyUI KSAMPLER whose function runs PipeFusion on the workers."""
+    """A ComfyUI KSAMPLER whose function runs the loop (PipeFusion, or one parallel forward per step) on the workers."""
     import comfy.model_management
     import comfy.samplers
     import comfy.utils
@@ -57,7 +69,8 @@ def make_loop_sampler(runtime, hp, state: dict, sampler_name: str, cfg: float, m
     def sample(model_k, x, sigmas, extra_args=None, callback=None, disable=None):
         extra_args = dict(extra_args or {})
         if extra_args.get("denoise_mask") is not None:
-            raise ValueError("PipeFusion does not support noise masks (inpainting) yet; set pp_degree=1")
+            raise ValueError("loop mode does not support noise masks (inpainting) yet; use step mode (pp_degree=1, "
+                             "sampling_mode auto/step)")
         state["capture"] = True
         try:
             model_k(x, sigmas[0] * x.new_ones([x.shape[0]]), **extra_args)
@@ -67,19 +80,21 @@ def make_loop_sampler(runtime, hp, state: dict, sampler_name: str, cfg: float, m
         finally:
             state["capture"] = False
         family = family_of_state()
-        if family not in LOOP_FAMILIES:
-            raise ValueError(f"PipeFusion through Hybrid Sampler supports {list(LOOP_FAMILIES)} models; "
-                             f"this is {family}: use pp_degree=1 (USP/CFG/DP/TP work for it)")
-        if x.shape[-1] % 2 or x.shape[-2] % 2:
-            raise ValueError(f"PipeFusion needs an even latent height and width, got {tuple(x.shape[-2:])}: "
-                             "use an image size that is a multiple of 16")
+        if hp.config.pp_degree > 1:
+            if family not in PIPEFUSION_FAMILIES:
+                raise ValueError(f"PipeFusion through Hybrid Sampler supports {list(PIPEFUSION_FAMILIES)} models; "
+                                 f"this is {family}: use pp_degree=1 (USP/CFG/DP/TP/DistriFusion work for it)")
+            if x.shape[-1] % 2 or x.shape[-2] % 2:
+                raise ValueError(f"PipeFusion needs an even latent height and width, got {tuple(x.shape[-2:])}: "
+                                 "use an image size that is a multiple of 16")
         inputs = {k: v for k, v in cap.inputs.items() if k not in ("hidden_states", "timestep", "return_dict")}
         inputs, has_uncond = _cond_uncond_order(inputs, cap.cond_or_uncond, x.shape[0])
         if family == "pixart":
             ts = [float(model_sampling.timestep(s.reshape(1)).item()) for s in sigmas.float().cpu()]
             convention = {"kind": "eps", "timesteps": ts}
-        else:
-            convention = {"kind": "flow", "timestep_scale": 1000.0}
+        else:  # ComfyUI's CONST models: timestep = sigma * multiplier (1000 for SD3/Wan, 1 for Flux)
+            scale = float(model_sampling.timestep(torch.ones(1)).item())
+            convention = {"kind": "flow", "timestep_scale": scale}
         values = {"key": state["key"], "structure": _structure(inputs), "sampler": sampler_name,
                   "cfg_scale": float(cfg) if has_uncond else None, "convention": convention,
                   "resolution": list(x.shape[-2:])}
@@ -89,8 +104,9 @@ def make_loop_sampler(runtime, hp, state: dict, sampler_name: str, cfg: float, m
         def progress(step, total):
             comfy.model_management.throw_exception_if_processing_interrupted()
             pbar.update_absolute(step, total)
+            runtime.progress(step, total)
 
-        res = runtime.pool(hp).submit(hp.config, "pipefusion_loop", values, tensors, progress=progress)
+        res = runtime.pool(hp).submit(hp.config, "loop", values, tensors, progress=progress)
         return res.tensors["out"].to(x.device, x.dtype)
 
     return comfy.samplers.KSAMPLER(sample)

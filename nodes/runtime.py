@@ -8,12 +8,14 @@ restarts itself when a prompt asks for a different mesh.
 from __future__ import annotations
 
 import threading
+import time
 import uuid
+from contextlib import contextmanager
 
 import torch
 
 from ..parallel.checkpoints import convert, detect_family
-from ..workers.pool import WorkerPool
+from ..workers.pool import JobCancelled, PoolError, WorkerPool
 
 FAMILY_BY_COMFY_CLASS = {  # ComfyUI diffusion-model class -> our family
     "Flux": "flux", "MMDiT": "sd3", "OpenAISignatureMMDITWrapper": "sd3", "PixArtMS": "pixart", "WanModel": "wan",
@@ -27,6 +29,8 @@ class Runtime:
         self._pool = None
         self._lock = threading.Lock()
         self.model_info = {}  # weights key -> (family, diffusers config): skip converting weights twice
+        self.job = None        # the node run in progress: {kind, step, total, started} (the worker panel)
+        self.last_job = None   # the previous one, with ok / error / elapsed_s
 
     def remember(self, key: str, info) -> None:
         self.model_info[key] = info
@@ -58,14 +62,95 @@ class Runtime:
         pool.ensure_model(hp.config, key, family, config, state_dict=lambda: convert_weights()[2])
         return family, config
 
-    def stop(self) -> None:
+    def cancel(self) -> bool:
+        """Stop the running node's job as ComfyUI's interrupt button would (its prompt ends as interrupted,
+        not as a worker failure); False when nothing runs."""
+        if self.job is None:
+            return False
+        try:
+            import comfy.model_management
+            comfy.model_management.interrupt_current_processing(True)
+        except ImportError:  # the pool without ComfyUI (tests): its own cancel is enough
+            pass
+        pool = self._pool
+        if pool is not None:
+            pool.cancel()
+        return True
+
+    def stop(self):
+        """Stop the workers for good (the next job starts a new pool); returns the mesh that ran, if any."""
         with self._lock:
+            was = None
             if self._pool is not None:
+                world = self._pool.world
+                was = None if world is None else world.config.describe()
                 self._pool.close()
                 self._pool = None
+            return was
 
     def health(self) -> list:
         return [] if self._pool is None else self._pool.health()
+
+    # ---- what the worker panel shows (nodes/routes.py); read from the server thread, written here ----
+    @contextmanager
+    def track(self, kind: str, total: int | None = None):
+        """Mark a node run in progress so the panel can say busy / starting and which step, and keep
+        its outcome: a prompt that failed on the workers shows as `failed` with the rank's message."""
+        job = {"kind": kind, "step": 0, "total": total, "started": time.time()}
+        self.job = job
+        try:
+            yield job
+        except BaseException as e:
+            self.last_job = {**job, "ok": False, "error": f"{type(e).__name__}: {e}"[:2000],
+                             "pool_error": _is_pool_error(e), "elapsed_s": time.time() - job["started"]}
+            raise
+        else:
+            self.last_job = {**job, "ok": True, "error": None, "pool_error": False,
+                             "elapsed_s": time.time() - job["started"]}
+        finally:
+            self.job = None
+
+    def progress(self, step: int, total: int | None = None) -> None:
+        job = self.job
+        if job is not None:
+            job["step"] = int(step)
+            if total is not None:
+                job["total"] = int(total)
+
+    def status(self) -> dict:
+        """Pool state (none / starting / ready / busy / failed), per-rank workers, current and last job.
+
+        Idle workers are asked themselves (the pool's tiny health job), busy ones are seen from here.
+        Blocking: call it off the server's event loop.
+        """
+        pool, job, last = self._pool, self.job, self.last_job
+        world = None if pool is None else pool.world
+        workers = [] if world is None else pool.health()
+        for w in workers:
+            w["models"] = [self._model_label(k) for k in w.get("resident") or []]
+        failed = last is not None and not last["ok"] and last["pool_error"]
+        if world is not None and not world.alive() and world.state != "starting":
+            state = "failed"
+        elif job is not None:
+            state = "starting" if world is None or world.state == "starting" else "busy"
+        elif world is None:
+            state = "failed" if failed else "none"
+        else:
+            state = "busy" if world.state == "busy" else "ready"
+        return {"state": state, "device": None if pool is None else pool.device,
+                "mesh": None if world is None else world.config.describe(),
+                "world_size": 0 if world is None else world.world_size,
+                "workers": workers, "job": dict(job) if job else None, "last_job": last}
+
+    def _model_label(self, key: str) -> str:
+        info = self.model_info.get(key)
+        family = info[0] if info else ("vae" if ":vae" in key else "model")
+        return f"{family} {key.split(':')[0][:8]}"
+
+
+def _is_pool_error(e: BaseException) -> bool:
+    """A failure of the workers (raised, died, hung), not a cancel or a refused input."""
+    return isinstance(e, PoolError) and not isinstance(e, JobCancelled)
 
 
 def weights_key(base_model, patches_uuid) -> str:

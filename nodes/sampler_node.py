@@ -13,7 +13,7 @@ import inspect
 import torch
 
 from ..parallel.checkpoints import family_module
-from .loop_mode import Captured, check_loop_mode, make_loop_sampler
+from .loop_mode import Captured, check_loop_mode, make_loop_sampler, uses_loop_mode
 from .runtime import to_diffusers, weights_key
 
 WRAPPER_KEY = "comfyui_hybrid_parallel"
@@ -113,8 +113,17 @@ def _structure(inputs: dict) -> dict:
     return out
 
 
+def _note_step(runtime, options) -> None:
+    """The sampler step this model call belongs to, for the worker panel (ComfyUI's own bar is separate)."""
+    sigmas, now = (options or {}).get("sample_sigmas"), (options or {}).get("sigmas")
+    if isinstance(sigmas, torch.Tensor) and isinstance(now, torch.Tensor) and sigmas.numel() > 1 and now.numel():
+        total = sigmas.numel() - 1
+        runtime.progress(min(int((sigmas[:-1].cpu() > now.max().cpu()).sum()) + 1, total), total)
+
+
 def make_apply_model_wrapper(runtime, hp, state: dict):
     def wrapper(executor, *args, **kwargs):
+        _note_step(runtime, kwargs.get("transformer_options", args[5] if len(args) > 5 else None))
         base = executor.class_obj
         original = base.diffusion_model
         proxy = PoolDiffusionModel(runtime, hp, original, state)
@@ -158,10 +167,10 @@ class HybridSampler:
     def sample(self, model, seed, steps, cfg, sampler_name, scheduler, positive, negative, latent_image,
                parallel_config, denoise=1.0):
         import comfy.patcher_extension
-        import nodes as comfy_nodes  # ComfyUI's own top-level module (our package never uses this name)
 
         hp = parallel_config
-        if hp.config.pp_degree > 1:
+        loop = uses_loop_mode(hp)
+        if loop:
             check_loop_mode(sampler_name)  # before any work
         m = model.clone()
         # the workers keep the model parallelized for one method: the method is part of its identity
@@ -169,7 +178,14 @@ class HybridSampler:
         state = {"key": f"{weights_key(model.model, model.patches_uuid)}|{method}", "calls": 0}
         m.add_wrapper_with_key(comfy.patcher_extension.WrappersMP.APPLY_MODEL, WRAPPER_KEY,
                                make_apply_model_wrapper(self.runtime, hp, state))
-        if hp.config.pp_degree == 1:  # step mode: ComfyUI's KSampler, one pool forward per model call
+        with self.runtime.track("sample", total=steps):  # the worker panel's busy state and step
+            return self._run(m, hp, state, loop, seed, steps, cfg, sampler_name, scheduler, positive, negative,
+                             latent_image, denoise)
+
+    def _run(self, m, hp, state, loop, seed, steps, cfg, sampler_name, scheduler, positive, negative,
+             latent_image, denoise):
+        import nodes as comfy_nodes  # ComfyUI's own top-level module (our package never uses this name)
+        if not loop:  # step mode: ComfyUI's KSampler, one pool forward per model call
             return comfy_nodes.common_ksampler(m, seed, steps, cfg, sampler_name, scheduler, positive, negative,
                                                latent_image, denoise=denoise)
         return self._loop_mode(m, hp, state, seed, steps, cfg, sampler_name, scheduler, positive, negative,
@@ -177,7 +193,7 @@ class HybridSampler:
 
     def _loop_mode(self, m, hp, state, seed, steps, cfg, sampler_name, scheduler, positive, negative, latent,
                    denoise):
-        """PipeFusion: ComfyUI's noise, sigmas and conditioning; the loop runs in the workers."""
+        """ComfyUI's noise, sigmas and conditioning; the loop runs in the workers (PipeFusion or loop mode)."""
         import comfy.sample
         import comfy.samplers
 

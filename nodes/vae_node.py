@@ -31,7 +31,10 @@ class PatchVAEDecode:
         }}
 
     def decode(self, samples, vae, parallel_config, block_size=0):
-        hp = parallel_config
+        with self.runtime.track("vae_decode"):  # the worker panel's busy state
+            return self._decode(samples, vae, parallel_config, block_size)
+
+    def _decode(self, samples, vae, hp, block_size):
         first = vae.first_stage_model
         family = "vae_wan" if type(first).__name__ == "WanVAE" else "vae_kl"
         key = weights_key(first, "vae")

@@ -154,11 +154,13 @@ def write_checkpoints(base: Path, families=("sd3",)) -> None:
 
 def workflow(degrees, tag: str, width: int, height: int, steps: int = 3, cfg: float = 4.0,
              sampler: str = "euler", scheduler: str = "normal", batch: int = 1, png: bool = False,
-             family: str = "sd3", length: int = 5, lora: tuple = None, denoise: float = 1.0) -> dict:
+             family: str = "sd3", length: int = 5, lora: tuple = None, denoise: float = 1.0,
+             mask: bool = False) -> dict:
     """API prompt on a family's tiny checkpoints: KSampler -> VAEDecode when `degrees` is None, else
     Parallel Config(degrees) -> Hybrid Sampler -> Patch VAE Decode; the image and the latent are saved
     losslessly as output/img_<tag> and output/lat_<tag> (and as a PNG when `png`). `lora`: (file, strength)
-    applied to the MODEL with LoraLoaderModelOnly."""
+    applied to the MODEL with LoraLoaderModelOnly. `mask`: a noise mask (SetLatentNoiseMask) that keeps the
+    top-left quarter of the latent and denoises the rest."""
     f = FAMILIES[family]
 
     def cond(seed):
@@ -175,12 +177,20 @@ def workflow(degrees, tag: str, width: int, height: int, steps: int = 3, cfg: fl
         "6": {"class_type": "VAELoader", "inputs": {"vae_name": f["vae"]}},
     }
     model = ["1", 0]
+    latent_image = ["4", 0]
+    if mask:
+        g["20"] = {"class_type": "SolidMask", "inputs": {"value": 1.0, "width": width, "height": height}}
+        g["21"] = {"class_type": "SolidMask", "inputs": {"value": 0.0, "width": width // 2, "height": height // 2}}
+        g["22"] = {"class_type": "MaskComposite", "inputs": {"destination": ["20", 0], "source": ["21", 0],
+                                                             "x": 0, "y": 0, "operation": "multiply"}}
+        g["23"] = {"class_type": "SetLatentNoiseMask", "inputs": {"samples": ["4", 0], "mask": ["22", 0]}}
+        latent_image = ["23", 0]
     if lora is not None:
         g["12"] = {"class_type": "LoraLoaderModelOnly", "inputs": {"model": ["1", 0], "lora_name": lora[0],
                                                                    "strength_model": lora[1]}}
         model = ["12", 0]
     common = {"model": model, "seed": 42, "steps": steps, "cfg": cfg, "sampler_name": sampler,
-              "scheduler": scheduler, "positive": ["2", 0], "negative": ["3", 0], "latent_image": ["4", 0],
+              "scheduler": scheduler, "positive": ["2", 0], "negative": ["3", 0], "latent_image": latent_image,
               "denoise": denoise}
     if degrees is None:
         g["5"] = {"class_type": "KSampler", "inputs": common}

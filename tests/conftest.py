@@ -2,6 +2,7 @@ import os
 
 import pytest
 
+from comfy_server import ComfyServer, write_checkpoints
 from dist_harness import DistPool
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -20,3 +21,31 @@ def dist_pools():
     yield get
     for p in pools.values():
         p.close()
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory):
+    """The session's one real ComfyUI server (ComfyUI takes ~15 s to start on 2 cores): the e2e tests and the
+    web tests (routes, browser) share it. Tiny SD3 / PixArt / Wan checkpoints and a tiny LoRA are on disk."""
+    from comfy_env import setup_comfy
+    comfy_dir = setup_comfy()
+    base = tmp_path_factory.mktemp("comfy_base")
+    srv = ComfyServer(comfy_dir, base)
+    write_checkpoints(base, ("sd3", "pixart", "wan"))
+    _write_tiny_lora(base / "models" / "loras" / "tiny_lora.safetensors")
+    srv.start()
+    yield srv
+    srv.stop()
+
+
+def _write_tiny_lora(path):
+    """A rank-4 LoRA on every joint block's image qkv of the tiny SD3 (ComfyUI's generic key format)."""
+    import torch
+    from safetensors.torch import save_file
+    g = torch.Generator().manual_seed(9)
+    sd = {}
+    for i in range(4):
+        k = f"diffusion_model.joint_blocks.{i}.x_block.attn.qkv"
+        sd[f"{k}.lora_up.weight"] = torch.randn(3 * 256, 4, generator=g) * 0.2
+        sd[f"{k}.lora_down.weight"] = torch.randn(4, 256, generator=g) * 0.2
+    save_file(sd, str(path))

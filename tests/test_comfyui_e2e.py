@@ -3,36 +3,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from comfy_env import setup_comfy
-from comfy_server import ComfyServer, workflow, write_checkpoints
+from comfy_server import workflow
 
 pytestmark = pytest.mark.comfy
 
 W, H = 104, 72  # latent 13 x 9: odd on both axes (ComfyUI pads SD3 circularly)
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    comfy_dir = setup_comfy()
-    base = tmp_path_factory.mktemp("comfy_base")
-    srv = ComfyServer(comfy_dir, base)
-    write_checkpoints(base, ("sd3", "pixart", "wan"))
-    _write_tiny_lora(base / "models" / "loras" / "tiny_lora.safetensors")
-    srv.start()
-    yield srv
-    srv.stop()
-
-
-def _write_tiny_lora(path):
-    """A rank-4 LoRA on every joint block's image qkv of the tiny SD3 (ComfyUI's generic key format)."""
-    from safetensors.torch import save_file
-    g = torch.Generator().manual_seed(9)
-    sd = {}
-    for i in range(4):
-        k = f"diffusion_model.joint_blocks.{i}.x_block.attn.qkv"
-        sd[f"{k}.lora_up.weight"] = torch.randn(3 * 256, 4, generator=g) * 0.2
-        sd[f"{k}.lora_down.weight"] = torch.randn(4, 256, generator=g) * 0.2
-    save_file(sd, str(path))
+# `server`: the session's one real ComfyUI (tests/conftest.py), shared with the web tests.
 
 
 def _graph(parallel, tag, **kw):
@@ -263,3 +239,55 @@ def test_example_api_prompts_match_the_server_schema(server):
             assert not unknown, (f.name, nid, node["class_type"], unknown)
             missing = set(spec.get("required", {})) - set(node["inputs"])
             assert not missing, (f.name, nid, node["class_type"], missing)
+
+
+@pytest.mark.parametrize("family,degrees", [
+    ("sd3", {"ulysses_degree": 2, "method": "distrifusion", "warmup_steps": 3}),
+    ("sd3", {"cfg_degree": 2}),
+    ("wan", {"ulysses_degree": 2}),
+], ids=["sd3-distrifusion-u2", "sd3-cfg2", "wan-u2"])
+def test_loop_mode_without_pipeline_equals_ksampler(server, reference, family, degrees):
+    """sampling_mode=loop: the whole loop in the workers, one parallel forward per step, on odd latents."""
+    tag = f"loop_{family}_" + "_".join(f"{k}{v}" for k, v in degrees.items())
+    kw = dict(family=family, sampler="dpmpp_2m" if family == "wan" else "euler")
+    if family == "sd3":
+        ref = reference[0]
+    else:
+        _ok(server, server.run(workflow(None, f"{tag}_ref", W, H, steps=3, **kw)))
+        ref = _load(server, f"lat_{tag}_ref", "images")
+    _ok(server, server.run(workflow({**degrees, "sampling_mode": "loop"}, tag, W, H, steps=3, **kw)))
+    err = _rel(_load(server, f"lat_{tag}", "images"), ref)
+    print(f"loop mode {tag}: latent relative error vs KSampler {err:.2e}")
+    assert err <= 1e-4
+
+
+def test_loop_mode_refuses_step_only_choices_before_work(server):
+    entry = server.run(workflow({"pp_degree": 2, "sampling_mode": "step"}, "loop_bad", PF_W, PF_H))
+    assert "sampling_mode" in str(entry) and "auto or loop" in str(entry), str(entry)[:2000]
+
+
+def test_pipefusion_with_ulysses_equals_ksampler(server):
+    """pp2 x ulysses2 (4 workers): each patch split again over the sp ranks; warmup = all steps is exact."""
+    kw = dict(steps=3, sampler="euler")
+    ref_tag = "pf_ref_euler"
+    if not server.output(f"lat_{ref_tag}.safetensors").exists():
+        _ok(server, server.run(workflow(None, ref_tag, PF_W, PF_H, **kw)))
+    tag = "pf_u2_w3"
+    degrees = {"pp_degree": 2, "ulysses_degree": 2, "num_pipeline_patch": 2, "warmup_steps": 3}
+    _ok(server, server.run(workflow(degrees, tag, PF_W, PF_H, **kw)))
+    err = _rel(_load(server, f"lat_{tag}", "images"), _load(server, f"lat_{ref_tag}", "images"))
+    print(f"PipeFusion pp2 x ulysses2, warmup 3/3: latent relative error vs KSampler {err:.2e}")
+    assert err <= 1e-4
+
+
+def test_noise_mask_is_honoured_in_step_mode(server):
+    """SetLatentNoiseMask (inpainting-style): ComfyUI's own masking around the pool's forwards."""
+    _ok(server, server.run(workflow(None, "mask_ref", W, H, mask=True, sampler="dpmpp_2m")))
+    _ok(server, server.run(workflow({"cfg_degree": 2, "ulysses_degree": 2}, "mask_cfg2u2", W, H, mask=True,
+                                    sampler="dpmpp_2m")))
+    ref, lat = _load(server, "lat_mask_ref", "images"), _load(server, "lat_mask_cfg2u2", "images")
+    assert _rel(lat, ref) <= 1e-4, _rel(lat, ref)
+    kept = ref[..., : ref.shape[-2] // 2 - 1, : ref.shape[-1] // 2 - 1]  # the masked-out quarter stays the input
+    assert torch.all(kept == kept.flatten()[0]) and ref.std().item() > 0.1  # (SD3's empty latent is a constant)
+    entry = server.run(workflow({"ulysses_degree": 2, "sampling_mode": "loop"}, "mask_loop", W, H, mask=True))
+    assert "noise masks" in str(entry) and "step mode" in str(entry), str(entry)[:2000]

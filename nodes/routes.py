@@ -1,0 +1,108 @@
+"""HTTP routes for the web extension (web/hybrid_parallel.js), registered on ComfyUI's PromptServer.
+
+The mesh picture must never disagree with what a prompt would do, so the mesh
+route builds the config with the Parallel Config node's own `build` (same
+defaults, same validation, same error text) and the groups with
+`parallel.mesh` - the browser computes nothing. The pool routes read the
+`Runtime` the nodes use. Everything that may block (the worker health probe,
+stopping workers) runs off the server's event loop.
+"""
+from __future__ import annotations
+
+from ..parallel.mesh import AXES, rank_coords, rank_groups
+from .config_node import ParallelConfigNode
+
+MAX_PICTURE_RANKS = 256  # larger worlds get totals only: a picture of them would not be read anyway
+PICTURE_AXES = ("dp", "cfg", "pp", "ring", "ulysses", "tp", "sp")
+
+
+def _defaults() -> dict:
+    spec = ParallelConfigNode.INPUT_TYPES()
+    out = {}
+    for section in ("required", "optional"):
+        for name, (kind, *opts) in spec.get(section, {}).items():
+            opts = opts[0] if opts else {}
+            out[name] = opts.get("default", kind[0] if isinstance(kind, list) else "")
+    return out
+
+
+def _coerce(name: str, value: str, default):
+    if isinstance(default, bool):
+        return value.lower() in ("1", "true", "yes")
+    if isinstance(default, int):
+        try:
+            return int(value)
+        except ValueError:
+            raise ValueError(f"Parallel Config: {name} must be an integer, got {value!r}") from None
+    return value
+
+
+def mesh_payload(query: dict) -> dict:
+    """What the mesh picture draws for these widget values: {ok, world_size, groups, ranks} or {ok: False, error}.
+
+    Unknown widget names are ignored (a newer frontend workflow), missing ones take the node's defaults.
+    """
+    defaults = _defaults()
+    kwargs = dict(defaults)
+    try:
+        for name, value in query.items():
+            if name in defaults:
+                kwargs[name] = _coerce(name, str(value), defaults[name])
+        out = ParallelConfigNode().build(**kwargs)
+    except ValueError as e:
+        return {"ok": False, "error": str(e)}
+    hp = out["result"][0]
+    config = hp.config
+    payload = {"ok": True, "world_size": config.world_size, "describe": hp.describe(), "text": out["ui"]["text"],
+               "degrees": {ax: getattr(config, f"{ax}_degree") for ax in AXES + ("sp",)},
+               "device": hp.device, "picture": config.world_size <= MAX_PICTURE_RANKS}
+    if not payload["picture"]:
+        payload["error_hint"] = (f"{config.world_size} ranks: too many to draw (the picture shows up to "
+                                 f"{MAX_PICTURE_RANKS}); the degrees themselves are valid")
+        return payload
+    groups = rank_groups(config)
+    payload["groups"] = {ax: groups[ax] for ax in PICTURE_AXES}
+    index = {ax: {r: i for i, g in enumerate(groups[ax]) for r in g} for ax in PICTURE_AXES}
+    devices = list(config.devices) or _default_devices(hp.device, config.world_size)
+    payload["ranks"] = [{"rank": r, "device": devices[r], "coords": rank_coords(config, r),
+                         "group": {ax: index[ax][r] for ax in PICTURE_AXES}} for r in range(config.world_size)]
+    return payload
+
+
+def _default_devices(kind: str, n: int) -> list:
+    """The devices the pool would pick without a list (workers/launch.py): cuda:i per rank, else CPU processes."""
+    if kind != "cpu":
+        try:
+            import torch
+            if torch.cuda.is_available():
+                return [f"cuda:{i}" for i in range(n)]
+        except ImportError:
+            pass
+        if kind == "cuda":
+            return [f"cuda:{i}" for i in range(n)]
+    return [f"cpu #{i}" for i in range(n)]
+
+
+def register(server, runtime) -> None:
+    """Add the routes to ComfyUI's PromptServer (also served under /api/... by ComfyUI)."""
+    import asyncio
+
+    from aiohttp import web
+
+    routes = server.routes
+
+    @routes.get("/hybrid_parallel/mesh")
+    async def mesh(request):
+        return web.json_response(mesh_payload(dict(request.rel_url.query)))
+
+    @routes.get("/hybrid_parallel/pool")
+    async def pool(request):
+        return web.json_response(await asyncio.get_running_loop().run_in_executor(None, runtime.status))
+
+    @routes.post("/hybrid_parallel/pool/stop")
+    async def stop(request):
+        """Interrupt the running job (its prompt ends as interrupted) and stop every worker; the next
+        prompt starts them again."""
+        cancelled = runtime.cancel()
+        was = await asyncio.get_running_loop().run_in_executor(None, runtime.stop)
+        return web.json_response({"ok": True, "stopped": was, "cancelled": cancelled})

@@ -1,0 +1,235 @@
+"""The web extension in the real ComfyUI frontend, in headless Chromium (Debian's package, selenium).
+
+What a user sees: the Parallel Config node's mesh picture (cells, groups, colours) following the
+widgets, the config error inline, the worker panel, and Hybrid Sampler's progress reaching the
+frontend. Screenshots go to $HP_ARTIFACTS_DIR (default build/test-artifacts).
+Under scripts/test.sh (HP_REQUIRE_BROWSER=1) a missing browser fails these tests; elsewhere it skips them.
+"""
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from comfy_server import workflow
+from comfyui_hybrid_parallel.parallel import ParallelConfig
+from comfyui_hybrid_parallel.parallel.mesh import rank_groups
+
+pytestmark = [pytest.mark.comfy, pytest.mark.browser]
+
+CHROMIUM = os.environ.get("HP_CHROMIUM", "/usr/bin/chromium")  # Debian's packages (scripts/setup_browser.sh)
+CHROMEDRIVER = os.environ.get("HP_CHROMEDRIVER", "/usr/bin/chromedriver")
+REPO = Path(__file__).resolve().parents[1]
+ARTIFACTS = Path(os.environ.get("HP_ARTIFACTS_DIR", REPO / "build" / "test-artifacts"))
+SEED = dict(dp_degree=2, cfg_degree=2, pp_degree=2, ulysses_degree=2)  # xDiT's 16-device example
+W, H = 104, 72
+
+APP = "const app = window.comfyAPI.app.app; const node = app.graph.findNodesByType('HybridParallelConfig')[0];"
+READY = """const a = window.comfyAPI?.app?.app;
+return !!(a && a.graph && window.LiteGraph?.registered_node_types?.HybridSampler
+          && a.extensions?.some((e) => e.name === 'hybrid_parallel.ui')
+          && a.graph.nodes.length > 0);"""  # the default graph is in: loading ours now is not overwritten
+SET_WIDGETS = APP + """
+for (const [name, value] of Object.entries(arguments[0])) {
+  const w = node.widgets.find((w) => w.name === name);
+  w.setValue(value, { node, canvas: app.canvas });  // what a click or a typed value does
+}"""
+SETTLED = APP + "return !!node?.hpMesh && !node.hpMesh.pending && node.hpMesh.payload !== null;"
+READ = APP + """
+const root = node.widgets.find((w) => w.name === 'mesh_picture').element;
+const cells = [...root.querySelectorAll('.hp-cell')].map((c) => {
+  const group = {};
+  for (const [k, v] of Object.entries(c.dataset)) if (k.startsWith('group')) group[k.slice(5).toLowerCase()] = +v;
+  return { rank: +c.dataset.rank, group, color: getComputedStyle(c).backgroundColor };
+});
+const boxes = {};
+for (const b of root.querySelectorAll('.hp-box')) boxes[b.dataset.axis] = (boxes[b.dataset.axis] || 0) + 1;
+return { ok: root.dataset.ok, worldSize: +root.dataset.worldSize, colorBy: root.dataset.colorBy || null, cells, boxes,
+         chips: [...root.querySelectorAll('.hp-chip')].map((c) => c.dataset.axis),
+         error: root.querySelector('.hp-mesh-error')?.textContent ?? null, query: node.hpMesh.query };"""
+
+
+def _browser_missing():
+    missing = [p for p in (CHROMIUM, CHROMEDRIVER) if not os.access(p, os.X_OK)]
+    try:
+        import selenium  # noqa: F401
+    except ImportError:
+        missing.append("the selenium package")
+    return missing
+
+
+def _chrome(profile):
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+              "--disable-background-networking", "--disable-component-update", "--disable-sync",
+              "--disable-dev-shm-usage", "--window-size=1600,1300", "--force-device-scale-factor=1",
+              f"--user-data-dir={profile}"):
+        opts.add_argument(a)
+    return webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)  # explicit driver: no selenium-manager
+
+
+def _until(fn, timeout_s=60.0, what="condition"):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        v = fn()
+        if v:
+            return v
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+
+@pytest.fixture(scope="module")
+def page(request):
+    """The ComfyUI frontend in headless Chromium with a Hybrid Parallel workflow loaded."""
+    missing = _browser_missing()
+    if missing:
+        msg = f"browser tests need {', '.join(missing)}: run scripts/setup_browser.sh"
+        if os.environ.get("HP_REQUIRE_BROWSER") == "1":
+            pytest.fail(msg, pytrace=False)
+        pytest.skip(msg)
+    server = request.getfixturevalue("server")  # only now (tests ask `page` for it): a skip must not start ComfyUI
+    server.post("/settings/Comfy.TutorialCompleted", True)  # no first-run templates dialog over the canvas
+    profile = tempfile.mkdtemp(prefix="hp-chromium-")
+    driver = _chrome(profile)
+    try:
+        driver.get(server.url)
+        _until(lambda: driver.execute_script(READY), 120, "the frontend with our extension")
+        driver.execute_script("window.comfyAPI.app.app.loadApiJson(arguments[0], 'hybrid_parallel.json')",
+                              workflow({}, "browser", W, H, steps=3))
+        _until(lambda: driver.execute_script(SETTLED), 30, "the first mesh picture")
+        driver.comfy = server
+        yield driver
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+def _set(page, **widgets):
+    page.execute_script(SET_WIDGETS, widgets)
+    _until(lambda: page.execute_script(SETTLED), 30, f"the mesh picture for {widgets}")
+    return page.execute_script(READ)
+
+
+def _partition(cells, axis):
+    groups = {}
+    for c in cells:
+        groups.setdefault(c["group"][axis], []).append(c["rank"])
+    return sorted(sorted(g) for g in groups.values())
+
+
+def _colors_follow(cells, axis):
+    """Same colour inside a group, a different colour for every other group."""
+    by_group = {}
+    for c in cells:
+        by_group.setdefault(c["group"][axis], set()).add(c["color"])
+    return all(len(s) == 1 for s in by_group.values()) and len({s.pop() for s in by_group.values()}) == len(by_group)
+
+
+def _screenshot(page, name, crop_node=True):
+    """A full-window screenshot and, with crop_node, the Parallel Config node cut out of it."""
+    from PIL import Image
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    full = ARTIFACTS / f"{name}_window.png"
+    page.save_screenshot(str(full))
+    if not crop_node:
+        return full
+    box = page.execute_script(APP + """
+const r = app.canvas.canvas.getBoundingClientRect(), ds = app.canvas.ds, title = window.LiteGraph.NODE_TITLE_HEIGHT;
+const [x, y] = ds.convertOffsetToCanvas([node.pos[0], node.pos[1] - title]);
+return [r.left + x, r.top + y, node.size[0] * ds.scale, (node.size[1] + title) * ds.scale, window.devicePixelRatio];""")
+    x, y, w, h, dpr = box
+    pad = 12
+    img = Image.open(full)
+    left, top = max(0, int((x - pad) * dpr)), max(0, int((y - pad) * dpr))
+    crop = img.crop((left, top, min(img.width, int((x + w + pad) * dpr)), min(img.height, int((y + h + pad) * dpr))))
+    out = ARTIFACTS / f"{name}.png"
+    crop.save(out)
+    return out
+
+
+def test_mesh_picture_follows_the_degree_widgets(page):
+    one = page.execute_script(READ)
+    assert one["ok"] == "true" and one["worldSize"] == 1 and len(one["cells"]) == 1
+
+    pic = _set(page, **SEED)
+    assert pic["ok"] == "true" and pic["worldSize"] == 16 and len(pic["cells"]) == 16
+    assert sorted(c["rank"] for c in pic["cells"]) == list(range(16))
+    groups = rank_groups(ParallelConfig(**SEED))
+    for axis in ("dp", "cfg", "pp", "ulysses", "ring", "sp", "tp"):
+        assert _partition(pic["cells"], axis) == sorted(groups[axis]), axis
+    assert [0, 4] in _partition(pic["cells"], "cfg") and [0, 2] in _partition(pic["cells"], "pp")
+    assert [0, 1] in _partition(pic["cells"], "sp")
+    assert pic["boxes"] == {"dp": 2, "cfg": 4, "pp": 8}  # replicas > cfg halves > stages, as nested boxes
+    assert pic["chips"] == ["ulysses", "pp", "cfg", "dp"] and pic["colorBy"] == "ulysses"
+    assert _colors_follow(pic["cells"], "ulysses")
+
+    page.execute_script(APP + """const ds = app.canvas.ds, title = window.LiteGraph.NODE_TITLE_HEIGHT;
+ds.scale = 1.25;  // the node near the top left, large enough to read
+ds.offset[0] = 420 / ds.scale - node.pos[0]; ds.offset[1] = 150 / ds.scale - node.pos[1] + title;
+app.canvas.setDirty(true, true);""")
+    time.sleep(0.5)  # a frame for the canvas and the DOM widget positions
+    out = _screenshot(page, "mesh_picture")
+    assert out.stat().st_size > 10_000
+    if os.environ.get("HP_UPDATE_DOCS_SCREENSHOT") == "1":
+        shutil.copy(out, REPO / "docs" / "mesh_picture.png")
+
+    # colour by CFG half instead: a click on the legend chip
+    page.execute_script(APP + "node.widgets.find((w) => w.name === 'mesh_picture').element"
+                              ".querySelector('.hp-chip[data-axis=\"cfg\"]').click();")
+    by_cfg = page.execute_script(READ)
+    assert by_cfg["colorBy"] == "cfg" and _colors_follow(by_cfg["cells"], "cfg")
+    assert not _colors_follow(by_cfg["cells"], "ulysses")
+
+    _screenshot(page, "mesh_picture_by_cfg")
+
+    ring = _set(page, dp_degree=1, cfg_degree=1, pp_degree=1, ulysses_degree=2, ring_degree=2)
+    assert ring["worldSize"] == 4 and ring["boxes"] == {}  # no box for an axis of degree 1
+    assert _partition(ring["cells"], "ring") == [[0, 2], [1, 3]]
+    assert _partition(ring["cells"], "sp") == [[0, 1, 2, 3]]
+
+
+def test_invalid_degrees_show_the_config_error_inline(page):
+    server = page.comfy
+    _set(page, dp_degree=1, cfg_degree=1, ring_degree=1, ulysses_degree=1, pp_degree=2, tp_degree=1)
+    bad = _set(page, tp_degree=2)
+    assert bad["ok"] == "false" and bad["cells"] == [] and bad["worldSize"] == 0
+    assert bad["error"] == server.get(f"/hybrid_parallel/mesh?{bad['query']}")["error"]  # the server's rules
+    assert "tp_degree" in bad["error"] and "pp_degree" in bad["error"]
+    _screenshot(page, "mesh_error")
+    fixed = _set(page, tp_degree=1)
+    assert fixed["ok"] == "true" and fixed["error"] is None and fixed["worldSize"] == 2
+
+
+def test_worker_panel_and_sampler_progress(page):
+    """Sidebar tab: the pool route's state; a multi-rank prompt from this page: progress on Hybrid Sampler."""
+    server = page.comfy
+    page.execute_script("window.comfyAPI.app.app.extensionManager.command"
+                        ".execute('Workspace.ToggleSidebarTab.hybrid-parallel-workers');")
+    state = "return document.getElementById('hp-worker-panel')?.dataset.state ?? null;"
+    shown = _until(lambda: page.execute_script(state), 20, "the worker panel")
+    assert shown in {"none", "ready", "failed"} and shown == server.get("/hybrid_parallel/pool")["state"]
+
+    page.execute_script("""window.__hpProgress = [];
+window.comfyAPI.api.api.addEventListener('progress', (e) => window.__hpProgress.push(e.detail));""")
+    client = page.execute_script("return window.comfyAPI.api.api.clientId;")
+    graph = workflow({"ulysses_degree": 2}, f"browser_{uuid.uuid4().hex[:6]}", W, H, steps=3)
+    pid = server.post("/prompt", {"prompt": graph, "client_id": client})["prompt_id"]
+    entry = _until(lambda: server.get(f"/history/{pid}").get(pid, {}).get("status", {}).get("completed") is not None
+                   and server.get(f"/history/{pid}")[pid], 300, "the prompt")
+    assert entry["status"]["status_str"] == "success", entry["status"]
+    events = page.execute_script("return window.__hpProgress;")
+    sampler = [e for e in events if str(e["node"]) == "5"]  # "5" is Hybrid Sampler in comfy_server.workflow
+    assert sampler and {e["max"] for e in sampler} == {3} and max(e["value"] for e in sampler) == 3, events
+
+    rows = "return [...document.querySelectorAll('#hp-worker-panel tr[data-rank]')].map((r) => r.innerText);"
+    _until(lambda: page.execute_script(state) == "ready" and len(page.execute_script(rows)) == 2, 20,
+           "the panel to show 2 ready workers")
+    text = page.execute_script("return document.getElementById('hp-worker-panel').innerText;")
+    assert "ulysses2" in text and "sd3" in text and "MiB" in text
+    _screenshot(page, "worker_panel", crop_node=False)

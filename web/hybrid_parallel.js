@@ -1,0 +1,172 @@
+// ComfyUI frontend extension of the Hybrid Parallel pack (served from WEB_DIRECTORY = ./web).
+//
+// - Parallel Config: a live device-mesh picture under the widgets (a DOM widget), refreshed whenever a
+//   widget changes, with the config error shown inline; the server route validates, so the rules are
+//   the Python ones.
+// - A "Workers" sidebar tab: pool state, per-rank device / memory / models, current step, stop button.
+// - Hybrid Sampler's progress: ComfyUI's standard per-node progress bar, fed by the node itself (step
+//   mode: ComfyUI's sampler callback; loop mode: the workers' per-step reports).
+import { app } from "../../scripts/app.js";
+import { api } from "../../scripts/api.js";
+import { renderMesh, STYLE } from "./mesh_picture.js";
+import { mountPanel, PANEL_STYLE } from "./worker_panel.js";
+
+const CONFIG_NODE = "HybridParallelConfig";
+const MESH_WIDGET = "mesh_picture";
+const DEBOUNCE_MS = 120;
+const MARGIN = 4;
+
+function addStyle() {
+  if (document.getElementById("hp-style")) return;
+  const style = document.createElement("style");
+  style.id = "hp-style";
+  style.textContent = STYLE + PANEL_STYLE;
+  document.head.append(style);
+}
+
+function widgetQuery(node) {
+  const q = new URLSearchParams();
+  for (const w of node.widgets || []) {
+    if (w.name === MESH_WIDGET || w.value == null || typeof w.value === "object") continue;
+    q.set(w.name, String(w.value));
+  }
+  return q;
+}
+
+/** The mesh picture of one Parallel Config node; `node.hpMesh` exposes its state (tests read it). */
+function attachMesh(node) {
+  const root = document.createElement("div");
+  root.className = "hp-mesh";
+  const mesh = { payload: null, query: "", seq: 0, pending: false, colorBy: node.properties?.hp_color_by, timer: null };
+  node.hpMesh = mesh;
+  let height = 80;
+  const widget = node.addDOMWidget(MESH_WIDGET, "hp_mesh", root, {
+    serialize: false,
+    hideOnZoom: false,
+    margin: MARGIN,
+    getMinHeight: () => height,
+    getMaxHeight: () => height,
+  });
+  widget.serialize = false; // a picture, not an input: keep it out of widgets_values and the prompt
+
+  // Grow the node to the picture: measured, since the layout depends on degrees, fonts and wrapping.
+  // A ResizeObserver also catches the first layout of a node that was off screen when it was drawn.
+  function fit() {
+    const inner = root.firstElementChild;
+    if (!inner || !inner.offsetHeight) return; // hidden (off screen, collapsed): keep the last size
+    const h = inner.offsetHeight + 2 * MARGIN + 2;
+    const w = inner.scrollWidth + 2 * MARGIN + 4;
+    if (h === height && w <= node.size[0]) return;
+    height = h;
+    const min = node.computeSize();
+    node.setSize([Math.max(node.size[0], w, min[0]), min[1]]);
+    app.graph?.setDirtyCanvas(true, true);
+  }
+  const observer = new ResizeObserver(() => fit());
+  mesh.observe = () => { observer.disconnect(); if (root.firstElementChild) observer.observe(root.firstElementChild); };
+  mesh.disconnect = () => observer.disconnect();
+
+  function draw() {
+    // mesh.colorBy is the user's pick only: the default follows the degrees (innermost split axis)
+    renderMesh(root, mesh.payload, mesh.colorBy, (axis) => {
+      mesh.colorBy = axis;
+      node.properties = node.properties || {};
+      node.properties.hp_color_by = axis;
+      draw();
+    });
+    mesh.observe();
+    requestAnimationFrame(fit);
+  }
+
+  async function load() {
+    const query = widgetQuery(node).toString();
+    const seq = ++mesh.seq;
+    let payload;
+    try {
+      const r = await api.fetchApi(`/hybrid_parallel/mesh?${query}`);
+      payload = await r.json();
+    } catch (e) {
+      payload = { ok: false, error: `cannot reach the pack's server route /hybrid_parallel/mesh: ${e}` };
+    }
+    if (seq !== mesh.seq) return; // a newer request is on its way
+    mesh.payload = payload;
+    mesh.query = query;
+    mesh.pending = false;
+    draw();
+  }
+
+  mesh.refresh = () => {
+    mesh.pending = true;
+    clearTimeout(mesh.timer);
+    mesh.timer = setTimeout(load, DEBOUNCE_MS);
+  };
+  draw();
+  mesh.refresh();
+}
+
+app.registerExtension({
+  name: "hybrid_parallel.ui",
+
+  async setup() {
+    addStyle();
+    const tabs = app.extensionManager;
+    if (tabs?.registerSidebarTab) {
+      let stop = null;
+      tabs.registerSidebarTab({
+        id: "hybrid-parallel-workers",
+        icon: "pi pi-sitemap",
+        title: "Workers",
+        tooltip: "Hybrid Parallel workers",
+        type: "custom",
+        render: (el) => {
+          stop?.();
+          const root = document.createElement("div");
+          root.id = "hp-worker-panel";
+          el.replaceChildren(root);
+          stop = mountPanel(root, api);
+        },
+        destroy: () => { stop?.(); stop = null; },
+      });
+    }
+  },
+
+  async beforeRegisterNodeDef(nodeType, nodeData) {
+    if (nodeData.name !== CONFIG_NODE) return;
+    const onWidgetChanged = nodeType.prototype.onWidgetChanged;
+    nodeType.prototype.onWidgetChanged = function (...args) {
+      const r = onWidgetChanged?.apply(this, args);
+      if (args[0] !== MESH_WIDGET) this.hpMesh?.refresh();
+      return r;
+    };
+    const onConfigure = nodeType.prototype.onConfigure;
+    nodeType.prototype.onConfigure = function (...args) {
+      const r = onConfigure?.apply(this, args);
+      if (this.hpMesh) {
+        this.hpMesh.colorBy = this.properties?.hp_color_by ?? this.hpMesh.colorBy;
+        this.hpMesh.refresh();
+      }
+      return r;
+    };
+    const onRemoved = nodeType.prototype.onRemoved;
+    nodeType.prototype.onRemoved = function (...args) {
+      clearTimeout(this.hpMesh?.timer);
+      this.hpMesh?.disconnect();
+      return onRemoved?.apply(this, args);
+    };
+  },
+
+  async nodeCreated(node) {
+    if (node.comfyClass !== CONFIG_NODE) return;
+    attachMesh(node);
+    // widget callbacks too: some frontends set values without onWidgetChanged (e.g. number steppers)
+    for (const w of node.widgets || []) {
+      if (w.name === MESH_WIDGET) continue;
+      const cb = w.callback;
+      w.callback = function (...args) {
+        const r = cb?.apply(this, args);
+        node.hpMesh?.refresh();
+        return r;
+      };
+    }
+  },
+});
