@@ -1,5 +1,10 @@
 """Writes examples/api/*.json: API-format prompts for each family with real ComfyUI loaders.
 
+Sizes are multiples of 16 (what the frontend's size widgets allow), and every optional widget is
+spelled out, so that the drag-and-drop workflows in examples/workflows/ turn into exactly these
+prompts (tests/test_web_browser.py checks it in the real frontend and regenerates them with
+HP_UPDATE_EXAMPLES=1).
+
 Model file names are the usual ones from the model cards; rename them to what your
 models/ folders hold. Post one with `python examples/post_prompt.py examples/api/<file>.json`.
 Regenerate with `python examples/make_api_prompts.py` (tests check every node and input exists).
@@ -11,7 +16,7 @@ HERE = Path(__file__).resolve().parent
 
 PARALLEL = {"dp_degree": 1, "cfg_degree": 2, "ulysses_degree": 2, "ring_degree": 1, "pp_degree": 1,
             "num_pipeline_patch": 0, "warmup_steps": 1, "tp_degree": 1, "method": "usp", "device": "auto",
-            "attention": "auto", "devices": ""}
+            "attention": "auto", "devices": "", "sampling_mode": "auto"}
 
 
 def prompt(unet, clip_node, latent_node, vae, steps, cfg, sampler, scheduler, prefix, parallel=None,
@@ -30,7 +35,7 @@ def prompt(unet, clip_node, latent_node, vae, steps, cfg, sampler, scheduler, pr
             "parallel_config": ["6", 0], "denoise": 1.0}},
         "8": {"class_type": "VAELoader", "inputs": {"vae_name": vae}},
         "9": {"class_type": "HybridPatchVAEDecode", "inputs": {"samples": ["7", 0], "vae": ["8", 0],
-                                                               "parallel_config": ["6", 0]}},
+                                                               "parallel_config": ["6", 0], "block_size": 0}},
         "10": {"class_type": "SaveImage", "inputs": {"images": ["9", 0], "filename_prefix": prefix}},
     }
     if positive_extra:
@@ -40,12 +45,13 @@ def prompt(unet, clip_node, latent_node, vae, steps, cfg, sampler, scheduler, pr
 
 
 def all_prompts():
-    latent = {"class_type": "EmptySD3LatentImage", "inputs": {"width": 1000, "height": 1496, "batch_size": 1}}
+    latent = {"class_type": "EmptySD3LatentImage", "inputs": {"width": 1008, "height": 1504, "batch_size": 1}}
     return {
         "flux_dev_cfg1_ulysses2": prompt(
             "flux1-dev.safetensors",
             {"class_type": "DualCLIPLoader", "inputs": {"clip_name1": "clip_l.safetensors",
-                                                        "clip_name2": "t5xxl_fp16.safetensors", "type": "flux"}},
+                                                        "clip_name2": "t5xxl_fp16.safetensors", "type": "flux",
+                                                        "device": "default"}},
             latent, "ae.safetensors", 20, 1.0, "euler", "simple", "flux_hybrid",
             parallel={"cfg_degree": 1, "ulysses_degree": 2},
             positive_extra={"class_type": "FluxGuidance", "inputs": {"conditioning": ["3", 0], "guidance": 3.5}}),
@@ -57,7 +63,8 @@ def all_prompts():
             latent, "sd3.5_vae.safetensors", 28, 4.5, "euler", "sgm_uniform", "sd35_hybrid"),
         "pixart_sigma_pipefusion2": prompt(
             "PixArt-Sigma-XL-2-1024-MS.safetensors",
-            {"class_type": "CLIPLoader", "inputs": {"clip_name": "t5xxl_fp16.safetensors", "type": "pixart"}},
+            {"class_type": "CLIPLoader", "inputs": {"clip_name": "t5xxl_fp16.safetensors", "type": "pixart",
+                                                    "device": "default"}},
             {"class_type": "EmptyLatentImage", "inputs": {"width": 1024, "height": 1024, "batch_size": 1}},
             "sdxl_vae.safetensors", 20, 4.5, "euler", "normal", "pixart_hybrid",
             parallel={"cfg_degree": 1, "ulysses_degree": 1, "pp_degree": 2, "num_pipeline_patch": 4,
@@ -65,7 +72,7 @@ def all_prompts():
         "wan21_t2v_ulysses2_ring2": prompt(
             "wan2.1_t2v_1.3B_fp16.safetensors",
             {"class_type": "CLIPLoader", "inputs": {"clip_name": "umt5_xxl_fp8_e4m3fn_scaled.safetensors",
-                                                    "type": "wan"}},
+                                                    "type": "wan", "device": "default"}},
             {"class_type": "EmptyHunyuanLatentVideo", "inputs": {"width": 832, "height": 480, "length": 81,
                                                                  "batch_size": 1}},
             "wan_2.1_vae.safetensors", 30, 6.0, "uni_pc", "simple", "wan_hybrid",

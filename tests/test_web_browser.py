@@ -5,6 +5,7 @@ widgets, the config error inline, the worker panel, and Hybrid Sampler's progres
 frontend. Screenshots go to $HP_ARTIFACTS_DIR (default build/test-artifacts).
 Under scripts/test.sh (HP_REQUIRE_BROWSER=1) a missing browser fails these tests; elsewhere it skips them.
 """
+import json
 import os
 import shutil
 import tempfile
@@ -233,3 +234,47 @@ window.comfyAPI.api.api.addEventListener('progress', (e) => window.__hpProgress.
     text = page.execute_script("return document.getElementById('hp-worker-panel').innerText;")
     assert "ulysses2" in text and "sd3" in text and "MiB" in text
     _screenshot(page, "worker_panel", crop_node=False)
+
+
+UI_DIR, API_DIR = REPO / "examples" / "workflows", REPO / "examples" / "api"
+TO_PROMPT = """const done = arguments[arguments.length - 1];
+window.comfyAPI.app.app.graphToPrompt().then((p) => done(JSON.stringify(p.output)), (e) => done(String(e)));"""
+
+
+def _shape(prompt: dict) -> list:
+    """A prompt without its node ids: each node's class and inputs, links as (source class, slot), numbers
+    as floats (JavaScript writes the 1.0 of a Python prompt as 1)."""
+    cls = {k: v["class_type"] for k, v in prompt.items()}
+    num = lambda v: float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v  # noqa: E731
+    out = []
+    for node in prompt.values():
+        inputs = {k: (cls[v[0]], v[1]) if isinstance(v, list) and len(v) == 2 and str(v[0]) in cls else num(v)
+                  for k, v in node["inputs"].items()}
+        out.append(json.dumps([node["class_type"], inputs], sort_keys=True))
+    return sorted(out)
+
+
+def test_ui_workflows_are_the_api_prompts(page):
+    """examples/workflows/*.json (drag-and-drop UI format) turn into exactly examples/api/*.json in the real
+    frontend. HP_UPDATE_EXAMPLES=1 regenerates them from the API prompts with the frontend's own loader."""
+    app = "const app = window.comfyAPI.app.app;"
+    names = sorted(p.stem for p in API_DIR.glob("*.json"))
+    assert names, "no API prompts in examples/api"
+    try:
+        for name in names:
+            api = json.loads((API_DIR / f"{name}.json").read_text())
+            if os.environ.get("HP_UPDATE_EXAMPLES") == "1":
+                page.execute_script(app + "app.loadApiJson(arguments[0], arguments[1]);", api, f"{name}.json")
+                ui = page.execute_script(app + "return JSON.stringify(app.graph.serialize());")
+                UI_DIR.mkdir(exist_ok=True)
+                (UI_DIR / f"{name}.json").write_text(json.dumps(json.loads(ui), indent=1) + "\n")
+            ui = json.loads((UI_DIR / f"{name}.json").read_text())
+            assert ui.get("nodes") and ui.get("links") is not None, f"{name}: not a UI-format workflow"
+            page.execute_script(app + "return app.loadGraphData(arguments[0], true, true, arguments[1]);", ui, name)
+            got = json.loads(page.execute_async_script(TO_PROMPT))
+            a, b = _shape(got), _shape(api)
+            assert a == b, f"{name}: only in the frontend's prompt {sorted(set(a) - set(b))}, only in the API " \
+                           f"prompt {sorted(set(b) - set(a))}"
+    finally:  # the other tests of this module expect the Hybrid Parallel test workflow
+        page.execute_script("window.comfyAPI.app.app.loadApiJson(arguments[0], 'hybrid_parallel.json')",
+                            workflow({}, "browser", W, H, steps=3))
