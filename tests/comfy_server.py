@@ -60,7 +60,8 @@ class ComfyServer:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen(
             [sys.executable, "main.py", "--cpu", "--listen", "127.0.0.1", "--port", str(self.port),
-             "--base-directory", str(self.base), "--disable-auto-launch", "--database-url", "sqlite:///:memory:"],
+             "--base-directory", str(self.base), "--disable-auto-launch", "--database-url", "sqlite:///:memory:",
+             "--preview-method", "latent2rgb"],  # previews go only to a client that asked (tests/test_comfyui_previews.py)
             cwd=self.comfy_dir, stdout=self.log, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
