@@ -134,7 +134,18 @@ FAMILIES = {  # the tiny checkpoints each family's workflow loads, and the shape
                    tokens=8, context_dim=4096, pooled_dim=0),
     "wan": dict(unet="tiny_wan.safetensors", vae="tiny_wan_vae.safetensors", latent="EmptyHunyuanLatentVideo",
                 tokens=7, context_dim=4096, pooled_dim=0),
+    # Flux.1-dev: ComfyUI 0.3.75 fixes its width at 3072, so even one block of each kind is 531M parameters;
+    # written on demand (write_flux_checkpoint), not with the others
+    "flux": dict(unet="tiny_flux.safetensors", vae="tiny_kl16.safetensors", latent="EmptySD3LatentImage",
+                 tokens=7, context_dim=32, pooled_dim=24, guidance=3.5),
 }
+
+
+def write_flux_checkpoint(base: Path) -> None:
+    import tiny_checkpoints as tc
+    path = base / "models" / "diffusion_models" / FAMILIES["flux"]["unet"]
+    if not path.exists():
+        tc.write_flux(path, guidance=True, seed=11)
 
 
 def write_checkpoints(base: Path, families=("sd3",)) -> None:
@@ -167,7 +178,7 @@ def workflow(degrees, tag: str, width: int, height: int, steps: int = 3, cfg: fl
     def cond(seed):
         return {"class_type": "HPExampleConditioning", "inputs": {
             "seed": seed, "tokens": f["tokens"], "context_dim": f["context_dim"], "pooled_dim": f["pooled_dim"],
-            "guidance": -1.0}}
+            "guidance": f.get("guidance", -1.0)}}
     latent = {"width": width, "height": height, "batch_size": batch}
     if family == "wan":
         latent["length"] = length

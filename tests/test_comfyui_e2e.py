@@ -291,3 +291,21 @@ def test_noise_mask_is_honoured_in_step_mode(server):
     assert torch.all(kept == kept.flatten()[0]) and ref.std().item() > 0.1  # (SD3's empty latent is a constant)
     entry = server.run(workflow({"ulysses_degree": 2, "sampling_mode": "loop"}, "mask_loop", W, H, mask=True))
     assert "noise masks" in str(entry) and "step mode" in str(entry), str(entry)[:2000]
+
+
+def test_flux_dev_equals_ksampler(server):
+    """Flux.1-dev (guidance embedder; ComfyUI forces width 3072: 531M parameters) on an odd 13 x 9 latent,
+    which Flux pads circularly: ulysses2 in step mode and ring2 in loop mode equal KSampler."""
+    from comfy_server import write_flux_checkpoint
+    write_flux_checkpoint(server.base)
+    kw = dict(family="flux", steps=2, cfg=1.0, scheduler="simple")
+    _ok(server, server.run(workflow(None, "flux_ref", W, H, **kw)))
+    ref = _load(server, "lat_flux_ref", "images")
+    for tag, degrees in [("flux_u2", {"ulysses_degree": 2}), ("flux_r2_loop", {"ring_degree": 2,
+                                                                                "sampling_mode": "loop"})]:
+        _ok(server, server.run(workflow(degrees, tag, W, H, **kw)))
+        err = _rel(_load(server, f"lat_{tag}", "images"), ref)
+        print(f"Flux.1-dev {tag}: latent relative error vs KSampler {err:.2e}")
+        assert err <= 1e-4
+    img_ref, img = _load(server, "img_flux_ref", "images"), _load(server, "img_flux_u2", "images")
+    assert (img - img_ref).abs().max().item() <= 1e-4
