@@ -58,6 +58,12 @@ def _cond_uncond_order(inputs: dict, cond_or_uncond: list, batch: int) -> tuple:
     return {k: pick(v) for k, v in inputs.items()}, len(order) == 2
 
 
+def _previews_enabled() -> bool:
+    """Whether ComfyUI renders latent previews (--preview-method): only then do the workers send them."""
+    from comfy.cli_args import LatentPreviewMethod, args
+    return args.preview_method != LatentPreviewMethod.NoPreviews
+
+
 def make_loop_sampler(runtime, hp, state: dict, sampler_name: str, cfg: float, model_sampling, family_of_state):
     """A ComfyUI KSAMPLER whose function runs the loop (PipeFusion, or one parallel forward per step) on the workers."""
     import comfy.model_management
@@ -100,13 +106,20 @@ def make_loop_sampler(runtime, hp, state: dict, sampler_name: str, cfg: float, m
                   "resolution": list(x.shape[-2:])}
         tensors = {**_flatten(inputs), "noise": x.float().contiguous(), "sigmas": sigmas.float().cpu()}
         pbar = comfy.utils.ProgressBar(len(sigmas) - 1)
+        preview = None
+        if callback is not None and hp.config.pp_degree == 1 and _previews_enabled():
+            def preview(step, total, denoised):  # ComfyUI's k-diffusion callback: its previewer and progress bar
+                i = step - 1
+                d = denoised.to(x.device, x.dtype)
+                callback({"i": i, "denoised": d, "x": d, "sigma": sigmas[i], "sigma_hat": sigmas[i]})
 
         def progress(step, total):
             comfy.model_management.throw_exception_if_processing_interrupted()
-            pbar.update_absolute(step, total)
+            if preview is None:  # otherwise ComfyUI's callback (with the preview) already moved the bar
+                pbar.update_absolute(step, total)
             runtime.progress(step, total)
 
-        res = runtime.pool(hp).submit(hp.config, "loop", values, tensors, progress=progress)
+        res = runtime.pool(hp).submit(hp.config, "loop", values, tensors, progress=progress, preview=preview)
         return res.tensors["out"].to(x.device, x.dtype)
 
     return comfy.samplers.KSAMPLER(sample)

@@ -203,8 +203,10 @@ class HybridSampler:
                                          scheduler=scheduler, denoise=denoise, model_options=m.model_options).sigmas
         sampler = make_loop_sampler(self.runtime, hp, state, sampler_name, cfg,
                                     m.get_model_object("model_sampling"), lambda: state["family"])
+        import latent_preview  # ComfyUI's: its callback renders previews (when enabled) and moves the bar
+        callback = latent_preview.prepare_callback(m, sigmas.shape[-1] - 1)
         samples = comfy.sample.sample_custom(m, noise, cfg, sampler, sigmas, positive, negative, latent_image,
-                                             noise_mask=latent.get("noise_mask"), seed=seed)
+                                             noise_mask=latent.get("noise_mask"), callback=callback, seed=seed)
         out = latent.copy()
         out["samples"] = samples
         return (out,)

@@ -35,7 +35,7 @@ def run_loop(model, inputs: dict, sigmas, noise: torch.Tensor, *, convention: Co
     inputs: the model's conditioning kwargs (not hidden_states / timestep); with cfg_scale they hold
     [cond, uncond] (twice the latent batch) and the output is mixed as ComfyUI's CFG does.
     before_step(i, n) runs before each forward (cancel agreement, DistriFusion's step index);
-    callback(i, n) after step i is applied.
+    callback(i, n, denoised) after step i is applied (denoised: what ComfyUI's previews show).
     """
     sigmas = check_sigmas(sigmas)
     samp = get_sampler(sampler)
@@ -58,7 +58,8 @@ def run_loop(model, inputs: dict, sigmas, noise: torch.Tensor, *, convention: Co
                         return_dict=False)[0]
         if from_model is not None:
             out = from_model(out, h.shape)
-        x = samp.step(i, sigmas, x, denoise(convention, x, sigmas[i], out, channel_dim, cfg_scale), state)
+        den = denoise(convention, x, sigmas[i], out, channel_dim, cfg_scale)
+        x = samp.step(i, sigmas, x, den, state)
         if callback is not None:
-            callback(i, n)
+            callback(i, n, den)
     return x

@@ -1,7 +1,8 @@
 """Latent previews and progress reach a websocket client for Hybrid Sampler as they do for KSampler.
 
 Step mode runs ComfyUI's own sampler, so its preview callback fires on every step with the pool's
-denoised latent; the server of the session is started with --preview-method latent2rgb.
+denoised latent; in loop mode rank 0 attaches each step's denoised latent to its progress event and the
+driver feeds ComfyUI's callback with it. The session's server runs --preview-method latent2rgb.
 """
 import asyncio
 import json
@@ -43,8 +44,11 @@ async def _watch(server, graph, timeout_s=300.0):
     return previews, progress, status
 
 
-@pytest.mark.parametrize("degrees", [{"ulysses_degree": 2}, {"ulysses_degree": 2, "method": "distrifusion",
-                                                             "warmup_steps": 1}], ids=["ulysses2", "distrifusion"])
+@pytest.mark.parametrize("degrees", [
+    {"ulysses_degree": 2},
+    {"ulysses_degree": 2, "method": "distrifusion", "warmup_steps": 1},
+    {"ulysses_degree": 2, "method": "distrifusion", "warmup_steps": 1, "sampling_mode": "loop"},
+], ids=["ulysses2", "distrifusion", "distrifusion-loop"])
 def test_previews_and_progress_like_ksampler(server, degrees):
     steps = 4
     ref = asyncio.run(_watch(server, workflow(None, "pv_ref", 104, 72, steps=steps)))

@@ -30,6 +30,8 @@ class WorkerState:
         self.broadcast_tensors = broadcast_tensors  # a cluster world: only rank 0 sees the driver's /dev/shm
         self.arena = Arena(shm_prefix)  # rank 0's results, reused by every job
         self.arena_maps: dict = {}      # the driver's input arena, mapped once
+        self.preview_arenas = None      # rank 0's loop-mode previews: two, alternating, so the driver reads
+                                        # one while the next step fills the other
         self.max_models = max(1, int(max_models))
         self.models: collections.OrderedDict = collections.OrderedDict()  # key -> (family, model)
         self.loads = 0
@@ -235,6 +237,14 @@ def job_loop(state: WorkerState, ctx, payload: dict) -> dict:
         from comfyui_hybrid_parallel.parallel.distrifusion import distrifusion_state
         distri = distrifusion_state(model)
 
+    def progress_with_preview(i, n, denoised):
+        desc = None
+        if payload.get("previews") and state.rank == 0:
+            if state.preview_arenas is None:
+                state.preview_arenas = (Arena(state.shm_prefix), Arena(state.shm_prefix))
+            desc = state.preview_arenas[i % 2].write({"p": denoised.float().cpu()})["p"]
+        state.run.progress(i + 1, n_steps, preview=desc)
+
     def before_step(i, n):
         state.stop_point(ctx)  # every rank agrees on a cancel before the step's first collective
         if distri is not None:
@@ -243,7 +253,8 @@ def job_loop(state: WorkerState, ctx, payload: dict) -> dict:
     with torch.no_grad():
         out = run_loop(model, inputs, sigmas, noise, convention=convention, sampler=payload["sampler"],
                        cfg_scale=payload.get("cfg_scale"), to_model=lambda h: fm.latent_to_hidden_states(h, config),
-                       from_model=fm.diffusers_to_comfy_output, before_step=before_step, callback=progress)
+                       from_model=fm.diffusers_to_comfy_output, before_step=before_step,
+                       callback=progress_with_preview)
     return {"out": out}
 
 

@@ -223,15 +223,19 @@ class WorkerPool:
         return kind
 
     def submit(self, config, kind: str, values: dict | None = None, tensors: dict | None = None, *,
-               progress=None, timeout_s: float | None = None, cancel=None) -> JobResult:
+               progress=None, timeout_s: float | None = None, cancel=None, preview=None) -> JobResult:
         """Run one job on every rank and return rank 0's result.
 
         progress(step, total) is called on this thread for every step rank 0
         reports; if it raises (e.g. ComfyUI's interrupt), the job is cancelled
         and that exception propagates. `cancel` is any object with is_set().
+        preview(step, total, tensor) receives the tensors a job attaches to its progress (loop mode's
+        denoised latent, for ComfyUI's previews); the job is told to send them only when it is given.
         """
         values, tensors = dict(values or {}), dict(tensors or {})
         self._validate(kind, values, tensors)
+        if preview is not None:
+            values["previews"] = True
         timeout_s = self.job_timeout_s if timeout_s is None else float(timeout_s)
         with self._lock:
             world = self.ensure_world(config)
@@ -253,14 +257,15 @@ class WorkerPool:
                     self._teardown(graceful=False)
                     raise WorkerDied(f"a worker of {world.config.describe()} hung up before job {job_id}; "
                                      f"the world was stopped and restarts on the next job") from None
-                return self._collect(world, job_id, config, timeout_s, progress, cancel)
+                return self._collect(world, job_id, config, timeout_s, progress, cancel, preview)
             finally:
                 for d in descs.values():
                     unlink(d, self.shm_prefix)
                 if world.state == "busy":
                     world.state = "idle"
 
-    def _collect(self, world: World, job_id: int, config, timeout_s: float, progress, cancel) -> JobResult:
+    def _collect(self, world: World, job_id: int, config, timeout_s: float, progress, cancel,
+                 preview=None) -> JobResult:
         start = time.monotonic()
         deadline = start + timeout_s
         results: dict = {}
@@ -294,9 +299,13 @@ class WorkerPool:
                     self._teardown(graceful=False)
                     raise PoolError(f"rank {rank} sent a bad message: {e}") from None
                 if msg["t"] == "progress":
-                    if progress is not None and callback_exc is None and int(msg["job"]) == job_id:
+                    if callback_exc is None and int(msg["job"]) == job_id:
                         try:
-                            progress(int(msg["step"]), int(msg["total"]))
+                            if preview is not None and msg.get("preview"):
+                                preview(int(msg["step"]), int(msg["total"]),
+                                        read_tensor(msg["preview"], self.shm_prefix, maps=self._arena_maps))
+                            if progress is not None:
+                                progress(int(msg["step"]), int(msg["total"]))
                         except BaseException as e:  # noqa: BLE001 - cancel the job, re-raise after the drain
                             callback_exc = e
                     continue

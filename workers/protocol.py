@@ -8,7 +8,7 @@ only *describes* them (see transport.py). This module does not import torch so
 that the fake worker starts in a fraction of a second.
 
 Message types (field `t`):
-  worker -> driver: hello {rank, pid}, ready {rank, device}, progress {job, step, total},
+  worker -> driver: hello {rank, pid}, ready {rank, device}, progress {job, step, total, preview?},
                     result {job, rank, ok, values, tensors, error?}
   driver -> worker: init {config, backend, init_method, device, threads, timeout_s, shm_prefix, max_models},
                     job {job, kind, values, tensors, timeout_s}, cancel {job}, stop {}

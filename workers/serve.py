@@ -37,10 +37,12 @@ class JobRun:
     def cancel_requested(self) -> bool:
         return self.job_id in self._cancelled
 
-    def progress(self, step: int, total: int) -> None:
-        """Rank 0 speaks for the world, so the driver sees each step once."""
+    def progress(self, step: int, total: int, preview: dict | None = None) -> None:
+        """Rank 0 speaks for the world, so the driver sees each step once. `preview`: the descriptor of a
+        tensor rank 0 wrote to its preview arena (the driver copies it out before it answers the step)."""
         if self.rank == 0:
-            self.channel.send("progress", job=self.job_id, step=int(step), total=int(total))
+            extra = {"preview": preview} if preview is not None else {}
+            self.channel.send("progress", job=self.job_id, step=int(step), total=int(total), **extra)
 
 
 def is_oom(exc: BaseException) -> bool:
