@@ -25,7 +25,8 @@ FAMILY_BY_COMFY_CLASS = {  # ComfyUI diffusion-model class -> our family
 class Runtime:
     MAX_MODEL_INFO = 16
 
-    def __init__(self):
+    def __init__(self, make_pool=None):
+        self._make_pool = make_pool or (lambda device: WorkerPool(device=device))  # tests: fake workers
         self._pool = None
         self._lock = threading.Lock()
         self.model_info = {}  # weights key -> (family, diffusers config): skip converting weights twice
@@ -42,7 +43,7 @@ class Runtime:
             if self._pool is None or self._pool.device != hp.device:
                 if self._pool is not None:
                     self._pool.close()
-                self._pool = WorkerPool(device=hp.device)
+                self._pool = self._make_pool(hp.device)
             return self._pool
 
     def ensure_resident(self, hp, key: str, convert_weights):

@@ -1,0 +1,71 @@
+"""Node logic without the engine: Parallel Config validation, loop-mode choices, and the runtime's
+model residency (convert once, reload after a restart, a new key per patch set) on fake workers."""
+import pytest
+import torch
+
+from comfyui_hybrid_parallel.nodes.config_node import ParallelConfigNode
+from comfyui_hybrid_parallel.nodes.loop_mode import check_loop_mode, uses_loop_mode
+from comfyui_hybrid_parallel.nodes.runtime import Runtime
+from comfyui_hybrid_parallel.workers import WorkerPool
+
+DEFAULTS = dict(dp_degree=1, cfg_degree=1, ulysses_degree=1, ring_degree=1, pp_degree=1, num_pipeline_patch=0,
+                warmup_steps=1, tp_degree=1, method="usp", device="cpu", attention="auto")
+
+
+def _build(**kw):
+    return ParallelConfigNode().build(**{**DEFAULTS, **kw})
+
+
+def test_parallel_config_reports_world_and_groups():
+    out = _build(cfg_degree=2, ulysses_degree=2)
+    hp = out["result"][0]
+    assert hp.config.world_size == 4 and hp.device == "cpu" and hp.mode == "auto"
+    text = "\n".join(out["ui"]["text"])
+    assert "4 cpu worker(s)" in text and "step mode" in text and "cfg: [[0, 2], [1, 3]]" in text
+    assert "loop mode" in "\n".join(_build(pp_degree=2)["ui"]["text"])
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(cfg_degree=3), "cfg_degree"),
+    (dict(pp_degree=2, num_pipeline_patch=1), "num_pipeline_patch"),
+    (dict(tp_degree=2, pp_degree=2), "tp_degree"),
+    (dict(pp_degree=2, sampling_mode="step"), "sampling_mode"),
+    (dict(devices="cpu,cpu,cpu", ulysses_degree=2), "devices"),
+])
+def test_parallel_config_errors_say_what_to_change(kw, match):
+    with pytest.raises(ValueError, match=match) as e:
+        _build(**kw)
+    assert str(e.value).startswith("Parallel Config:")
+
+
+def test_loop_mode_choices():
+    assert not uses_loop_mode(_build()["result"][0])
+    assert uses_loop_mode(_build(sampling_mode="loop")["result"][0])
+    assert uses_loop_mode(_build(pp_degree=2)["result"][0])
+    check_loop_mode("dpmpp_2m")
+    with pytest.raises(ValueError, match="heun.*step mode"):
+        check_loop_mode("heun")
+
+
+def test_runtime_converts_once_and_reloads_after_a_restart():
+    rt = Runtime(make_pool=lambda device: WorkerPool(fake="serve", device=device))
+    hp = _build(ulysses_degree=2)["result"][0]
+    calls = []
+
+    def convert():
+        calls.append(1)
+        return "sd3", {"patch_size": 2}, {"w": torch.ones(3)}
+    try:
+        assert rt.ensure_resident(hp, "model-a|usp", convert) == ("sd3", {"patch_size": 2})
+        assert len(calls) == 1
+        rt.ensure_resident(hp, "model-a|usp", convert)  # resident: nothing converted, nothing sent
+        assert len(calls) == 1
+        assert rt.pool(hp).health()[0]["resident"] == ["model-a|usp"]
+        assert rt.stop() == "ulysses2"  # workers gone: the next use reloads, converting again
+        rt.ensure_resident(hp, "model-a|usp", convert)
+        assert len(calls) == 2
+        rt.ensure_resident(hp, "model-a+lora0.5|usp", convert)  # other patches: another key
+        assert len(calls) == 3
+        assert sorted(rt.pool(hp).health()[0]["resident"]) == ["model-a+lora0.5|usp", "model-a|usp"]
+    finally:
+        rt.stop()
