@@ -22,63 +22,17 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 
 from dist_harness import DistPool as _HarnessPool, DistFailure  # noqa: E402,F401
+from dist_harness import context_for as _harness_context_for  # noqa: E402
 import tiny_models  # noqa: E402,F401
 
 RESULTS = os.path.join(HERE, "results")
-
-
-def _backend_for(world: int) -> str:
-    import torch
-    return "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= world else "gloo"
-
-
-def _bench_worker_main(rank, world, port, conn, collective_timeout_s):
-    """dist_harness._worker_main with the backend chosen by the device (NCCL on CUDA, gloo on CPU)."""
-    os.environ["OMP_NUM_THREADS"] = "1"
-    import torch
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
-    backend = _backend_for(world)
-    if backend == "nccl":
-        torch.cuda.set_device(rank)
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=collective_timeout_s))
-    _serve(conn, rank)
-    dist.destroy_process_group()
-
-
-def _serve(conn, rank):
-    import traceback
-    conn.send(("ready", rank))
-    while True:
-        try:
-            msg = conn.recv()
-        except EOFError:
-            break
-        if msg is None:
-            break
-        fn, args, kwargs = msg
-        try:
-            conn.send(("ok", fn(*args, **kwargs)))
-        except BaseException:  # noqa: BLE001 - the driver reports the rank's traceback
-            conn.send(("err", traceback.format_exc()))
 
 
 class DistPool(_HarnessPool):
     """The harness's pool (failures and hangs become errors with tracebacks) on the device's backend."""
 
     def __init__(self, world_size: int, collective_timeout_s: float = 300.0):
-        super().__init__(world_size, collective_timeout_s)
-
-    def _start(self) -> None:
-        import dist_harness
-        orig = dist_harness._worker_main
-        dist_harness._worker_main = _bench_worker_main  # _start looks the target up by name at call time
-        try:
-            super()._start()
-        finally:
-            dist_harness._worker_main = orig
+        super().__init__(world_size, collective_timeout_s, backend="auto")
 
 
 def bench_device():
@@ -92,19 +46,9 @@ def bench_device():
     return torch.device("cpu")
 
 
-_contexts: dict = {}
-
-
 def context_for(config):
     """The ParallelContext for `config` in this rank, created once per mesh, on bench_device()."""
-    from comfyui_hybrid_parallel.parallel import ParallelContext
-
-    key = config.mesh_key()
-    if key not in _contexts:
-        _contexts[key] = ParallelContext(config, device=bench_device())
-    ctx = _contexts[key].with_config(config)
-    ctx.stats.reset()
-    return ctx
+    return _harness_context_for(config, device=bench_device())
 
 
 def sync(device) -> None:

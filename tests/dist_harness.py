@@ -30,13 +30,24 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker_main(rank: int, world: int, port: int, conn, collective_timeout_s: float) -> None:
+def _backend(backend: str, world: int) -> str:
+    """"auto": NCCL with one GPU per rank when there are enough GPUs (the benchmarks), else gloo."""
+    if backend != "auto":
+        return backend
+    import torch
+    return "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= world else "gloo"
+
+
+def _worker_main(rank: int, world: int, port: int, conn, collective_timeout_s: float, backend: str = "gloo") -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+    backend = _backend(backend, world)
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=collective_timeout_s))
     conn.send(("ready", rank))
     while True:
@@ -55,9 +66,10 @@ def _worker_main(rank: int, world: int, port: int, conn, collective_timeout_s: f
 
 
 class DistPool:
-    def __init__(self, world_size: int, collective_timeout_s: float = 60.0):
+    def __init__(self, world_size: int, collective_timeout_s: float = 60.0, backend: str = "gloo"):
         self.world_size = world_size
         self.collective_timeout_s = collective_timeout_s
+        self.backend = backend
         self.procs, self.conns = [], []
         self.spawns = 0
 
@@ -66,7 +78,8 @@ class DistPool:
         port = _free_port()
         for r in range(self.world_size):
             parent, child = ctx.Pipe()
-            p = ctx.Process(target=_worker_main, args=(r, self.world_size, port, child, self.collective_timeout_s),
+            p = ctx.Process(target=_worker_main, args=(r, self.world_size, port, child, self.collective_timeout_s,
+                                                          self.backend),
                             daemon=True, name=f"dist-test-rank{r}")
             p.start()
             child.close()
@@ -138,13 +151,13 @@ class DistPool:
 _contexts: dict = {}
 
 
-def context_for(config):
+def context_for(config, device=None):
     """The ParallelContext for `config` in this worker, created once (new_group is collective)."""
     from comfyui_hybrid_parallel.parallel import ParallelContext
 
     key = config.mesh_key()
     if key not in _contexts:
-        _contexts[key] = ParallelContext(config)
+        _contexts[key] = ParallelContext(config) if device is None else ParallelContext(config, device=device)
     ctx = _contexts[key].with_config(config)
     ctx.stats.reset()
     return ctx
