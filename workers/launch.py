@@ -103,34 +103,18 @@ class World:
 
     def start(self, timeout_s: float) -> None:
         self.devices = self._devices()
-        if self.cluster is not None:
-            return self._start_cluster(timeout_s)
-        threads = max(1, (os.cpu_count() or 1) // self.world_size)
-        authkey = new_authkey()
-        unix = hasattr(socket, "AF_UNIX")
-        listener = socket.socket(socket.AF_UNIX if unix else socket.AF_INET, socket.SOCK_STREAM)
+        per_machine = self.cluster.nproc_per_node if self.cluster is not None else self.world_size
+        threads = max(1, (os.cpu_count() or 1) // per_machine)
+        authkey = self.cluster.authkey() if self.cluster is not None else new_authkey()
+        listener = self._listen()
         try:
-            if unix:
-                listener.bind(self.address)
-                os.chmod(self.address, 0o600)
-            else:  # no unix sockets (Windows): loopback TCP; the HMAC challenge still gates every peer
-                listener.bind(("127.0.0.1", 0))
-                self.address = f"127.0.0.1:{listener.getsockname()[1]}"
-            listener.listen(128)
-            env = self._env(threads)
-            for rank in range(self.world_size):
-                # cwd = the private dir: `python -m` puts the cwd first on sys.path, and ComfyUI's cwd
-                # holds modules (nodes.py, ...) that must not shadow anything in the worker.
-                p = subprocess.Popen(self._command(rank), stdin=subprocess.PIPE, env=env, close_fds=True,
-                                     cwd=self.tmpdir)
-                self.procs.append(p)
-                p.stdin.write(authkey.hex().encode() + b"\n")
-                p.stdin.close()
+            self._spawn(threads, authkey)
             self.channels = self._accept(listener, authkey, time.monotonic() + timeout_s)
         except BaseException:
             self.teardown(graceful=False)
             raise
         finally:
+            unix = listener.family == getattr(socket, "AF_UNIX", None)
             listener.close()
             if unix:
                 try:
@@ -144,31 +128,46 @@ class World:
             raise
         self.state = "idle"
 
-    def _start_cluster(self, timeout_s: float) -> None:
-        """Launch group 0 by torchrun on this machine; the other groups join with Cluster.join_command."""
-        from .cluster import bind_control
-        c = self.cluster
-        threads = max(1, (os.cpu_count() or 1) // c.nproc_per_node)
-        key = c.authkey()
-        listener = bind_control(c)
-        host = c.control.rpartition(":")[0]
-        self.address = f"{c.master_addr if host in ('0.0.0.0', '') else host}:{listener.getsockname()[1]}"
-        self.procs = [None] * self.world_size
+    def _listen(self) -> socket.socket:
+        """The control listener: a 0600 unix socket; loopback TCP without unix sockets (Windows); the
+        cluster's TCP address. The HMAC challenge gates every peer on all of them."""
+        if self.cluster is not None:
+            from .cluster import bind_control
+            listener = bind_control(self.cluster)
+            host = self.cluster.control.rpartition(":")[0]
+            host = self.cluster.master_addr if host in ("0.0.0.0", "") else host
+            self.address = f"{host}:{listener.getsockname()[1]}"
+            return listener
+        unix = hasattr(socket, "AF_UNIX")
+        listener = socket.socket(socket.AF_UNIX if unix else socket.AF_INET, socket.SOCK_STREAM)
         try:
-            self.agent = subprocess.Popen(c.join_command(0, control=self.address), env=self._env(threads),
-                                          stdin=subprocess.DEVNULL, close_fds=True, cwd=self.tmpdir)
-            self.channels = self._accept(listener, key, time.monotonic() + timeout_s)
+            if unix:
+                listener.bind(self.address)
+                os.chmod(self.address, 0o600)
+            else:
+                listener.bind(("127.0.0.1", 0))
+                self.address = f"127.0.0.1:{listener.getsockname()[1]}"
+            listener.listen(128)
         except BaseException:
-            self.teardown(graceful=False)
-            raise
-        finally:
             listener.close()
-        try:
-            self._init(threads, time.monotonic() + timeout_s)
-        except BaseException:
-            self.teardown(graceful=False)
             raise
-        self.state = "idle"
+        return listener
+
+    def _spawn(self, threads: int, authkey: bytes) -> None:
+        env = self._env(threads)
+        if self.cluster is not None:  # launch group 0 by torchrun; the others join with Cluster.join_command
+            self.procs = [None] * self.world_size
+            self.agent = subprocess.Popen(self.cluster.join_command(0, control=self.address), env=env,
+                                          stdin=subprocess.DEVNULL, close_fds=True, cwd=self.tmpdir)
+            return
+        for rank in range(self.world_size):
+            # cwd = the private dir: `python -m` puts the cwd first on sys.path, and ComfyUI's cwd
+            # holds modules (nodes.py, ...) that must not shadow anything in the worker.
+            p = subprocess.Popen(self._command(rank), stdin=subprocess.PIPE, env=env, close_fds=True,
+                                 cwd=self.tmpdir)
+            self.procs.append(p)
+            p.stdin.write(authkey.hex().encode() + b"\n")
+            p.stdin.close()
 
     def _check_procs(self, phase: str) -> None:
         if self.agent is not None and self.agent.poll() is not None:
