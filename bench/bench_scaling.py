@@ -80,6 +80,16 @@ def _sigmas(n):
     return s
 
 
+def _pipefusion_step_s(model, ctx, kw, forwards):
+    """Seconds per step of a PipeFusion loop of `forwards` steps (ctx None: the one-process schedule)."""
+    from comfyui_hybrid_parallel.parallel.pipefusion import flow, run_pipefusion_loop
+    kw = dict(kw)
+    noise = kw.pop("hidden_states")
+    kw.pop("timestep")
+    t, _ = _timed(lambda: run_pipefusion_loop(model, ctx, kw, _sigmas(forwards), noise, convention=flow(1000.0)))
+    return t / forwards
+
+
 def serial_body(method, forwards):
     """Rank 0: the work of `forwards` steps on one rank; the other rank idles. Seconds per step."""
     if torch.distributed.get_rank() != 0:
@@ -89,12 +99,7 @@ def serial_body(method, forwards):
     model, kw = _model(), _inputs(batch)
     with torch.no_grad():
         if method == "PipeFusion":
-            from comfyui_hybrid_parallel.parallel.pipefusion import flow, run_pipefusion_loop
-            noise = kw.pop("hidden_states")
-            kw.pop("timestep")
-            t, _ = _timed(lambda: run_pipefusion_loop(model, None, kw, _sigmas(forwards), noise,
-                                                      convention=flow(1000.0)))
-            return t / forwards
+            return _pipefusion_step_s(model, None, kw, forwards)
         times = [_timed(lambda: model(**kw, return_dict=False))[0] for _ in range(forwards)]
     return statistics.median(times)
 
@@ -110,12 +115,7 @@ def parallel_body(method, forwards):
     kw = _inputs(batch)
     with torch.no_grad():
         if method == "PipeFusion":
-            from comfyui_hybrid_parallel.parallel.pipefusion import flow, run_pipefusion_loop
-            noise = kw.pop("hidden_states")
-            kw.pop("timestep")
-            t, _ = _timed(lambda: run_pipefusion_loop(model, ctx, kw, _sigmas(forwards), noise,
-                                                      convention=flow(1000.0)))
-            return t / forwards
+            return _pipefusion_step_s(model, ctx, kw, forwards)
         parallelize(model, ctx)
         try:
             if method == "DistriFusion":

@@ -58,9 +58,10 @@ def problem(family, seed, h, w, steps, batch=1):
 
 
 def _pp_body(family, pp, patches, warmup, seed, h, w, steps, sampler, layers=None, cfg_scale=None, batch=1,
-             bf16=False, dp=1, cfg=1):
+             bf16=False, dp=1, cfg=1, ulysses=1, ring=1):
     ctx = context_for(ParallelConfig(pp_degree=pp, num_pipeline_patch=patches, warmup_steps=warmup,
-                                     attn_layer_num_for_pp=layers, dp_degree=dp, cfg_degree=cfg))
+                                     attn_layer_num_for_pp=layers, dp_degree=dp, cfg_degree=cfg,
+                                     ulysses_degree=ulysses, ring_degree=ring))
     model = build_deep(family)
     if bf16:  # a copy: the cached fp32 model must not be rounded for later tests
         model = copy.deepcopy(model).to(torch.bfloat16)
@@ -292,22 +293,6 @@ def test_cancel_reaches_every_replica(dist_pools):
     assert res == [("cancelled", [0, 1])] * 4, res
 
 
-def _pp_sp_body(family, pp, patches, warmup, seed, h, w, steps, sampler, ulysses=1, ring=1, cfg=1, dp=1,
-                cfg_scale=None, batch=1):
-    ctx = context_for(ParallelConfig(pp_degree=pp, num_pipeline_patch=patches, warmup_steps=warmup,
-                                     ulysses_degree=ulysses, ring_degree=ring, cfg_degree=cfg, dp_degree=dp))
-    model = build_deep(family)
-    kw, noise, sigmas = problem(family, seed, h, w, steps, batch=batch)
-    if cfg_scale is not None:
-        noise = noise[: batch // 2]
-    conv = CONVENTIONS[family]()
-    out = run_pipefusion_loop(model, ctx, kw, sigmas, noise, convention=conv, sampler=sampler, cfg_scale=cfg_scale)
-    serial = run_serial_loop(model, kw, sigmas, noise, convention=conv, sampler=sampler, cfg_scale=cfg_scale)
-    emulated = run_pipefusion_loop(model, None, kw, sigmas, noise, convention=conv, sampler=sampler,
-                                   num_patches=patches, warmup_steps=warmup, cfg_scale=cfg_scale)
-    return tm.rel_err(out, serial), tm.rel_err(out, emulated), ctx.stats.snapshot()
-
-
 # pp x sp (seed 002): pieces = patches x sp ranks, uneven where the sizes say so
 PP_SP = [("sd3", dict(ulysses=2), 2, (10, 6)), ("flux", dict(ring=2), 3, (7, 3)),
          ("pixart", dict(ulysses=2), 2, (8, 6)), ("sd3", dict(cfg=2, ulysses=2), 2, (10, 6))]
@@ -319,9 +304,9 @@ def test_pipefusion_with_sequence_parallel(dist_pools, family, sp, patches, size
     world = 2 * sp.get("ulysses", 1) * sp.get("ring", 1) * sp.get("cfg", 1)
     cfg_scale, batch = (3.0, 2) if "cfg" in sp else (None, 1)
     steps = 3
-    exact = dist_pools(world).run(_pp_sp_body, family, 2, patches, steps, 31, *size, steps, "euler",
+    exact = dist_pools(world).run(_pp_body, family, 2, patches, steps, 31, *size, steps, "euler",
                                   cfg_scale=cfg_scale, batch=batch, **sp)
-    stale = dist_pools(world).run(_pp_sp_body, family, 2, patches, 1, 32, *size, steps, "dpmpp_2m",
+    stale = dist_pools(world).run(_pp_body, family, 2, patches, 1, 32, *size, steps, "dpmpp_2m",
                                   cfg_scale=cfg_scale, batch=batch, **sp)
     print(f"\n{family} pp2 {sp} patches {patches}: all-warmup vs serial {max(r[0] for r in exact):.2e}; warmup 1 "
           f"vs serial {max(r[0] for r in stale):.3e}, vs 1-process stale-KV emulation {max(r[1] for r in stale):.2e}")

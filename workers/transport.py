@@ -74,7 +74,7 @@ def _create(prefix: str, nbytes: int) -> tuple:
 
 def _bytes_view(t):
     """A writable byte view of a contiguous CPU tensor (numpy has no bfloat16, so go through uint8)."""
-    return memoryview(t.reshape(-1).view(__import__("torch").uint8).numpy()).cast("B")
+    return memoryview(_tensor_bytes(t)).cast("B")
 
 
 def write_tensor(t, prefix: str) -> dict:

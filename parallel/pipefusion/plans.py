@@ -141,15 +141,6 @@ def latent_layout(model, plan: PipelinePlan, x: torch.Tensor, inputs: dict, num_
     return lay
 
 
-def stage_blocks(model, ctx) -> tuple:
-    """(start, stop, n_blocks) of this rank's pipeline stage for `model` under ctx's config."""
-    from ..models import plan_for
-    plan = pipeline_plan_for(plan_for(model).family)
-    n = len(flat_blocks(model, plan))
-    start, stop = stage_ranges(n, ctx.pp.size, ctx.config.attn_layer_num_for_pp)[ctx.pp.rank]
-    return start, stop, n
-
-
 def keep_stage_blocks(model, ctx) -> int:
     """Free the weights of the blocks other stages run (they become meta tensors): a stage holds only
     its own blocks plus the small embeddings and output layers. Returns the bytes released.
@@ -158,16 +149,13 @@ def keep_stage_blocks(model, ctx) -> int:
     those weights are never read; the model remembers its range so that a run with another split
     is refused instead of touching freed weights.
     """
-    start, stop, n = stage_blocks(model, ctx)
+    from ..models import plan_for
+    blocks = flat_blocks(model, pipeline_plan_for(plan_for(model).family))
+    start, stop = stage_ranges(len(blocks), ctx.pp.size, ctx.config.attn_layer_num_for_pp)[ctx.pp.rank]
     freed = 0
-    for j, (_, mod, _) in enumerate(flat_blocks(model, pipeline_plan_for(_family(model)))):
+    for j, (_, mod, _) in enumerate(blocks):
         if not start <= j < stop:
             freed += sum(p.numel() * p.element_size() for p in mod.parameters() if not p.is_meta)
             mod.to_empty(device="meta")
-    model._hp_pp_stage_blocks = (start, stop, n)
+    model._hp_pp_stage_blocks = (start, stop, len(blocks))
     return freed
-
-
-def _family(model) -> str:
-    from ..models import plan_for
-    return plan_for(model).family

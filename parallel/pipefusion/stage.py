@@ -134,8 +134,8 @@ class _KVAttention(TorchFunctionMode):
 
         (kt, ki), (vt, vi) = split(k), split(v)
         sp = self.stage.sp
-        if run.pieces:  # the fresh K/V of the whole range, from every sp rank's piece
-            ki, vi = (all_gather_uneven(x, 2, sp, sizes=run.pieces) for x in (ki, vi))
+        if run.pieces:  # the fresh K/V of the whole range, from every sp rank's piece: one gather for both
+            ki, vi = all_gather_uneven(torch.stack([ki, vi]), 3, sp, sizes=run.pieces).unbind(0)
         if run.mode == "full":
             bufs[self.key] = (ki.clone(), vi.clone())
             if not run.pieces:
