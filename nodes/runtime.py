@@ -63,6 +63,20 @@ class Runtime:
         pool.ensure_model(hp.config, key, family, config, state_dict=lambda: convert_weights()[2])
         return family, config
 
+    def ensure_native(self, hp, key: str, spec: dict, diffusion_model) -> str:
+        """Make ComfyUI's own diffusion model resident on the workers under `key`; returns its family.
+
+        The weights are the module's state dict as ComfyUI holds it now (storage dtype, patches applied),
+        written once into shared memory that every local rank maps; nothing is converted or copied here.
+        """
+        from .native import family_plan
+        family = family_plan(diffusion_model).family
+        pool = self.pool(hp)
+        pool.ensure_model(hp.config, key, family, {}, native=spec,
+                          state_dict=lambda: {k: v.detach() for k, v in diffusion_model.state_dict().items()})
+        self.remember(key, (family, {}))
+        return family
+
     def cancel(self) -> bool:
         """Stop the running node's job as ComfyUI's interrupt button would (its prompt ends as interrupted,
         not as a worker failure); False when nothing runs."""

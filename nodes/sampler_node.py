@@ -14,6 +14,7 @@ import torch
 
 from ..parallel.checkpoints import family_module
 from .loop_mode import Captured, check_loop_mode, make_loop_sampler, uses_loop_mode
+from .native import NotCarried, check_weights, family_plan, native_spec, native_supported, portable_options
 from .runtime import to_diffusers, weights_key
 
 WRAPPER_KEY = "comfyui_hybrid_parallel"
@@ -41,13 +42,37 @@ class PoolDiffusionModel(torch.nn.Module):
         if st.get("resident"):
             return
         original = self._original[0]
+        if st.get("native"):
+            family = self.runtime.ensure_native(self.hp, st["key"], st["native"], original)
+            st.update(family=family, config={}, resident=True)
+            return
         family, config = self.runtime.ensure_resident(self.hp, st["key"], lambda: to_diffusers(original))
         st.update(family=family, config=config, resident=True)
+
+    def _native_forward(self, x, timestep, context, transformer_options, extra):
+        """ComfyUI's own model on the workers: its call's tensors go as they are, its output comes back as is."""
+        tensors = {"x": x, "timestep": timestep}
+        if context is not None:
+            tensors["context"] = context
+        for k, v in extra.items():
+            if v is None:
+                continue
+            if not isinstance(v, torch.Tensor):
+                raise NotCarried(f"Hybrid Sampler cannot pass {k!r} ({type(v).__name__}) to the workers yet; supported "
+                                 f"conditioning: tensors (text context, pooled output, guidance, size conditioning)")
+            tensors[k] = v
+        values = {"key": self.state["key"], "call_index": self.state["calls"],
+                  "structure": {"transformer_options": portable_options(transformer_options)}}
+        self.state["calls"] += 1
+        res = submit_interruptible(self.runtime.pool(self.hp), self.hp.config, "forward", values, tensors)
+        return res.tensors["out"].to(x.device)
 
     def forward(self, x, timestep, context=None, control=None, transformer_options=None, **extra):
         if control is not None:
             raise ValueError("Hybrid Sampler does not support ControlNet inputs yet; remove the ControlNet")
         self._ensure_resident()
+        if self.state.get("native"):
+            return self._native_forward(x, timestep, context, transformer_options, extra)
         family, config = self.state["family"], self.state["config"]
         unsupported = sorted(k for k, v in extra.items() if v is not None and k not in SUPPORTED_EXTRA[family])
         if unsupported:
@@ -176,6 +201,11 @@ class HybridSampler:
         # the workers keep the model parallelized for one method: the method is part of its identity
         method = f"{hp.config.method}" + (f"-w{hp.config.warmup_steps}" if hp.config.method != "usp" else "")
         state = {"key": f"{weights_key(model.model, model.patches_uuid)}|{method}", "calls": 0}
+        if not loop and native_supported(hp.config):
+            # ComfyUI's own model on the workers; refused here, before any worker starts, if it cannot travel
+            state["native"] = native_spec(model.model)
+            check_weights(model.model.diffusion_model)
+            state["key"] = "native:" + state["key"]
         m.add_wrapper_with_key(comfy.patcher_extension.WrappersMP.APPLY_MODEL, WRAPPER_KEY,
                                make_apply_model_wrapper(self.runtime, hp, state))
         with self.runtime.track("sample", total=steps):  # the worker panel's busy state and step

@@ -1,13 +1,21 @@
-"""One mechanism that applies a family's parallel plan to a diffusers transformer.
+"""One mechanism that applies a family's parallel plan to a transformer (ComfyUI's own or diffusers').
 
 A family adapter (parallel/models/<family>.py) only *declares* what is split:
 which forward inputs carry the batch, where the image token sequence is split
-(a module's input or output), where it is gathered again, and which modules
+(a module's input or output, or a method's input), where it is gathered again, and which modules
 contain the self-attention that must become USP attention. This module does
-the *how*, with forward hooks and a TorchFunctionMode that swaps the
-`F.scaled_dot_product_attention` call inside those attention modules for
-`usp_attention` - the diffusers processors themselves are untouched, so their
-projections, norms and RoPE stay diffusers' own code.
+the *how*, with forward hooks and one attention swap with two entry points:
+
+* ComfyUI's seam: every ComfyUI DiT calls `optimized_attention(..., transformer_options=...)`,
+  and ComfyUI's `wrap_attn` hands the call to `transformer_options["optimized_attention_override"]`
+  when that key is set. The root wrapper sets it for the call; inside a declared attention
+  module the override runs USP attention, anywhere else it calls ComfyUI's kernel unchanged.
+* A TorchFunctionMode that swaps `F.scaled_dot_product_attention` inside the declared modules,
+  for diffusers processors and for ComfyUI code that calls attention without `transformer_options`
+  (PixArt), where the worker runs ComfyUI's pytorch attention kernel.
+
+The model's own code stays untouched either way: projections, norms and RoPE are its own.
+Parallel code never imports ComfyUI: the plan names modules and arguments only.
 
 After `parallelize(model, ctx)`, every rank calls the model with the *full*
 inputs and gets the *full* output; splitting and gathering happen inside.
@@ -30,11 +38,16 @@ from .usp import usp_attention
 
 @dataclass(frozen=True)
 class SplitInput:
-    """Shard a forward argument along the image sequence (`dim`); `only_ndim` limits it to that rank."""
+    """Shard a forward argument along the image sequence (`dim`); `only_ndim` limits it to that rank.
+
+    `only_full`: shard only when the argument spans the whole sequence already seen (a per-token
+    modulation is split, a broadcast one of length 1 is left alone).
+    """
     name: str
     dim: int
     position: Optional[int] = None
     only_ndim: Optional[int] = None
+    only_full: bool = False
 
 
 @dataclass(frozen=True)
@@ -51,13 +64,17 @@ class GatherOutput:
 
 @dataclass(frozen=True)
 class Attention:
-    """Inside matching modules F.scaled_dot_product_attention is self-attention over the sharded sequence.
+    """Inside matching modules attention is self-attention over the sharded sequence.
 
     `text_arg`: the module argument holding the replicated text stream of a
-    joint (MMDiT) attention, whose length tells where text sits in q/k/v.
+    joint (MMDiT) attention, whose length tells where text sits in q/k/v. Without
+    it the text length is what q holds beyond the local image shard (0 for image-only
+    self-attention), which is how ComfyUI's joint blocks are read: they concatenate
+    the replicated text with the local image tokens.
     """
     text_arg: Optional[str] = None
     text_first: bool = True
+    seam: str = "sdpa"  # "sdpa": F.scaled_dot_product_attention inside the module; "comfy": ComfyUI's override
 
 
 @dataclass(frozen=True)
@@ -70,6 +87,7 @@ class FamilyPlan:
     tp: Optional[dict] = None  # diffusers `_tp_plan` format: pattern -> "colwise" | "rowwise" | packed
     tp_refusal: str = ""       # why tensor parallel is refused when `tp` is None
     heads_attr: str = "num_attention_heads"
+    comfy: bool = False        # a ComfyUI module: forward(x, timestep, context, ..., transformer_options)
 
 
 @dataclass
@@ -77,6 +95,7 @@ class _RunState:
     """Per-forward facts shared by the hooks: the image sequence split of this call."""
     seq_len: Optional[int] = None
     seq_sizes: Optional[list] = None
+    attention: Optional[tuple] = None  # (Attention spec, text_len or None) while a declared module runs
 
     def sizes_for(self, n: int, sp_size: int, where: str) -> list:
         if self.seq_len is None:
@@ -97,6 +116,7 @@ class _Applied:
     # What replaces self-attention (usp_attention's signature); another method (DistriFusion) passes its own.
     attention_fn: Optional[object] = None
     cleanups: list = field(default_factory=list)   # called by remove_plan (e.g. drain in-flight comm)
+    override: Optional[object] = None              # ComfyUI's optimized_attention_override for this plan
 
 
 def _arg(args, kwargs, name, position):
@@ -131,6 +151,8 @@ def _split_input_hook(applied, path, specs):
             value, where = _arg(args, kwargs, s.name, s.position)
             if not isinstance(value, torch.Tensor) or (s.only_ndim is not None and value.ndim != s.only_ndim):
                 continue
+            if s.only_full and value.shape[s.dim % value.ndim] != applied.state.seq_len:
+                continue
             args, kwargs = _set_arg(args, kwargs, where, _shard(value, s.dim, applied, f"{path}:{s.name}"))
         return args, kwargs
     return hook
@@ -156,12 +178,30 @@ def _gather_output_hook(applied, path, spec):
 _SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
 
 
+def _attend(applied: _Applied, q, k, v, scale=None):
+    """USP (or the method's) attention for q/k/v in (B, H, L, D) inside the declared module now running."""
+    state = applied.state
+    if state.seq_sizes is None:
+        raise RuntimeError("self-attention ran on a sequence that was never split: plan inconsistent")
+    spec, text_len = state.attention
+    local = state.seq_sizes[applied.ctx.sp.rank]
+    if text_len is None:  # derived: whatever q holds beyond the local image shard is replicated text
+        text_len = q.shape[2] - local
+    if text_len < 0 or k.shape[2] != q.shape[2]:
+        raise RuntimeError(f"attention in a declared self-attention module has q length {q.shape[2]} and k length "
+                           f"{k.shape[2]} for a local image shard of {local} tokens: the family plan is inconsistent")
+    attend = applied.attention_fn or usp_attention
+    return attend(q, k, v, ctx=applied.ctx, seq_sizes=state.seq_sizes, text_len=text_len,
+                  text_first=spec.text_first, scale=scale,
+                  backend=getattr(applied.ctx, "attention_backend", "auto"))
+
+
 class _USPInterceptor(TorchFunctionMode):
     """Routes F.scaled_dot_product_attention to USP attention; everything else runs unchanged."""
 
-    def __init__(self, applied: _Applied, text_len: int, text_first: bool):
+    def __init__(self, applied: _Applied):
         super().__init__()
-        self.applied, self.text_len, self.text_first = applied, text_len, text_first
+        self.applied = applied
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -174,13 +214,37 @@ class _USPInterceptor(TorchFunctionMode):
                 rest.get("enable_gqa"):
             raise NotImplementedError("sequence-parallel attention supports unmasked, non-causal self-attention "
                                       "without dropout/GQA; this model's self-attention uses one of those")
-        state = self.applied.state
-        if state.seq_sizes is None:
-            raise RuntimeError("self-attention ran on a sequence that was never split: plan inconsistent")
-        attend = self.applied.attention_fn or usp_attention
-        return attend(q, k, v, ctx=self.applied.ctx, seq_sizes=state.seq_sizes, text_len=self.text_len,
-                      text_first=self.text_first, scale=rest.get("scale"),
-                      backend=getattr(self.applied.ctx, "attention_backend", "auto"))
+        return _attend(self.applied, q, k, v, scale=rest.get("scale"))
+
+
+_COMFY_ATTN_ARGS = ("q", "k", "v", "heads", "mask", "attn_precision", "skip_reshape", "skip_output_reshape")
+
+
+def comfy_attention_override(applied: _Applied):
+    """ComfyUI's `optimized_attention_override(func, q, k, v, heads, ...)` for this applied plan.
+
+    Outside a declared attention module (cross-attention, ComfyUI's other calls) it runs ComfyUI's
+    own kernel `func` unchanged. Inside, q/k/v arrive as (B, L, H*D), or (B, H, L, D) with
+    `skip_reshape`; the result leaves in the layout ComfyUI's kernel would have returned.
+    """
+    def override(func, *args, **kwargs):
+        if applied.state.attention is None:
+            return func(*args, **kwargs)
+        a = dict(zip(_COMFY_ATTN_ARGS, args))
+        a.update(kwargs)
+        q, k, v, heads = a["q"], a["k"], a["v"], int(a["heads"])
+        if a.get("mask") is not None:
+            raise NotImplementedError("sequence-parallel attention does not support an attention mask; "
+                                      "this model passed one to its self-attention")
+        if not a.get("skip_reshape"):
+            b, _, inner = q.shape
+            q, k, v = (t.view(b, -1, heads, inner // heads).transpose(1, 2) for t in (q, k, v))
+        out = _attend(applied, q, k, v)
+        if a.get("skip_output_reshape"):
+            return out
+        b, h, n, d = out.shape
+        return out.transpose(1, 2).reshape(b, n, h * d)
+    return override
 
 
 def path_matches(path: str, pattern: str) -> bool:
@@ -189,21 +253,23 @@ def path_matches(path: str, pattern: str) -> bool:
     return len(p) == len(q) and all(fnmatch.fnmatchcase(a, b) for a, b in zip(p, q))
 
 
-def wrap_forward(module, forwards: list, make_wrapper) -> None:
-    """Replace module.forward by make_wrapper(old forward); record how to undo it in `forwards`."""
-    had = "forward" in module.__dict__
-    old = module.forward
-    module.forward = make_wrapper(old)
-    forwards.append((module, had, old))
+def wrap_forward(module, forwards: list, make_wrapper, name: str = "forward") -> None:
+    """Replace module.<name> (its forward by default) by make_wrapper(old); record how to undo it."""
+    had = name in module.__dict__
+    old = getattr(module, name)
+    setattr(module, name, make_wrapper(old))
+    forwards.append((module, had, old, name))
 
 
 def restore_forwards(forwards: list) -> None:
     """Undo `wrap_forward`s, newest first."""
-    for mod, had, old in reversed(forwards):
+    for entry in reversed(forwards):
+        mod, had, old = entry[:3]
+        name = entry[3] if len(entry) > 3 else "forward"
         if had:
-            mod.forward = old
+            setattr(mod, name, old)
         else:
-            del mod.forward
+            delattr(mod, name)
     forwards.clear()
 
 
@@ -213,14 +279,34 @@ def _attention_wrapper(applied, spec):
 
         @functools.wraps(old)
         def forward(*args, **kwargs):
-            text_len = 0
+            text_len = None
             if spec.text_arg is not None:
                 bound = sig.bind_partial(*args, **kwargs).arguments
                 text = bound.get(spec.text_arg)
                 text_len = 0 if text is None else text.shape[1]
-            with _USPInterceptor(applied, text_len, spec.text_first):
-                return old(*args, **kwargs)
+            outer = applied.state.attention
+            applied.state.attention = (spec, text_len)
+            try:
+                if spec.seam == "comfy":
+                    return old(*args, **kwargs)
+                with _USPInterceptor(applied):
+                    return old(*args, **kwargs)
+            finally:
+                applied.state.attention = outer
         return forward
+    return make
+
+
+def _method_split_wrapper(applied, path, specs):
+    """A method (not a module) whose inputs are split: wrap it and apply the input hook to its call."""
+    hook = _split_input_hook(applied, path, specs)
+
+    def make(old):
+        @functools.wraps(old)
+        def method(*args, **kwargs):
+            args, kwargs = hook(None, args, kwargs)
+            return old(*args, **kwargs)
+        return method
     return make
 
 
@@ -245,8 +331,11 @@ def _root_wrapper(applied):
             kwargs = dict(sig.bind(*args, **kwargs).arguments)
             kwargs.update(kwargs.pop("kwargs", {}) or {})
             applied.state = _RunState()
-            hs = kwargs["hidden_states"]
-            B = hs.shape[0]
+            B = kwargs[plan.batch_inputs[0]].shape[0]
+            if plan.comfy and ctx.sp.size > 1:  # ComfyUI's attention seam, for this call only
+                options = dict(kwargs.get("transformer_options") or {})
+                options["optimized_attention_override"] = applied.override
+                kwargs["transformer_options"] = options
             sizes = None
             # Fewer samples than batch ranks: every batch rank computes the whole batch (correct, redundant).
             if batch_ax.size > 1 and B >= batch_ax.size:
@@ -280,23 +369,33 @@ def apply_plan(model: torch.nn.Module, plan: FamilyPlan, ctx, attention_fn=None)
     if getattr(model, "_hp_applied", None) is not None:
         raise RuntimeError("model is already parallelized; call remove_plan(model) first")
     applied = _Applied(plan, ctx, attention_fn=attention_fn)
+    applied.override = comfy_attention_override(applied)
     modules = dict(model.named_modules())
     if ctx.sp.size > 1:
-        for path, actions in plan.sequence.items():
-            if path == "":
+        for key, actions in plan.sequence.items():
+            if key == "":
                 continue  # applied by the root wrapper, after the batch split
-            if path not in modules:
+            path, _, method = key.partition(":")
+            if method:  # "path:method": a method whose inputs are split (ComfyUI's forward_orig)
+                if path not in modules or not callable(getattr(modules[path], method, None)):
+                    raise KeyError(f"{plan.family} plan names method {key!r}, which {type(model).__name__} lacks")
+                wrap_forward(modules[path], applied.forwards,
+                             _method_split_wrapper(applied, key, [a for a in actions if isinstance(a, SplitInput)]),
+                             name=method)
+                continue
+            targets = [(p, m) for p, m in modules.items() if p and path_matches(p, path)]
+            if not targets:
                 raise KeyError(f"{plan.family} plan names module {path!r}, which {type(model).__name__} lacks")
-            mod = modules[path]
-            inputs = [a for a in actions if isinstance(a, SplitInput)]
-            if inputs:
-                applied.handles.append(mod.register_forward_pre_hook(
-                    _split_input_hook(applied, path, inputs), with_kwargs=True))
-            for a in actions:
-                if isinstance(a, SplitOutput):
-                    applied.handles.append(mod.register_forward_hook(_split_output_hook(applied, path, a)))
-                elif isinstance(a, GatherOutput):
-                    applied.handles.append(mod.register_forward_hook(_gather_output_hook(applied, path, a)))
+            for p, mod in targets:
+                inputs = [a for a in actions if isinstance(a, SplitInput)]
+                if inputs:
+                    applied.handles.append(mod.register_forward_pre_hook(
+                        _split_input_hook(applied, p, inputs), with_kwargs=True))
+                for a in actions:
+                    if isinstance(a, SplitOutput):
+                        applied.handles.append(mod.register_forward_hook(_split_output_hook(applied, p, a)))
+                    elif isinstance(a, GatherOutput):
+                        applied.handles.append(mod.register_forward_hook(_gather_output_hook(applied, p, a)))
         matched = 0
         for path, mod in modules.items():
             for pattern, spec in plan.attention.items():

@@ -36,6 +36,7 @@ class WorkerState:
         self.models: collections.OrderedDict = collections.OrderedDict()  # key -> (family, model)
         self.loads = 0
         self.parallelized: dict = {}
+        self.native: set = set()        # keys whose model is ComfyUI's own class (called with ComfyUI's signature)
         self.run: JobRun | None = None
 
     def model(self, key: str):
@@ -123,23 +124,32 @@ def job_load_model(state: WorkerState, ctx, payload: dict) -> dict:
     if payload.get("path"):
         from safetensors.torch import load_file
         weights = load_file(payload["path"])  # mmapped by safetensors
-    model = _build_model(payload["family"], payload["config"])
-    # assign=True keeps the (copy-on-write mapped) tensors: ranks share the pages until someone writes.
-    model.load_state_dict(weights, strict=True, assign=True)
-    model = model.eval().requires_grad_(False).to(state.device)
+    native = payload.get("native")
+    if native:  # ComfyUI's own class, ops and weights (workers/comfy_native.py)
+        from .comfy_native import build_native
+        model = build_native(native, weights, state.device, sequence_parallel=ctx.sp.size > 1)
+    else:
+        model = _build_model(payload["family"], payload["config"])
+        # assign=True keeps the (copy-on-write mapped) tensors: ranks share the pages until someone writes.
+        model.load_state_dict(weights, strict=True, assign=True)
+        model = model.eval().requires_grad_(False).to(state.device)
+    weights = None
     from comfyui_hybrid_parallel import parallel as engine
     parallelize = getattr(engine, "parallelize", None)
     if parallelize is not None and payload["family"] not in ("vae_kl", "vae_wan"):
         model = parallelize(model, ctx) or model
-    if ctx.config.pp_degree > 1 and payload["family"] in ("flux", "sd3", "pixart"):
+    if ctx.config.pp_degree > 1 and payload["family"] in ("flux", "sd3", "pixart") and not native:
         from comfyui_hybrid_parallel.parallel.pipefusion.plans import keep_stage_blocks
         keep_stage_blocks(model, ctx)  # a stage holds only its own blocks' weights
     state.parallelized[key] = parallelize is not None
     state.models[key] = (payload["family"], model)
+    if native:
+        state.native.add(key)
     state.loads += 1
     while len(state.models) > state.max_models:
         evicted, _ = state.models.popitem(last=False)
         state.parallelized.pop(evicted, None)
+        state.native.discard(evicted)
     return {"loaded": True, "loads": state.loads, "resident": list(state.models)}
 
 
@@ -177,7 +187,7 @@ def job_forward(state: WorkerState, ctx, payload: dict) -> dict:
     if ctx.config.pp_degree > 1:
         raise ValueError("PipeFusion (pp_degree > 1) runs the whole denoising loop in the workers "
                          "(job 'loop'), not one forward per step")
-    if payload.get("resolution") and state.models[key][0] == "pixart":
+    if payload.get("resolution") and state.models[key][0] == "pixart" and key not in state.native:
         from comfyui_hybrid_parallel.parallel.checkpoints.pixart import set_resolution
         set_resolution(model, *[int(v) for v in payload["resolution"]])
     if payload.get("call_index") is not None and ctx.config.method == "distrifusion" and ctx.world_size > 1:
@@ -187,7 +197,11 @@ def job_forward(state: WorkerState, ctx, payload: dict) -> dict:
     kwargs = _inputs(state, payload)
     state.stop_point(ctx)
     with torch.no_grad():
-        out = model(**kwargs, return_dict=False)[0]
+        if key in state.native:
+            from .comfy_native import call_native
+            out = call_native(model, kwargs)
+        else:
+            out = model(**kwargs, return_dict=False)[0]
     return {"out": out, "parallelized": state.parallelized.get(key, False)}
 
 

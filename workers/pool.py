@@ -375,13 +375,15 @@ class WorkerPool:
 
     # ---- models ----
     def ensure_model(self, config, key: str, family: str, diffusers_config: dict, state_dict: dict | None = None,
-                     path: str | None = None, timeout_s: float | None = None) -> dict:
+                     path: str | None = None, timeout_s: float | None = None, native: dict | None = None) -> dict:
         """Make a model resident on every worker; a key already resident costs one small round trip.
 
         Weights come from `state_dict` (through shared memory) or `path` (a
         safetensors file every worker mmaps); they are only sent when a worker
         says it does not hold `key`. `state_dict` may be a callable returning the
         dict, so a caller only converts weights when they must travel.
+        `native`: a ComfyUI model spec (nodes/native.py): the workers build ComfyUI's own class
+        with ComfyUI's ops and these weights (its state dict as ComfyUI holds it), not a diffusers model.
         Returns rank 0's {loaded, loads, resident}.
         """
         if family not in MODEL_FAMILIES:
@@ -393,6 +395,8 @@ class WorkerPool:
         if path is not None and not os.path.isfile(path):
             raise FileNotFoundError(f"weights file {path!r} does not exist")
         base = {"key": key, "family": family, "config": dict(diffusers_config)}
+        if native is not None:
+            base["native"] = native
         with self._lock:
             res = self.submit(config, "load_model", base, timeout_s=timeout_s)
             if res.values.get("need_weights"):

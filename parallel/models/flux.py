@@ -27,3 +27,27 @@ PLAN = FamilyPlan(
     tp=dict(getattr(FluxTransformer2DModel, "_tp_plan", None) or {}) or None,
     tp_refusal="this diffusers version has no _tp_plan for Flux",
 )
+
+
+# ComfyUI's own Flux (comfy/ldm/flux/model.py, class Flux; also Chroma-style subclasses that keep
+# forward_orig). `_forward` patchifies the latent (padding odd sizes circularly) and builds the RoPE
+# ids, then calls forward_orig(img, img_ids, txt, txt_ids, ...): splitting img and img_ids there makes
+# the RoPE table, the double blocks and the [txt, img] single stream all local; the final layer's
+# output is gathered before `_forward` unpatchifies. Double and single blocks run joint attention
+# with the text first, through ComfyUI's attention seam.
+COMFY_PLAN = FamilyPlan(
+    family="flux",
+    model_class="Flux",
+    batch_inputs=("x", "timestep", "context", "y", "guidance"),
+    sequence={
+        ":forward_orig": [SplitInput("img", dim=1, position=0), SplitInput("img_ids", dim=1, position=1)],
+        "final_layer": [GatherOutput(dim=1)],
+    },
+    attention={
+        "double_blocks.*": Attention(text_first=True, seam="comfy"),
+        "single_blocks.*": Attention(text_first=True, seam="comfy"),
+    },
+    tp=None,
+    tp_refusal="tensor parallel runs on the diffusers path only",
+    comfy=True,
+)

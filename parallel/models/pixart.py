@@ -4,7 +4,7 @@ Split after `pos_embed` (it needs the full latent), gather after `proj_out`.
 Only the image self-attention (`attn1`) is distributed; the cross-attention to
 the text (`attn2`) has local image queries and full text K/V already.
 """
-from ..plan import Attention, FamilyPlan, GatherOutput, SplitOutput
+from ..plan import Attention, FamilyPlan, GatherOutput, SplitInput, SplitOutput
 
 PLAN = FamilyPlan(
     family="pixart",
@@ -23,4 +23,23 @@ PLAN = FamilyPlan(
         "transformer_blocks.*.ff.net.0.proj": "colwise",
         "transformer_blocks.*.ff.net.2": "rowwise",
     },
+)
+
+
+# ComfyUI's own PixArtMS (comfy/ldm/pixart/pixartms.py): the position table is computed for the whole
+# latent, so the tokens are split where they enter the first block and gathered after the final
+# layer. Its self-attention calls ComfyUI's attention without transformer_options (no seam), so the
+# worker runs ComfyUI's pytorch kernel and the SDPA call inside `blocks.*.attn` is swapped.
+COMFY_PLAN = FamilyPlan(
+    family="pixart",
+    model_class="PixArtMS",
+    batch_inputs=("x", "timesteps", "context", "c_size", "c_ar"),
+    sequence={
+        "blocks.0": [SplitInput("x", dim=1, position=0)],
+        "final_layer": [GatherOutput(dim=1)],
+    },
+    attention={"blocks.*.attn": Attention(seam="sdpa")},
+    tp=None,
+    tp_refusal="tensor parallel runs on the diffusers path only",
+    comfy=True,
 )

@@ -5,7 +5,7 @@ the latent size), so the sequence is split right after `pos_embed` and gathered
 after `proj_out`, before unpatchify. Joint attention puts the text *after* the
 image; SD3.5's extra image-only self-attention (`attn2`) has no text.
 """
-from ..plan import Attention, FamilyPlan, GatherOutput, SplitOutput
+from ..plan import Attention, FamilyPlan, GatherOutput, SplitInput, SplitOutput
 
 PLAN = FamilyPlan(
     family="sd3",
@@ -31,4 +31,24 @@ PLAN = FamilyPlan(
         "transformer_blocks.*.ff_context.net.0.proj": "colwise",
         "transformer_blocks.*.ff_context.net.2": "rowwise",
     },
+)
+
+
+# ComfyUI's own MMDiT (comfy/ldm/modules/diffusionmodules/mmdit.py). Patch embedding and the cropped
+# position table need the whole latent, so the image tokens are split where they enter the first
+# joint block (JointBlock.forward(context, x, ...)) and gathered after the final layer, before
+# unpatchify. `_block_mixing` puts the text first in the joint attention; SD3.5's extra image-only
+# attention (attn2) runs in the same block, and its text length is read as 0.
+COMFY_PLAN = FamilyPlan(
+    family="sd3",
+    model_class="OpenAISignatureMMDITWrapper",
+    batch_inputs=("x", "timesteps", "context", "y"),
+    sequence={
+        "joint_blocks.0": [SplitInput("x", dim=1, position=1)],
+        "final_layer": [GatherOutput(dim=1)],
+    },
+    attention={"joint_blocks.*": Attention(text_first=True, seam="comfy")},
+    tp=None,
+    tp_refusal="tensor parallel runs on the diffusers path only",
+    comfy=True,
 )

@@ -23,3 +23,23 @@ PLAN = FamilyPlan(
     tp_refusal=("Wan normalises q and k over all heads together (qk_norm='rms_norm_across_heads'), which "
                 "column-sharded heads cannot compute locally; use ulysses_degree/ring_degree for Wan instead"),
 )
+
+
+# ComfyUI's own WanModel (comfy/ldm/wan/model.py). `forward_orig` computes the patch grid from the
+# whole latent and every block receives the full RoPE table and modulation from its locals, so the
+# tokens are split where they enter the first block, the RoPE table (and a per-token modulation,
+# Wan 2.2 TI2V) at every block, and the head's output is gathered before unpatchify.
+COMFY_PLAN = FamilyPlan(
+    family="wan",
+    model_class="WanModel",
+    batch_inputs=("x", "timestep", "context", "clip_fea"),
+    sequence={
+        "blocks.0": [SplitInput("x", dim=1, position=0)],
+        "blocks.*": [SplitInput("freqs", dim=1, position=2), SplitInput("e", dim=1, position=1, only_full=True)],
+        "head": [SplitInput("e", dim=1, position=1, only_full=True), GatherOutput(dim=1)],
+    },
+    attention={"blocks.*.self_attn": Attention(seam="comfy")},
+    tp=None,
+    tp_refusal="tensor parallel runs on the diffusers path only",
+    comfy=True,
+)

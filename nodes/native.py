@@ -1,0 +1,142 @@
+"""The driver's side of the ComfyUI-native path: what the workers need to run ComfyUI's own model.
+
+ComfyUI built the MODEL's diffusion model from a `supported_models` config: its class, its
+`unet_config` and an operations class that `comfy.ops.pick_operations` chose from the weight dtype,
+the manual-cast dtype, the fp8 optimisation flag and the scaled-fp8 dtype. The spec below carries
+exactly those facts (plus ComfyUI's directory and the flags that choose its attention kernel), so a
+worker builds the same class with the same ops (workers/comfy_native.py). The weights travel as
+ComfyUI holds them: the diffusion model's state dict in storage dtype, patches (LoRA) already
+applied by ComfyUI's model management — fp8 stays fp8.
+
+Everything here is checked before any worker starts: a MODEL whose weights cannot be carried
+(a tensor subclass from a custom loader) or whose class has no adapter is refused with what works.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from ..parallel.models import COMFY_PLANS, plan_for
+from ..workers.comfy_native import FORWARDED_ARGS
+from ..workers.transport import _DTYPES
+
+SUPPORTED = "Flux.1 (Flux), SD3/3.5 (MMDiT), PixArt-α/Σ (PixArtMS) and Wan 2.1/2.2 (WanModel)"
+
+
+class NotCarried(ValueError):
+    """This MODEL cannot run on the workers; the message says why and what works."""
+
+
+def encode_value(v):
+    """JSON-safe form of a unet_config value: dtypes tagged, tuples tagged, nested containers kept."""
+    if isinstance(v, torch.dtype):
+        return {"__dtype__": str(v).removeprefix("torch.")}
+    if isinstance(v, tuple):
+        return {"__tuple__": [encode_value(x) for x in v]}
+    if isinstance(v, list):
+        return [encode_value(x) for x in v]
+    if isinstance(v, dict):
+        return {str(k): encode_value(x) for k, x in v.items()}
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    raise NotCarried(f"this model's ComfyUI config holds a {type(v).__name__} ({v!r:.60}), which the workers "
+                     f"cannot rebuild; Hybrid Sampler runs models loaded by ComfyUI's own loaders")
+
+
+def family_plan(diffusion_model):
+    """The family adapter's ComfyUI plan for this diffusion model, or NotCarried naming what works."""
+    try:
+        plan = plan_for(diffusion_model)
+    except ValueError:
+        plan = None
+    if plan is None or not plan.comfy:
+        raise NotCarried(f"Hybrid Sampler has no adapter for {type(diffusion_model).__name__}; it runs "
+                         f"{SUPPORTED}. Use KSampler for this model.")
+    return plan
+
+
+def check_weights(diffusion_model) -> int:
+    """Refuse weights the workers cannot carry (before any worker starts); returns their bytes."""
+    total = 0
+    for name, t in diffusion_model.state_dict().items():
+        if type(t) not in (torch.Tensor, torch.nn.Parameter):
+            raise NotCarried(f"weight {name!r} of this MODEL is a {type(t).__name__} (a custom loader's tensor "
+                             f"type, e.g. GGUF), which the workers cannot carry; load the model with ComfyUI's "
+                             f"Load Diffusion Model / Load Checkpoint (any weight_dtype, fp8 included)")
+        dtype = str(t.dtype).removeprefix("torch.")
+        if dtype not in _DTYPES:
+            raise NotCarried(f"weight {name!r} has dtype {dtype}, which the workers cannot carry; supported: "
+                             f"{', '.join(_DTYPES)}")
+        total += t.numel() * t.element_size()
+    return total
+
+
+def _comfy_args() -> dict:
+    import comfy.cli_args
+    args = comfy.cli_args.args
+    out = {}
+    for name in FORWARDED_ARGS:
+        if not hasattr(args, name):
+            continue
+        v = getattr(args, name)
+        if name == "fast":
+            v = sorted(getattr(f, "value", f) for f in (v or ()))
+        if v is None or isinstance(v, (bool, int, float, str, list)):
+            out[name] = v
+    return out
+
+
+def native_spec(base_model) -> dict:
+    """What a worker needs to build `base_model.diffusion_model` as ComfyUI built it (JSON-safe)."""
+    import comfy.model_management
+
+    dm = base_model.diffusion_model
+    family_plan(dm)
+    config = base_model.model_config
+    if getattr(config, "custom_operations", None) is not None:
+        raise NotCarried(f"this MODEL uses custom operations ({config.custom_operations!r:.80}), which the workers "
+                         f"cannot rebuild; load it with ComfyUI's own loaders")
+    if getattr(config, "layer_quant_config", None):
+        raise NotCarried("mixed-precision quantized checkpoints (layer_quant_config) do not run on the workers yet; "
+                         "use an fp8/scaled-fp8/bf16 checkpoint")
+    unet_config = dict(config.unet_config)
+    return {
+        "module": type(dm).__module__,
+        "class": type(dm).__qualname__,
+        "unet_config": encode_value(unet_config),
+        "ops": {"weight_dtype": encode_value(unet_config.get("dtype")),
+                "manual_cast_dtype": encode_value(base_model.manual_cast_dtype),
+                "fp8_optimizations": bool(config.optimizations.get("fp8", False)),
+                "scaled_fp8": encode_value(getattr(config, "scaled_fp8", None))},
+        "comfy_dir": os.path.dirname(os.path.dirname(os.path.abspath(comfy.model_management.__file__))),
+        "comfy_args": _comfy_args(),
+    }
+
+
+def portable_options(transformer_options: dict | None) -> dict:
+    """The part of ComfyUI's transformer_options that travels to the workers (JSON-safe).
+
+    Patches installed by other nodes (attention / block replacements, wrappers that act inside the
+    diffusion model) are Python callables in the ComfyUI process and cannot run on the workers: refuse.
+    """
+    opts = transformer_options or {}
+    for name in ("patches", "patches_replace"):
+        live = {k: v for k, v in (opts.get(name) or {}).items() if v}
+        if live:
+            raise NotCarried(f"this MODEL carries {name} {sorted(map(str, live))} from another node; those run "
+                             f"inside ComfyUI's process and cannot run on the workers - remove that node or use KSampler")
+    out = {}
+    rope = opts.get("rope_options")
+    if rope is not None:
+        out["rope_options"] = encode_value(dict(rope))
+    return out
+
+
+def native_supported(config) -> bool:
+    """Whether a parallel config runs on ComfyUI's own model (the rest still runs the diffusers path)."""
+    return config.tp_degree == 1 and config.pp_degree == 1 and config.method == "usp"
+
+
+__all__ = ["COMFY_PLANS", "NotCarried", "check_weights", "encode_value", "family_plan", "native_spec",
+           "native_supported", "portable_options"]

@@ -1,0 +1,116 @@
+"""The worker's side of the ComfyUI-native path: build ComfyUI's own diffusion model from its spec.
+
+Why the workers run ComfyUI's classes rather than a diffusers re-implementation: the MODEL then
+runs with ComfyUI's own ops and casting (fp8 `weight_dtype`, fp8-stored and scaled-fp8 checkpoints,
+manual casting), with the weights exactly as ComfyUI holds them (storage dtype, LoRA already
+applied), and no family needs a converter. The driver (nodes/native.py) sends a *spec* — the module
+and class of the diffusion model, ComfyUI's `unet_config`, the facts ComfyUI's `pick_operations`
+decides by, and the ComfyUI command-line flags that choose the attention kernel — and the weights as
+mapped shared-memory files. Here the class is built on the meta device (no allocation, no random
+initialisation) with the same operations class, and the state dict is assigned: on CPU the
+parameters *are* the shared mappings, so N ranks hold one copy.
+
+This module is the only place in the workers that imports ComfyUI, and only when a native model
+is loaded. The workers are started by ComfyUI's process, which passes its ComfyUI directory.
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+
+import torch
+
+# ComfyUI flags copied from the driver: the ones that choose the attention kernel, precision and device.
+FORWARDED_ARGS = ("cpu", "use_pytorch_cross_attention", "use_split_cross_attention", "use_quad_cross_attention",
+                  "use_sage_attention", "use_flash_attention", "disable_xformers", "force_upcast_attention",
+                  "dont_upcast_attention", "force_fp32", "force_fp16", "deterministic", "fast")
+_ATTENTION_FLAGS = ("use_split_cross_attention", "use_quad_cross_attention", "use_sage_attention",
+                    "use_flash_attention")
+
+
+def decode_value(v):
+    """Inverse of nodes/native.py's encode_value: {"__dtype__": name} -> torch dtype, recursively."""
+    if isinstance(v, dict):
+        if set(v) == {"__dtype__"}:
+            return getattr(torch, v["__dtype__"])
+        if set(v) == {"__tuple__"}:
+            return tuple(decode_value(x) for x in v["__tuple__"])
+        return {k: decode_value(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [decode_value(x) for x in v]
+    return v
+
+
+def import_comfy(spec: dict, sequence_parallel: bool):
+    """Put ComfyUI on sys.path and configure it as the driver's ComfyUI before its first import.
+
+    With sequence parallelism the worker uses ComfyUI's pytorch attention kernel: attention calls that
+    bypass ComfyUI's override seam (PixArt's) are then F.scaled_dot_product_attention calls, which the
+    plan's interceptor swaps. At world size 1 the driver's kernel is kept, so degree 1 is bitwise KSampler.
+    """
+    if "comfy.model_management" not in sys.modules:
+        path = spec.get("comfy_dir")
+        if path and path not in sys.path:
+            sys.path.append(path)
+        import comfy.cli_args
+        args = comfy.cli_args.args
+        for name, value in (spec.get("comfy_args") or {}).items():
+            if name not in FORWARDED_ARGS or not hasattr(args, name):
+                continue
+            if name == "fast":
+                value = {comfy.cli_args.PerformanceFeature(v) for v in value or ()}
+            setattr(args, name, value)
+        if sequence_parallel:
+            args.use_pytorch_cross_attention = True
+            for name in _ATTENTION_FLAGS:
+                setattr(args, name, False)
+    import comfy.model_management  # noqa: F401  (device and kernel choice happen at this import)
+    import comfy.ops
+    return comfy
+
+
+def _operations(comfy, spec: dict, device: torch.device):
+    ops = spec["ops"]
+    weight_dtype = decode_value(ops.get("weight_dtype"))
+    compute_dtype = decode_value(ops.get("manual_cast_dtype"))
+    scaled = decode_value(ops.get("scaled_fp8"))
+    return comfy.ops.pick_operations(weight_dtype, compute_dtype, load_device=device,
+                                     fp8_optimizations=bool(ops.get("fp8_optimizations")), scaled_fp8=scaled)
+
+
+def build_native(spec: dict, weights: dict, device: torch.device, sequence_parallel: bool) -> torch.nn.Module:
+    """ComfyUI's diffusion model of `spec`, holding `weights` (assigned, not copied), on `device`."""
+    comfy = import_comfy(spec, sequence_parallel)
+    module = importlib.import_module(spec["module"])
+    cls = module
+    for part in spec["class"].split("."):
+        cls = getattr(cls, part)
+    unet_config = decode_value(spec["unet_config"])
+    operations = _operations(comfy, spec, device)
+    model = cls(**unet_config, device=torch.device("meta"), operations=operations)
+    missing = sorted(set(model.state_dict()) - set(weights))
+    unexpected = sorted(set(weights) - set(model.state_dict()))
+    if missing or unexpected:
+        raise RuntimeError(f"{spec['class']} built from ComfyUI's config does not match the weights sent: "
+                           f"missing {missing[:8]}, unexpected {unexpected[:8]}")
+    model.load_state_dict(weights, strict=True, assign=True)
+    left = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_meta]
+    if left:
+        raise RuntimeError(f"{spec['class']} keeps tensors outside its state dict ({left[:8]}); the workers "
+                           f"cannot build it without initialising them - report this model class")
+    model = model.eval().requires_grad_(False)
+    if device.type != "cpu":
+        # tensor by tensor: each rank keeps its GPU copy and drops the host mapping as it goes
+        for mod in model.modules():
+            for name, p in list(mod.named_parameters(recurse=False)):
+                setattr(mod, name, torch.nn.Parameter(p.data.to(device), requires_grad=False))
+            for name, b in list(mod.named_buffers(recurse=False)):
+                mod._buffers[name] = b.to(device)
+    return model
+
+
+def call_native(model, inputs: dict):
+    """Call ComfyUI's diffusion model as BaseModel._apply_model does: (x, timestep, context=..., ...)."""
+    inputs = dict(inputs)
+    x, t = inputs.pop("x"), inputs.pop("timestep")
+    return model(x, t, **inputs)
