@@ -299,6 +299,21 @@ def job_vae_decode(state: WorkerState, ctx, payload: dict) -> dict:
     return {"image": out, "patch_parallel": patch_decode is not None}
 
 
+def job_model_bytes(state: WorkerState, ctx, payload: dict) -> dict:
+    """Diagnostic: the bytes (and bytes per dtype) of a resident model's parameters and buffers on this rank."""
+    model = state.model(payload["key"])
+    seen, total, dtypes = set(), 0, {}
+    for t in list(model.parameters()) + list(model.buffers()):
+        if id(t) in seen or t.is_meta:
+            continue
+        seen.add(id(t))
+        n = t.numel() * t.element_size()
+        total += n
+        name = str(t.dtype).removeprefix("torch.")
+        dtypes[name] = dtypes.get(name, 0) + n
+    return {"bytes": total, "dtypes": dtypes, "native": payload["key"] in state.native}
+
+
 def job_echo(state: WorkerState, ctx, payload: dict) -> dict:
     """Diagnostic: return the job's tensors unchanged (the transport's round trip, for tests and bench)."""
     return {k: v for k, v in payload.items() if isinstance(v, torch.Tensor)}
@@ -307,6 +322,7 @@ def job_echo(state: WorkerState, ctx, payload: dict) -> dict:
 JOBS = {
     "health": job_health,
     "echo": job_echo,
+    "model_bytes": job_model_bytes,
     "steps": job_steps,
     "load_model": job_load_model,
     "forward": job_forward,

@@ -1,0 +1,183 @@
+"""ComfyUI's own diffusion model on real gloo workers, against the same model called in this process.
+
+Each case loads a tiny ComfyUI-format checkpoint with ComfyUI's own loader (comfy.sd.load_diffusion_model,
+what UNETLoader calls) in one of the precisions ComfyUI offers — fp32, bf16, fp16, the fp8 weight
+dtypes (fp8_e4m3fn, fp8_e4m3fn_fast, fp8_e5m2) and a scaled-fp8 checkpoint — makes it resident on the
+pool through the native path (nodes/native.py -> workers/comfy_native.py) and compares one forward
+with fresh random inputs against ComfyUI's own forward here:
+
+* world size 1: bitwise equal (same class, same ops, same weights, same attention kernel);
+* Ulysses / Ring / USP / CFG: ≤ 1e-5 relative where ComfyUI computes in fp32 (manual cast on CPU),
+  a measured bound where it computes in bf16/fp16 itself (the attention kernel differs in rounding).
+
+Sizes that do not divide by the degree are included (13 x 9 latents: 35 or 63 tokens on 2 ranks).
+One pool per mesh, reused across families and precisions (module scope).
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.comfy
+
+PRECISIONS = ["fp32", "bf16", "fp16", "fp8_e4m3fn", "fp8_e4m3fn_fast", "fp8_e5m2", "scaled_fp8"]
+MESHES = {"d1": {}, "u2": {"ulysses_degree": 2}, "r2": {"ring_degree": 2}, "cfg2": {"cfg_degree": 2},
+          "u2r2": {"ulysses_degree": 2, "ring_degree": 2}}
+
+
+@pytest.fixture(scope="module")
+def comfy(tmp_path_factory):
+    from comfy_env import setup_comfy
+    setup_comfy()
+    import comfy.sd  # noqa: F401
+    return tmp_path_factory.mktemp("native_ckpt")
+
+
+def _scaled_fp8(sd: dict) -> dict:
+    """ComfyUI's scaled-fp8 checkpoint layout: 2-D Linear weights stored fp8 with a per-layer scale_weight,
+    and the `scaled_fp8` marker key (its dtype is the fp8 format)."""
+    out = {}
+    for k, v in sd.items():
+        if k.endswith(".weight") and v.ndim == 2 and "embed" not in k:
+            scale = v.float().abs().max() / 448.0
+            out[k] = (v.float() / scale).to(torch.float8_e4m3fn)
+            out[k[: -len("weight")] + "scale_weight"] = scale.reshape(())
+        else:
+            out[k] = v
+    out["scaled_fp8"] = torch.empty(0, dtype=torch.float8_e4m3fn)
+    return out
+
+
+_CKPT_ARGS = {
+    "sd3": lambda tc, p: tc.write_sd3(p, depth=2, pos_embed_max_size=32, seed=21),
+    "wan": lambda tc, p: tc.write_wan(p, dim=256, ffn_dim=256, seed=22),
+    "pixart": lambda tc, p: tc.write_pixart(p, seed=23),
+}
+
+
+def load_model(tmp, family: str, precision: str):
+    """A ComfyUI ModelPatcher for the family's tiny checkpoint in `precision`, as UNETLoader would load it."""
+    import comfy.sd
+    import tiny_checkpoints as tc
+    from safetensors.torch import load_file, save_file
+
+    path = tmp / f"{family}.safetensors"
+    if not path.exists():
+        _CKPT_ARGS[family](tc, path)
+    options = {}
+    if precision == "scaled_fp8":
+        scaled = tmp / f"{family}_scaled_fp8.safetensors"
+        if not scaled.exists():
+            save_file(_scaled_fp8(load_file(str(path))), str(scaled))
+        path = scaled
+    elif precision != "fp32":
+        options["dtype"] = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8_e4m3fn": torch.float8_e4m3fn,
+                            "fp8_e4m3fn_fast": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}[precision]
+        if precision == "fp8_e4m3fn_fast":
+            options["fp8_optimizations"] = True
+    return comfy.sd.load_diffusion_model(str(path), model_options=options)
+
+
+def inputs(family: str, base, seed: int, batch: int = 2, odd: bool = True) -> dict:
+    """Fresh random inputs as BaseModel._apply_model hands them to the diffusion model (cast, scaled)."""
+    g = torch.Generator().manual_seed(seed)
+    dtype = base.manual_cast_dtype or base.diffusion_model.dtype
+    h, w = (9, 13) if odd else (8, 12)
+    if family == "sd3":
+        d = {"x": torch.randn(batch, 16, h, w, generator=g), "context": torch.randn(batch, 7, 32, generator=g),
+             "y": torch.randn(batch, 24, generator=g)}
+    elif family == "wan":
+        d = {"x": torch.randn(batch, 16, 2, h, w, generator=g), "context": torch.randn(batch, 7, 4096, generator=g)}
+    else:  # PixArt: ComfyUI needs even sides with (H + W) // 2 >= 33
+        d = {"x": torch.randn(batch, 4, 34, 36 if odd else 32, generator=g),
+             "context": torch.randn(batch, 8, 4096, generator=g)}
+    d = {k: v.to(dtype) for k, v in d.items()}
+    d["timestep"] = torch.rand(batch, generator=g) * 1000
+    return d
+
+
+def comfy_forward(base, inp: dict) -> torch.Tensor:
+    rest = {k: v for k, v in inp.items() if k not in ("x", "timestep")}
+    with torch.no_grad():
+        return base.diffusion_model(inp["x"], inp["timestep"], transformer_options={}, **rest)
+
+
+def pool_forward(pool, config, key: str, base, inp: dict) -> torch.Tensor:
+    from comfyui_hybrid_parallel.nodes.native import family_plan, native_spec
+    dm = base.diffusion_model
+    pool.ensure_model(config, key, family_plan(dm).family, {}, native=native_spec(base),
+                      state_dict=lambda: dict(dm.state_dict()))
+    res = pool.submit(config, "forward", {"key": key, "structure": {"transformer_options": {}}}, dict(inp))
+    return res.tensors["out"]
+
+
+def rel(a, b) -> float:
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def tolerance(base) -> float:
+    """fp32 compute (fp32 weights, or manual cast from fp8 on CPU): the exact-method bound. ComfyUI computing
+    in bf16/fp16 itself: the rounding of a different attention kernel in that dtype (measured ~1e-3)."""
+    compute = base.manual_cast_dtype or base.diffusion_model.dtype
+    return 1e-5 if compute == torch.float32 else 2e-2
+
+
+@pytest.fixture(scope="module")
+def pool():
+    from comfyui_hybrid_parallel.workers.pool import WorkerPool
+    p = WorkerPool(device="cpu")
+    yield p
+    p.close()
+
+
+def _cases(mesh):
+    if mesh == "d1":
+        return [(f, p) for f in ("sd3", "wan", "pixart") for p in PRECISIONS]
+    if mesh == "u2":
+        return [("sd3", p) for p in PRECISIONS] + [("wan", "fp32"), ("wan", "fp8_e4m3fn"), ("pixart", "fp32"),
+                                                   ("pixart", "bf16")]
+    if mesh == "r2":
+        return [("sd3", "fp32"), ("sd3", "fp8_e5m2"), ("wan", "scaled_fp8"), ("pixart", "fp16")]
+    if mesh == "cfg2":
+        return [("sd3", "bf16"), ("wan", "fp32")]
+    return [("sd3", "fp32"), ("wan", "fp8_e4m3fn")]
+
+
+@pytest.mark.parametrize("mesh", list(MESHES))
+def test_native_forward_equals_comfyui(comfy, pool, mesh):
+    from comfyui_hybrid_parallel.parallel import ParallelConfig
+    config = ParallelConfig(**MESHES[mesh])
+    failures = []
+    for i, (family, precision) in enumerate(_cases(mesh)):
+        patcher = load_model(comfy, family, precision)
+        base = patcher.model
+        for odd in (True, False):
+            inp = inputs(family, base, seed=100 + i * 2 + odd, odd=odd)
+            ref = comfy_forward(base, inp)
+            out = pool_forward(pool, config, f"{mesh}:{family}:{precision}", base, inp)
+            assert out.dtype == ref.dtype and out.shape == ref.shape
+            err = rel(out, ref)
+            print(f"{mesh} {family} {precision} {'odd' if odd else 'even'}: rel {err:.2e}")
+            if mesh == "d1":
+                if not torch.equal(out, ref):
+                    failures.append(f"{family} {precision}: not bitwise at degree 1 (rel {err:.2e})")
+            elif err > tolerance(base):
+                failures.append(f"{family} {precision} {'odd' if odd else 'even'}: rel {err:.2e} > {tolerance(base)}")
+    assert not failures, failures
+
+
+def test_fp8_stays_fp8_on_the_workers(comfy, pool):
+    """Per-rank weight bytes equal ComfyUI's for that precision: the workers report what they hold."""
+    from comfyui_hybrid_parallel.parallel import ParallelConfig
+    config = ParallelConfig(ulysses_degree=2)
+    base = load_model(comfy, "sd3", "fp8_e4m3fn").model
+    sd = base.diffusion_model.state_dict()
+    assert any(v.dtype == torch.float8_e4m3fn for v in sd.values())
+    want = sum(v.numel() * v.element_size() for v in sd.values())
+    pool_forward(pool, config, "fp8-bytes", base, inputs("sd3", base, seed=5))
+    res = pool.submit(config, "model_bytes", {"key": "fp8-bytes"})
+    for r in res.per_rank:
+        assert r["bytes"] == want, (r, want)
+        assert r["dtypes"].get("float8_e4m3fn", 0) > 0
