@@ -51,16 +51,7 @@ class PoolDiffusionModel(torch.nn.Module):
 
     def _native_forward(self, x, timestep, context, transformer_options, extra):
         """ComfyUI's own model on the workers: its call's tensors go as they are, its output comes back as is."""
-        tensors = {"x": x, "timestep": timestep}
-        if context is not None:
-            tensors["context"] = context
-        for k, v in extra.items():
-            if v is None:
-                continue
-            if not isinstance(v, torch.Tensor):
-                raise NotCarried(f"Hybrid Sampler cannot pass {k!r} ({type(v).__name__}) to the workers yet; supported "
-                                 f"conditioning: tensors (text context, pooled output, guidance, size conditioning)")
-            tensors[k] = v
+        tensors = {"x": x, "timestep": timestep, **_conditioning(context, extra)}
         values = {"key": self.state["key"], "call_index": self.state["calls"],
                   "structure": {"transformer_options": portable_options(transformer_options)}}
         self.state["calls"] += 1
@@ -72,6 +63,8 @@ class PoolDiffusionModel(torch.nn.Module):
             raise ValueError("Hybrid Sampler does not support ControlNet inputs yet; remove the ControlNet")
         self._ensure_resident()
         if self.state.get("native"):
+            if self.state.get("capture"):  # loop mode: hand ComfyUI's own conditioning over, compute nothing
+                raise Captured(_conditioning(context, extra), list((transformer_options or {}).get("cond_or_uncond") or [0]), x.shape)
             return self._native_forward(x, timestep, context, transformer_options, extra)
         family, config = self.state["family"], self.state["config"]
         unsupported = sorted(k for k, v in extra.items() if v is not None and k not in SUPPORTED_EXTRA[family])
@@ -95,6 +88,19 @@ class PoolDiffusionModel(torch.nn.Module):
             values["resolution"] = list(x.shape[-2:])
         res = submit_interruptible(self.runtime.pool(self.hp), self.hp.config, "forward", values, tensors)
         return fm.diffusers_to_comfy_output(res.tensors["out"].to(x.device), x.shape)
+
+
+def _conditioning(context, extra: dict) -> dict:
+    """The diffusion model call's conditioning tensors, as ComfyUI passes them; anything else is refused."""
+    out = {} if context is None else {"context": context}
+    for k, v in extra.items():
+        if v is None:
+            continue
+        if not isinstance(v, torch.Tensor):
+            raise NotCarried(f"Hybrid Sampler cannot pass {k!r} ({type(v).__name__}) to the workers yet; supported "
+                             f"conditioning: tensors (text context, pooled output, guidance, size conditioning)")
+        out[k] = v
+    return out
 
 
 class ComfyInterrupt:
@@ -201,7 +207,7 @@ class HybridSampler:
         # the workers keep the model parallelized for one method: the method is part of its identity
         method = f"{hp.config.method}" + (f"-w{hp.config.warmup_steps}" if hp.config.method != "usp" else "")
         state = {"key": f"{weights_key(model.model, model.patches_uuid)}|{method}", "calls": 0}
-        if not loop and native_supported(hp.config):
+        if native_supported(hp.config):
             # ComfyUI's own model on the workers; refused here, before any worker starts, if it cannot travel
             state["native"] = native_spec(model.model)
             check_weights(model.model.diffusion_model)

@@ -29,13 +29,18 @@ from .pipefusion.sampling import Convention, check_cfg_batch, check_sigmas, deno
 def run_loop(model, inputs: dict, sigmas, noise: torch.Tensor, *, convention: Convention, sampler: str = "euler",
              cfg_scale: Optional[float] = None, to_model: Optional[Callable] = None,
              from_model: Optional[Callable] = None, before_step: Optional[Callable] = None,
-             callback: Optional[Callable] = None) -> torch.Tensor:
+             callback: Optional[Callable] = None, forward: Optional[Callable] = None,
+             dtype: Optional[torch.dtype] = None, timestep_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
     """Sample `noise` (the latent at sigmas[0]) down the sigmas; returns the final latent.
 
     inputs: the model's conditioning kwargs (not hidden_states / timestep); with cfg_scale they hold
     [cond, uncond] (twice the latent batch) and the output is mixed as ComfyUI's CFG does.
     before_step(i, n) runs before each forward (cancel agreement, DistriFusion's step index);
     callback(i, n, denoised) after step i is applied (denoised: what ComfyUI's previews show).
+    forward(hidden_states, timestep, inputs) calls the model another way than diffusers' keywords
+    (ComfyUI's own model: forward(x, timestep, context=...)); `dtype` is the dtype the model takes its
+    latent in (ComfyUI's manual-cast dtype for fp8 weights) and `timestep_dtype` its timestep's
+    (ComfyUI passes float32); both default to the model's parameter dtype.
     """
     sigmas = check_sigmas(sigmas)
     samp = get_sampler(sampler)
@@ -45,7 +50,8 @@ def run_loop(model, inputs: dict, sigmas, noise: torch.Tensor, *, convention: Co
     check_cfg_batch(inputs, noise.shape[0], cfg_scale)
     x = noise.detach().clone().float()
     state = {k: torch.zeros_like(x) for k in samp.state_keys}
-    dtype = next(model.parameters()).dtype
+    dtype = dtype or next(model.parameters()).dtype
+    timestep_dtype = timestep_dtype or dtype
     channel_dim = -1 if x.ndim == 3 else 1
     n = len(sigmas) - 1
     for i in range(n):
@@ -53,9 +59,12 @@ def run_loop(model, inputs: dict, sigmas, noise: torch.Tensor, *, convention: Co
             before_step(i, n)
         h = model_latent(convention, x, sigmas[i], dtype, cfg_scale)
         hs = h if to_model is None else to_model(h)
+        t = convention.timestep(sigmas[i], h.shape[0], timestep_dtype)
         with torch.no_grad():
-            out = model(**inputs, hidden_states=hs, timestep=convention.timestep(sigmas[i], h.shape[0], dtype),
-                        return_dict=False)[0]
+            if forward is not None:
+                out = forward(hs, t, inputs)
+            else:
+                out = model(**inputs, hidden_states=hs, timestep=t, return_dict=False)[0]
         if from_model is not None:
             out = from_model(out, h.shape)
         den = denoise(convention, x, sigmas[i], out, channel_dim, cfg_scale)

@@ -99,6 +99,8 @@ def build_native(spec: dict, weights: dict, device: torch.device, sequence_paral
         raise RuntimeError(f"{spec['class']} keeps tensors outside its state dict ({left[:8]}); the workers "
                            f"cannot build it without initialising them - report this model class")
     model = model.eval().requires_grad_(False)
+    model._hp_compute_dtype = decode_value(spec["ops"].get("manual_cast_dtype")) or decode_value(
+        spec["ops"].get("weight_dtype")) or torch.float32
     if device.type != "cpu":
         # tensor by tensor: each rank keeps its GPU copy and drops the host mapping as it goes
         for mod in model.modules():
@@ -107,6 +109,12 @@ def build_native(spec: dict, weights: dict, device: torch.device, sequence_paral
             for name, b in list(mod.named_buffers(recurse=False)):
                 mod._buffers[name] = b.to(device)
     return model
+
+
+def compute_dtype(model) -> torch.dtype:
+    """The dtype ComfyUI hands this model its latent in (BaseModel._apply_model: the manual-cast dtype, else
+    the model's own)."""
+    return getattr(model, "_hp_compute_dtype", torch.float32)
 
 
 def call_native(model, inputs: dict):

@@ -219,7 +219,8 @@ def job_loop(state: WorkerState, ctx, payload: dict) -> dict:
     key = payload["key"]
     model = state.model(key)
     family = state.models[key][0]
-    if payload.get("resolution") and family == "pixart":
+    native = key in state.native
+    if payload.get("resolution") and family == "pixart" and not native:
         from comfyui_hybrid_parallel.parallel.checkpoints.pixart import set_resolution
         set_resolution(model, *[int(v) for v in payload["resolution"]])
     conv = payload["convention"]
@@ -244,7 +245,7 @@ def job_loop(state: WorkerState, ctx, payload: dict) -> dict:
         return {"out": out}
     from comfyui_hybrid_parallel.parallel.checkpoints import family_module
     from comfyui_hybrid_parallel.parallel.loop import run_loop
-    fm = family_module(family)
+    fm = None if native else family_module(family)
     config = payload.get("model_config") or dict(getattr(model, "config", {}) or {})
     distri = None
     if ctx.config.method == "distrifusion" and ctx.world_size > 1:
@@ -264,11 +265,17 @@ def job_loop(state: WorkerState, ctx, payload: dict) -> dict:
         if distri is not None:
             distri.set_step(i, total_steps=n)  # step 0 starts a new run: fresh buffers, synchronous warmup
 
+    if native:  # ComfyUI's own model takes ComfyUI's latent layout and returns it: no conversion
+        from .comfy_native import call_native, compute_dtype
+        loop_kw = dict(forward=lambda h, t, kw: call_native(model, {**kw, "x": h, "timestep": t}),
+                       dtype=compute_dtype(model), timestep_dtype=torch.float32)
+    else:
+        loop_kw = dict(to_model=lambda h: fm.latent_to_hidden_states(h, config),
+                       from_model=fm.diffusers_to_comfy_output)
     with torch.no_grad():
         out = run_loop(model, inputs, sigmas, noise, convention=convention, sampler=payload["sampler"],
-                       cfg_scale=payload.get("cfg_scale"), to_model=lambda h: fm.latent_to_hidden_states(h, config),
-                       from_model=fm.diffusers_to_comfy_output, before_step=before_step,
-                       callback=progress_with_preview)
+                       cfg_scale=payload.get("cfg_scale"), before_step=before_step,
+                       callback=progress_with_preview, **loop_kw)
     return {"out": out}
 
 
