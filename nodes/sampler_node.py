@@ -204,6 +204,11 @@ class HybridSampler:
         if loop:
             check_loop_mode(sampler_name)  # before any work
         m = model.clone()
+        # ComfyUI's copy of the diffusion model stays on the host: its sampling calls load_models_gpu on this
+        # MODEL, which would otherwise put a second copy on cuda:0 beside rank 0's. Loaded to the offload
+        # device, ComfyUI still applies the weight patches (LoRA) there, and those patched weights are what
+        # travels to the workers.
+        m.load_device = m.offload_device
         # the workers keep the model parallelized for one method: the method is part of its identity
         method = f"{hp.config.method}" + (f"-w{hp.config.warmup_steps}" if hp.config.method != "usp" else "")
         state = {"key": f"{weights_key(model.model, model.patches_uuid)}|{method}", "calls": 0}

@@ -1,0 +1,122 @@
+"""Hybrid Sampler in this process on ComfyUI's own model: ComfyUI's copy never goes to its load device,
+and a MODEL the workers cannot carry is refused before any worker starts."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.comfy
+
+
+@pytest.fixture(scope="module")
+def comfy(tmp_path_factory):
+    import importlib.util
+    import sys
+
+    from comfy_env import setup_comfy
+    comfy_dir = setup_comfy()
+    if getattr(sys.modules.get("nodes"), "common_ksampler", None) is None:
+        # ComfyUI's top-level `nodes` module (the pack's own subpackage has that name on this path too)
+        spec = importlib.util.spec_from_file_location("nodes", comfy_dir / "nodes.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["nodes"] = module
+        spec.loader.exec_module(module)
+    import comfy.sd
+    import tiny_checkpoints as tc
+    path = tmp_path_factory.mktemp("nodes_ckpt") / "sd3.safetensors"
+    tc.write_sd3(path, depth=2, pos_embed_max_size=32, seed=31)
+    return lambda **opts: comfy.sd.load_diffusion_model(str(path), model_options=opts)
+
+
+def _hp(**degrees):
+    from comfyui_hybrid_parallel.nodes.config_node import ParallelConfigNode
+    kw = dict(dp_degree=1, cfg_degree=1, ulysses_degree=1, ring_degree=1, pp_degree=1, num_pipeline_patch=0,
+              warmup_steps=1, tp_degree=1, method="usp", device="cpu", attention="auto")
+    kw.update(degrees)
+    return ParallelConfigNode().build(**kw)["result"][0]
+
+
+def _conds(seed):
+    g = torch.Generator().manual_seed(seed)
+    return [[torch.randn(1, 7, 32, generator=g), {"pooled_output": torch.randn(1, 24, generator=g)}]]
+
+
+class _NoPool:
+    def __call__(self, device):
+        raise AssertionError("a worker pool was started for a MODEL that must be refused first")
+
+
+def test_comfyui_copy_stays_off_its_load_device(comfy, monkeypatch):
+    """The MODEL claims cuda:0 as its load device (as on a GPU machine). KSampler would load it there;
+    Hybrid Sampler must make ComfyUI load it to the offload device only (this machine has no CUDA, so a
+    load to cuda:0 fails the run), and its result still equals KSampler's bitwise at degree 1."""
+    import comfy.model_management as mm
+    import nodes as comfy_nodes  # ComfyUI's top-level module
+
+    from comfyui_hybrid_parallel.nodes.runtime import Runtime
+    from comfyui_hybrid_parallel.nodes.sampler_node import HybridSampler
+
+    latent = {"samples": torch.zeros(1, 16, 9, 13)}
+    pos, neg = _conds(1), _conds(2)
+    ref = comfy_nodes.common_ksampler(comfy(), 3, 2, 4.0, "euler", "normal", pos, neg, latent)[0]["samples"]
+
+    model = comfy()
+    model.load_device = torch.device("cuda", 0)  # what ComfyUI sets on a GPU machine
+    seen = []
+    real = mm.load_models_gpu
+
+    def spy(models, *a, **kw):
+        seen.extend(str(m.load_device) for m in models)
+        return real(models, *a, **kw)
+    monkeypatch.setattr(mm, "load_models_gpu", spy)
+    runtime = Runtime()
+    HybridSampler.runtime = runtime
+    try:
+        out = HybridSampler().sample(model, 3, 2, 4.0, "euler", "normal", pos, neg, latent, _hp())[0]["samples"]
+    finally:
+        runtime.stop()
+        HybridSampler.runtime = None
+    assert seen and all(d == "cpu" for d in seen), seen
+    assert all(p.device.type == "cpu" for p in model.model.diffusion_model.parameters())
+    assert torch.equal(out, ref), ((out - ref).abs().max())
+
+
+class _Wrapped(torch.Tensor):
+    """Stands for a custom loader's tensor type (GGUF and the like)."""
+
+
+def test_tensor_subclass_weights_refused_before_workers(comfy):
+    from comfyui_hybrid_parallel.nodes.native import NotCarried
+    from comfyui_hybrid_parallel.nodes.runtime import Runtime
+    from comfyui_hybrid_parallel.nodes.sampler_node import HybridSampler
+
+    model = comfy()
+    dm = model.model.diffusion_model
+    w = dm.final_layer.linear.weight
+    dm.final_layer.linear.weight = torch.nn.Parameter(w.data.as_subclass(_Wrapped), requires_grad=False)
+    HybridSampler.runtime = Runtime(make_pool=_NoPool())
+    try:
+        with pytest.raises(NotCarried, match="Load Diffusion Model"):
+            HybridSampler().sample(model, 0, 1, 1.0, "euler", "normal", _conds(1), _conds(2),
+                                   {"samples": torch.zeros(1, 16, 8, 8)}, _hp(ulysses_degree=2))
+    finally:
+        HybridSampler.runtime = None
+
+
+def test_model_without_adapter_refused_before_workers(comfy):
+    from comfyui_hybrid_parallel.nodes.native import NotCarried
+    from comfyui_hybrid_parallel.nodes.runtime import Runtime
+    from comfyui_hybrid_parallel.nodes.sampler_node import HybridSampler
+
+    class UnknownDiT(torch.nn.Module):
+        dtype = torch.float32
+
+    model = comfy()
+    model.model.diffusion_model = UnknownDiT()
+    HybridSampler.runtime = Runtime(make_pool=_NoPool())
+    try:
+        with pytest.raises(NotCarried, match="no adapter for UnknownDiT.*Flux"):
+            HybridSampler().sample(model, 0, 1, 1.0, "euler", "normal", _conds(1), _conds(2),
+                                   {"samples": torch.zeros(1, 16, 8, 8)}, _hp(ulysses_degree=2))
+    finally:
+        HybridSampler.runtime = None
