@@ -167,12 +167,12 @@ def write_checkpoints(base: Path, families=("sd3",)) -> None:
 def workflow(degrees, tag: str, width: int, height: int, steps: int = 3, cfg: float = 4.0,
              sampler: str = "euler", scheduler: str = "normal", batch: int = 1, png: bool = False,
              family: str = "sd3", length: int = 5, lora: tuple = None, denoise: float = 1.0,
-             mask: bool = False) -> dict:
+             mask: bool = False, weight_dtype: str = "default") -> dict:
     """API prompt on a family's tiny checkpoints: KSampler -> VAEDecode when `degrees` is None, else
     Parallel Config(degrees) -> Hybrid Sampler -> Patch VAE Decode; the image and the latent are saved
     losslessly as output/img_<tag> and output/lat_<tag> (and as a PNG when `png`). `lora`: (file, strength)
     applied to the MODEL with LoraLoaderModelOnly. `mask`: a noise mask (SetLatentNoiseMask) that keeps the
-    top-left quarter of the latent and denoises the rest."""
+    top-left quarter of the latent and denoises the rest. `weight_dtype`: UNETLoader's (fp8_e4m3fn, ...)."""
     f = FAMILIES[family]
 
     def cond(seed):
@@ -183,7 +183,7 @@ def workflow(degrees, tag: str, width: int, height: int, steps: int = 3, cfg: fl
     if family == "wan":
         latent["length"] = length
     g = {
-        "1": {"class_type": "UNETLoader", "inputs": {"unet_name": f["unet"], "weight_dtype": "default"}},
+        "1": {"class_type": "UNETLoader", "inputs": {"unet_name": f["unet"], "weight_dtype": weight_dtype}},
         "2": cond(1), "3": cond(2),
         "4": {"class_type": f["latent"], "inputs": latent},
         "6": {"class_type": "VAELoader", "inputs": {"vae_name": f["vae"]}},

@@ -44,6 +44,22 @@ def test_hybrid_sampler_and_patch_decode_equal_ksampler(server, reference, degre
     assert lat.shape == lat_ref.shape and img.shape == img_ref.shape
     assert _rel(lat, lat_ref) <= 1e-4, _rel(lat, lat_ref)
     assert (img - img_ref).abs().max().item() <= 1e-4
+    if not degrees:  # the workers run ComfyUI's own model: same code, same weights, same kernel
+        assert torch.equal(lat, lat_ref), _rel(lat, lat_ref)
+
+
+@pytest.mark.parametrize("weight_dtype", ["fp8_e4m3fn", "fp8_e4m3fn_fast", "fp8_e5m2"])
+def test_fp8_weight_dtype_equals_ksampler(server, weight_dtype):
+    """UNETLoader's fp8 weight dtypes (how most people run Flux and Wan 14B) through the workers: ComfyUI's
+    own fp8 ops on the ranks; degree 1 bitwise, ulysses 2 within the exact-method bound."""
+    tags = {d: f"{weight_dtype}_{d}" for d in ("ref", "d1", "u2")}
+    _ok(server, server.run(_graph(None, tags["ref"], weight_dtype=weight_dtype)))
+    _ok(server, server.run(_graph({}, tags["d1"], weight_dtype=weight_dtype)))
+    _ok(server, server.run(_graph({"ulysses_degree": 2}, tags["u2"], weight_dtype=weight_dtype)))
+    ref, d1, u2 = (_load(server, f"lat_{tags[d]}", "images") for d in ("ref", "d1", "u2"))
+    print(f"{weight_dtype}: ulysses2 latent relative error vs KSampler {_rel(u2, ref):.2e}")
+    assert torch.equal(d1, ref), _rel(d1, ref)
+    assert _rel(u2, ref) <= 1e-5
 
 
 @pytest.mark.parametrize("warmup", [3, 1])
