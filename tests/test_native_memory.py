@@ -1,0 +1,102 @@
+"""One copy of the weights, shared: what the pool adds on the host for ComfyUI's own model, asserted in bytes.
+
+The driver writes the diffusion model's state dict (as ComfyUI holds it) once into shared memory and
+every local rank maps those pages (workers/comfy_native.py assigns the mapped tensors as the
+parameters), so the pool adds about one copy of the weights for any number of ranks, and the driver
+never materialises a second copy while streaming. Measured as PSS (shared pages split between the
+processes that map them) of all workers plus the pool's shared-memory files, after a forward has
+touched every weight, relative to the same pool holding only a tiny model.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import pytest
+import torch
+
+from test_native_pool import inputs, load_model, pool_forward
+
+pytestmark = pytest.mark.comfy
+
+
+def _pss(pid: int) -> int:
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        for line in f:
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no Pss in /proc/{pid}/smaps_rollup")
+
+
+def _rss(pid: int) -> int:
+    with open(f"/proc/{pid}/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _pool_bytes(pool) -> int:
+    from comfyui_hybrid_parallel.workers.transport import shm_dir
+    files = sum(os.path.getsize(os.path.join(shm_dir(), n)) for n in os.listdir(shm_dir())
+                if n.startswith(pool.shm_prefix))
+    return sum(_pss(p.pid) for p in pool.world.procs) + files
+
+
+class _Peak:
+    """The driver's peak RSS while a block runs (sampled every 5 ms)."""
+
+    def __enter__(self):
+        self.base = self.peak = _rss(os.getpid())
+        self._stop = threading.Event()
+
+        def poll():
+            while not self._stop.is_set():
+                self.peak = max(self.peak, _rss(os.getpid()))
+                time.sleep(0.005)
+        self._t = threading.Thread(target=poll, daemon=True)
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._t.join()
+
+
+@pytest.fixture(scope="module")
+def big(tmp_path_factory):
+    """A medium MMDiT (depth 8, hidden 512: ~300 MB in fp32) in ComfyUI's format, loaded by ComfyUI."""
+    from comfy_env import setup_comfy
+    setup_comfy()
+    import comfy.sd
+    import tiny_checkpoints as tc
+    tmp = tmp_path_factory.mktemp("mem_ckpt")
+    path = tmp / "medium_sd3.safetensors"
+    tc.write_sd3(path, depth=8, pos_embed_max_size=16, seed=41)
+    return tmp, comfy.sd.load_diffusion_model(str(path))
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_pool_adds_one_shared_copy(big, ranks):
+    from comfyui_hybrid_parallel.parallel import ParallelConfig
+    from comfyui_hybrid_parallel.workers.pool import WorkerPool
+
+    tmp, patcher = big
+    base = patcher.model
+    weight_bytes = sum(v.numel() * v.element_size() for v in base.diffusion_model.state_dict().values())
+    assert weight_bytes > 200 << 20
+    config = ParallelConfig(ulysses_degree=2, ring_degree=ranks // 2)
+    pool = WorkerPool(device="cpu")
+    try:
+        tiny = load_model(tmp, "sd3", "fp32").model  # workers import ComfyUI and run once: the baseline
+        pool_forward(pool, config, "tiny", tiny, inputs("sd3", tiny, seed=1))
+        before = _pool_bytes(pool)
+        with _Peak() as driver:
+            pool_forward(pool, config, "medium", base, inputs("sd3", base, seed=2))
+        extra = _pool_bytes(pool) - before
+        per_rank = pool.submit(config, "model_bytes", {"key": "medium"}).per_rank
+    finally:
+        pool.close()
+    print(f"N={ranks}: weights {weight_bytes / 2**20:.0f} MiB, pool adds {extra / 2**20:.0f} MiB "
+          f"({extra / weight_bytes:.2f}x), driver peak +{(driver.peak - driver.base) / 2**20:.0f} MiB")
+    assert all(r["bytes"] == weight_bytes for r in per_rank)  # every rank holds the whole model...
+    assert extra <= 1.1 * weight_bytes                        # ...through one shared copy
+    assert driver.peak - driver.base <= 0.1 * weight_bytes    # no second copy in the driver while streaming
