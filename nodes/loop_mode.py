@@ -16,7 +16,6 @@ from __future__ import annotations
 import torch
 
 SUPPORTED_SAMPLERS = ("euler", "dpmpp_2m")
-PIPEFUSION_FAMILIES = ("sd3", "pixart")  # latents whose diffusers layout is ComfyUI's (B, C, H, W)
 
 
 class Captured(Exception):
@@ -87,8 +86,10 @@ def make_loop_sampler(runtime, hp, state: dict, sampler_name: str, cfg: float, m
             state["capture"] = False
         family = family_of_state()
         if hp.config.pp_degree > 1:
-            if family not in PIPEFUSION_FAMILIES:
-                raise ValueError(f"PipeFusion through Hybrid Sampler supports {list(PIPEFUSION_FAMILIES)} models; "
+            from ..parallel.models import ADAPTERS
+            if not ADAPTERS[family].pipefusion_nodes:
+                names = [a.title for a in ADAPTERS.values() if a.pipefusion_nodes]
+                raise ValueError(f"PipeFusion through Hybrid Sampler supports {names} models; "
                                  f"this is {family}: use pp_degree=1 (USP/CFG/DP/TP/DistriFusion work for it)")
             if x.shape[-1] % 2 or x.shape[-2] % 2:
                 raise ValueError(f"PipeFusion needs an even latent height and width, got {tuple(x.shape[-2:])}: "

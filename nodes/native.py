@@ -17,12 +17,9 @@ import os
 
 import torch
 
-from ..parallel.models import COMFY_PLANS, plan_for
+from ..parallel.models import COMFY_PLANS, adapter_for, supported_titles
 from ..workers.comfy_native import FORWARDED_ARGS
 from ..workers.transport import _DTYPES
-
-SUPPORTED = "Flux.1 (Flux), SD3/3.5 (MMDiT), PixArt-α/Σ (PixArtMS) and Wan 2.1/2.2 (WanModel)"
-
 
 class NotCarried(ValueError):
     """This MODEL cannot run on the workers; the message says why and what works."""
@@ -44,16 +41,13 @@ def encode_value(v):
                      f"cannot rebuild; Hybrid Sampler runs models loaded by ComfyUI's own loaders")
 
 
-def family_plan(diffusion_model):
-    """The family adapter's ComfyUI plan for this diffusion model, or NotCarried naming what works."""
-    try:
-        plan = plan_for(diffusion_model)
-    except ValueError:
-        plan = None
-    if plan is None or not plan.comfy:
+def family_adapter(diffusion_model):
+    """The family adapter of this ComfyUI diffusion model, or NotCarried naming what works."""
+    a = adapter_for(diffusion_model)
+    if a is None or a.comfy_class not in {c.__name__ for c in type(diffusion_model).__mro__}:
         raise NotCarried(f"Hybrid Sampler has no adapter for {type(diffusion_model).__name__}; it runs "
-                         f"{SUPPORTED}. Use KSampler for this model.")
-    return plan
+                         f"{supported_titles()}. Use KSampler for this model.")
+    return a
 
 
 def check_weights(diffusion_model) -> int:
@@ -92,7 +86,7 @@ def native_spec(base_model) -> dict:
     import comfy.model_management
 
     dm = base_model.diffusion_model
-    family_plan(dm)
+    family_adapter(dm)
     config = base_model.model_config
     if getattr(config, "custom_operations", None) is not None:
         raise NotCarried(f"this MODEL uses custom operations ({config.custom_operations!r:.80}), which the workers "
@@ -134,9 +128,24 @@ def portable_options(transformer_options: dict | None) -> dict:
 
 
 def native_supported(config) -> bool:
-    """Whether a parallel config runs on ComfyUI's own model (the rest still runs the diffusers path)."""
-    return config.tp_degree == 1 and config.pp_degree == 1 and config.method == "usp"
+    """Whether a parallel config runs on ComfyUI's own model: USP (Ulysses/Ring), CFG, DP and DistriFusion
+    do; tensor parallel and PipeFusion still run a diffusers conversion of the weights (their stage and
+    shard plans name diffusers modules)."""
+    return config.tp_degree == 1 and config.pp_degree == 1
 
 
-__all__ = ["COMFY_PLANS", "NotCarried", "check_weights", "encode_value", "family_plan", "native_spec",
-           "native_supported", "portable_options"]
+def check_diffusers_path(diffusion_model, config) -> None:
+    """The diffusers path converts weights to a diffusers model in their storage dtype, which runs in that
+    dtype: fp8 storage (weight_dtype fp8_*, fp8 or scaled-fp8 checkpoints) cannot run there. Refuse it before
+    any worker starts, naming what works."""
+    fp8 = sorted({str(t.dtype).removeprefix("torch.") for t in diffusion_model.state_dict().values()
+                  if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)})
+    if fp8:
+        what = "tensor parallel (tp_degree > 1)" if config.tp_degree > 1 else "PipeFusion (pp_degree > 1)"
+        raise NotCarried(f"{what} runs on a diffusers conversion of the weights, which cannot compute with {fp8[0]} "
+                         f"weights; with this fp8 MODEL use ulysses/ring/cfg/dp degrees or DistriFusion (they run "
+                         f"ComfyUI's own fp8 ops), or load the model with weight_dtype 'default'")
+
+
+__all__ = ["COMFY_PLANS", "NotCarried", "check_diffusers_path", "check_weights", "encode_value", "family_adapter",
+           "native_spec", "native_supported", "portable_options"]

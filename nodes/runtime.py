@@ -15,11 +15,9 @@ from contextlib import contextmanager
 import torch
 
 from ..parallel.checkpoints import convert, detect_family
+from ..parallel.models import adapter_for, supported_titles
 from ..workers.pool import JobCancelled, PoolError, WorkerPool
 
-FAMILY_BY_COMFY_CLASS = {  # ComfyUI diffusion-model class -> our family
-    "Flux": "flux", "MMDiT": "sd3", "OpenAISignatureMMDITWrapper": "sd3", "PixArtMS": "pixart", "WanModel": "wan",
-}
 
 
 class Runtime:
@@ -69,8 +67,8 @@ class Runtime:
         The weights are the module's state dict as ComfyUI holds it now (storage dtype, patches applied),
         written once into shared memory that every local rank maps; nothing is converted or copied here.
         """
-        from .native import family_plan
-        family = family_plan(diffusion_model).family
+        from .native import family_adapter
+        family = family_adapter(diffusion_model).family
         pool = self.pool(hp)
         pool.ensure_model(hp.config, key, family, {}, native=spec,
                           state_dict=lambda: {k: v.detach() for k, v in diffusion_model.state_dict().items()})
@@ -182,16 +180,16 @@ def weights_key(base_model, patches_uuid) -> str:
 
 
 def family_of(diffusion_model: torch.nn.Module, state_dict=None) -> str:
-    name = type(diffusion_model).__name__
-    if name in FAMILY_BY_COMFY_CLASS:
-        return FAMILY_BY_COMFY_CLASS[name]
+    a = adapter_for(diffusion_model)
+    if a is not None:
+        return a.family
     if state_dict is not None:
         try:
             return detect_family(state_dict)
         except Exception:  # noqa: BLE001 - fall through to the clear error below
             pass
-    raise ValueError(f"Hybrid Sampler supports Flux.1, SD3/3.5, PixArt-alpha/Sigma and Wan 2.1/2.2 models; "
-                     f"this MODEL's diffusion model is {name}")
+    raise ValueError(f"Hybrid Sampler supports {supported_titles()}; this MODEL's diffusion model is "
+                     f"{type(diffusion_model).__name__}")
 
 
 def to_diffusers(module: torch.nn.Module, family: str = None):

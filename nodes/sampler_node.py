@@ -13,18 +13,14 @@ import inspect
 import torch
 
 from ..parallel.checkpoints import family_module
+from ..parallel.models import adapter
 from .loop_mode import Captured, check_loop_mode, make_loop_sampler, uses_loop_mode
-from .native import NotCarried, check_weights, family_plan, native_spec, native_supported, portable_options
+from .native import (NotCarried, check_diffusers_path, check_weights, native_spec, native_supported,
+                     portable_options)
 from .runtime import to_diffusers, weights_key
 
 WRAPPER_KEY = "comfyui_hybrid_parallel"
 
-SUPPORTED_EXTRA = {  # the diffusion-model keyword arguments each family maps to diffusers
-    "flux": {"y", "guidance"},
-    "sd3": {"y"},
-    "pixart": {"c_size", "c_ar"},  # micro-conditioning: ComfyUI always passes it; PixArt-Sigma ignores it
-    "wan": set(),
-}
 
 
 class PoolDiffusionModel(torch.nn.Module):
@@ -67,11 +63,13 @@ class PoolDiffusionModel(torch.nn.Module):
                 raise Captured(_conditioning(context, extra), list((transformer_options or {}).get("cond_or_uncond") or [0]), x.shape)
             return self._native_forward(x, timestep, context, transformer_options, extra)
         family, config = self.state["family"], self.state["config"]
-        unsupported = sorted(k for k, v in extra.items() if v is not None and k not in SUPPORTED_EXTRA[family])
+        mapped = adapter(family).diffusers_extra
+        unsupported = sorted(k for k, v in extra.items() if v is not None and k not in mapped)
         if unsupported:
-            raise ValueError(f"Hybrid Sampler cannot pass {unsupported} to a {family} model yet (supported "
-                             f"conditioning: text context{', ' if SUPPORTED_EXTRA[family] else ''}"
-                             f"{', '.join(sorted(SUPPORTED_EXTRA[family]))})")
+            raise ValueError(f"Hybrid Sampler cannot pass {unsupported} to a {family} model with "
+                             f"{self.hp.config.describe()} yet (supported conditioning: text context"
+                             f"{', ' if mapped else ''}{', '.join(sorted(mapped))}; ulysses/ring/cfg/dp/DistriFusion "
+                             f"pass every tensor)")
         fm = family_module(family)
         params = inspect.signature(fm.comfy_to_diffusers_inputs).parameters
         kw = {k: v for k, v in extra.items() if k in params}
@@ -217,6 +215,8 @@ class HybridSampler:
             state["native"] = native_spec(model.model)
             check_weights(model.model.diffusion_model)
             state["key"] = "native:" + state["key"]
+        else:
+            check_diffusers_path(model.model.diffusion_model, hp.config)
         m.add_wrapper_with_key(comfy.patcher_extension.WrappersMP.APPLY_MODEL, WRAPPER_KEY,
                                make_apply_model_wrapper(self.runtime, hp, state))
         with self.runtime.track("sample", total=steps):  # the worker panel's busy state and step

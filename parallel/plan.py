@@ -196,6 +196,22 @@ def _attend(applied: _Applied, q, k, v, scale=None):
                   backend=getattr(applied.ctx, "attention_backend", "auto"))
 
 
+def sdpa_arguments(args, kwargs, who: str):
+    """(q, k, v, rest) of an F.scaled_dot_product_attention call, refusing what sequence-split attention
+    cannot compute (mask, causal, dropout, GQA). One parser for every interceptor (USP, DistriFusion,
+    PipeFusion's KV buffer), so they accept exactly the same calls."""
+    rest = dict(zip(_SDPA_ARGS, args))
+    rest.update(kwargs or {})
+    q, k, v = rest.pop("query"), rest.pop("key"), rest.pop("value")
+    if rest.get("attn_mask") is not None or rest.get("is_causal") or rest.get("dropout_p", 0.0) or \
+            rest.get("enable_gqa"):
+        raise NotImplementedError(f"{who} supports unmasked, non-causal self-attention without dropout/GQA; "
+                                  f"this model's self-attention uses one of those")
+    for name in ("attn_mask", "is_causal", "dropout_p", "enable_gqa"):
+        rest.pop(name, None)
+    return q, k, v, rest
+
+
 class _USPInterceptor(TorchFunctionMode):
     """Routes F.scaled_dot_product_attention to USP attention; everything else runs unchanged."""
 
@@ -207,13 +223,7 @@ class _USPInterceptor(TorchFunctionMode):
         kwargs = kwargs or {}
         if func is not F.scaled_dot_product_attention:
             return func(*args, **kwargs)
-        rest = dict(zip(_SDPA_ARGS, args))
-        rest.update(kwargs)
-        q, k, v = rest.pop("query"), rest.pop("key"), rest.pop("value")
-        if rest.get("attn_mask") is not None or rest.get("is_causal") or rest.get("dropout_p", 0.0) or \
-                rest.get("enable_gqa"):
-            raise NotImplementedError("sequence-parallel attention supports unmasked, non-causal self-attention "
-                                      "without dropout/GQA; this model's self-attention uses one of those")
+        q, k, v, rest = sdpa_arguments(args, kwargs, "sequence-parallel attention")
         return _attend(self.applied, q, k, v, scale=rest.get("scale"))
 
 

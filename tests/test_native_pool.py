@@ -105,9 +105,9 @@ def comfy_forward(base, inp: dict) -> torch.Tensor:
 
 
 def pool_forward(pool, config, key: str, base, inp: dict) -> torch.Tensor:
-    from comfyui_hybrid_parallel.nodes.native import family_plan, native_spec
+    from comfyui_hybrid_parallel.nodes.native import family_adapter, native_spec
     dm = base.diffusion_model
-    pool.ensure_model(config, key, family_plan(dm).family, {}, native=native_spec(base),
+    pool.ensure_model(config, key, family_adapter(dm).family, {}, native=native_spec(base),
                       state_dict=lambda: dict(dm.state_dict()))
     res = pool.submit(config, "forward", {"key": key, "structure": {"transformer_options": {}}}, dict(inp))
     return res.tensors["out"]

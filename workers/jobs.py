@@ -15,7 +15,6 @@ import time
 import torch
 import torch.distributed as dist
 
-from .protocol import MODEL_FAMILIES as FAMILIES
 from .serve import Cancelled, JobRun
 from .transport import WEIGHT_PREFIX, Arena, read_tensor, tensor_dtype
 
@@ -105,11 +104,18 @@ def job_steps(state: WorkerState, ctx, payload: dict) -> dict:
     return {"steps": n, "value": float(y[0]) if n else 0.0}
 
 
+VAE_CLASSES = {"vae_kl": "AutoencoderKL", "vae_wan": "AutoencoderKLWan"}
+
+
 def _build_model(family: str, config: dict):
+    """The diffusers path: a DiT family's diffusers class (its adapter) or a VAE, from its config."""
     import diffusers
-    if family not in FAMILIES:
-        raise ValueError(f"unknown model family {family!r}; known: {', '.join(FAMILIES)}")
-    return getattr(diffusers, FAMILIES[family]).from_config(config)
+
+    from comfyui_hybrid_parallel.parallel.models import ADAPTERS
+    name = VAE_CLASSES.get(family) or (ADAPTERS[family].diffusers_class if family in ADAPTERS else None)
+    if name is None:
+        raise ValueError(f"unknown model family {family!r}; known: {', '.join([*ADAPTERS, *VAE_CLASSES])}")
+    return getattr(diffusers, name).from_config(config)
 
 
 def job_load_model(state: WorkerState, ctx, payload: dict) -> dict:
@@ -138,7 +144,9 @@ def job_load_model(state: WorkerState, ctx, payload: dict) -> dict:
     parallelize = getattr(engine, "parallelize", None)
     if parallelize is not None and payload["family"] not in ("vae_kl", "vae_wan"):
         model = parallelize(model, ctx) or model
-    if ctx.config.pp_degree > 1 and payload["family"] in ("flux", "sd3", "pixart") and not native:
+    from comfyui_hybrid_parallel.parallel.models import ADAPTERS
+    dit = ADAPTERS.get(payload["family"])
+    if ctx.config.pp_degree > 1 and dit is not None and dit.pipefusion and not native:
         from comfyui_hybrid_parallel.parallel.pipefusion.plans import keep_stage_blocks
         keep_stage_blocks(model, ctx)  # a stage holds only its own blocks' weights
     state.parallelized[key] = parallelize is not None

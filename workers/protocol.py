@@ -24,15 +24,9 @@ PROTOCOL_VERSION = 1
 HANDSHAKE_TIMEOUT_S = 5.0
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # a message only carries JSON and tensor descriptors
 
-# Model family -> diffusers class name (the workers build `cls.from_config(config)`; no hub access).
-MODEL_FAMILIES = {
-    "flux": "FluxTransformer2DModel",
-    "sd3": "SD3Transformer2DModel",
-    "pixart": "PixArtTransformer2DModel",
-    "wan": "WanTransformer3DModel",
-    "vae_kl": "AutoencoderKL",
-    "vae_wan": "AutoencoderKLWan",
-}
+# The model family names a load_model job may carry (the wire's vocabulary; what each family *is* lives in
+# its adapter, parallel/models/<family>.py, and the VAE classes in workers/jobs.py).
+MODEL_FAMILIES = ("flux", "sd3", "pixart", "wan", "vae_kl", "vae_wan")
 
 DRIVER_TYPES = {"init", "job", "cancel", "stop"}
 WORKER_TYPES = {"hello", "ready", "progress", "result"}

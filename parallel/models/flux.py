@@ -7,6 +7,7 @@ rank (it is short next to the image) and joins attention at the front.
 """
 from diffusers import FluxTransformer2DModel
 
+from .adapter import FamilyAdapter
 from ..plan import Attention, FamilyPlan, GatherOutput, SplitInput
 
 PLAN = FamilyPlan(
@@ -50,4 +51,10 @@ COMFY_PLAN = FamilyPlan(
     tp=None,
     tp_refusal="tensor parallel runs on the diffusers path only",
     comfy=True,
+)
+
+ADAPTER = FamilyAdapter(
+    family="flux", title="Flux.1", comfy_plan=COMFY_PLAN, plan=PLAN,
+    diffusers_extra=frozenset({"y", "guidance"}),
+    pipefusion=True, pipefusion_nodes=False,
 )

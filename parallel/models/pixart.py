@@ -4,6 +4,7 @@ Split after `pos_embed` (it needs the full latent), gather after `proj_out`.
 Only the image self-attention (`attn1`) is distributed; the cross-attention to
 the text (`attn2`) has local image queries and full text K/V already.
 """
+from .adapter import FamilyAdapter
 from ..plan import Attention, FamilyPlan, GatherOutput, SplitInput, SplitOutput
 
 PLAN = FamilyPlan(
@@ -42,4 +43,10 @@ COMFY_PLAN = FamilyPlan(
     tp=None,
     tp_refusal="tensor parallel runs on the diffusers path only",
     comfy=True,
+)
+
+ADAPTER = FamilyAdapter(
+    family="pixart", title="PixArt-α/Σ", comfy_plan=COMFY_PLAN, plan=PLAN,
+    diffusers_extra=frozenset({"c_size", "c_ar"}),  # micro-conditioning: ComfyUI always passes it; PixArt-Sigma ignores it
+    pipefusion=True, pipefusion_nodes=True,
 )

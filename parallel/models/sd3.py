@@ -5,6 +5,7 @@ the latent size), so the sequence is split right after `pos_embed` and gathered
 after `proj_out`, before unpatchify. Joint attention puts the text *after* the
 image; SD3.5's extra image-only self-attention (`attn2`) has no text.
 """
+from .adapter import FamilyAdapter
 from ..plan import Attention, FamilyPlan, GatherOutput, SplitInput, SplitOutput
 
 PLAN = FamilyPlan(
@@ -51,4 +52,10 @@ COMFY_PLAN = FamilyPlan(
     tp=None,
     tp_refusal="tensor parallel runs on the diffusers path only",
     comfy=True,
+)
+
+ADAPTER = FamilyAdapter(
+    family="sd3", title="SD3/3.5", comfy_plan=COMFY_PLAN, plan=PLAN,
+    diffusers_extra=frozenset({"y"}),
+    pipefusion=True, pipefusion_nodes=True,
 )

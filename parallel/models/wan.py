@@ -6,6 +6,7 @@ tokens are split at the first block's input; per-token timesteps (Wan 2.2
 TI2V, 2-D `timestep`) are split at the model input. Cross-attention to the
 text (`attn2`) needs no communication.
 """
+from .adapter import FamilyAdapter
 from ..plan import Attention, FamilyPlan, GatherOutput, SplitInput, SplitOutput
 
 PLAN = FamilyPlan(
@@ -42,4 +43,10 @@ COMFY_PLAN = FamilyPlan(
     tp=None,
     tp_refusal="tensor parallel runs on the diffusers path only",
     comfy=True,
+)
+
+ADAPTER = FamilyAdapter(
+    family="wan", title="Wan 2.1/2.2", comfy_plan=COMFY_PLAN, plan=PLAN,
+    diffusers_extra=frozenset(set()),
+    pipefusion=False, pipefusion_nodes=False,
 )

@@ -50,7 +50,8 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from ..comm import all_gather_uneven, split_sizes
-from ..plan import GatherOutput, SplitInput, SplitOutput, path_matches, restore_forwards, wrap_forward
+from ..plan import (GatherOutput, SplitInput, SplitOutput, path_matches, restore_forwards, sdpa_arguments,
+                    wrap_forward)
 from .plans import flat_blocks
 
 TAG_ACT, TAG_LATENT = 11, 12
@@ -119,12 +120,7 @@ class _KVAttention(TorchFunctionMode):
         kwargs = kwargs or {}
         if func is not F.scaled_dot_product_attention:
             return func(*args, **kwargs)
-        names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale")
-        a = dict(zip(names, args))
-        a.update(kwargs)
-        if a.get("attn_mask") is not None or a.get("is_causal") or a.get("dropout_p", 0.0) or a.get("enable_gqa"):
-            raise NotImplementedError("PipeFusion's KV buffer supports unmasked, non-causal self-attention only")
-        q, k, v = a.pop("query"), a.pop("key"), a.pop("value")
+        q, k, v, a = sdpa_arguments(args, kwargs, "PipeFusion's KV buffer")
         n, run, bufs = self.text_len, self.stage.run, self.stage.kv
 
         def split(x):  # -> text, image

@@ -1,0 +1,33 @@
+"""FamilyAdapter: everything the pack knows about one model family, in one object.
+
+Why one object: nodes, workers, benches and the mesh routes all ask family questions (which ComfyUI
+class is this, where is its sequence split, does PipeFusion apply, which conditioning the diffusers
+path maps). Spread over tables in several packages those answers drifted; here each family module
+(parallel/models/<family>.py) declares one `ADAPTER` and everybody reads it. Names only: nothing
+here imports ComfyUI.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..plan import FamilyPlan
+
+
+@dataclass(frozen=True)
+class FamilyAdapter:
+    family: str                    # the pack's name: "flux", "sd3", "pixart", "wan"
+    title: str                     # what a user calls it, for messages: "Flux.1"
+    comfy_plan: FamilyPlan         # ComfyUI's own class (what the workers run for the nodes)
+    plan: FamilyPlan               # the diffusers class (library API, test reference, TP / PipeFusion today)
+    # ComfyUI diffusion-model keyword arguments the diffusers path maps (the native path passes any tensor)
+    diffusers_extra: frozenset = field(default_factory=frozenset)
+    pipefusion: bool = False       # a PipeFusion stage plan exists (parallel/pipefusion/plans.py)
+    pipefusion_nodes: bool = False  # ... and the nodes can run it (latent layout is ComfyUI's (B, C, H, W))
+
+    @property
+    def comfy_class(self) -> str:
+        return self.comfy_plan.model_class
+
+    @property
+    def diffusers_class(self) -> str:
+        return self.plan.model_class
