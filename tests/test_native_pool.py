@@ -54,6 +54,8 @@ _CKPT_ARGS = {
     "sd3": lambda tc, p: tc.write_sd3(p, depth=2, pos_embed_max_size=32, seed=21),
     "wan": lambda tc, p: tc.write_wan(p, dim=256, ffn_dim=256, seed=22),
     "pixart": lambda tc, p: tc.write_pixart(p, seed=23),
+    # ComfyUI fixes Flux.1's width at 3072: one block of each kind is 531M parameters (tested in fp8 here)
+    "flux": lambda tc, p: tc.write_flux(p, guidance=True, seed=24),
 }
 
 
@@ -88,13 +90,16 @@ def inputs(family: str, base, seed: int, batch: int = 2, odd: bool = True) -> di
     if family == "sd3":
         d = {"x": torch.randn(batch, 16, h, w, generator=g), "context": torch.randn(batch, 7, 32, generator=g),
              "y": torch.randn(batch, 24, generator=g)}
+    elif family == "flux":
+        d = {"x": torch.randn(batch, 16, h, w, generator=g), "context": torch.randn(batch, 7, 32, generator=g),
+             "y": torch.randn(batch, 24, generator=g), "guidance": torch.full((batch,), 3.5)}
     elif family == "wan":
         d = {"x": torch.randn(batch, 16, 2, h, w, generator=g), "context": torch.randn(batch, 7, 4096, generator=g)}
     else:  # PixArt: ComfyUI needs even sides with (H + W) // 2 >= 33
         d = {"x": torch.randn(batch, 4, 34, 36 if odd else 32, generator=g),
              "context": torch.randn(batch, 8, 4096, generator=g)}
     d = {k: v.to(dtype) for k, v in d.items()}
-    d["timestep"] = torch.rand(batch, generator=g) * 1000
+    d["timestep"] = torch.rand(batch, generator=g) * (1 if family == "flux" else 1000)
     return d
 
 
@@ -134,15 +139,46 @@ def pool():
 
 def _cases(mesh):
     if mesh == "d1":
-        return [(f, p) for f in ("sd3", "wan", "pixart") for p in PRECISIONS]
+        return [(f, p) for f in ("sd3", "wan", "pixart") for p in PRECISIONS] + [("flux", "fp8_e4m3fn"),
+                                                                                ("flux", "scaled_fp8")]
     if mesh == "u2":
         return [("sd3", p) for p in PRECISIONS] + [("wan", "fp32"), ("wan", "fp8_e4m3fn"), ("pixart", "fp32"),
-                                                   ("pixart", "bf16")]
+                                                   ("pixart", "bf16"), ("pixart", "scaled_fp8"),
+                                                   ("flux", "fp8_e4m3fn"), ("flux", "scaled_fp8")]
     if mesh == "r2":
         return [("sd3", "fp32"), ("sd3", "fp8_e5m2"), ("wan", "scaled_fp8"), ("pixart", "fp16")]
     if mesh == "cfg2":
         return [("sd3", "bf16"), ("wan", "fp32")]
-    return [("sd3", "fp32"), ("wan", "fp8_e4m3fn")]
+    return [("sd3", "fp32"), ("wan", "fp8_e4m3fn"), ("flux", "fp8_e5m2")]
+
+
+def test_native_distrifusion_stale_step(comfy, pool):
+    """DistriFusion on ComfyUI's own model: step 0 is synchronous (equals ComfyUI's forward); step 1 is
+    stale, and on the same inputs the stale K/V of step 0 are the fresh ones, so it equals it too - this
+    exercises the stale buffers and their asynchronous refresh, not only the warmup path."""
+    from comfyui_hybrid_parallel.parallel import ParallelConfig
+    config = ParallelConfig(ulysses_degree=2, method="distrifusion", warmup_steps=1)
+    for family, precision in (("sd3", "fp8_e4m3fn"), ("wan", "fp32")):
+        base = load_model(comfy, family, precision).model
+        inp = inputs(family, base, seed=77)
+        ref = comfy_forward(base, inp)
+        key = f"df:{family}:{precision}"
+        pool_forward(pool, config, key, base, inp)  # loads the model
+        for step in (0, 1):
+            res = pool.submit(config, "forward", {"key": key, "call_index": step,
+                                                  "structure": {"transformer_options": {}}}, dict(inp))
+            err = rel(res.tensors["out"], ref)
+            print(f"distrifusion {family} {precision} step {step}: rel {err:.2e}")
+            assert err <= 1e-5, (family, step, err)
+        # and the stale step really is stale: after a step 0 on other inputs, step 1 sees their K/V
+        other = inputs(family, base, seed=78)
+        pool.submit(config, "forward", {"key": key, "call_index": 0, "structure": {"transformer_options": {}}},
+                    dict(other))
+        res = pool.submit(config, "forward", {"key": key, "call_index": 1,
+                                              "structure": {"transformer_options": {}}}, dict(inp))
+        stale = rel(res.tensors["out"], ref)
+        print(f"distrifusion {family} {precision} step 1 after other inputs: rel {stale:.2e}")
+        assert stale > 1e-4, stale
 
 
 @pytest.mark.parametrize("mesh", list(MESHES))
