@@ -16,6 +16,7 @@ _prompt_server = getattr(getattr(sys.modules.get("server"), "PromptServer", None
 if _prompt_server is not None:
     from .routes import register as _register_routes
     _register_routes(_prompt_server, RUNTIME)
+    ParallelConfigNode.runtime = RUNTIME  # only in a server: Parallel Config starts the workers early
 
 NODE_CLASS_MAPPINGS = {
     "HybridParallelConfig": ParallelConfigNode,

@@ -36,6 +36,7 @@ class ParallelConfigNode:
     RETURN_TYPES = ("PARALLEL_CONFIG",)
     RETURN_NAMES = ("parallel_config",)
     OUTPUT_TOOLTIPS = ("Connect to Hybrid Sampler and Patch VAE Decode.",)
+    runtime = None  # set by the pack's entry point inside a ComfyUI server (then the workers start early)
     FUNCTION = "build"
     OUTPUT_NODE = True
 
@@ -80,6 +81,8 @@ class ParallelConfigNode:
         if sampling_mode not in SAMPLING_MODES:
             raise ValueError(f"Parallel Config: sampling_mode must be one of {SAMPLING_MODES}, got {sampling_mode!r}")
         hp = HybridParallelConfig(config, device=device, attention=attention, mode=sampling_mode)
+        if self.runtime is not None:  # in a ComfyUI server: start the workers while the model loads
+            self.runtime.prestart(hp)
         groups = {k: v for k, v in rank_groups(config).items() if len(v[0]) > 1}
         text = [hp.describe()] + [f"{k}: {v}" for k, v in groups.items()]
         return {"ui": {"text": text}, "result": (hp,)}

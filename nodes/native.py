@@ -83,8 +83,6 @@ def _comfy_args() -> dict:
 
 def native_spec(base_model) -> dict:
     """What a worker needs to build `base_model.diffusion_model` as ComfyUI built it (JSON-safe)."""
-    import comfy.model_management
-
     dm = base_model.diffusion_model
     family_adapter(dm)
     config = base_model.model_config
@@ -103,9 +101,16 @@ def native_spec(base_model) -> dict:
                 "manual_cast_dtype": encode_value(base_model.manual_cast_dtype),
                 "fp8_optimizations": bool(config.optimizations.get("fp8", False)),
                 "scaled_fp8": encode_value(getattr(config, "scaled_fp8", None))},
-        "comfy_dir": os.path.dirname(os.path.dirname(os.path.abspath(comfy.model_management.__file__))),
-        "comfy_args": _comfy_args(),
+        **comfy_runtime(),
     }
+
+
+def comfy_runtime() -> dict:
+    """Where this process's ComfyUI lives and the flags that choose its kernels: what a worker needs to import
+    ComfyUI as this process did."""
+    import comfy.model_management
+    return {"comfy_dir": os.path.dirname(os.path.dirname(os.path.abspath(comfy.model_management.__file__))),
+            "comfy_args": _comfy_args()}
 
 
 def portable_options(transformer_options: dict | None) -> dict:
@@ -148,4 +153,4 @@ def check_diffusers_path(diffusion_model, config) -> None:
 
 
 __all__ = ["COMFY_PLANS", "NotCarried", "check_diffusers_path", "check_weights", "encode_value", "family_adapter",
-           "native_spec", "native_supported", "portable_options"]
+           "comfy_runtime", "native_spec", "native_supported", "portable_options"]

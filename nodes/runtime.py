@@ -28,6 +28,7 @@ class Runtime:
         self._pool = None
         self._lock = threading.Lock()
         self.model_info = {}  # weights key -> (family, diffusers config): skip converting weights twice
+        self._prestart = None  # the background thread of prestart(), if one runs
         self.job = None        # the node run in progress: {kind, step, total, started} (the worker panel)
         self.last_job = None   # the previous one, with ok / error / elapsed_s
 
@@ -60,6 +61,34 @@ class Runtime:
         family, config = info
         pool.ensure_model(hp.config, key, family, config, state_dict=lambda: convert_weights()[2])
         return family, config
+
+    def prestart(self, hp) -> None:
+        """Start the workers for `hp` and import ComfyUI in them, in the background (Parallel Config calls this).
+
+        Why: a cold first prompt pays the world start (one Python + torch import per rank) and ComfyUI's import
+        on every rank; started here they overlap ComfyUI loading the checkpoint and encoding the prompt. Any
+        failure is left for the sampler's own start to report (with its clear error), never raised here.
+        """
+        if self._prestart is not None and self._prestart.is_alive():
+            return
+        if self._pool is not None and self._pool.device != hp.device:
+            return  # a device change replaces the pool: leave that to the sampler, which reports errors
+        try:
+            from .native import comfy_runtime
+            comfy = comfy_runtime()
+        except Exception:  # noqa: BLE001 - no ComfyUI here: nothing to prepare
+            return
+
+        def run():
+            try:
+                self.pool(hp).submit(hp.config, "prepare", {"comfy": comfy}, timeout_s=300)
+            except Exception as e:  # noqa: BLE001 - the sampler's own start reports it properly
+                import logging
+                logging.getLogger(__name__).info("hybrid parallel: prestart of %s failed: %s",
+                                                 hp.config.describe(), e)
+
+        self._prestart = threading.Thread(target=run, name="hybrid-parallel-prestart", daemon=True)
+        self._prestart.start()
 
     def ensure_native(self, hp, key: str, spec: dict, diffusion_model) -> str:
         """Make ComfyUI's own diffusion model resident on the workers under `key`; returns its family.

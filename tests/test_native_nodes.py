@@ -85,38 +85,38 @@ class _Wrapped(torch.Tensor):
     """Stands for a custom loader's tensor type (GGUF and the like)."""
 
 
-def test_tensor_subclass_weights_refused_before_workers(comfy):
+def _refused(model, match: str, **degrees) -> None:
+    """Hybrid Sampler refuses `model` with NotCarried matching `match`, and no worker pool is ever created."""
     from comfyui_hybrid_parallel.nodes.native import NotCarried
     from comfyui_hybrid_parallel.nodes.runtime import Runtime
     from comfyui_hybrid_parallel.nodes.sampler_node import HybridSampler
 
-    model = comfy()
-    dm = model.model.diffusion_model
-    w = dm.final_layer.linear.weight
-    dm.final_layer.linear.weight = torch.nn.Parameter(w.data.as_subclass(_Wrapped), requires_grad=False)
     HybridSampler.runtime = Runtime(make_pool=_NoPool())
     try:
-        with pytest.raises(NotCarried, match="Load Diffusion Model"):
+        with pytest.raises(NotCarried, match=match):
             HybridSampler().sample(model, 0, 1, 1.0, "euler", "normal", _conds(1), _conds(2),
-                                   {"samples": torch.zeros(1, 16, 8, 8)}, _hp(ulysses_degree=2))
+                                   {"samples": torch.zeros(1, 16, 8, 8)}, _hp(**degrees))
     finally:
         HybridSampler.runtime = None
 
 
-def test_model_without_adapter_refused_before_workers(comfy):
-    from comfyui_hybrid_parallel.nodes.native import NotCarried
-    from comfyui_hybrid_parallel.nodes.runtime import Runtime
-    from comfyui_hybrid_parallel.nodes.sampler_node import HybridSampler
+def test_tensor_subclass_weights_refused_before_workers(comfy):
+    model = comfy()
+    dm = model.model.diffusion_model
+    w = dm.final_layer.linear.weight
+    dm.final_layer.linear.weight = torch.nn.Parameter(w.data.as_subclass(_Wrapped), requires_grad=False)
+    _refused(model, "Load Diffusion Model", ulysses_degree=2)
 
+
+def test_model_without_adapter_refused_before_workers(comfy):
     class UnknownDiT(torch.nn.Module):
         dtype = torch.float32
 
     model = comfy()
     model.model.diffusion_model = UnknownDiT()
-    HybridSampler.runtime = Runtime(make_pool=_NoPool())
-    try:
-        with pytest.raises(NotCarried, match="no adapter for UnknownDiT.*Flux"):
-            HybridSampler().sample(model, 0, 1, 1.0, "euler", "normal", _conds(1), _conds(2),
-                                   {"samples": torch.zeros(1, 16, 8, 8)}, _hp(ulysses_degree=2))
-    finally:
-        HybridSampler.runtime = None
+    _refused(model, "no adapter for UnknownDiT.*Flux", ulysses_degree=2)
+
+
+def test_fp8_on_the_diffusers_path_refused_before_workers(comfy):
+    """Tensor parallel still runs a diffusers conversion, which cannot compute with fp8 weights."""
+    _refused(comfy(dtype=torch.float8_e4m3fn), "tensor parallel.*float8_e4m3fn.*ulysses", tp_degree=2)

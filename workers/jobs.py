@@ -67,8 +67,9 @@ def _rss_bytes() -> int | None:
 
 
 def job_health(state: WorkerState, ctx, payload: dict) -> dict:
+    import sys
     return {"pid": os.getpid(), "device": str(state.device), "resident": list(state.models),
-            "loads": state.loads, "rss_bytes": _rss_bytes()}
+            "loads": state.loads, "rss_bytes": _rss_bytes(), "comfy_imported": "comfy.model_management" in sys.modules}
 
 
 def job_steps(state: WorkerState, ctx, payload: dict) -> dict:
@@ -115,7 +116,9 @@ def _build_model(family: str, config: dict):
     name = VAE_CLASSES.get(family) or (ADAPTERS[family].diffusers_class if family in ADAPTERS else None)
     if name is None:
         raise ValueError(f"unknown model family {family!r}; known: {', '.join([*ADAPTERS, *VAE_CLASSES])}")
-    return getattr(diffusers, name).from_config(config)
+    from diffusers.models.modeling_utils import no_init_weights
+    with no_init_weights():  # the weights are assigned next: no random initialisation (seconds for Flux)
+        return getattr(diffusers, name).from_config(config)
 
 
 def job_load_model(state: WorkerState, ctx, payload: dict) -> dict:
@@ -314,6 +317,14 @@ def job_vae_decode(state: WorkerState, ctx, payload: dict) -> dict:
     return {"image": out, "patch_parallel": patch_decode is not None}
 
 
+def job_prepare(state: WorkerState, ctx, payload: dict) -> dict:
+    """Import ComfyUI as the driver's ComfyUI is configured (nodes/native.py: comfy_runtime), ahead of the first
+    model: the pack starts the workers and this import while ComfyUI is still loading the model."""
+    from .comfy_native import import_comfy
+    import_comfy(payload.get("comfy") or {}, sequence_parallel=ctx.sp.size > 1)
+    return {"prepared": True}
+
+
 def job_model_bytes(state: WorkerState, ctx, payload: dict) -> dict:
     """Diagnostic: the bytes (and bytes per dtype) of a resident model's parameters and buffers on this rank."""
     model = state.model(payload["key"])
@@ -338,6 +349,7 @@ JOBS = {
     "health": job_health,
     "echo": job_echo,
     "model_bytes": job_model_bytes,
+    "prepare": job_prepare,
     "steps": job_steps,
     "load_model": job_load_model,
     "forward": job_forward,

@@ -28,7 +28,7 @@ from .launch import PoolError, StartupError, World
 from .protocol import MODEL_FAMILIES, ProtocolError
 from .transport import WEIGHT_PREFIX, Arena, cleanup_prefix, new_prefix, shm_dir, read_tensor, unlink, write_tensor
 
-JOB_KINDS = ("health", "echo", "model_bytes", "steps", "load_model", "forward", "vae_decode", "loop", "pipefusion_loop")
+JOB_KINDS = ("health", "echo", "model_bytes", "prepare", "steps", "load_model", "forward", "vae_decode", "loop", "pipefusion_loop")
 FAULT_GRACE_S = 2.0
 POLL_S = 0.05
 DEATH_CHECK_S = 0.5
