@@ -63,14 +63,15 @@ class _Peak:
 
 @pytest.fixture(scope="module")
 def big(tmp_path_factory):
-    """A medium MMDiT (depth 8, hidden 512: ~300 MB in fp32) in ComfyUI's format, loaded by ComfyUI."""
+    """A medium MMDiT (depth 10, hidden 640: ~600 MB in fp32) in ComfyUI's format, loaded by ComfyUI: large next
+    to the workers' own allocations, so the ratio measures the weights."""
     from comfy_env import setup_comfy
     setup_comfy()
     import comfy.sd
     import tiny_checkpoints as tc
     tmp = tmp_path_factory.mktemp("mem_ckpt")
     path = tmp / "medium_sd3.safetensors"
-    tc.write_sd3(path, depth=8, pos_embed_max_size=16, seed=41)
+    tc.write_sd3(path, depth=10, pos_embed_max_size=16, seed=41)
     return tmp, comfy.sd.load_diffusion_model(str(path))
 
 
@@ -82,7 +83,7 @@ def test_pool_adds_one_shared_copy(big, ranks):
     tmp, patcher = big
     base = patcher.model
     weight_bytes = sum(v.numel() * v.element_size() for v in base.diffusion_model.state_dict().values())
-    assert weight_bytes > 200 << 20
+    assert weight_bytes > 500 << 20
     config = ParallelConfig(ulysses_degree=2, ring_degree=ranks // 2)
     pool = WorkerPool(device="cpu")
     try:

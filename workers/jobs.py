@@ -1,5 +1,8 @@
-"""Job kinds the real worker runs, and the per-worker state they share (resident models).
+"""Job kinds the real worker runs: transport around the engine facade (parallel/engine.py).
 
+A handler turns a job's payload into engine calls and the results into a reply; what computes (load,
+forward, loop, decode) is the engine's. Building a model from its weights stays here, because the
+ComfyUI-native build imports ComfyUI (workers/comfy_native.py), which parallel/ never does.
 A handler is `fn(state, ctx, payload) -> dict`: `ctx` is the worker's
 ParallelContext, `payload` the job's JSON values with its tensors (already
 read from shared memory; model weights are mapped) merged in. Every rank runs the same handler on the
@@ -8,7 +11,6 @@ values from every rank (the driver keeps rank 0's and lists all of them).
 """
 from __future__ import annotations
 
-import collections
 import os
 import time
 
@@ -31,19 +33,12 @@ class WorkerState:
         self.arena_maps: dict = {}      # the driver's input arena, mapped once
         self.preview_arenas = None      # rank 0's loop-mode previews: two, alternating, so the driver reads
                                         # one while the next step fills the other
-        self.max_models = max(1, int(max_models))
-        self.models: collections.OrderedDict = collections.OrderedDict()  # key -> (family, model)
-        self.loads = 0
-        self.parallelized: dict = {}
-        self.native: set = set()        # keys whose model is ComfyUI's own class (called with ComfyUI's signature)
+        from comfyui_hybrid_parallel.parallel.engine import Engine
+        self.engine = Engine(max_models)  # the resident models and what computes with them
         self.run: JobRun | None = None
 
     def model(self, key: str):
-        if key not in self.models:
-            raise KeyError(f"model {key!r} is not resident on rank {self.rank} "
-                           f"(resident: {list(self.models)}); call ensure_model first")
-        self.models.move_to_end(key)
-        return self.models[key][1]
+        return self.engine.get(key, self.rank).model
 
     def stop_point(self, ctx) -> None:
         """Agree over the whole world whether the job was cancelled; raise Cancelled on every rank if so.
@@ -68,8 +63,8 @@ def _rss_bytes() -> int | None:
 
 def job_health(state: WorkerState, ctx, payload: dict) -> dict:
     import sys
-    return {"pid": os.getpid(), "device": str(state.device), "resident": list(state.models),
-            "loads": state.loads, "rss_bytes": _rss_bytes(), "comfy_imported": "comfy.model_management" in sys.modules}
+    return {"pid": os.getpid(), "device": str(state.device), "resident": state.engine.resident(),
+            "loads": state.engine.loads, "rss_bytes": _rss_bytes(), "comfy_imported": "comfy.model_management" in sys.modules}
 
 
 def job_steps(state: WorkerState, ctx, payload: dict) -> dict:
@@ -123,45 +118,29 @@ def _build_model(family: str, config: dict):
 
 def job_load_model(state: WorkerState, ctx, payload: dict) -> dict:
     """Make `key` resident (build from config + weights), or just touch it if it already is."""
-    key = payload["key"]
-    if key in state.models:
-        state.models.move_to_end(key)
-        return {"loaded": False, "loads": state.loads, "resident": list(state.models)}
+    key, engine = payload["key"], state.engine
+    if engine.touch(key):
+        return {"loaded": False, "loads": engine.loads, "resident": engine.resident()}
     weights = {k[len(WEIGHT_PREFIX):]: v for k, v in payload.items() if k.startswith(WEIGHT_PREFIX)}
     if not weights and not payload.get("path"):
-        return {"need_weights": True, "loads": state.loads, "resident": list(state.models)}
+        return {"need_weights": True, "loads": engine.loads, "resident": engine.resident()}
     if payload.get("path"):
         from safetensors.torch import load_file
         weights = load_file(payload["path"])  # mmapped by safetensors
     native = payload.get("native")
     if native:  # ComfyUI's own class, ops and weights (workers/comfy_native.py)
-        from .comfy_native import build_native
+        from .comfy_native import build_native, call_native, compute_dtype
         model = build_native(native, weights, state.device, sequence_parallel=ctx.sp.size > 1)
+        extra = dict(native_call=call_native, compute_dtype=compute_dtype(model))
     else:
         model = _build_model(payload["family"], payload["config"])
         # assign=True keeps the (copy-on-write mapped) tensors: ranks share the pages until someone writes.
         model.load_state_dict(weights, strict=True, assign=True)
         model = model.eval().requires_grad_(False).to(state.device)
+        extra = {}
     weights = None
-    from comfyui_hybrid_parallel import parallel as engine
-    parallelize = getattr(engine, "parallelize", None)
-    if parallelize is not None and payload["family"] not in ("vae_kl", "vae_wan"):
-        model = parallelize(model, ctx) or model
-    from comfyui_hybrid_parallel.parallel.models import ADAPTERS
-    dit = ADAPTERS.get(payload["family"])
-    if ctx.config.pp_degree > 1 and dit is not None and dit.pipefusion and not native:
-        from comfyui_hybrid_parallel.parallel.pipefusion.plans import keep_stage_blocks
-        keep_stage_blocks(model, ctx)  # a stage holds only its own blocks' weights
-    state.parallelized[key] = parallelize is not None
-    state.models[key] = (payload["family"], model)
-    if native:
-        state.native.add(key)
-    state.loads += 1
-    while len(state.models) > state.max_models:
-        evicted, _ = state.models.popitem(last=False)
-        state.parallelized.pop(evicted, None)
-        state.native.discard(evicted)
-    return {"loaded": True, "loads": state.loads, "resident": list(state.models)}
+    engine.add(key, payload["family"], model, ctx, **extra)
+    return {"loaded": True, "loads": engine.loads, "resident": engine.resident()}
 
 
 def _inputs(state: WorkerState, payload: dict) -> dict:
@@ -190,131 +169,55 @@ def json_copy(value):
 def job_forward(state: WorkerState, ctx, payload: dict) -> dict:
     """Step mode: the resident model on the full inputs; every rank returns the full output.
 
-    `resolution` [H, W] re-targets a PixArt model's position embedding to the latent
-    size first (ComfyUI recomputes it on every call; see parallel/checkpoints/pixart.py).
+    `resolution` [H, W] re-targets a diffusers PixArt's position embedding to the latent size first;
+    `call_index` is the sampler's model call (DistriFusion's warmup / stale decision).
     """
     key = payload["key"]
-    model = state.model(key)
-    if ctx.config.pp_degree > 1:
-        raise ValueError("PipeFusion (pp_degree > 1) runs the whole denoising loop in the workers "
-                         "(job 'loop'), not one forward per step")
-    if payload.get("resolution") and state.models[key][0] == "pixart" and key not in state.native:
-        from comfyui_hybrid_parallel.parallel.checkpoints.pixart import set_resolution
-        set_resolution(model, *[int(v) for v in payload["resolution"]])
-    if payload.get("call_index") is not None and ctx.config.method == "distrifusion" and ctx.world_size > 1:
-        # step mode: the sampler's call index decides warmup vs stale, and 0 starts a new run
-        from comfyui_hybrid_parallel.parallel.distrifusion import distrifusion_state
-        distrifusion_state(model).set_step(int(payload["call_index"]))
     kwargs = _inputs(state, payload)
-    state.stop_point(ctx)
-    with torch.no_grad():
-        if key in state.native:
-            from .comfy_native import call_native
-            out = call_native(model, kwargs)
-        else:
-            out = model(**kwargs, return_dict=False)[0]
-    return {"out": out, "parallelized": state.parallelized.get(key, False)}
+    out = state.engine.forward(key, ctx, kwargs, call_index=payload.get("call_index"),
+                               resolution=payload.get("resolution"), before=lambda: state.stop_point(ctx))
+    return {"out": out, "parallelized": state.engine.get(key).parallelized}
 
 
 def job_loop(state: WorkerState, ctx, payload: dict) -> dict:
     """Loop mode: the whole denoising loop in the workers; every rank gets the final latent.
 
-    pp_degree > 1: PipeFusion's patch pipeline (latent in the model's layout). Otherwise one
-    parallel forward per step (USP, CFG/DP, TP or DistriFusion) with the latent in ComfyUI's layout,
-    converted to the family's hidden_states on every step as ComfyUI's own model does.
-    `noise` is the sample at sigmas[0]; `convention` says how sigma and the model output map to
-    ComfyUI's denoised ({"kind": "flow", "timestep_scale"} or {"kind": "eps", "timesteps": one per sigma}).
+    `noise` is the sample at sigmas[0]; `convention` says how sigma and the model output map to ComfyUI's
+    denoised ({"kind": "flow", "timestep_scale"} or {"kind": "eps", "timesteps": one per sigma}).
+    Progress goes to the driver every step, with rank 0's denoised latent when it asks for previews.
     """
-    from comfyui_hybrid_parallel.parallel.pipefusion import PipelineCancelled, eps, flow, run_pipefusion_loop
+    from comfyui_hybrid_parallel.parallel.pipefusion import PipelineCancelled
 
-    key = payload["key"]
-    model = state.model(key)
-    family = state.models[key][0]
-    native = key in state.native
-    if payload.get("resolution") and family == "pixart" and not native:
-        from comfyui_hybrid_parallel.parallel.checkpoints.pixart import set_resolution
-        set_resolution(model, *[int(v) for v in payload["resolution"]])
-    conv = payload["convention"]
-    sigmas = payload["sigmas"].float().cpu()
-    if conv["kind"] == "flow":
-        convention = flow(float(conv["timestep_scale"]))
-    else:
-        table = {float(s): float(t) for s, t in zip(sigmas.tolist(), conv["timesteps"])}
-        convention = eps(lambda sigma: table[float(sigma)])
-    noise = payload["noise"].to(state.device)
-    inputs = {k: v for k, v in _inputs(state, payload).items() if k not in ("noise", "sigmas")}
+    sigmas = payload["sigmas"]
     n_steps = len(sigmas) - 1
-    progress = lambda i, n: state.run.progress(i + 1, n_steps)  # noqa: E731
-    if ctx.config.pp_degree > 1:
-        try:
-            with torch.no_grad():
-                out = run_pipefusion_loop(model, ctx, inputs, sigmas, noise, convention=convention,
-                                          sampler=payload["sampler"], cfg_scale=payload.get("cfg_scale"),
-                                          callback=progress, cancel=lambda: state.run.cancel_requested)
-        except PipelineCancelled as e:
-            raise Cancelled(str(e)) from None
-        return {"out": out}
-    from comfyui_hybrid_parallel.parallel.checkpoints import family_module
-    from comfyui_hybrid_parallel.parallel.loop import run_loop
-    fm = None if native else family_module(family)
-    config = payload.get("model_config") or dict(getattr(model, "config", {}) or {})
-    distri = None
-    if ctx.config.method == "distrifusion" and ctx.world_size > 1:
-        from comfyui_hybrid_parallel.parallel.distrifusion import distrifusion_state
-        distri = distrifusion_state(model)
+    inputs = {k: v for k, v in _inputs(state, payload).items() if k not in ("noise", "sigmas")}
 
-    def progress_with_preview(i, n, denoised):
+    def progress(i, n, denoised):
         desc = None
-        if payload.get("previews") and state.rank == 0:
+        if denoised is not None and payload.get("previews") and state.rank == 0:
             if state.preview_arenas is None:
                 state.preview_arenas = (Arena(state.shm_prefix), Arena(state.shm_prefix))
             desc = state.preview_arenas[i % 2].write({"p": denoised.float().cpu()})["p"]
         state.run.progress(i + 1, n_steps, preview=desc)
 
-    def before_step(i, n):
-        state.stop_point(ctx)  # every rank agrees on a cancel before the step's first collective
-        if distri is not None:
-            distri.set_step(i, total_steps=n)  # step 0 starts a new run: fresh buffers, synchronous warmup
-
-    if native:  # ComfyUI's own model takes ComfyUI's latent layout and returns it: no conversion
-        from .comfy_native import call_native, compute_dtype
-        loop_kw = dict(forward=lambda h, t, kw: call_native(model, {**kw, "x": h, "timestep": t}),
-                       dtype=compute_dtype(model), timestep_dtype=torch.float32)
-    else:
-        loop_kw = dict(to_model=lambda h: fm.latent_to_hidden_states(h, config),
-                       from_model=fm.diffusers_to_comfy_output)
-    with torch.no_grad():
-        out = run_loop(model, inputs, sigmas, noise, convention=convention, sampler=payload["sampler"],
-                       cfg_scale=payload.get("cfg_scale"), before_step=before_step,
-                       callback=progress_with_preview, **loop_kw)
+    try:
+        out = state.engine.loop(payload["key"], ctx, inputs, sigmas, payload["noise"].to(state.device),
+                                convention=payload["convention"], sampler=payload["sampler"],
+                                cfg_scale=payload.get("cfg_scale"), resolution=payload.get("resolution"),
+                                model_config=payload.get("model_config"),
+                                before_step=lambda i, n: state.stop_point(ctx), callback=progress,
+                                cancel=lambda: state.run.cancel_requested)
+    except PipelineCancelled as e:
+        raise Cancelled(str(e)) from None
     return {"out": out}
 
 
 def job_vae_decode(state: WorkerState, ctx, payload: dict) -> dict:
     """Patch-parallel decode over `axis` (default: every rank of the world); full image from rank 0."""
-    vae = state.model(payload["key"])
-    latent = payload["latent"].to(state.device)
-    try:
-        from comfyui_hybrid_parallel.parallel.vae import patch_decode, world_axis
-    except ImportError:
-        patch_decode = world_axis = None
-    name = payload.get("axis", "world")
-    if name == "world":
-        axis = world_axis(ctx) if world_axis is not None else None
-        size = ctx.world_size
-    else:
-        axis = ctx.axis(name)
-        size = axis.size
-    state.stop_point(ctx)
-    with torch.no_grad():
-        if patch_decode is not None:
-            out = patch_decode(vae, latent, axis, block_size=payload.get("block_size"))
-        elif size == 1:
-            out = vae.decode(latent, return_dict=False)[0]
-        else:
-            raise RuntimeError(f"patch-parallel VAE decode is not available in this version of the pack; "
-                               f"decode with a world of 1 (axis {name!r} has {size} ranks)")
-    return {"image": out, "patch_parallel": patch_decode is not None}
+    out = state.engine.decode(payload["key"], ctx, payload["latent"].to(state.device),
+                              axis=payload.get("axis", "world"), block_size=payload.get("block_size"),
+                              before=lambda: state.stop_point(ctx))
+    return {"image": out, "patch_parallel": True}
 
 
 def job_prepare(state: WorkerState, ctx, payload: dict) -> dict:
@@ -327,17 +230,7 @@ def job_prepare(state: WorkerState, ctx, payload: dict) -> dict:
 
 def job_model_bytes(state: WorkerState, ctx, payload: dict) -> dict:
     """Diagnostic: the bytes (and bytes per dtype) of a resident model's parameters and buffers on this rank."""
-    model = state.model(payload["key"])
-    seen, total, dtypes = set(), 0, {}
-    for t in list(model.parameters()) + list(model.buffers()):
-        if id(t) in seen or t.is_meta:
-            continue
-        seen.add(id(t))
-        n = t.numel() * t.element_size()
-        total += n
-        name = str(t.dtype).removeprefix("torch.")
-        dtypes[name] = dtypes.get(name, 0) + n
-    return {"bytes": total, "dtypes": dtypes, "native": payload["key"] in state.native}
+    return state.engine.weight_bytes(payload["key"])
 
 
 def job_echo(state: WorkerState, ctx, payload: dict) -> dict:

@@ -1,0 +1,176 @@
+"""The engine facade: what one rank does with its resident models — load, forward, loop, decode.
+
+Why a facade: the worker (workers/jobs.py) only carries messages — it turns a job's payload into
+these calls and their results back into a reply, and keeps transport concerns (shared memory,
+progress messages, the cancel agreement) to itself. Everything that *computes* lives here, so it can
+be driven by the pool, by tests in one process, or by a benchmark the same way. The engine never
+imports ComfyUI: a ComfyUI-native model arrives built (workers/comfy_native.py) together with the
+function that calls it with ComfyUI's signature.
+"""
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+
+
+@dataclass
+class Resident:
+    family: str
+    model: torch.nn.Module
+    parallelized: bool = False
+    native_call: Optional[Callable] = None      # (model, inputs) -> output for ComfyUI's own model
+    compute_dtype: Optional[torch.dtype] = None  # the dtype ComfyUI hands that model its latent in
+
+
+def _convention(spec: dict, sigmas: torch.Tensor):
+    from .pipefusion import eps, flow
+    if spec["kind"] == "flow":
+        return flow(float(spec["timestep_scale"]))
+    table = {float(s): float(t) for s, t in zip(sigmas.tolist(), spec["timesteps"])}
+    return eps(lambda sigma: table[float(sigma)])
+
+
+class Engine:
+    """One rank's resident models (LRU) and the operations on them."""
+
+    def __init__(self, max_models: int = 2):
+        self.max_models = max(1, int(max_models))
+        self.models: collections.OrderedDict = collections.OrderedDict()  # key -> Resident
+        self.loads = 0
+
+    # ---- residency ----
+    def resident(self) -> list:
+        return list(self.models)
+
+    def touch(self, key: str) -> bool:
+        if key in self.models:
+            self.models.move_to_end(key)
+            return True
+        return False
+
+    def get(self, key: str, rank: int = 0) -> Resident:
+        if key not in self.models:
+            raise KeyError(f"model {key!r} is not resident on rank {rank} (resident: {list(self.models)}); "
+                           f"call ensure_model first")
+        self.models.move_to_end(key)
+        return self.models[key]
+
+    def add(self, key: str, family: str, model: torch.nn.Module, ctx, *, native_call=None,
+            compute_dtype=None) -> Resident:
+        """Make a built model resident: parallelize it for ctx (DiT families), keep a PipeFusion stage's own
+        blocks only, evict the least recently used beyond max_models."""
+        from . import parallelize
+        from .models import ADAPTERS  # lazily: importing the adapters imports diffusers (seconds at worker start)
+        dit = ADAPTERS.get(family)
+        parallelized = dit is not None
+        if parallelized:
+            model = parallelize(model, ctx) or model
+            if ctx.config.pp_degree > 1 and dit.pipefusion and native_call is None:
+                from .pipefusion.plans import keep_stage_blocks
+                keep_stage_blocks(model, ctx)  # a stage holds only its own blocks' weights
+        r = Resident(family, model, parallelized, native_call, compute_dtype)
+        self.models[key] = r
+        self.loads += 1
+        while len(self.models) > self.max_models:
+            self.models.popitem(last=False)
+        return r
+
+    def weight_bytes(self, key: str) -> dict:
+        """Bytes (total and per dtype) of a resident model's parameters and buffers on this rank."""
+        r = self.get(key)
+        seen, total, dtypes = set(), 0, {}
+        for t in list(r.model.parameters()) + list(r.model.buffers()):
+            if id(t) in seen or t.is_meta:
+                continue
+            seen.add(id(t))
+            n = t.numel() * t.element_size()
+            total += n
+            name = str(t.dtype).removeprefix("torch.")
+            dtypes[name] = dtypes.get(name, 0) + n
+        return {"bytes": total, "dtypes": dtypes, "native": r.native_call is not None}
+
+    # ---- compute ----
+    def _retarget(self, r: Resident, resolution) -> None:
+        """The diffusers PixArt recomputes its position table for the latent size, as ComfyUI does per call."""
+        if resolution and r.family == "pixart" and r.native_call is None:
+            from .checkpoints.pixart import set_resolution
+            set_resolution(r.model, *[int(v) for v in resolution])
+
+    def forward(self, key: str, ctx, kwargs: dict, *, call_index=None, resolution=None,
+                before: Optional[Callable] = None) -> torch.Tensor:
+        """Step mode: the model on the full inputs; every rank returns the full output."""
+        r = self.get(key)
+        if ctx.config.pp_degree > 1:
+            raise ValueError("PipeFusion (pp_degree > 1) runs the whole denoising loop in the workers "
+                             "(job 'loop'), not one forward per step")
+        self._retarget(r, resolution)
+        if call_index is not None and ctx.config.method == "distrifusion" and ctx.world_size > 1:
+            # step mode: the sampler's call index decides warmup vs stale, and 0 starts a new run
+            from .distrifusion import distrifusion_state
+            distrifusion_state(r.model).set_step(int(call_index))
+        if before is not None:
+            before()
+        with torch.no_grad():
+            if r.native_call is not None:
+                return r.native_call(r.model, kwargs)
+            return r.model(**kwargs, return_dict=False)[0]
+
+    def loop(self, key: str, ctx, inputs: dict, sigmas, noise, *, convention: dict, sampler: str, cfg_scale=None,
+             resolution=None, model_config: Optional[dict] = None, before_step: Optional[Callable] = None,
+             callback: Optional[Callable] = None, cancel: Optional[Callable] = None) -> torch.Tensor:
+        """Loop mode: the whole denoising loop; every rank returns the final latent.
+
+        pp_degree > 1: PipeFusion's patch pipeline (latent in the model's layout). Otherwise one parallel forward
+        per step with the latent in ComfyUI's layout: ComfyUI's own model takes it as it is, a diffusers model
+        gets it converted on every step as ComfyUI's model would (padding, packing). callback(i, n, denoised)
+        after each step; before_step(i, n) before each forward; cancel() polled by PipeFusion.
+        """
+        from .pipefusion import run_pipefusion_loop
+        r = self.get(key)
+        self._retarget(r, resolution)
+        sigmas = sigmas.float().cpu()
+        conv = _convention(convention, sigmas)
+        if ctx.config.pp_degree > 1:
+            with torch.no_grad():
+                return run_pipefusion_loop(r.model, ctx, inputs, sigmas, noise, convention=conv, sampler=sampler,
+                                           cfg_scale=cfg_scale, callback=lambda i, n: callback(i, n, None),
+                                           cancel=cancel)
+        from .loop import run_loop
+        distri = None
+        if ctx.config.method == "distrifusion" and ctx.world_size > 1:
+            from .distrifusion import distrifusion_state
+            distri = distrifusion_state(r.model)
+
+        def step_start(i, n):
+            if before_step is not None:
+                before_step(i, n)  # the caller's cancel agreement comes before the step's first collective
+            if distri is not None:
+                distri.set_step(i, total_steps=n)  # step 0 starts a new run: fresh buffers, synchronous warmup
+
+        if r.native_call is not None:  # ComfyUI's own model: ComfyUI's latent layout in and out, fp32 timestep
+            call = r.native_call
+            loop_kw = dict(forward=lambda h, t, kw: call(r.model, {**kw, "x": h, "timestep": t}),
+                           dtype=r.compute_dtype, timestep_dtype=torch.float32)
+        else:
+            from .checkpoints import family_module
+            fm = family_module(r.family)
+            config = model_config or dict(getattr(r.model, "config", {}) or {})
+            loop_kw = dict(to_model=lambda h: fm.latent_to_hidden_states(h, config),
+                           from_model=fm.diffusers_to_comfy_output)
+        with torch.no_grad():
+            return run_loop(r.model, inputs, sigmas, noise, convention=conv, sampler=sampler, cfg_scale=cfg_scale,
+                            before_step=step_start, callback=callback, **loop_kw)
+
+    def decode(self, key: str, ctx, latent: torch.Tensor, *, axis: str = "world", block_size=None,
+               before: Optional[Callable] = None) -> torch.Tensor:
+        """Patch-parallel VAE decode over `axis` (every rank of the world by default); the full image."""
+        from .vae import patch_decode, world_axis
+        vae = self.get(key).model
+        ax = world_axis(ctx) if axis == "world" else ctx.axis(axis)
+        if before is not None:
+            before()
+        with torch.no_grad():
+            return patch_decode(vae, latent, ax, block_size=block_size)
