@@ -68,25 +68,30 @@ def child(args) -> dict:
     g = torch.Generator().manual_seed(0)
     cond = [[torch.randn(1, 7, 32, generator=g), {"pooled_output": torch.randn(1, 24, generator=g), "guidance": 3.5}]]
     latent = {"samples": torch.zeros(1, 16, 32, 32)}
-    t0 = time.perf_counter()
     dtype = {"bf16": torch.bfloat16, "fp8_e4m3fn": torch.float8_e4m3fn}[args.precision]
-    model = comfy.sd.load_diffusion_model(args.ckpt, model_options={"dtype": dtype})
-    weight_bytes = sum(v.numel() * v.element_size() for v in model.model.diffusion_model.state_dict().values())
     workers, prefix, runtime = [], None, None
+    t0 = time.perf_counter()
     if args.ranks == 0:
+        model = comfy.sd.load_diffusion_model(args.ckpt, model_options={"dtype": dtype})
         out = comfy_nodes.common_ksampler(model, 1, 2, 1.0, "euler", "simple", cond, cond, latent)[0]
     else:
         from comfyui_hybrid_parallel.nodes.config_node import ParallelConfigNode
         from comfyui_hybrid_parallel.nodes.runtime import Runtime
         from comfyui_hybrid_parallel.nodes.sampler_node import HybridSampler
+        runtime = Runtime()
+        HybridSampler.runtime = runtime
+        # ComfyUI runs an available output node first (comfy_execution/graph.py: ux_friendly_pick_node), and
+        # Parallel Config is one with no inputs: it executes before the loader. In a server it prestarts the
+        # workers; --sequential measures without that overlap.
+        ParallelConfigNode.runtime = None if args.sequential else runtime
         hp = ParallelConfigNode().build(dp_degree=1, cfg_degree=1, ulysses_degree=args.ranks, ring_degree=1,
                                         pp_degree=1, num_pipeline_patch=0, warmup_steps=1, tp_degree=1,
                                         method="usp", device="cpu", attention="auto")["result"][0]
-        runtime = Runtime()
-        HybridSampler.runtime = runtime
+        model = comfy.sd.load_diffusion_model(args.ckpt, model_options={"dtype": dtype})
         out = HybridSampler().sample(model, 1, 2, 1.0, "euler", "simple", cond, cond, latent, hp)[0]
         pool = runtime._pool
         workers, prefix = [p.pid for p in pool.world.procs], pool.shm_prefix
+    weight_bytes = sum(v.numel() * v.element_size() for v in model.model.diffusion_model.state_dict().values())
     first_s = time.perf_counter() - t0
     worker_pss = sum(_pss(p) for p in workers)
     host = _pss(os.getpid()) - base_pss + worker_pss + (_shm_bytes(prefix) if prefix else 0)
@@ -146,9 +151,9 @@ def _checkpoint(size: str) -> str:
     return path
 
 
-def _run_child(size, precision, ranks, ckpt) -> dict:
+def _run_child(size, precision, ranks, ckpt, sequential=False) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--child", "--size", size, "--precision", precision,
-           "--ranks", str(ranks), "--ckpt", ckpt]
+           "--ranks", str(ranks), "--ckpt", ckpt] + (["--sequential"] if sequential else [])
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     rows = [json.loads(line[4:]) for line in res.stdout.splitlines() if line.startswith("ROW ")]
     if res.returncode or not rows:
@@ -162,6 +167,8 @@ def main(argv=None):
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--size"), p.add_argument("--precision"), p.add_argument("--ckpt")
     p.add_argument("--ranks", type=int, default=0)
+    p.add_argument("--sequential", action="store_true", help="no prestart: the pool starts when the sampler runs "
+                   "(results in native_sequential)")
     args = p.parse_args(argv)
     if args.child:
         child(args)
@@ -179,7 +186,7 @@ def main(argv=None):
             rows.append({**ref, "precision": name, "sampler": "KSampler"})
             print(rows[-1], flush=True)
             for n in ranks:
-                r = _run_child(size, precision, n, ckpt)
+                r = _run_child(size, precision, n, ckpt, args.sequential)
                 r.update(precision=name, sampler=f"Hybrid u{n}" if n > 1 else "Hybrid d1",
                          first_ratio=round(r["first_s"] / ref["first_s"], 2),
                          extra_x_weights=round((r["host_bytes"] - ref["host_bytes"]) / r["weight_bytes"], 2),
@@ -187,8 +194,10 @@ def main(argv=None):
                          weights_extra_x=round((r["host_bytes"] - ref["host_bytes"] - idle[n]) / r["weight_bytes"], 2))
                 rows.append(r)
                 print(rows[-1], flush=True)
+    order = ("Parallel Config executes after the loader (no overlap)" if args.sequential else
+             "Parallel Config executes first, as ComfyUI orders it, and starts the workers while the model loads")
     lines = ["# Hybrid Sampler on ComfyUI's own model: host memory and first prompt vs KSampler", "",
-             "Cold process per row; host memory = PSS of the process + workers + pool shared memory, minus the "
+             f"{order}. Cold process per row; host memory = PSS of the process + workers + pool shared memory, minus the "
              "process before loading. extra = Hybrid's minus KSampler's host memory, in weight bytes. "
              "Targets: extra <= 1.1x for any N; first prompt <= 1.5x KSampler's at N = 2. The workers' own "
              "runtime (torch + ComfyUI imported, a 4 MB model run) is measured separately per N and shown apart: it "
@@ -201,8 +210,9 @@ def main(argv=None):
                      f"{r['first_s']:.1f} | {r.get('first_ratio', 1.0):.2f} | {r['host_bytes'] / 2**20:.0f} | "
                      f"{r.get('extra_x_weights', 0.0):.2f} | {r.get('pool_runtime_bytes', 0) / 2**20:.0f} | "
                      f"{r.get('weights_extra_x', 0.0):.2f} |")
-    write_results("native" + ("_quick" if args.quick else ""), rows, "\n".join(lines))
-    _plot(rows, os.path.join(HERE, "results", "native" + ("_quick" if args.quick else "") + ".png"))
+    name = "native" + ("_sequential" if args.sequential else "") + ("_quick" if args.quick else "")
+    write_results(name, rows, "\n".join(lines))
+    _plot(rows, os.path.join(HERE, "results", name + ".png"))
 
 
 def _plot(rows, path):

@@ -33,6 +33,7 @@ SECTIONS = {
     "scaling": ("bench_scaling.py", ["scaling"], [], 300),
     "memory": ("bench_memory.py", ["memory"], [], 240),
     "vae": ("bench_vae.py", ["vae"], [], 300),
+    "native": ("bench_native.py", ["native"], [], 3600),
 }
 TITLES = {
     "comm": "Communication volume per diffusion step (counters vs analytic)",
@@ -41,6 +42,7 @@ TITLES = {
     "scaling": "CPU scaling: 2 ranks × 1 thread vs 1 rank × 1 thread",
     "memory": "Memory per rank: TP and PipeFusion",
     "vae": "Memory per rank: patch-parallel VAE decode",
+    "native": "ComfyUI's own model on the workers: host memory and cold first prompt vs KSampler",
 }
 
 
@@ -133,6 +135,13 @@ def _headline(data: dict) -> list:
             if r.get("block_size") is None:
                 add(f"patch VAE {r['model']} on {r['ranks']} ranks: peak activations vs serial",
                     f"{r['peak_ratio']:.2f}", "≈ 1/N", d)
+    d = data.get("native")
+    if d:
+        for r in d["rows"]:
+            if r.get("ranks"):
+                add(f"Flux {r['size']} {r['precision']} N={r['ranks']}: extra host memory (weights part) / "
+                    f"first prompt vs KSampler", f"{r['extra_x_weights']:.2f}× ({r['weights_extra_x']:.2f}×) / "
+                    f"{r['first_ratio']:.2f}×", "≤ 1.1× / ≤ 1.5× at N=2", d)
     return out
 
 

@@ -6,7 +6,6 @@ import torch
 from .distrifusion import apply_distrifusion
 from .models import plan_for
 from .plan import apply_plan, remove_plan
-from .tp import apply_tp, check_tp
 
 
 def parallelize(transformer: torch.nn.Module, ctx) -> torch.nn.Module:
@@ -26,6 +25,7 @@ def parallelize(transformer: torch.nn.Module, ctx) -> torch.nn.Module:
     if ctx.config.method == "distrifusion":  # stale-patch attention instead of USP; run state: distrifusion_state()
         return apply_distrifusion(transformer, ctx, plan)
     if ctx.config.tp_degree > 1:
+        from .tp import apply_tp, check_tp  # lazily: DTensor's import costs about a second at worker start
         check_tp(transformer, plan, ctx.config.tp_degree)  # refuse before anything is sharded
     apply_plan(transformer, plan, ctx)
     if ctx.config.tp_degree > 1:

@@ -84,10 +84,16 @@ class FamilyPlan:
     batch_inputs: tuple
     sequence: dict            # module path ("" = the model itself) -> list of SplitInput/SplitOutput/GatherOutput
     attention: dict           # module path pattern ('*' = one path segment) -> Attention
-    tp: Optional[dict] = None  # diffusers `_tp_plan` format: pattern -> "colwise" | "rowwise" | packed
+    tp: Optional[object] = None  # diffusers `_tp_plan` format: pattern -> "colwise" | "rowwise" | packed
+                                 # (or a function returning it: see tp_layout)
     tp_refusal: str = ""       # why tensor parallel is refused when `tp` is None
     heads_attr: str = "num_attention_heads"
     comfy: bool = False        # a ComfyUI module: forward(x, timestep, context, ..., transformer_options)
+
+    def tp_layout(self) -> Optional[dict]:
+        """The tensor-parallel layout; `tp` may be a function returning it (read lazily: Flux's comes from
+        diffusers' class, whose import costs seconds at every worker start)."""
+        return self.tp() if callable(self.tp) else self.tp
 
 
 @dataclass

@@ -68,7 +68,7 @@ def _style(value, module):
 
 def check_tp(model: torch.nn.Module, plan, tp_size: int) -> None:
     """Refuse, before sharding anything, a degree the model cannot be split by."""
-    if plan.tp is None:
+    if plan.tp_layout() is None:
         raise ValueError(f"tensor parallel is not supported for {plan.model_class}: {plan.tp_refusal}")
     heads = getattr(model.config, plan.heads_attr)
     if heads % tp_size:
@@ -85,7 +85,7 @@ def apply_tp(model: torch.nn.Module, plan, ax, device_type: str = "cpu") -> torc
     mesh = DeviceMesh.from_group(ax.group, device_type=device_type, mesh=list(ax.ranks))
     modules = dict(model.named_modules())
     styles = {}
-    for pattern, value in plan.tp.items():
+    for pattern, value in plan.tp_layout().items():
         for path, mod in modules.items():
             if path_matches(path, pattern):
                 if not isinstance(mod, torch.nn.Linear):

@@ -5,10 +5,13 @@ Inputs are the 2x2-packed image tokens plus per-token RoPE ids; splitting
 embedding of exactly the local tokens. The text stream is replicated on every
 rank (it is short next to the image) and joins attention at the front.
 """
-from diffusers import FluxTransformer2DModel
-
 from .adapter import FamilyAdapter
 from ..plan import Attention, FamilyPlan, GatherOutput, SplitInput
+
+def _diffusers_tp_plan():
+    from diffusers import FluxTransformer2DModel
+    return dict(getattr(FluxTransformer2DModel, "_tp_plan", None) or {}) or None
+
 
 PLAN = FamilyPlan(
     family="flux",
@@ -24,8 +27,8 @@ PLAN = FamilyPlan(
         # single-stream blocks concatenate [text, image] before attention: read the text length at the block
         "single_transformer_blocks.*": Attention(text_arg="encoder_hidden_states", text_first=True),
     },
-    # diffusers ships Flux's tensor-parallel plan; use it rather than restating it
-    tp=dict(getattr(FluxTransformer2DModel, "_tp_plan", None) or {}) or None,
+    # diffusers ships Flux's tensor-parallel plan; use it rather than restating it (read when TP is applied)
+    tp=_diffusers_tp_plan,
     tp_refusal="this diffusers version has no _tp_plan for Flux",
 )
 
