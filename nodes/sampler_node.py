@@ -47,9 +47,10 @@ class PoolDiffusionModel(torch.nn.Module):
 
     def _native_forward(self, x, timestep, context, transformer_options, extra):
         """ComfyUI's own model on the workers: its call's tensors go as they are, its output comes back as is."""
-        tensors = {"x": x, "timestep": timestep, **_conditioning(context, extra)}
+        tensors = {"x": x, "timestep": timestep, **_conditioning(context, extra)}  # refusals before the load
         values = {"key": self.state["key"], "call_index": self.state["calls"],
                   "structure": {"transformer_options": portable_options(transformer_options)}}
+        self._ensure_resident()
         self.state["calls"] += 1
         res = submit_interruptible(self.runtime.pool(self.hp), self.hp.config, "forward", values, tensors)
         return res.tensors["out"].to(x.device)
@@ -57,11 +58,13 @@ class PoolDiffusionModel(torch.nn.Module):
     def forward(self, x, timestep, context=None, control=None, transformer_options=None, **extra):
         if control is not None:
             raise ValueError("Hybrid Sampler does not support ControlNet inputs yet; remove the ControlNet")
-        self._ensure_resident()
         if self.state.get("native"):
             if self.state.get("capture"):  # loop mode: hand ComfyUI's own conditioning over, compute nothing
-                raise Captured(_conditioning(context, extra), list((transformer_options or {}).get("cond_or_uncond") or [0]), x.shape)
+                cond = _conditioning(context, extra)
+                self._ensure_resident()
+                raise Captured(cond, list((transformer_options or {}).get("cond_or_uncond") or [0]), x.shape)
             return self._native_forward(x, timestep, context, transformer_options, extra)
+        self._ensure_resident()
         family, config = self.state["family"], self.state["config"]
         mapped = adapter(family).diffusers_extra
         unsupported = sorted(k for k, v in extra.items() if v is not None and k not in mapped)
@@ -214,6 +217,7 @@ class HybridSampler:
             # ComfyUI's own model on the workers; refused here, before any worker starts, if it cannot travel
             state["native"] = native_spec(model.model)
             check_weights(model.model.diffusion_model)
+            portable_options(m.model_options.get("transformer_options"))  # other nodes' patches: refused now
             state["key"] = "native:" + state["key"]
         else:
             check_diffusers_path(model.model.diffusion_model, hp.config)

@@ -120,3 +120,11 @@ def test_model_without_adapter_refused_before_workers(comfy):
 def test_fp8_on_the_diffusers_path_refused_before_workers(comfy):
     """Tensor parallel still runs a diffusers conversion, which cannot compute with fp8 weights."""
     _refused(comfy(dtype=torch.float8_e4m3fn), "tensor parallel.*float8_e4m3fn.*ulysses", tp_degree=2)
+
+
+def test_patches_from_other_nodes_refused_before_workers(comfy):
+    """A block replacement installed by another node is a Python callable in ComfyUI's process: it cannot run on
+    the workers, so Hybrid Sampler says so instead of silently ignoring it."""
+    model = comfy()
+    model.set_model_patch_replace(lambda args, extra: extra["original_block"](args), "dit", "double_block", 0)
+    _refused(model, "patches_replace.*dit", ulysses_degree=2)
