@@ -17,7 +17,7 @@ import os
 
 import torch
 
-from ..parallel.models import COMFY_PLANS, adapter_for, supported_titles
+from ..parallel.models import adapter_for, supported_titles
 from ..workers.comfy_native import FORWARDED_ARGS
 from ..workers.transport import _DTYPES
 
@@ -152,5 +152,5 @@ def check_diffusers_path(diffusion_model, config) -> None:
                          f"ComfyUI's own fp8 ops), or load the model with weight_dtype 'default'")
 
 
-__all__ = ["COMFY_PLANS", "NotCarried", "check_diffusers_path", "check_weights", "encode_value", "family_adapter",
+__all__ = ["NotCarried", "check_diffusers_path", "check_weights", "encode_value", "family_adapter",
            "comfy_runtime", "native_spec", "native_supported", "portable_options"]

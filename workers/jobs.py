@@ -37,9 +37,6 @@ class WorkerState:
         self.engine = Engine(max_models)  # the resident models and what computes with them
         self.run: JobRun | None = None
 
-    def model(self, key: str):
-        return self.engine.get(key, self.rank).model
-
     def stop_point(self, ctx) -> None:
         """Agree over the whole world whether the job was cancelled; raise Cancelled on every rank if so.
 
