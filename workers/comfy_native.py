@@ -99,8 +99,6 @@ def build_native(spec: dict, weights: dict, device: torch.device, sequence_paral
         raise RuntimeError(f"{spec['class']} keeps tensors outside its state dict ({left[:8]}); the workers "
                            f"cannot build it without initialising them - report this model class")
     model = model.eval().requires_grad_(False)
-    model._hp_compute_dtype = decode_value(spec["ops"].get("manual_cast_dtype")) or decode_value(
-        spec["ops"].get("weight_dtype")) or torch.float32
     if device.type != "cpu":
         # tensor by tensor: each rank keeps its GPU copy and drops the host mapping as it goes
         for mod in model.modules():
@@ -111,10 +109,11 @@ def build_native(spec: dict, weights: dict, device: torch.device, sequence_paral
     return model
 
 
-def compute_dtype(model) -> torch.dtype:
-    """The dtype ComfyUI hands this model its latent in (BaseModel._apply_model: the manual-cast dtype, else
-    the model's own)."""
-    return getattr(model, "_hp_compute_dtype", torch.float32)
+def compute_dtype(spec: dict) -> torch.dtype:
+    """The dtype ComfyUI hands the spec's model its latent in (BaseModel._apply_model: the manual-cast dtype,
+    else the model's own)."""
+    ops = spec["ops"]
+    return decode_value(ops.get("manual_cast_dtype")) or decode_value(ops.get("weight_dtype")) or torch.float32
 
 
 def call_native(model, inputs: dict):

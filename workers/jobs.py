@@ -128,7 +128,7 @@ def job_load_model(state: WorkerState, ctx, payload: dict) -> dict:
     if native:  # ComfyUI's own class, ops and weights (workers/comfy_native.py)
         from .comfy_native import build_native, call_native, compute_dtype
         model = build_native(native, weights, state.device, sequence_parallel=ctx.sp.size > 1)
-        extra = dict(native_call=call_native, compute_dtype=compute_dtype(model))
+        extra = dict(native_call=call_native, compute_dtype=compute_dtype(native))
     else:
         model = _build_model(payload["family"], payload["config"])
         # assign=True keeps the (copy-on-write mapped) tensors: ranks share the pages until someone writes.
