@@ -132,11 +132,26 @@ def portable_options(transformer_options: dict | None) -> dict:
     return out
 
 
-def native_supported(config) -> bool:
-    """Whether a parallel config runs on ComfyUI's own model: USP (Ulysses/Ring), CFG, DP and DistriFusion
-    do; tensor parallel and PipeFusion still run a diffusers conversion of the weights (their stage and
-    shard plans name diffusers modules)."""
-    return config.tp_degree == 1 and config.pp_degree == 1
+def native_supported(config, diffusion_model=None) -> bool:
+    """Whether a parallel config runs on ComfyUI's own model: USP (Ulysses/Ring), CFG, DP, DistriFusion and,
+    where the family's ComfyUI plan declares a layout, tensor parallel do; PipeFusion still runs a diffusers
+    conversion of the weights (its stage plans name diffusers modules)."""
+    if config.pp_degree > 1:
+        return False
+    if config.tp_degree > 1:
+        return diffusion_model is not None and family_adapter(diffusion_model).comfy_plan.tp_layout() is not None
+    return True
+
+
+def check_native_tp(diffusion_model, config) -> None:
+    """Refuse, before any worker starts, a tp_degree ComfyUI's model cannot be sharded by (heads, widths):
+    the same check the workers run before sharding, on the driver's copy (reads only)."""
+    if config.tp_degree <= 1:
+        return
+    from ..parallel.tp import tp_problems
+    problems = tp_problems(diffusion_model, family_adapter(diffusion_model).comfy_plan, config.tp_degree)
+    if problems:
+        raise NotCarried("; ".join(problems[:3]))
 
 
 def check_diffusers_path(diffusion_model, config) -> None:
@@ -152,5 +167,5 @@ def check_diffusers_path(diffusion_model, config) -> None:
                          f"ComfyUI's own fp8 ops), or load the model with weight_dtype 'default'")
 
 
-__all__ = ["NotCarried", "check_diffusers_path", "check_weights", "encode_value", "family_adapter",
+__all__ = ["NotCarried", "check_diffusers_path", "check_native_tp", "check_weights", "encode_value", "family_adapter",
            "comfy_runtime", "native_spec", "native_supported", "portable_options"]

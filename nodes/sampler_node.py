@@ -15,7 +15,7 @@ import torch
 from ..parallel.checkpoints import family_module
 from ..parallel.models import adapter
 from .loop_mode import Captured, check_loop_mode, make_loop_sampler, uses_loop_mode
-from .native import (NotCarried, check_diffusers_path, check_weights, native_spec, native_supported,
+from .native import (NotCarried, check_diffusers_path, check_native_tp, check_weights, native_spec, native_supported,
                      portable_options)
 from .runtime import to_diffusers, weights_key
 
@@ -213,10 +213,11 @@ class HybridSampler:
         # the workers keep the model parallelized for one method: the method is part of its identity
         method = f"{hp.config.method}" + (f"-w{hp.config.warmup_steps}" if hp.config.method != "usp" else "")
         state = {"key": f"{weights_key(model.model, model.patches_uuid)}|{method}", "calls": 0}
-        if native_supported(hp.config):
+        if native_supported(hp.config, model.model.diffusion_model):
             # ComfyUI's own model on the workers; refused here, before any worker starts, if it cannot travel
             state["native"] = native_spec(model.model)
             check_weights(model.model.diffusion_model)
+            check_native_tp(model.model.diffusion_model, hp.config)
             portable_options(m.model_options.get("transformer_options"))  # other nodes' patches: refused now
             state["key"] = "native:" + state["key"]
         else:

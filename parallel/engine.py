@@ -33,6 +33,18 @@ def _convention(spec: dict, sigmas: torch.Tensor):
     return eps(lambda sigma: table[float(sigma)])
 
 
+def to_device(model: torch.nn.Module, device: torch.device) -> None:
+    """Move a model to `device` tensor by tensor, after sharding: a rank copies only its shard (TP) or stage
+    (PipeFusion) and drops the host mapping as it goes, so no full copy ever lands on one GPU."""
+    for mod in model.modules():
+        for name, p in list(mod.named_parameters(recurse=False)):
+            if not p.is_meta:
+                setattr(mod, name, torch.nn.Parameter(p.data.to(device), requires_grad=False))
+        for name, b in list(mod.named_buffers(recurse=False)):
+            if b is not None and not b.is_meta:
+                mod._buffers[name] = b.to(device)
+
+
 class Engine:
     """One rank's resident models (LRU) and the operations on them."""
 
@@ -59,9 +71,10 @@ class Engine:
         return self.models[key]
 
     def add(self, key: str, family: str, model: torch.nn.Module, ctx, *, native_call=None,
-            compute_dtype=None) -> Resident:
-        """Make a built model resident: parallelize it for ctx (DiT families), keep a PipeFusion stage's own
-        blocks only, evict the least recently used beyond max_models."""
+            compute_dtype=None, device: Optional[torch.device] = None) -> Resident:
+        """Make a built host model resident: parallelize it for ctx (DiT families), keep a PipeFusion stage's
+        own blocks only, then move what this rank holds to `device`; evict the least recently used beyond
+        max_models."""
         from . import parallelize
         from .models import ADAPTERS  # lazily: importing the adapters imports diffusers (seconds at worker start)
         dit = ADAPTERS.get(family)
@@ -71,6 +84,8 @@ class Engine:
             if ctx.config.pp_degree > 1 and dit.pipefusion and native_call is None:
                 from .pipefusion.plans import keep_stage_blocks
                 keep_stage_blocks(model, ctx)  # a stage holds only its own blocks' weights
+        if device is not None and torch.device(device).type != "cpu":
+            to_device(model, torch.device(device))
         r = Resident(family, model, parallelized, native_call, compute_dtype)
         self.models[key] = r
         self.loads += 1

@@ -25,11 +25,11 @@ def parallelize(transformer: torch.nn.Module, ctx) -> torch.nn.Module:
     if ctx.config.method == "distrifusion":  # stale-patch attention instead of USP; run state: distrifusion_state()
         return apply_distrifusion(transformer, ctx, plan)
     if ctx.config.tp_degree > 1:
-        from .tp import apply_tp, check_tp  # lazily: DTensor's import costs about a second at worker start
+        from .tp import apply_tp, check_tp
         check_tp(transformer, plan, ctx.config.tp_degree)  # refuse before anything is sharded
     apply_plan(transformer, plan, ctx)
     if ctx.config.tp_degree > 1:
-        apply_tp(transformer, plan, ctx.tp, device_type=ctx.device.type)
+        apply_tp(transformer, plan, ctx.tp)
     return transformer
 
 

@@ -1,121 +1,250 @@
-"""Tensor parallel: Megatron-style column/row sharding through torch's DTensor styles.
+"""Tensor parallel: Megatron-style column/row sharding of Linear layers, on plain local tensors.
 
-A family declares a `tp` plan in diffusers' `_tp_plan` format (module-name
-pattern -> "colwise" | "rowwise" | PackedRowwise); Flux reuses diffusers' own
-`FluxTransformer2DModel._tp_plan`. Q/K/V and MLP-up projections are column
-sharded (each rank computes its heads / hidden slice, no communication), the
-attention output and MLP-down projections are row sharded (one all-reduce per
-sub-block: seed 003's placement). diffusers refuses TP on CPU, so the plan is
-applied here with `parallelize_module` on a DeviceMesh built from our tp group.
+A family declares a layout (module-name pattern -> style): Q/K/V and MLP-up projections are column
+sharded (each rank computes its heads / hidden slice, no communication), the attention output and
+MLP-down projections are row sharded (one all-reduce per sub-block: seed 003's placement). diffusers'
+`_tp_plan` strings ("colwise" / "rowwise" / PackedRowwiseParallel) are read as the same styles, so
+Flux's diffusers plan is diffusers' own.
 
-Composes with USP: the attention sees this rank's heads only, and Ulysses
-splits those further - rank order puts tp innermost, so its all-reduces stay
-on the closest devices.
+Why plain local tensors and not DTensor: ComfyUI's ops (manual cast, fp8 `weight_dtype`, scaled fp8)
+cast the weight a module holds at every call. A plain shard of that weight runs through exactly the
+same code and stays in its storage dtype (fp8 Flux over 2 GPUs holds half its fp8 bytes per GPU),
+where DTensor would need every cast in ComfyUI's ops to understand sharding. The mechanism:
+
+* `Colwise`: a rank keeps its slice of the output features (and of the bias). A packed layer (fused
+  qkv, Flux's qkv+MLP `linear1`) has its blocks split separately, so every rank holds the same heads
+  of q, k and v and its slice of the MLP.
+* `Rowwise`: a rank keeps its slice of the input features (blocks split separately when the input
+  concatenates column-sharded pieces, e.g. [attention, MLP]); a forward hook sums the local products
+  with one all-reduce; the bias stays on tp rank 0 only, so it is added once.
+* `ShardedNorm`: an RMSNorm over column-sharded features (Wan normalises q and k over all heads
+  together): its weight is sharded like the features and its mean of squares is summed over the tp
+  group (one small all-reduce of (B, L, 1)) - Megatron's treatment of a norm across a sharded width.
+* `Divide`: attributes that size a per-rank view (ComfyUI's `num_heads`, Flux's `hidden_size` used to
+  split `linear1`'s output) are divided by the degree; diffusers' `Attention.heads` likewise.
+
+Composes with USP: attention sees this rank's heads only, and Ulysses splits those further - rank
+order puts tp innermost, so its all-reduces stay on the closest devices. Layouts are validated in
+full before any weight is touched (`tp_problems`), which is also how the nodes refuse a degree
+before any worker starts.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Callable, Optional, Union
+
 import torch
-from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Shard
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+import torch.distributed as dist
+
+Blocks = Union[None, int, tuple, Callable]  # one block; k equal blocks; sizes; f(linear, parent) -> sizes
 
 
-class PackedRowwise:
-    """Row-wise sharding of a Linear whose input concatenates column-sharded blocks of different widths.
-
-    Flux's single-stream `proj_out` takes cat([attention (inner), MLP (4*inner)]): every block is split
-    across ranks separately so the weight columns line up with each rank's local input.
-    """
-
-    def __init__(self, blocks=None):
-        self.blocks = blocks
+@dataclass(frozen=True)
+class Colwise:
+    blocks: Blocks = None
 
 
-class _PackedRowwiseStyle(RowwiseParallel):
-    def __init__(self, blocks):
-        super().__init__()
-        self.blocks = blocks
-        self.src_data_rank = None
-
-    def _partition_linear_fn(self, name, module, device_mesh):
-        n, r = device_mesh.size(), device_mesh.get_local_rank()
-        w = module.weight
-        pieces = [blk.chunk(n, dim=1)[r] for blk in w.split(list(self.blocks), dim=1)]
-        local = torch.cat(pieces, dim=1).contiguous()
-        module.register_parameter("weight", torch.nn.Parameter(
-            DTensor.from_local(local, device_mesh, [Shard(1)], run_check=False), requires_grad=False))
-        if module.bias is not None:
-            from torch.distributed.tensor import Replicate, distribute_tensor
-            module.register_parameter("bias", torch.nn.Parameter(
-                distribute_tensor(module.bias, device_mesh, [Replicate()], src_data_rank=None), requires_grad=False))
+@dataclass(frozen=True)
+class Rowwise:
+    blocks: Blocks = None
 
 
-def _style(value, module):
+@dataclass(frozen=True)
+class ShardedNorm:
+    pass
+
+
+@dataclass(frozen=True)
+class Divide:
+    attrs: tuple
+
+
+def _normalise(value):
+    """Our styles, or diffusers' `_tp_plan` values read as them."""
+    if isinstance(value, (Colwise, Rowwise, Divide, ShardedNorm)):
+        return value
     if value == "colwise":
-        s = ColwiseParallel()
-    elif value == "rowwise":
-        s = RowwiseParallel()
-    elif type(value).__name__ in ("PackedRowwise", "PackedRowwiseParallel"):
-        blocks = getattr(value, "blocks", None) or getattr(module, "_tp_packed_row_blocks", None)
-        if not blocks:
-            raise ValueError(f"packed row-wise style without blocks on {type(module).__name__}")
-        return _PackedRowwiseStyle(blocks)
-    else:
-        raise ValueError(f"unsupported tensor-parallel style {value!r}")
-    s.src_data_rank = None  # every rank already holds the same full weights: slice locally, no broadcast
-    return s
+        return Colwise()
+    if value == "rowwise":
+        return Rowwise()
+    if type(value).__name__ in ("PackedRowwise", "PackedRowwiseParallel"):
+        return Rowwise(getattr(value, "blocks", None) or (lambda lin, parent: lin._tp_packed_row_blocks))
+    raise ValueError(f"unsupported tensor-parallel style {value!r}")
+
+
+def _block_sizes(style, linear, parent, width: int) -> list:
+    b = style.blocks
+    if callable(b):
+        b = b(linear, parent)
+    if b is None:
+        return [width]
+    if isinstance(b, int):
+        if width % b:
+            raise ValueError(f"{width} features do not pack into {b} equal blocks")
+        return [width // b] * b
+    return [int(s) for s in b]
+
+
+def _heads(model, attr: str) -> Optional[int]:
+    config = getattr(model, "config", None)
+    value = getattr(config, attr, None) if config is not None and not isinstance(config, dict) else None
+    return int(value if value is not None else getattr(model, attr, 0)) or None
+
+
+@dataclass
+class _Shard:
+    path: str
+    module: torch.nn.Module
+    style: object
+    sizes: list  # block sizes along the sharded dimension (out features: Colwise, in features: Rowwise)
+
+
+def _resolve(model: torch.nn.Module, plan, n: int) -> tuple:
+    """([_Shard], [(module, attr)], problems): what the layout shards, and why it cannot (empty if it can)."""
+    from .plan import path_matches
+    layout = plan.tp_layout()
+    if layout is None:
+        return [], [], [f"tensor parallel is not supported for {plan.model_class}: {plan.tp_refusal}"]
+    problems, shards, divides = [], [], []
+    heads = _heads(model, plan.heads_attr)
+    if heads and heads % n:
+        ok = [d for d in range(1, heads + 1) if heads % d == 0]
+        problems.append(f"tp_degree={n} does not divide the model's {heads} attention heads; "
+                        f"use a tp_degree in {ok}")
+    modules = dict(model.named_modules())
+    for pattern, value in layout.items():
+        style = _normalise(value)
+        for path, mod in modules.items():
+            if not path_matches(path, pattern):
+                continue
+            if isinstance(style, Divide):
+                for a in style.attrs:
+                    v = getattr(mod, a, None)
+                    if isinstance(v, int):
+                        if v % n:
+                            problems.append(f"{path}.{a} = {v} is not divisible by tp_degree={n}")
+                        divides.append((mod, a))
+                continue
+            if isinstance(style, ShardedNorm):
+                w = getattr(mod, "weight", None)
+                width = w.shape[-1] if w is not None else None
+                if not hasattr(mod, "eps") or (w is not None and w.ndim != 1):
+                    problems.append(f"tp plan entry {pattern!r} matched {path!r}, a {type(mod).__name__} (not an "
+                                    f"RMSNorm with a 1-D weight)")
+                elif width is not None and width % n:
+                    problems.append(f"{path} normalises {width} features, not divisible by tp_degree={n}")
+                else:
+                    shards.append(_Shard(path, mod, style, [width] if width else []))
+                continue
+            if not isinstance(mod, torch.nn.Linear):
+                problems.append(f"tp plan entry {pattern!r} matched {path!r}, a {type(mod).__name__}")
+                continue
+            parent = modules[path.rpartition(".")[0]]
+            width = mod.out_features if isinstance(style, Colwise) else mod.in_features
+            try:
+                sizes = _block_sizes(style, mod, parent, width)
+            except (AttributeError, ValueError) as e:
+                problems.append(f"{path}: {e}")
+                continue
+            if sum(sizes) != width or any(s % n for s in sizes):
+                what = "outputs" if isinstance(style, Colwise) else "inputs"
+                problems.append(f"{path} has {width} {what} in blocks {sizes}, not divisible by tp_degree={n}")
+            extra = [k for k, t in list(mod.named_parameters(recurse=False)) + list(mod.named_buffers(recurse=False))
+                     if k not in ("weight", "bias") and t is not None and t.numel() > 1]
+            if extra:
+                problems.append(f"{path} carries per-channel tensors {extra} (a quantised format) that tensor "
+                                f"parallel does not shard; load the model with weight_dtype 'default' or fp8")
+            shards.append(_Shard(path, mod, style, sizes))
+    if not shards and not problems:
+        problems.append(f"the {plan.family} tp plan matched no Linear module of {type(model).__name__}")
+    return shards, divides, problems
+
+
+def tp_problems(model: torch.nn.Module, plan, n: int) -> list:
+    """Why `model` cannot be sharded `n` ways (empty if it can). Reads only: safe on the driver's model."""
+    return _resolve(model, plan, n)[2]
 
 
 def check_tp(model: torch.nn.Module, plan, tp_size: int) -> None:
     """Refuse, before sharding anything, a degree the model cannot be split by."""
-    if plan.tp_layout() is None:
-        raise ValueError(f"tensor parallel is not supported for {plan.model_class}: {plan.tp_refusal}")
-    heads = getattr(model.config, plan.heads_attr)
-    if heads % tp_size:
-        ok = [d for d in range(1, heads + 1) if heads % d == 0]
-        raise ValueError(f"tp_degree={tp_size} does not divide the model's {heads} attention heads; "
-                         f"use a tp_degree in {ok}")
+    problems = tp_problems(model, plan, tp_size)
+    if problems:
+        raise ValueError("; ".join(problems[:3]))
 
 
-def apply_tp(model: torch.nn.Module, plan, ax, device_type: str = "cpu") -> torch.nn.Module:
+def _pieces(t: torch.Tensor, dim: int, sizes: list, n: int, r: int) -> torch.Tensor:
+    """This rank's slice of every block of `t` along `dim`: a view for one block, else one copy."""
+    parts = [blk.narrow(dim, r * (s // n), s // n) for blk, s in zip(t.split(sizes, dim=dim), sizes)]
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=dim)
+
+
+def apply_tp(model: torch.nn.Module, plan, ax) -> torch.nn.Module:
     """Shard `model` in place over the ranks of axis `ax` (the tp axis)."""
-    from .plan import path_matches
-
-    check_tp(model, plan, ax.size)
-    mesh = DeviceMesh.from_group(ax.group, device_type=device_type, mesh=list(ax.ranks))
-    modules = dict(model.named_modules())
-    styles = {}
-    for pattern, value in plan.tp_layout().items():
-        for path, mod in modules.items():
-            if path_matches(path, pattern):
-                if not isinstance(mod, torch.nn.Linear):
-                    raise ValueError(f"tp plan entry {pattern!r} matched {path!r}, a {type(mod).__name__}")
-                if mod.out_features % ax.size and value == "colwise":
-                    raise ValueError(f"{path} has {mod.out_features} outputs, not divisible by tp_degree={ax.size}")
-                styles[path] = _style(value, mod)
-    if not styles:
-        raise ValueError(f"the {plan.family} tp plan matched no Linear module")
-    parallelize_module(model, mesh, styles)
-    n = ax.size
-    for path, style in styles.items():  # DTensor's all-reduces bypass comm.py: count them here
-        if isinstance(style, RowwiseParallel):
-            modules[path].register_forward_hook(
-                lambda mod, args, out: ax.stats.record("tp_all_reduce",
-                                                       out.numel() * out.element_size() * 2 * (n - 1) // n))
-    # AttnProcessor2_0-style processors derive head_dim from attn.heads: give them the local head count.
-    for path, mod in modules.items():
-        if hasattr(mod, "heads") and f"{path}.to_q" in styles:
-            mod.heads = mod.heads // ax.size
-    model._hp_tp_size = ax.size
+    n, r = ax.size, ax.rank
+    shards, divides, problems = _resolve(model, plan, n)
+    if problems:
+        raise ValueError("; ".join(problems[:3]))
+    for s in shards:
+        if isinstance(s.style, ShardedNorm):
+            _shard_norm(s.module, ax)
+            continue
+        m, colwise = s.module, isinstance(s.style, Colwise)
+        w = _pieces(m.weight.data, 0 if colwise else 1, s.sizes, n, r)
+        m.weight = torch.nn.Parameter(w, requires_grad=False)
+        if colwise:
+            m.out_features = w.shape[0]
+            if m.bias is not None:
+                m.bias = torch.nn.Parameter(_pieces(m.bias.data, 0, s.sizes, n, r), requires_grad=False)
+        else:
+            m.in_features = w.shape[1]
+            if m.bias is not None and r != 0:
+                m.bias = None  # added once, by tp rank 0, before the sum
+            m.register_forward_hook(_reduce_hook(ax))
+    for mod, a in divides:
+        setattr(mod, a, getattr(mod, a) // n)
+    # diffusers' attention processors derive the head layout from attn.heads: give them the local count.
+    paths = {s.path for s in shards if isinstance(s.style, Colwise)}
+    for path, mod in model.named_modules():
+        if isinstance(getattr(mod, "heads", None), int) and f"{path}.to_q" in paths:
+            mod.heads = mod.heads // n
+    model._hp_tp_size = n
     return model
 
 
+def _shard_norm(mod, ax) -> None:
+    """RMS over the full width from this rank's slice: x * rsqrt(sum_tp(x^2) / width + eps) * w."""
+    n, r = ax.size, ax.rank
+    if mod.weight is not None:
+        w = mod.weight.data
+        mod.weight = torch.nn.Parameter(w.narrow(0, r * (w.shape[0] // n), w.shape[0] // n), requires_grad=False)
+    eps = mod.eps if mod.eps is not None else torch.finfo(torch.float32).eps
+
+    def forward(x):
+        xf = x.float()
+        ss = xf.pow(2).sum(-1, keepdim=True)
+        dist.all_reduce(ss, group=ax.group)
+        ax.stats.record("tp_all_reduce", ss.numel() * ss.element_size() * 2 * (n - 1) // n)
+        y = (xf * torch.rsqrt(ss / (x.shape[-1] * n) + eps)).to(x.dtype)
+        return y if mod.weight is None else y * mod.weight.to(device=x.device, dtype=x.dtype)
+    mod.forward = forward
+
+
+def _reduce_hook(ax):
+    n = ax.size
+
+    def hook(mod, args, out):
+        dist.all_reduce(out, group=ax.group)
+        ax.stats.record("tp_all_reduce", out.numel() * out.element_size() * 2 * (n - 1) // n)
+        return out
+    return hook
+
+
 def local_param_bytes(model: torch.nn.Module) -> int:
-    """Bytes of parameters this rank actually holds (the local shard of DTensors; freed meta weights of
-    other PipeFusion stages do not count)."""
+    """Bytes of parameters this rank actually holds (its shards; freed meta weights of other PipeFusion
+    stages do not count)."""
     total = 0
     for p in model.parameters():
-        t = p.to_local() if isinstance(p, DTensor) else p
+        t = p.to_local() if hasattr(p, "to_local") else p
         if not t.is_meta:
             total += t.numel() * t.element_size()
     return total

@@ -79,7 +79,8 @@ def _operations(comfy, spec: dict, device: torch.device):
 
 
 def build_native(spec: dict, weights: dict, device: torch.device, sequence_parallel: bool) -> torch.nn.Module:
-    """ComfyUI's diffusion model of `spec`, holding `weights` (assigned, not copied), on `device`."""
+    """ComfyUI's diffusion model of `spec`, holding `weights` (assigned, not copied), with the operations
+    ComfyUI picks for `device`; the model itself stays on the host (the engine moves its shard)."""
     comfy = import_comfy(spec, sequence_parallel)
     module = importlib.import_module(spec["module"])
     cls = module
@@ -98,15 +99,8 @@ def build_native(spec: dict, weights: dict, device: torch.device, sequence_paral
     if left:
         raise RuntimeError(f"{spec['class']} keeps tensors outside its state dict ({left[:8]}); the workers "
                            f"cannot build it without initialising them - report this model class")
-    model = model.eval().requires_grad_(False)
-    if device.type != "cpu":
-        # tensor by tensor: each rank keeps its GPU copy and drops the host mapping as it goes
-        for mod in model.modules():
-            for name, p in list(mod.named_parameters(recurse=False)):
-                setattr(mod, name, torch.nn.Parameter(p.data.to(device), requires_grad=False))
-            for name, b in list(mod.named_buffers(recurse=False)):
-                mod._buffers[name] = b.to(device)
-    return model
+    # on the host still: the engine shards it (tensor parallel, PipeFusion stages) before it moves to `device`
+    return model.eval().requires_grad_(False)
 
 
 def compute_dtype(spec: dict) -> torch.dtype:

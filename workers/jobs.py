@@ -133,10 +133,10 @@ def job_load_model(state: WorkerState, ctx, payload: dict) -> dict:
         model = _build_model(payload["family"], payload["config"])
         # assign=True keeps the (copy-on-write mapped) tensors: ranks share the pages until someone writes.
         model.load_state_dict(weights, strict=True, assign=True)
-        model = model.eval().requires_grad_(False).to(state.device)
+        model = model.eval().requires_grad_(False)
         extra = {}
     weights = None
-    engine.add(key, payload["family"], model, ctx, **extra)
+    engine.add(key, payload["family"], model, ctx, device=state.device, **extra)
     return {"loaded": True, "loads": engine.loads, "resident": engine.resident()}
 
 

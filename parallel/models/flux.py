@@ -7,6 +7,7 @@ rank (it is short next to the image) and joins attention at the front.
 """
 from .adapter import FamilyAdapter
 from ..plan import Attention, FamilyPlan, GatherOutput, SplitInput
+from ..tp import Colwise, Divide, Rowwise
 
 def _diffusers_tp_plan():
     from diffusers import FluxTransformer2DModel
@@ -33,6 +34,35 @@ PLAN = FamilyPlan(
 )
 
 
+def _mlp_in_blocks(linear, mlp):
+    """A double block's MLP input layer: two halves (value, gate) under a gated SiLU MLP (Flux.2-style
+    `mlp_silu_act`, chunked in SiLUActivation), one block otherwise."""
+    return 2 if type(mlp[1]).__name__ == "SiLUActivation" else 1
+
+
+def _single_in_blocks(linear, block):
+    """A single block's `linear1` output: [q, k, v, MLP] (the MLP twice as wide under a gated SiLU)."""
+    h, m, first = block.hidden_size, block.mlp_hidden_dim, block.mlp_hidden_dim_first
+    return (h, h, h) + ((m, first - m) if first != m else (m,))
+
+
+def _comfy_tp_layout() -> dict:
+    """Megatron placement on ComfyUI's Flux blocks: fused qkv and MLP-in column sharded by head / hidden
+    slice, the attention projection and MLP-out row sharded; the single blocks' packed linear1 / linear2
+    split per block. The modulation, embedders and final layer stay replicated."""
+    layout = {}
+    for s in ("img", "txt"):
+        layout[f"double_blocks.*.{s}_attn.qkv"] = Colwise(3)
+        layout[f"double_blocks.*.{s}_attn.proj"] = Rowwise()
+        layout[f"double_blocks.*.{s}_mlp.0"] = Colwise(_mlp_in_blocks)
+        layout[f"double_blocks.*.{s}_mlp.2"] = Rowwise()
+    layout["double_blocks.*"] = Divide(("num_heads",))
+    layout["single_blocks.*.linear1"] = Colwise(_single_in_blocks)
+    layout["single_blocks.*.linear2"] = Rowwise(lambda linear, block: (block.hidden_size, block.mlp_hidden_dim))
+    layout["single_blocks.*"] = Divide(("num_heads", "hidden_size", "mlp_hidden_dim", "mlp_hidden_dim_first"))
+    return layout
+
+
 # ComfyUI's own Flux (comfy/ldm/flux/model.py, class Flux; also Chroma-style subclasses that keep
 # forward_orig). `_forward` patchifies the latent (padding odd sizes circularly) and builds the RoPE
 # ids, then calls forward_orig(img, img_ids, txt, txt_ids, ...): splitting img and img_ids there makes
@@ -51,8 +81,8 @@ COMFY_PLAN = FamilyPlan(
         "double_blocks.*": Attention(text_first=True, seam="comfy"),
         "single_blocks.*": Attention(text_first=True, seam="comfy"),
     },
-    tp=None,
-    tp_refusal="tensor parallel runs on the diffusers path only",
+    tp=_comfy_tp_layout(),
+    heads_attr="num_heads",
     comfy=True,
 )
 

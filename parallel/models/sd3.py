@@ -6,6 +6,7 @@ after `proj_out`, before unpatchify. Joint attention puts the text *after* the
 image; SD3.5's extra image-only self-attention (`attn2`) has no text.
 """
 from .adapter import FamilyAdapter
+from ..tp import Colwise, Divide, Rowwise
 from ..plan import Attention, FamilyPlan, GatherOutput, SplitInput, SplitOutput
 
 PLAN = FamilyPlan(
@@ -49,8 +50,17 @@ COMFY_PLAN = FamilyPlan(
         "final_layer": [GatherOutput(dim=1)],
     },
     attention={"joint_blocks.*": Attention(text_first=True, seam="comfy")},
-    tp=None,
-    tp_refusal="tensor parallel runs on the diffusers path only",
+    # Megatron placement on ComfyUI's joint blocks (context_block and x_block alike; SD3.5's attn2 too):
+    # fused qkv column sharded per head, proj row sharded; the MLP (GELU fc1/fc2 or SwiGLU w1/w3, w2) likewise.
+    tp={
+        **{f"joint_blocks.*.*.{a}.qkv": Colwise(3) for a in ("attn", "attn2")},
+        **{f"joint_blocks.*.*.{a}.proj": Rowwise() for a in ("attn", "attn2")},
+        **{f"joint_blocks.*.*.{a}": Divide(("num_heads",)) for a in ("attn", "attn2")},
+        "joint_blocks.*.*.mlp.fc1": Colwise(), "joint_blocks.*.*.mlp.fc2": Rowwise(),
+        "joint_blocks.*.*.mlp.w1": Colwise(), "joint_blocks.*.*.mlp.w3": Colwise(),
+        "joint_blocks.*.*.mlp.w2": Rowwise(),
+    },
+    heads_attr="num_heads",
     comfy=True,
 )
 

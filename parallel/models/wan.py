@@ -7,6 +7,7 @@ TI2V, 2-D `timestep`) are split at the model input. Cross-attention to the
 text (`attn2`) needs no communication.
 """
 from .adapter import FamilyAdapter
+from ..tp import Colwise, Divide, Rowwise, ShardedNorm
 from ..plan import Attention, FamilyPlan, GatherOutput, SplitInput, SplitOutput
 
 PLAN = FamilyPlan(
@@ -40,8 +41,17 @@ COMFY_PLAN = FamilyPlan(
         "head": [SplitInput("e", dim=1, position=1, only_full=True), GatherOutput(dim=1)],
     },
     attention={"blocks.*.self_attn": Attention(seam="comfy")},
-    tp=None,
-    tp_refusal="tensor parallel runs on the diffusers path only",
+    # Megatron placement: q/k/v (and I2V's k_img/v_img) column sharded per head, o row sharded; Wan's q/k
+    # RMSNorm spans all heads, so it is a ShardedNorm (one small all-reduce); the FFN col/row.
+    tp={
+        **{f"blocks.*.{a}.{n}": Colwise() for a in ("self_attn", "cross_attn") for n in ("q", "k", "v", "k_img", "v_img")},
+        **{f"blocks.*.{a}.o": Rowwise() for a in ("self_attn", "cross_attn")},
+        **{f"blocks.*.{a}.{n}": ShardedNorm() for a in ("self_attn", "cross_attn")
+           for n in ("norm_q", "norm_k", "norm_k_img")},
+        **{f"blocks.*.{a}": Divide(("num_heads",)) for a in ("self_attn", "cross_attn")},
+        "blocks.*.ffn.0": Colwise(), "blocks.*.ffn.2": Rowwise(),
+    },
+    heads_attr="num_heads",
     comfy=True,
 )
 
