@@ -51,15 +51,18 @@ def test_hybrid_sampler_and_patch_decode_equal_ksampler(server, reference, degre
 @pytest.mark.parametrize("weight_dtype", ["fp8_e4m3fn", "fp8_e4m3fn_fast", "fp8_e5m2"])
 def test_fp8_weight_dtype_equals_ksampler(server, weight_dtype):
     """UNETLoader's fp8 weight dtypes (how most people run Flux and Wan 14B) through the workers: ComfyUI's
-    own fp8 ops on the ranks; degree 1 bitwise, ulysses 2 within the exact-method bound."""
-    tags = {d: f"{weight_dtype}_{d}" for d in ("ref", "d1", "u2")}
+    own fp8 ops on the ranks; degree 1 bitwise, ulysses 2 and tensor parallel 2 (fp8 shards) within the
+    exact-method bound."""
+    tags = {d: f"{weight_dtype}_{d}" for d in ("ref", "d1", "u2", "t2")}
     _ok(server, server.run(_graph(None, tags["ref"], weight_dtype=weight_dtype)))
     _ok(server, server.run(_graph({}, tags["d1"], weight_dtype=weight_dtype)))
     _ok(server, server.run(_graph({"ulysses_degree": 2}, tags["u2"], weight_dtype=weight_dtype)))
-    ref, d1, u2 = (_load(server, f"lat_{tags[d]}", "images") for d in ("ref", "d1", "u2"))
-    print(f"{weight_dtype}: ulysses2 latent relative error vs KSampler {_rel(u2, ref):.2e}")
+    _ok(server, server.run(_graph({"tp_degree": 2}, tags["t2"], weight_dtype=weight_dtype)))
+    ref, d1, u2, t2 = (_load(server, f"lat_{tags[d]}", "images") for d in ("ref", "d1", "u2", "t2"))
+    print(f"{weight_dtype}: latent relative error vs KSampler: ulysses2 {_rel(u2, ref):.2e}, tp2 {_rel(t2, ref):.2e}")
     assert torch.equal(d1, ref), _rel(d1, ref)
     assert _rel(u2, ref) <= 1e-5
+    assert _rel(t2, ref) <= 1e-5
 
 
 @pytest.mark.parametrize("warmup", [3, 1])
@@ -261,7 +264,8 @@ def test_example_api_prompts_match_the_server_schema(server):
     ("sd3", {"ulysses_degree": 2, "method": "distrifusion", "warmup_steps": 3}),
     ("sd3", {"cfg_degree": 2}),
     ("wan", {"ulysses_degree": 2}),
-], ids=["sd3-distrifusion-u2", "sd3-cfg2", "wan-u2"])
+    ("wan", {"tp_degree": 2}),
+], ids=["sd3-distrifusion-u2", "sd3-cfg2", "wan-u2", "wan-tp2"])
 def test_loop_mode_without_pipeline_equals_ksampler(server, reference, family, degrees):
     """sampling_mode=loop: the whole loop in the workers, one parallel forward per step, on odd latents."""
     tag = f"loop_{family}_" + "_".join(f"{k}{v}" for k, v in degrees.items())
@@ -311,14 +315,16 @@ def test_noise_mask_is_honoured_in_step_mode(server):
 
 def test_flux_dev_equals_ksampler(server):
     """Flux.1-dev (guidance embedder; ComfyUI forces width 3072: 531M parameters) on an odd 13 x 9 latent,
-    which Flux pads circularly: ulysses2 in step mode and ring2 in loop mode equal KSampler."""
+    which Flux pads circularly: ulysses2 and tensor parallel 2 in step mode and ring2 in loop mode equal
+    KSampler."""
     from comfy_server import write_flux_checkpoint
     write_flux_checkpoint(server.base)
     kw = dict(family="flux", steps=2, cfg=1.0, scheduler="simple")
     _ok(server, server.run(workflow(None, "flux_ref", W, H, **kw)))
     ref = _load(server, "lat_flux_ref", "images")
     for tag, degrees in [("flux_u2", {"ulysses_degree": 2}), ("flux_r2_loop", {"ring_degree": 2,
-                                                                                "sampling_mode": "loop"})]:
+                                                                                "sampling_mode": "loop"}),
+                         ("flux_t2", {"tp_degree": 2})]:
         _ok(server, server.run(workflow(degrees, tag, W, H, **kw)))
         err = _rel(_load(server, f"lat_{tag}", "images"), ref)
         print(f"Flux.1-dev {tag}: latent relative error vs KSampler {err:.2e}")

@@ -118,8 +118,19 @@ def test_model_without_adapter_refused_before_workers(comfy):
 
 
 def test_fp8_on_the_diffusers_path_refused_before_workers(comfy):
-    """Tensor parallel still runs a diffusers conversion, which cannot compute with fp8 weights."""
-    _refused(comfy(dtype=torch.float8_e4m3fn), "tensor parallel.*float8_e4m3fn.*ulysses", tp_degree=2)
+    """PipeFusion still runs a diffusers conversion, which cannot compute with fp8 weights."""
+    _refused(comfy(dtype=torch.float8_e4m3fn), "PipeFusion.*float8_e4m3fn.*ulysses", pp_degree=2)
+
+
+def test_tp_degree_the_model_cannot_split_refused_before_workers(comfy):
+    """Tensor parallel runs on ComfyUI's own model (fp8 included); a degree that does not divide its heads is
+    refused from the driver's copy before any worker starts, naming the degrees that work."""
+    from comfyui_hybrid_parallel.nodes.native import native_supported
+    from comfyui_hybrid_parallel.parallel import ParallelConfig
+    model = comfy(dtype=torch.float8_e4m3fn)
+    assert native_supported(ParallelConfig(tp_degree=2), model.model.diffusion_model)
+    _refused(model, r"tp_degree=4 does not divide the model's 2 attention heads; use a tp_degree in \[1, 2\]",
+             tp_degree=4)
 
 
 def test_patches_from_other_nodes_refused_before_workers(comfy):

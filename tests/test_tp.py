@@ -1,4 +1,4 @@
-"""Tensor parallel (DTensor col/row sharding) alone and with USP/CFG: equal to serial; shards really shrink."""
+"""Tensor parallel (plain-tensor col/row sharding, parallel/tp.py) alone and with USP/CFG: equal to serial; shards really shrink."""
 import pytest
 import torch
 
@@ -21,10 +21,10 @@ def _tp_body(family, degrees, seed, batch, h, w, heads=tm.HEADS):
     return tm.rel_err(par, serial), local_param_bytes(model) / full_bytes
 
 
-SIZES = {"flux": (3, 5), "sd3": (6, 10), "pixart": (6, 10)}
+SIZES = {"flux": (3, 5), "sd3": (6, 10), "pixart": (6, 10), "wan": (6, 10)}
 
 
-@pytest.mark.parametrize("family", ["flux", "sd3", "pixart"])
+@pytest.mark.parametrize("family", ["flux", "sd3", "pixart", "wan"])
 @pytest.mark.parametrize("degrees", [dict(tp_degree=2), dict(tp_degree=4), dict(tp_degree=2, ulysses_degree=2),
                                      dict(tp_degree=2, ring_degree=2), dict(tp_degree=2, cfg_degree=2)],
                          ids=lambda d: ParallelConfig(**d).describe())
@@ -52,8 +52,3 @@ def test_heads_not_divisible_by_tp_is_a_clear_error(dist_pools):
     msg, untouched = res[0]
     assert "tp_degree=4 does not divide the model's 6 attention heads" in msg and "[1, 2, 3, 6]" in msg
     assert untouched, "the model was modified before the error"
-
-
-def test_wan_tp_is_refused_with_the_reason(dist_pools):
-    msg, _ = dist_pools(4).run(_refusal_body, "wan", 4)[0]
-    assert "not supported for WanTransformer3DModel" in msg and "rms_norm_across_heads" in msg

@@ -41,7 +41,9 @@ COMFY_PLAN = FamilyPlan(
     },
     attention={"blocks.*.attn": Attention(seam="sdpa")},
     tp=None,
-    tp_refusal="tensor parallel runs on the diffusers path only",
+    tp_refusal=("ComfyUI's PixArt attention reads the model width from its input (B, N, C = x.shape) to lay out "
+                "the heads, so a shard of its heads cannot run through ComfyUI's code; tensor parallel for PixArt "
+                "runs on the diffusers conversion (not with fp8 weights)"),
     comfy=True,
 )
 

@@ -21,9 +21,14 @@ PLAN = FamilyPlan(
         "proj_out": [GatherOutput(dim=1)],
     },
     attention={"blocks.*.attn1": Attention()},
-    tp=None,
-    tp_refusal=("Wan normalises q and k over all heads together (qk_norm='rms_norm_across_heads'), which "
-                "column-sharded heads cannot compute locally; use ulysses_degree/ring_degree for Wan instead"),
+    # Wan normalises q and k over all heads together (qk_norm='rms_norm_across_heads'): ShardedNorm
+    tp={
+        **{f"blocks.*.{a}.{n}": Colwise() for a in ("attn1", "attn2")
+           for n in ("to_q", "to_k", "to_v", "add_k_proj", "add_v_proj")},
+        **{f"blocks.*.{a}.to_out.0": Rowwise() for a in ("attn1", "attn2")},
+        **{f"blocks.*.{a}.{n}": ShardedNorm() for a in ("attn1", "attn2") for n in ("norm_q", "norm_k", "norm_added_k")},
+        "blocks.*.ffn.net.0.proj": Colwise(), "blocks.*.ffn.net.2": Rowwise(),
+    },
 )
 
 
