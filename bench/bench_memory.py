@@ -2,7 +2,7 @@
 
 Why measured per rank: these methods are chosen to fit a model or an image
 that does not fit one device, so the number that matters is the largest rank's
-share. Parameters: bytes a rank holds (DTensor local shards under TP). Peak
+share. Parameters: bytes a rank holds (their local shards under TP). Peak
 activations: bytes of tensor storages allocated during the forward (TP) or the
 whole sampling loop (PipeFusion: its per-stage K/V buffers included) and alive
 at once, counted by bench_vae.LiveBytes (weights and inputs excluded; on CUDA

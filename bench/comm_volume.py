@@ -26,8 +26,8 @@ stays home). Per rank and per forward (= one step in step mode):
 * DistriFusion, per step that refreshes: all-gather of the padded own K/V:
   2·B·H·max(s)·D·L·(N-1) = xDiT 2·p·hs·L · (N-1)/N; the last step of a run
   gathers nothing (nobody would read it).
-* TP (DTensor row-wise layers; not in ctx.stats, counted here at the c10d
-  functional ops): each row-wise Linear all-reduces its output, 2(N-1)/N of
+* TP (row-wise layers; tp.py's counter, cross-checked here against the calls
+  to torch.distributed.all_reduce on the tp group): each row-wise Linear all-reduces its output, 2(N-1)/N of
   it per rank (ring all-reduce). SD3 block: to_out, ff (p·hs each) + to_add_out,
   ff_context (T·hs) -> image part 4·p·hs·(N-1)/N = xDiT · (N-1)/N;
   Flux single blocks have one packed all-reduce of (p+T)·hs; PixArt three (attn1,
@@ -174,26 +174,28 @@ def image_part(method, measured: dict, f, deg, B) -> int:
 
 
 # ---------------------------------------------------------------- measuring, on every rank
-class CollectiveBytes(torch.utils._python_dispatch.TorchDispatchMode):
-    """Bytes a rank sends in torch's functional collectives: an independent check of tp.py's counter."""
+class CollectiveBytes:
+    """Bytes a rank sends in torch.distributed's all-reduces on the tp group, seen at torch's own API (an
+    independent check of tp.py's counter): a ring all-reduce sends 2(N-1)/N of the tensor."""
 
-    def __init__(self, n):
-        super().__init__()
-        self.n, self.bytes, self.calls = n, 0, 0
+    def __init__(self, ax):
+        self.ax, self.bytes, self.calls = ax, 0, 0
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = str(func)
-        if name.startswith("_c10d_functional.") and "wait" not in name and "wrap" not in name:
-            t = args[0]
-            nb = t.numel() * t.element_size()
-            self.calls += 1
-            if "all_reduce" in name:
-                self.bytes += nb * 2 * (self.n - 1) // self.n
-            elif "all_gather" in name:
-                self.bytes += nb * (self.n - 1)
-            else:  # reduce_scatter, all_to_all: everything but the own share leaves
-                self.bytes += nb * (self.n - 1) // self.n
-        return func(*args, **(kwargs or {}))
+    def __enter__(self):
+        import torch.distributed as dist
+        self._orig = dist.all_reduce
+
+        def counted(t, *args, group=None, **kwargs):
+            if group is self.ax.group and self.ax.size > 1:
+                self.calls += 1
+                self.bytes += t.numel() * t.element_size() * 2 * (self.ax.size - 1) // self.ax.size
+            return self._orig(t, *args, group=group, **kwargs)
+        dist.all_reduce = counted
+        return self
+
+    def __exit__(self, *exc):
+        import torch.distributed as dist
+        dist.all_reduce = self._orig
 
 
 def config_of(method, deg):
@@ -224,10 +226,12 @@ def measure_body(family, method, deg, h, w, text, batch, seed, steps=1, frames=1
             if method == "distrifusion":
                 distrifusion_state(model).set_step(i, total_steps=steps)
             ctx.stats.reset()
-            counter = CollectiveBytes(ctx.tp.size)
+            counter = CollectiveBytes(ctx.tp)
             with torch.no_grad(), counter:
                 model(**kw, return_dict=False)
             snap = {k: v["bytes"] for k, v in ctx.stats.snapshot().items()}
+            if method == "tp" and not counter.calls:
+                raise AssertionError("tensor parallel ran without an all-reduce on the tp group")
             if counter.calls:  # tp.py's own counter, cross-checked against torch's collectives
                 if snap.get("tp_all_reduce") != counter.bytes:
                     raise AssertionError(f"tp.py counted {snap.get('tp_all_reduce')} all-reduce bytes, torch's "
