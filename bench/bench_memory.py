@@ -57,6 +57,7 @@ def body(method, degree, h, w, steps):
     """(serial params, serial peak) on rank 0 and this rank's (params held, params of own blocks, peak)."""
     from comfyui_hybrid_parallel.parallel import ParallelConfig, parallelize
     from comfyui_hybrid_parallel.parallel.pipefusion import flow, run_pipefusion_loop
+    from comfyui_hybrid_parallel.parallel.models import plan_for
     from comfyui_hybrid_parallel.parallel.pipefusion.plans import (flat_blocks, keep_stage_blocks, pipeline_plan_for,
                                                                    stage_ranges)
 
@@ -81,7 +82,7 @@ def body(method, degree, h, w, steps):
         out["peak"] = _peak(lambda: model(**kw, return_dict=False))
     else:
         ctx = context_for(ParallelConfig(pp_degree=degree, num_pipeline_patch=degree, warmup_steps=1))
-        blocks = flat_blocks(model, pipeline_plan_for("sd3"))
+        blocks = flat_blocks(model, pipeline_plan_for(plan_for(model)))
         s0, s1 = stage_ranges(len(blocks), degree)[ctx.pp.rank]
         others = {id(p) for i, (_, b, _) in enumerate(blocks) if not s0 <= i < s1 for p in b.parameters()}
         out["own_params"] = _param_bytes(p for p in model.parameters() if id(p) not in others)

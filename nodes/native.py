@@ -133,11 +133,11 @@ def portable_options(transformer_options: dict | None) -> dict:
 
 
 def native_supported(config, diffusion_model=None) -> bool:
-    """Whether a parallel config runs on ComfyUI's own model: USP (Ulysses/Ring), CFG, DP, DistriFusion and,
-    where the family's ComfyUI plan declares a layout, tensor parallel do; PipeFusion still runs a diffusers
-    conversion of the weights (its stage plans name diffusers modules)."""
+    """Whether a parallel config runs on ComfyUI's own model: USP (Ulysses/Ring), CFG, DP and DistriFusion do;
+    tensor parallel and PipeFusion where the family's ComfyUI plan declares a shard layout / pipeline stages
+    (otherwise they run a diffusers conversion of the weights)."""
     if config.pp_degree > 1:
-        return False
+        return diffusion_model is not None and family_adapter(diffusion_model).pipefusion_nodes
     if config.tp_degree > 1:
         return diffusion_model is not None and family_adapter(diffusion_model).comfy_plan.tp_layout() is not None
     return True

@@ -81,7 +81,7 @@ class Engine:
         parallelized = dit is not None
         if parallelized:
             model = parallelize(model, ctx) or model
-            if ctx.config.pp_degree > 1 and dit.pipefusion and native_call is None:
+            if ctx.config.pp_degree > 1 and (dit.pipefusion_nodes if native_call is not None else dit.pipefusion):
                 from .pipefusion.plans import keep_stage_blocks
                 keep_stage_blocks(model, ctx)  # a stage holds only its own blocks' weights
         if device is not None and torch.device(device).type != "cpu":
@@ -149,10 +149,12 @@ class Engine:
         sigmas = sigmas.float().cpu()
         conv = _convention(convention, sigmas)
         if ctx.config.pp_degree > 1:
+            native = {} if r.native_call is None else dict(native_call=r.native_call, dtype=r.compute_dtype,
+                                                           timestep_dtype=torch.float32)
             with torch.no_grad():
                 return run_pipefusion_loop(r.model, ctx, inputs, sigmas, noise, convention=conv, sampler=sampler,
                                            cfg_scale=cfg_scale, callback=lambda i, n: callback(i, n, None),
-                                           cancel=cancel)
+                                           cancel=cancel, **native)
         from .loop import run_loop
         distri = None
         if ctx.config.method == "distrifusion" and ctx.world_size > 1:

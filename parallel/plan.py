@@ -78,6 +78,25 @@ class Attention:
 
 
 @dataclass(frozen=True)
+class BlockList:
+    """PipeFusion: a ModuleList of transformer blocks that the stages split. `streams`: the forward arguments
+    that flow from block to block, the image stream first - each a name, or (name, position) for a block
+    whose forward takes *args (ComfyUI's JointBlock); `returns`: the names of the returned tensors, in order."""
+    path: str
+    streams: tuple = ("hidden_states",)
+    returns: tuple = ("hidden_states",)
+
+
+@dataclass(frozen=True)
+class PipelinePlan:
+    """PipeFusion: the block lists in execution order, and the latent layout the model takes: "image" =
+    (B, C, H, W) patchified by the model (patch size from its config or `patch_size` attribute), "tokens" =
+    (B, N, C) packed tokens with row-major `img_ids`."""
+    blocks: tuple
+    latent: str
+
+
+@dataclass(frozen=True)
 class FamilyPlan:
     family: str
     model_class: str
@@ -89,6 +108,8 @@ class FamilyPlan:
     tp_refusal: str = ""       # why tensor parallel is refused when `tp` is None
     heads_attr: str = "num_attention_heads"
     comfy: bool = False        # a ComfyUI module: forward(x, timestep, context, ..., transformer_options)
+    pipeline: Optional[PipelinePlan] = None  # PipeFusion's stages (None: refused with pipeline_refusal)
+    pipeline_refusal: str = ""
 
     def tp_layout(self) -> Optional[dict]:
         """The tensor-parallel layout; `tp` may be a function returning it (read lazily: Flux's comes from

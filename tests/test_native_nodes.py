@@ -117,9 +117,14 @@ def test_model_without_adapter_refused_before_workers(comfy):
     _refused(model, "no adapter for UnknownDiT.*Flux", ulysses_degree=2)
 
 
-def test_fp8_on_the_diffusers_path_refused_before_workers(comfy):
-    """PipeFusion still runs a diffusers conversion, which cannot compute with fp8 weights."""
-    _refused(comfy(dtype=torch.float8_e4m3fn), "PipeFusion.*float8_e4m3fn.*ulysses", pp_degree=2)
+def test_fp8_on_the_diffusers_path_refused_before_workers(comfy, tmp_path):
+    """PixArt's tensor parallel still runs a diffusers conversion, which cannot compute with fp8 weights."""
+    import comfy.sd
+    import tiny_checkpoints as tc
+    path = tmp_path / "pixart.safetensors"
+    tc.write_pixart(path, seed=32)
+    model = comfy.sd.load_diffusion_model(str(path), model_options={"dtype": torch.float8_e4m3fn})
+    _refused(model, "tensor parallel.*float8_e4m3fn.*ulysses", tp_degree=2)
 
 
 def test_tp_degree_the_model_cannot_split_refused_before_workers(comfy):

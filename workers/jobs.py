@@ -127,7 +127,8 @@ def job_load_model(state: WorkerState, ctx, payload: dict) -> dict:
     native = payload.get("native")
     if native:  # ComfyUI's own class, ops and weights (workers/comfy_native.py)
         from .comfy_native import build_native, call_native, compute_dtype
-        model = build_native(native, weights, state.device, sequence_parallel=ctx.sp.size > 1)
+        # sequence or pipeline parallel: attention must be interceptable (ComfyUI's pytorch kernel)
+        model = build_native(native, weights, state.device, sequence_parallel=ctx.sp.size > 1 or ctx.pp.size > 1)
         extra = dict(native_call=call_native, compute_dtype=compute_dtype(native))
     else:
         model = _build_model(payload["family"], payload["config"])

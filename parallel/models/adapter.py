@@ -21,8 +21,6 @@ class FamilyAdapter:
     plan: FamilyPlan               # the diffusers class (library API, test reference, TP / PipeFusion today)
     # ComfyUI diffusion-model keyword arguments the diffusers path maps (the native path passes any tensor)
     diffusers_extra: frozenset = field(default_factory=frozenset)
-    pipefusion: bool = False       # a PipeFusion stage plan exists (parallel/pipefusion/plans.py)
-    pipefusion_nodes: bool = False  # ... and the nodes can run it (latent layout is ComfyUI's (B, C, H, W))
 
     @property
     def comfy_class(self) -> str:
@@ -31,3 +29,13 @@ class FamilyAdapter:
     @property
     def diffusers_class(self) -> str:
         return self.plan.model_class
+
+    @property
+    def pipefusion(self) -> bool:
+        """PipeFusion stages are declared for the diffusers class (library API)."""
+        return self.plan.pipeline is not None
+
+    @property
+    def pipefusion_nodes(self) -> bool:
+        """... and for ComfyUI's own class: the nodes can run it."""
+        return self.comfy_plan.pipeline is not None

@@ -6,7 +6,7 @@ embedding of exactly the local tokens. The text stream is replicated on every
 rank (it is short next to the image) and joins attention at the front.
 """
 from .adapter import FamilyAdapter
-from ..plan import Attention, FamilyPlan, GatherOutput, SplitInput
+from ..plan import Attention, BlockList, FamilyPlan, GatherOutput, PipelinePlan, SplitInput
 from ..tp import Colwise, Divide, Rowwise
 
 def _diffusers_tp_plan():
@@ -31,6 +31,9 @@ PLAN = FamilyPlan(
     # diffusers ships Flux's tensor-parallel plan; use it rather than restating it (read when TP is applied)
     tp=_diffusers_tp_plan,
     tp_refusal="this diffusers version has no _tp_plan for Flux",
+    pipeline=PipelinePlan(tuple(BlockList(p, streams=("hidden_states", "encoder_hidden_states"),
+                                          returns=("encoder_hidden_states", "hidden_states"))
+                                for p in ("transformer_blocks", "single_transformer_blocks")), "tokens"),
 )
 
 
@@ -83,11 +86,12 @@ COMFY_PLAN = FamilyPlan(
     },
     tp=_comfy_tp_layout(),
     heads_attr="num_heads",
+    pipeline_refusal=("PipeFusion on ComfyUI's Flux is not implemented (its single blocks carry text and image as "
+                      "one stream); use ulysses/ring/cfg/tp degrees for Flux"),
     comfy=True,
 )
 
 ADAPTER = FamilyAdapter(
     family="flux", title="Flux.1", comfy_plan=COMFY_PLAN, plan=PLAN,
     diffusers_extra=frozenset({"y", "guidance"}),
-    pipefusion=True, pipefusion_nodes=False,
 )

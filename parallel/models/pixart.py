@@ -5,7 +5,7 @@ Only the image self-attention (`attn1`) is distributed; the cross-attention to
 the text (`attn2`) has local image queries and full text K/V already.
 """
 from .adapter import FamilyAdapter
-from ..plan import Attention, FamilyPlan, GatherOutput, SplitInput, SplitOutput
+from ..plan import Attention, BlockList, FamilyPlan, GatherOutput, PipelinePlan, SplitInput, SplitOutput
 
 PLAN = FamilyPlan(
     family="pixart",
@@ -24,6 +24,7 @@ PLAN = FamilyPlan(
         "transformer_blocks.*.ff.net.0.proj": "colwise",
         "transformer_blocks.*.ff.net.2": "rowwise",
     },
+    pipeline=PipelinePlan((BlockList("transformer_blocks"),), "image"),
 )
 
 
@@ -44,11 +45,11 @@ COMFY_PLAN = FamilyPlan(
     tp_refusal=("ComfyUI's PixArt attention reads the model width from its input (B, N, C = x.shape) to lay out "
                 "the heads, so a shard of its heads cannot run through ComfyUI's code; tensor parallel for PixArt "
                 "runs on the diffusers conversion (not with fp8 weights)"),
+    pipeline=PipelinePlan((BlockList("blocks", streams=("x",), returns=("x",)),), "image"),
     comfy=True,
 )
 
 ADAPTER = FamilyAdapter(
     family="pixart", title="PixArt-α/Σ", comfy_plan=COMFY_PLAN, plan=PLAN,
     diffusers_extra=frozenset({"c_size", "c_ar"}),  # micro-conditioning: ComfyUI always passes it; PixArt-Sigma ignores it
-    pipefusion=True, pipefusion_nodes=True,
 )

@@ -7,7 +7,7 @@ image; SD3.5's extra image-only self-attention (`attn2`) has no text.
 """
 from .adapter import FamilyAdapter
 from ..tp import Colwise, Divide, Rowwise
-from ..plan import Attention, FamilyPlan, GatherOutput, SplitInput, SplitOutput
+from ..plan import Attention, BlockList, FamilyPlan, GatherOutput, PipelinePlan, SplitInput, SplitOutput
 
 PLAN = FamilyPlan(
     family="sd3",
@@ -33,6 +33,8 @@ PLAN = FamilyPlan(
         "transformer_blocks.*.ff_context.net.0.proj": "colwise",
         "transformer_blocks.*.ff_context.net.2": "rowwise",
     },
+    pipeline=PipelinePlan((BlockList("transformer_blocks", streams=("hidden_states", "encoder_hidden_states"),
+                                     returns=("encoder_hidden_states", "hidden_states")),), "image"),
 )
 
 
@@ -61,11 +63,13 @@ COMFY_PLAN = FamilyPlan(
         "joint_blocks.*.*.mlp.w2": Rowwise(),
     },
     heads_attr="num_heads",
+    # PipeFusion: JointBlock.forward(*args) takes (context, x) by position and returns (context, x)
+    pipeline=PipelinePlan((BlockList("joint_blocks", streams=(("x", 1), ("context", 0)), returns=("context", "x")),),
+                          "image"),
     comfy=True,
 )
 
 ADAPTER = FamilyAdapter(
     family="sd3", title="SD3/3.5", comfy_plan=COMFY_PLAN, plan=PLAN,
     diffusers_extra=frozenset({"y"}),
-    pipefusion=True, pipefusion_nodes=True,
 )

@@ -10,6 +10,9 @@ from .adapter import FamilyAdapter
 from ..tp import Colwise, Divide, Rowwise, ShardedNorm
 from ..plan import Attention, FamilyPlan, GatherOutput, SplitInput, SplitOutput
 
+PIPELINE_REFUSAL = ("Wan's tokens are (frame, row, col)-flattened video patches, so a band of rows is not a contiguous "
+                      "token range; PipeFusion is not implemented for Wan: use ulysses_degree/ring_degree (USP) instead")
+
 PLAN = FamilyPlan(
     family="wan",
     model_class="WanTransformer3DModel",
@@ -29,6 +32,7 @@ PLAN = FamilyPlan(
         **{f"blocks.*.{a}.{n}": ShardedNorm() for a in ("attn1", "attn2") for n in ("norm_q", "norm_k", "norm_added_k")},
         "blocks.*.ffn.net.0.proj": Colwise(), "blocks.*.ffn.net.2": Rowwise(),
     },
+    pipeline_refusal=PIPELINE_REFUSAL,
 )
 
 
@@ -57,11 +61,11 @@ COMFY_PLAN = FamilyPlan(
         "blocks.*.ffn.0": Colwise(), "blocks.*.ffn.2": Rowwise(),
     },
     heads_attr="num_heads",
+    pipeline_refusal=PIPELINE_REFUSAL,
     comfy=True,
 )
 
 ADAPTER = FamilyAdapter(
     family="wan", title="Wan 2.1/2.2", comfy_plan=COMFY_PLAN, plan=PLAN,
     diffusers_extra=frozenset(set()),
-    pipefusion=False, pipefusion_nodes=False,
 )

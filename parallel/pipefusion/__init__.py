@@ -5,9 +5,9 @@ the workers): `run_pipefusion_loop`. `run_serial_loop` is the one-device loop
 it reproduces when every step is a warmup step.
 """
 from .loop import run_pipefusion_loop, run_serial_loop
-from .plans import PIPELINE_PLANS, BlockList, PipelinePlan, stage_ranges
+from .plans import BlockList, PipelinePlan, stage_ranges
 from .sampling import SAMPLERS, Convention, eps, flow
 from .stage import PipelineCancelled
 
-__all__ = ["BlockList", "Convention", "PIPELINE_PLANS", "PipelineCancelled", "PipelinePlan", "SAMPLERS", "eps",
+__all__ = ["BlockList", "Convention", "PipelineCancelled", "PipelinePlan", "SAMPLERS", "eps",
            "flow", "run_pipefusion_loop", "run_serial_loop", "stage_ranges"]

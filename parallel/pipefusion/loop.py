@@ -56,7 +56,9 @@ def run_pipefusion_loop(transformer, ctx, inputs: dict, sigmas, noise: torch.Ten
                         convention: Convention, sampler: str = "euler", cfg_scale: Optional[float] = None,
                         callback: Optional[Callable] = None,
                         cancel: Optional[Callable] = None, num_patches: Optional[int] = None,
-                        warmup_steps: Optional[int] = None, timeout_s: Optional[float] = None) -> torch.Tensor:
+                        warmup_steps: Optional[int] = None, timeout_s: Optional[float] = None,
+                        native_call: Optional[Callable] = None, dtype: Optional[torch.dtype] = None,
+                        timestep_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
     """Sample with PipeFusion and return the final latent (whole batch) on every rank.
 
     inputs: the transformer's conditioning kwargs (everything except hidden_states and timestep),
@@ -70,6 +72,9 @@ def run_pipefusion_loop(transformer, ctx, inputs: dict, sigmas, noise: torch.Ten
     `ctx=None` runs all stages in this process: with num_patches > 1 that is the exact single-device
     emulation of the stale-KV schedule (a reference for tests); with 1 patch it is the serial loop.
     num_patches / warmup_steps / timeout_s default to ctx.config / ctx.timeout_s.
+    native_call(model, inputs): ComfyUI's own model, called with its signature (x, timestep, context, ...);
+    dtype: the dtype its latent goes in (ComfyUI's compute dtype: fp8 weights compute in another),
+    timestep_dtype: the timestep's (fp32 for ComfyUI's models). Default: a diffusers model, in its weights' dtype.
     """
     # ---- validate everything before any work ----
     S = 1 if ctx is None else ctx.pp.size
@@ -79,7 +84,7 @@ def run_pipefusion_loop(transformer, ctx, inputs: dict, sigmas, noise: torch.Ten
     if P < S:
         raise ConfigError(f"num_pipeline_patch={P} must be >= pp_degree={S}")
     fplan = plan_for(transformer)
-    pplan = pipeline_plan_for(fplan.family)
+    pplan = pipeline_plan_for(fplan)
     sigmas = check_sigmas(sigmas)
     N = len(sigmas) - 1
     if P > 1 and W < 1:
@@ -100,13 +105,15 @@ def run_pipefusion_loop(transformer, ctx, inputs: dict, sigmas, noise: torch.Ten
         raise ConfigError(f"this model keeps only the weights of blocks [{kept[0]}, {kept[1]}) (loaded for another "
                           f"pipeline split) but this stage runs blocks [{start}, {stop}); load it again for this "
                           f"config")
-    bad = {"hidden_states", "timestep", "return_dict"} & set(inputs)
+    latent_key = "x" if native_call is not None else "hidden_states"
+    bad = {latent_key, "timestep", "return_dict"} & set(inputs)
     if bad:
         raise ConfigError(f"inputs must not contain {sorted(bad)}: the loop supplies the latent and timestep")
     channel = None if S == 1 else Channel(ctx.pp, timeout_s or ctx.timeout_s)
     first, last = stage_i == 0, stage_i == S - 1
     channel_dim = 1 if layout.kind == "image" else -1
-    dtype = next(transformer.parameters()).dtype
+    dtype = dtype or next(transformer.parameters()).dtype
+    timestep_dtype = timestep_dtype or dtype
 
     x = noise.detach().clone().float()
     state = {k: torch.zeros_like(x) for k in samp.state_keys}
@@ -114,7 +121,7 @@ def run_pipefusion_loop(transformer, ctx, inputs: dict, sigmas, noise: torch.Ten
     def model_kwargs(i):
         sigma = sigmas[i]
         h = model_latent(convention, x, sigma, dtype, in_pipeline_cfg)
-        return dict(inputs, hidden_states=h, timestep=convention.timestep(sigma, h.shape[0], dtype))
+        return {**inputs, latent_key: h, "timestep": convention.timestep(sigma, h.shape[0], timestep_dtype)}
 
     def finish(i, out, r0, r1):
         """Last stage: sampler step on rows [r0, r1) of x (all rows in full mode)."""
@@ -130,7 +137,8 @@ def run_pipefusion_loop(transformer, ctx, inputs: dict, sigmas, noise: torch.Ten
             raise ConfigError(f"a PipeFusion patch of {small} tokens cannot be split over sp_degree={sp.size} "
                               f"ranks; use fewer patches (num_pipeline_patch), a smaller ulysses/ring degree or "
                               f"a larger image")
-    stage = Stage(transformer, fplan, pplan, stage_i, S, start, stop, channel, sp=sp)
+    stage = Stage(transformer, fplan, pplan, stage_i, S, start, stop, channel, sp=sp,
+                  **({"call": native_call} if native_call is not None else {}))
     pending_rows = {}
     try:
         for i in range(N):

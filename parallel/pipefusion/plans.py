@@ -1,13 +1,11 @@
-"""What PipeFusion splits, per family: the block lists that make up the stages, and the latent layout.
+"""What PipeFusion splits: the stages' blocks and the latent layout, read from the family plan.
 
-Data only, next to (not inside) the sequence-parallel `FamilyPlan` of
-parallel/models: PipeFusion reuses that plan's `sequence` entries (where the
-image token sequence starts and where it is gathered) to cut a patch of token
-rows, and its `attention` entries to find the self-attention layers that need
-a stale-KV buffer. What it adds is which ModuleLists are "the blocks" (the
-stages split them), what a block carries to the next one (`streams`) and in
-which order it returns them (`returns`), so one generic driver can skip, feed
-and stop any family's blocks without copying a forward().
+Each family plan (parallel/models/<family>.py, diffusers' class and ComfyUI's) declares its
+`pipeline`: which ModuleLists are "the blocks" (the stages split them), what a block carries to the
+next one (`streams`) and in which order it returns them (`returns`). PipeFusion reuses the plan's
+`sequence` entries (where the image token sequence starts and where it is gathered) to cut a patch
+of token rows, and its `attention` entries to find the self-attention layers that need a stale-KV
+buffer, so one generic driver can skip, feed and stop any family's blocks without copying a forward().
 """
 from __future__ import annotations
 
@@ -17,45 +15,15 @@ import torch
 
 from ..comm import split_sizes
 from ..config import ConfigError
+from ..plan import BlockList, PipelinePlan  # noqa: F401  (re-exported: the data the family plans declare)
 
 
-@dataclass(frozen=True)
-class BlockList:
-    """A ModuleList of transformer blocks. `streams`: the forward arguments that flow from block to block
-    (the image stream `hidden_states` first); `returns`: the names of the returned tensors, in order."""
-    path: str
-    streams: tuple = ("hidden_states",)
-    returns: tuple = ("hidden_states",)
-
-
-@dataclass(frozen=True)
-class PipelinePlan:
-    family: str
-    blocks: tuple          # BlockList, in execution order
-    latent: str            # "image": (B, C, H, W) patchified by the model; "tokens": (B, N, C) packed tokens
-
-
-_MMDIT = dict(streams=("hidden_states", "encoder_hidden_states"), returns=("encoder_hidden_states", "hidden_states"))
-
-PIPELINE_PLANS = {
-    "pixart": PipelinePlan("pixart", (BlockList("transformer_blocks"),), "image"),
-    "sd3": PipelinePlan("sd3", (BlockList("transformer_blocks", **_MMDIT),), "image"),
-    "flux": PipelinePlan("flux", (BlockList("transformer_blocks", **_MMDIT),
-                                  BlockList("single_transformer_blocks", **_MMDIT)), "tokens"),
-}
-
-REFUSED = {
-    "wan": "Wan's tokens are (frame, row, col)-flattened video patches, so a band of rows is not a contiguous "
-           "token range; PipeFusion is not implemented for Wan: use ulysses_degree/ring_degree (USP) instead",
-}
-
-
-def pipeline_plan_for(family: str) -> PipelinePlan:
-    if family in REFUSED:
-        raise ConfigError(REFUSED[family])
-    if family not in PIPELINE_PLANS:
-        raise ConfigError(f"PipeFusion does not support family {family!r}; supported: {sorted(PIPELINE_PLANS)}")
-    return PIPELINE_PLANS[family]
+def pipeline_plan_for(fplan) -> PipelinePlan:
+    """The PipeFusion stages a family plan declares, or a ConfigError saying why there are none."""
+    if fplan.pipeline is None:
+        raise ConfigError(fplan.pipeline_refusal or f"PipeFusion is not declared for {fplan.model_class}; use "
+                                                    f"ulysses_degree/ring_degree (USP) instead")
+    return fplan.pipeline
 
 
 def flat_blocks(model, plan: PipelinePlan) -> list:
@@ -64,7 +32,7 @@ def flat_blocks(model, plan: PipelinePlan) -> list:
     out = []
     for bl in plan.blocks:
         if bl.path not in mods:
-            raise KeyError(f"{plan.family} pipeline plan names {bl.path!r}, which {type(model).__name__} lacks")
+            raise KeyError(f"the pipeline plan names {bl.path!r}, which {type(model).__name__} lacks")
         out += [(f"{bl.path}.{i}", m, bl) for i, m in enumerate(mods[bl.path])]
     return out
 
@@ -111,9 +79,10 @@ class Layout:
 def latent_layout(model, plan: PipelinePlan, x: torch.Tensor, inputs: dict, num_patches: int) -> Layout:
     """The token grid of `x`, refusing sizes PipeFusion cannot split into `num_patches` bands."""
     if plan.latent == "image":
-        ps = int(model.config.patch_size)
+        config = getattr(model, "config", None)
+        ps = int(getattr(config, "patch_size", None) or getattr(model, "patch_size"))  # diffusers / ComfyUI
         if x.ndim != 4:
-            raise ConfigError(f"{plan.family} expects a (B, C, H, W) latent, got shape {tuple(x.shape)}")
+            raise ConfigError(f"{type(model).__name__} expects a (B, C, H, W) latent, got shape {tuple(x.shape)}")
         H, W = x.shape[-2:]
         if H % ps or W % ps:
             raise ConfigError(f"latent {H}x{W} is not a multiple of the patch size {ps}; pad or crop the latent "
@@ -122,7 +91,7 @@ def latent_layout(model, plan: PipelinePlan, x: torch.Tensor, inputs: dict, num_
     else:
         ids = inputs.get("img_ids")
         if x.ndim != 3 or ids is None:
-            raise ConfigError(f"{plan.family} expects packed tokens (B, N, C) and img_ids; got shape "
+            raise ConfigError(f"{type(model).__name__} expects packed tokens (B, N, C) and img_ids; got shape "
                               f"{tuple(x.shape)}{' without img_ids' if ids is None else ''}")
         ids = ids[0] if ids.ndim == 3 else ids
         row = ids[:, 1]
@@ -150,7 +119,7 @@ def keep_stage_blocks(model, ctx) -> int:
     is refused instead of touching freed weights.
     """
     from ..models import plan_for
-    blocks = flat_blocks(model, pipeline_plan_for(plan_for(model).family))
+    blocks = flat_blocks(model, pipeline_plan_for(plan_for(model)))
     start, stop = stage_ranges(len(blocks), ctx.pp.size, ctx.config.attn_layer_num_for_pp)[ctx.pp.rank]
     freed = 0
     for j, (_, mod, _) in enumerate(blocks):

@@ -119,7 +119,8 @@ def check_cfg_batch(inputs: dict, batch: int, cfg_scale) -> None:
     if cfg_scale is None:
         return
     for k, v in inputs.items():
-        if isinstance(v, torch.Tensor) and k.startswith("encoder_hidden_states") and v.shape[0] != 2 * batch:
+        text = k.startswith("encoder_hidden_states") or k == "context"  # diffusers' / ComfyUI's name
+        if isinstance(v, torch.Tensor) and text and v.shape[0] != 2 * batch:
             raise ConfigError(f"with cfg_scale the conditioning batch must be [cond, uncond] = 2 x the latent "
                               f"batch ({2 * batch}); {k} has batch {v.shape[0]}")
 

@@ -50,8 +50,8 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from ..comm import all_gather_uneven, split_sizes
-from ..plan import (GatherOutput, SplitInput, SplitOutput, path_matches, restore_forwards, sdpa_arguments,
-                    wrap_forward)
+from ..plan import (GatherOutput, SplitInput, SplitOutput, _arg, _set_arg, path_matches, restore_forwards,
+                    sdpa_arguments, wrap_forward)
 from .plans import flat_blocks
 
 TAG_ACT, TAG_LATENT = 11, 12
@@ -121,7 +121,12 @@ class _KVAttention(TorchFunctionMode):
         if func is not F.scaled_dot_product_attention:
             return func(*args, **kwargs)
         q, k, v, a = sdpa_arguments(args, kwargs, "PipeFusion's KV buffer")
-        n, run, bufs = self.text_len, self.stage.run, self.stage.kv
+        run, bufs = self.stage.run, self.stage.kv
+        n = self.text_len
+        if n is None:  # derived: what k holds beyond this call's image tokens is the (fresh) text
+            n = k.shape[2] - (run.s1 - run.s0)
+            if n < 0:
+                raise RuntimeError(f"{self.key}: attention over {k.shape[2]} keys for {run.s1 - run.s0} image tokens")
 
         def split(x):  # -> text, image
             if n == 0:
@@ -159,12 +164,27 @@ def _bind(fn):
     return lambda args, kwargs: sig.bind(*args, **kwargs)
 
 
+def _locators(fn, streams) -> list:
+    """(name, position) of each stream: given, or the name's position in fn's signature."""
+    params = [p.name for p in inspect.signature(fn).parameters.values()
+              if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    out = []
+    for st in streams:
+        name, pos = (st, None) if isinstance(st, str) else st
+        out.append((name, pos if pos is not None else (params.index(name) if name in params else None)))
+    return out
+
+
+def diffusers_call(model, kwargs):
+    return model(**kwargs, return_dict=False)[0]
+
+
 class Stage:
     """Installs the hooks of stage `index` of `count` (blocks [start, stop)) on `model`; `remove()` undoes them."""
 
     def __init__(self, model, family_plan, pipe_plan, index: int, count: int, start: int, stop: int,
-                 channel: Optional[Channel], sp=None):
-        self.model, self.fplan, self.pplan = model, family_plan, pipe_plan
+                 channel: Optional[Channel], sp=None, call=diffusers_call):
+        self.model, self.fplan, self.pplan, self.call = model, family_plan, pipe_plan, call
         self.sp = sp if sp is not None and sp.size > 1 else None
         self.index, self.count, self.start, self.stop = index, count, start, stop
         self.first, self.last = index == 0, index == count - 1
@@ -189,14 +209,15 @@ class Stage:
             if path == "":
                 continue
             if path not in mods:
-                raise KeyError(f"{self.fplan.family} plan names module {path!r}, which the model lacks")
+                raise KeyError(f"{self.fplan.family} plan names module {path!r}, which the model lacks "
+                               f"(PipeFusion takes exact module paths, not patterns or methods)")
             for a in actions:
                 if isinstance(a, SplitOutput):
                     self._handles.append(mods[path].register_forward_hook(self._cut_output(a.dim)))
                 elif isinstance(a, GatherOutput):
                     self._handles.append(mods[path].register_forward_hook(self._scatter_output(a.dim)))
-                elif isinstance(a, SplitInput):
-                    raise NotImplementedError(f"PipeFusion: SplitInput on submodule {path!r} is not supported")
+                elif isinstance(a, SplitInput):  # runs before the block wrapper: every stage cuts its input
+                    self._handles.append(mods[path].register_forward_pre_hook(self._cut_input(a), with_kwargs=True))
         own = set()
         for j, (path, mod, spec) in enumerate(self.blocks):
             self._wrap(mod, self._block(j, spec))
@@ -243,6 +264,18 @@ class Stage:
             return self._cut(out, dim)
         return hook
 
+    def _cut_input(self, spec):
+        def hook(module, args, kwargs):
+            if not self._cutting:
+                return None
+            value, where = _arg(args, kwargs, spec.name, spec.position)
+            if not isinstance(value, torch.Tensor) or (spec.only_ndim is not None and value.ndim != spec.only_ndim):
+                return None
+            if spec.only_full and value.shape[spec.dim % value.ndim] != self.run.n_tokens:
+                return None
+            return _set_arg(args, kwargs, where, self._cut(value, spec.dim))
+        return hook
+
     def _scatter_output(self, dim):
         def hook(module, args, out):
             if self.run.pieces:  # every sp rank gets the whole range [t0, t1)
@@ -281,42 +314,56 @@ class Stage:
         nxt = self.blocks[self.stop][2] if self.stop < len(self.blocks) else None
 
         def make(old):
-            bind = _bind(old)
+            where = _locators(old, spec.streams)
+            names = [n for n, _ in where]
+            nxt_names = [st if isinstance(st, str) else st[0] for st in nxt.streams] if nxt is not None else None
+
+            def streams(args, kwargs) -> dict:
+                got = {}
+                for n, pos in where:
+                    value, _ = _arg(args, kwargs, n, pos)
+                    if value is None:
+                        raise RuntimeError(f"{self.fplan.family} block {j}: stream {n!r} not among its arguments")
+                    got[n] = value
+                return got
 
             @functools.wraps(old)
             def forward(*args, **kwargs):
                 if j < self.start:  # an earlier stage's block: pass the streams through
-                    b = bind(args, kwargs).arguments
-                    outs = tuple(b[n] for n in spec.returns)
+                    got = streams(args, kwargs)
+                    outs = tuple(got[n] for n in spec.returns)
                     return outs if len(outs) > 1 else outs[0]
                 if j == self.start:
-                    b = bind(args, kwargs)
+                    got = streams(args, kwargs)
                     if not self.first:
-                        self._receive(b.arguments, spec.streams)
+                        got = self._receive(got, names)
+                        for n, pos in where:
+                            args, kwargs = _set_arg(args, kwargs, _arg(args, kwargs, n, pos)[1], got[n])
                     if self.run.cancel:
                         if not self.last:
-                            self._send({n: b.arguments[n] for n in spec.streams}, spec.streams, cancel=True)
+                            self._send(got, names, cancel=True)
                         raise PipelineCancelled("cancelled")
-                    args, kwargs = b.args, b.kwargs
                 out = old(*args, **kwargs)
                 if j == self.stop - 1 and not self.last:
                     got = dict(zip(spec.returns, out if isinstance(out, tuple) else (out,)))
-                    self._send(got, nxt.streams, cancel=False)
+                    self._send(got, nxt_names, cancel=False)
                     raise _StageDone
                 return out
             return forward
         return make
 
-    def _receive(self, arguments, streams):
-        like = [arguments[n] for n in streams]
+    def _receive(self, current: dict, names) -> dict:
+        """The streams of the previous stage, in the shapes of `current` (this block's own arguments)."""
+        like = [current[n] for n in names]
         buf = torch.empty(sum(t.numel() for t in like) + 1, dtype=like[0].dtype, device=like[0].device)
         buf = self.channel.wait(self.channel.recv(buf, self.index - 1, TAG_ACT), "activations from the previous stage")
         if bool(buf[-1] != 0):
             self.run.cancel = True
-        off = 0
-        for n, t in zip(streams, like):
-            arguments[n] = buf[off:off + t.numel()].view(t.shape)
+        off, out = 0, {}
+        for n, t in zip(names, like):
+            out[n] = buf[off:off + t.numel()].view(t.shape)
             off += t.numel()
+        return out
 
     def _send(self, tensors: dict, streams, cancel: bool):
         parts = [tensors[n].reshape(-1) for n in streams]
@@ -330,7 +377,7 @@ class Stage:
 
             @functools.wraps(old)
             def forward(*args, **kwargs):
-                text_len = 0
+                text_len = None  # derived from the keys (ComfyUI's joint blocks, image-only attention)
                 if spec.text_arg is not None:
                     t = bind(args, kwargs).arguments.get(spec.text_arg)
                     text_len = 0 if t is None else t.shape[1]
@@ -350,6 +397,6 @@ class Stage:
         self.run = run
         try:
             with torch.no_grad():
-                return self.model(**kwargs, return_dict=False)[0]
+                return self.call(self.model, kwargs)
         except _StageDone:
             return None
