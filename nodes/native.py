@@ -143,6 +143,18 @@ def native_supported(config, diffusion_model=None) -> bool:
     return True
 
 
+def check_native_pipefusion(diffusion_model, config, latent_shape) -> None:
+    """Refuse, before any worker starts, a PipeFusion config ComfyUI's model and this latent cannot run (more
+    stages than blocks, warmup 0, a latent not on the patch grid, more patches than token rows, patches smaller
+    than the sp degree): the checks the workers make at run start, on the driver's copy (reads only)."""
+    if config.pp_degree <= 1:
+        return
+    from ..parallel.pipefusion.plans import pipeline_problems
+    problems = pipeline_problems(diffusion_model, family_adapter(diffusion_model).comfy_plan, config, latent_shape)
+    if problems:
+        raise NotCarried("; ".join(problems[:3]))
+
+
 def check_native_tp(diffusion_model, config) -> None:
     """Refuse, before any worker starts, a tp_degree ComfyUI's model cannot be sharded by (heads, widths):
     the same check the workers run before sharding, on the driver's copy (reads only)."""
@@ -167,5 +179,5 @@ def check_diffusers_path(diffusion_model, config) -> None:
                          f"ComfyUI's own fp8 ops), or load the model with weight_dtype 'default'")
 
 
-__all__ = ["NotCarried", "check_diffusers_path", "check_native_tp", "check_weights", "encode_value", "family_adapter",
+__all__ = ["NotCarried", "check_diffusers_path", "check_native_pipefusion", "check_native_tp", "check_weights", "encode_value", "family_adapter",
            "comfy_runtime", "native_spec", "native_supported", "portable_options"]

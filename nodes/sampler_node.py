@@ -15,8 +15,8 @@ import torch
 from ..parallel.checkpoints import family_module
 from ..parallel.models import adapter
 from .loop_mode import Captured, check_loop_mode, make_loop_sampler, uses_loop_mode
-from .native import (NotCarried, check_diffusers_path, check_native_tp, check_weights, native_spec, native_supported,
-                     portable_options)
+from .native import (NotCarried, check_diffusers_path, check_native_pipefusion, check_native_tp, check_weights,
+                     native_spec, native_supported, portable_options)
 from .runtime import to_diffusers, weights_key
 
 WRAPPER_KEY = "comfyui_hybrid_parallel"
@@ -218,6 +218,7 @@ class HybridSampler:
             state["native"] = native_spec(model.model)
             check_weights(model.model.diffusion_model)
             check_native_tp(model.model.diffusion_model, hp.config)
+            check_native_pipefusion(model.model.diffusion_model, hp.config, tuple(latent_image["samples"].shape))
             portable_options(m.model_options.get("transformer_options"))  # other nodes' patches: refused now
             state["key"] = "native:" + state["key"]
         else:

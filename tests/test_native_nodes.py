@@ -85,7 +85,7 @@ class _Wrapped(torch.Tensor):
     """Stands for a custom loader's tensor type (GGUF and the like)."""
 
 
-def _refused(model, match: str, **degrees) -> None:
+def _refused(model, match: str, latent=(1, 16, 8, 8), **degrees) -> None:
     """Hybrid Sampler refuses `model` with NotCarried matching `match`, and no worker pool is ever created."""
     from comfyui_hybrid_parallel.nodes.native import NotCarried
     from comfyui_hybrid_parallel.nodes.runtime import Runtime
@@ -95,7 +95,7 @@ def _refused(model, match: str, **degrees) -> None:
     try:
         with pytest.raises(NotCarried, match=match):
             HybridSampler().sample(model, 0, 1, 1.0, "euler", "normal", _conds(1), _conds(2),
-                                   {"samples": torch.zeros(1, 16, 8, 8)}, _hp(**degrees))
+                                   {"samples": torch.zeros(latent)}, _hp(**degrees))
     finally:
         HybridSampler.runtime = None
 
@@ -144,3 +144,15 @@ def test_patches_from_other_nodes_refused_before_workers(comfy):
     model = comfy()
     model.set_model_patch_replace(lambda args, extra: extra["original_block"](args), "dit", "double_block", 0)
     _refused(model, "patches_replace.*dit", ulysses_degree=2)
+
+
+@pytest.mark.parametrize("degrees,latent,match", [
+    (dict(pp_degree=3, num_pipeline_patch=3), (1, 16, 8, 8), "pp_degree=3 but the model has only 2 transformer blocks"),
+    (dict(pp_degree=2, num_pipeline_patch=2, warmup_steps=0), (1, 16, 8, 8), "warmup_steps >= 1"),
+    (dict(pp_degree=2, num_pipeline_patch=6), (1, 16, 8, 8), "num_pipeline_patch=6 but the image has only 4 token rows"),
+    (dict(pp_degree=2, num_pipeline_patch=4, ulysses_degree=2), (1, 16, 8, 2), "patch of 1 tokens cannot be split"),
+], ids=["more-stages-than-blocks", "warmup0", "more-patches-than-rows", "patch-smaller-than-sp"])
+def test_pipefusion_config_the_model_cannot_run_refused_before_workers(comfy, degrees, latent, match):
+    """PipeFusion on ComfyUI's own model: what the stages would find at run start is found from the driver's
+    copy and the latent before any worker starts."""
+    _refused(comfy(), match, latent=latent, **degrees)

@@ -128,3 +128,29 @@ def keep_stage_blocks(model, ctx) -> int:
             mod.to_empty(device="meta")
     model._hp_pp_stage_blocks = (start, stop, len(blocks))
     return freed
+
+
+def pipeline_problems(model, fplan, config, latent_shape) -> list:
+    """Why PipeFusion with `config` cannot run `model` on a latent of `latent_shape` (empty if it can).
+
+    Reads only (the latent is a meta tensor): the nodes call it on the driver's copy of the model before any
+    worker starts, with the same checks the loop makes at run start.
+    """
+    try:
+        pplan = pipeline_plan_for(fplan)
+        stage_ranges(len(flat_blocks(model, pplan)), config.pp_degree, config.attn_layer_num_for_pp)
+        P = config.num_pipeline_patch
+        if P > 1 and config.warmup_steps < 1:
+            raise ConfigError("PipeFusion needs warmup_steps >= 1: the first step fills the stale KV buffers with "
+                              "the whole image; set warmup_steps to 1 or more")
+        if pplan.latent != "image":
+            return []  # packed tokens: the layout needs the model's img_ids, checked at run start
+        layout = latent_layout(model, pplan, torch.empty(latent_shape, device="meta"), {}, P)
+        sp = config.ulysses_degree * config.ring_degree
+        small = min(t1 - t0 for t0, t1 in (layout.tokens(r0, r1) for r0, r1 in layout.patch_rows(P)))
+        if sp > 1 and small < sp:
+            raise ConfigError(f"a PipeFusion patch of {small} tokens cannot be split over sp_degree={sp} ranks; use "
+                              f"fewer patches (num_pipeline_patch), a smaller ulysses/ring degree or a larger image")
+    except ConfigError as e:
+        return [str(e)]
+    return []
