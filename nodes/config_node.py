@@ -1,12 +1,14 @@
 """Parallel Config node: degrees and devices -> PARALLEL_CONFIG, validated at once."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from ..parallel.config import ConfigError, ParallelConfig
 from ..parallel.mesh import rank_groups
 
 SAMPLING_MODES = ["auto", "step", "loop"]
+MAX_LISTED_RANKS = 256  # larger worlds are described by their degrees only (listing them costs seconds)
 ATTENTION_CHOICES = ["auto", "cpu_flash", "cuda_flash", "cuda_efficient", "flash_attn", "math"]
 
 
@@ -21,6 +23,48 @@ class HybridParallelConfig:
     def describe(self) -> str:
         mode = "loop" if self.config.pp_degree > 1 or self.mode == "loop" else "step"
         return f"{self.config.describe()} on {self.config.world_size} {self.device} worker(s), {mode} mode"
+
+
+def max_cpu_workers() -> int:
+    """The largest CPU world Parallel Config accepts: HP_MAX_CPU_WORKERS, else twice the cores (more CPU
+    processes than that only oversubscribe the machine; a typo such as 64 x 64 would start thousands)."""
+    value = os.environ.get("HP_MAX_CPU_WORKERS", "").strip()
+    if value:
+        try:
+            return max(1, int(value))
+        except ValueError:
+            raise ValueError(f"HP_MAX_CPU_WORKERS must be an integer, got {value!r}") from None
+    return 2 * (os.cpu_count() or 1)
+
+
+def check_placement(config: ParallelConfig, device: str) -> None:
+    """Refuse a world this machine cannot place - before any worker starts and without touching a running pool:
+    a CUDA device that does not exist, more GPU ranks than GPUs, a CPU world beyond max_cpu_workers()."""
+    import torch
+    n = config.world_size
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if config.devices:
+        for d in config.devices:
+            kind, _, index = d.partition(":")
+            if kind == "cuda" and (gpus == 0 or (index and (not index.isdigit() or int(index) >= gpus))):
+                raise ValueError(f"Parallel Config: device {d!r} does not exist here ({gpus} CUDA device(s) visible "
+                                 f"to torch); use {', '.join(f'cuda:{i}' for i in range(gpus)) or 'cpu'}")
+            if kind not in ("cuda", "cpu"):
+                raise ValueError(f"Parallel Config: device {d!r} is neither cpu nor cuda:<index>")
+        return
+    if device == "cuda" and gpus == 0:
+        raise ValueError("Parallel Config: device is 'cuda' but torch sees no CUDA device on this machine; "
+                         "use device 'cpu' or 'auto'")
+    if device in ("cuda", "auto") and gpus:
+        if n > gpus:
+            raise ValueError(f"Parallel Config: {config.describe()} needs {n} GPUs but {gpus} are visible; "
+                             f"lower the degrees so their product is at most {gpus}")
+        return
+    limit = max_cpu_workers()
+    if n > limit:
+        raise ValueError(f"Parallel Config: {config.describe()} is {n} CPU worker processes, more than this "
+                         f"machine's limit of {limit} ({os.cpu_count()} cores x 2); lower the degrees, or set "
+                         f"HP_MAX_CPU_WORKERS to raise the limit")
 
 
 def _int(default, lo, hi, tip):
@@ -65,8 +109,10 @@ class ParallelConfigNode:
                               "PipeFusion (which needs it), step otherwise."}),
         }}
 
-    def build(self, dp_degree, cfg_degree, ulysses_degree, ring_degree, pp_degree, num_pipeline_patch,
-              warmup_steps, tp_degree, method, device, attention, devices="", sampling_mode="auto"):
+    @staticmethod
+    def configure(dp_degree, cfg_degree, ulysses_degree, ring_degree, pp_degree, num_pipeline_patch, warmup_steps,
+                  tp_degree, method, device, attention, devices="", sampling_mode="auto") -> HybridParallelConfig:
+        """The validated config of these widget values (ValueError naming the fix); places nothing."""
         try:
             config = ParallelConfig(
                 dp_degree=dp_degree, cfg_degree=cfg_degree, ulysses_degree=ulysses_degree, ring_degree=ring_degree,
@@ -80,9 +126,22 @@ class ParallelConfigNode:
                              "workers; set sampling_mode to auto or loop, or pp_degree to 1")
         if sampling_mode not in SAMPLING_MODES:
             raise ValueError(f"Parallel Config: sampling_mode must be one of {SAMPLING_MODES}, got {sampling_mode!r}")
-        hp = HybridParallelConfig(config, device=device, attention=attention, mode=sampling_mode)
+        return HybridParallelConfig(config, device=device, attention=attention, mode=sampling_mode)
+
+    def build(self, dp_degree, cfg_degree, ulysses_degree, ring_degree, pp_degree, num_pipeline_patch,
+              warmup_steps, tp_degree, method, device, attention, devices="", sampling_mode="auto"):
+        hp = self.configure(dp_degree, cfg_degree, ulysses_degree, ring_degree, pp_degree, num_pipeline_patch,
+                            warmup_steps, tp_degree, method, device, attention, devices, sampling_mode)
+        check_placement(hp.config, device)  # this machine must be able to run it: before any worker starts
         if self.runtime is not None:  # in a ComfyUI server: start the workers while the model loads
             self.runtime.prestart(hp)
-        groups = {k: v for k, v in rank_groups(config).items() if len(v[0]) > 1}
-        text = [hp.describe()] + [f"{k}: {v}" for k, v in groups.items()]
-        return {"ui": {"text": text}, "result": (hp,)}
+        return {"ui": {"text": summary(hp)}, "result": (hp,)}
+
+
+def summary(hp: HybridParallelConfig) -> list:
+    """The node's text: the config and its communication groups (for worlds small enough to list)."""
+    text = [hp.describe()]
+    if hp.config.world_size <= MAX_LISTED_RANKS:
+        groups = {k: v for k, v in rank_groups(hp.config).items() if len(v[0]) > 1}
+        text += [f"{k}: {v}" for k, v in groups.items()]
+    return text

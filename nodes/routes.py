@@ -10,9 +10,9 @@ stopping workers) runs off the server's event loop.
 from __future__ import annotations
 
 from ..parallel.mesh import AXES, rank_coords, rank_groups
-from .config_node import ParallelConfigNode
+from .config_node import MAX_LISTED_RANKS, ParallelConfigNode, check_placement, summary
 
-MAX_PICTURE_RANKS = 256  # larger worlds get totals only: a picture of them would not be read anyway
+MAX_PICTURE_RANKS = MAX_LISTED_RANKS  # larger worlds get totals only: a picture of them would not be read anyway
 PICTURE_AXES = ("dp", "cfg", "pp", "ring", "ulysses", "tp", "sp")
 
 
@@ -40,7 +40,10 @@ def _coerce(name: str, value: str, default):
 def mesh_payload(query: dict) -> dict:
     """What the mesh picture draws for these widget values: {ok, world_size, groups, ranks} or {ok: False, error}.
 
-    Unknown widget names are ignored (a newer frontend workflow), missing ones take the node's defaults.
+    Unknown widget names are ignored (a newer frontend workflow), missing ones take the node's defaults. A
+    valid config this machine cannot place (more GPUs than it has, a CPU world over the limit) is still drawn -
+    the picture plans a bigger machine too - with `placement` saying what running it here would refuse.
+    Nothing here grows with the world beyond MAX_PICTURE_RANKS, so the route answers in milliseconds.
     """
     defaults = _defaults()
     kwargs = dict(defaults)
@@ -48,12 +51,17 @@ def mesh_payload(query: dict) -> dict:
         for name, value in query.items():
             if name in defaults:
                 kwargs[name] = _coerce(name, str(value), defaults[name])
-        out = ParallelConfigNode().build(**kwargs)
+        hp = ParallelConfigNode.configure(**kwargs)
     except ValueError as e:
         return {"ok": False, "error": str(e)}
-    hp = out["result"][0]
     config = hp.config
-    payload = {"ok": True, "world_size": config.world_size, "describe": hp.describe(), "text": out["ui"]["text"],
+    try:
+        check_placement(config, hp.device)
+        placement = None
+    except ValueError as e:
+        placement = str(e)
+    payload = {"ok": True, "world_size": config.world_size, "describe": hp.describe(), "text": summary(hp),
+               "placement": placement,
                "degrees": {ax: getattr(config, f"{ax}_degree") for ax in AXES + ("sp",)},
                "device": hp.device, "picture": config.world_size <= MAX_PICTURE_RANKS}
     if not payload["picture"]:

@@ -152,6 +152,18 @@ def test_bad_config_is_a_clear_error_and_the_next_prompt_works(server, reference
     _ok(server, server.run(_graph({"cfg_degree": 2}, "after_bad", steps=2)))
 
 
+def test_a_device_this_machine_lacks_leaves_the_working_pool_alone(server, reference):
+    """device 'cuda' on this CPU machine is refused by Parallel Config before anything touches the running pool:
+    the same workers serve the next prompt (the probe saw the working pool shut down first)."""
+    _ok(server, server.run(_graph({"ulysses_degree": 2}, "pool_before_bad_device", steps=1)))
+    before = sorted(_wait_for_workers(server, 2))
+    entry = server.run(_graph({"ulysses_degree": 2, "device": "cuda"}, "bad_device", steps=1))
+    assert "no CUDA device" in str(entry) and "'cpu'" in str(entry), str(entry)[:2000]
+    assert sorted(_worker_pids(server)) == before
+    _ok(server, server.run(_graph({"ulysses_degree": 2}, "pool_after_bad_device", steps=1)))
+    assert sorted(_worker_pids(server)) == before
+
+
 def _queue(server, graph):
     import uuid
     resp = server.post("/prompt", {"prompt": graph, "client_id": str(uuid.uuid4())})

@@ -69,3 +69,29 @@ def test_runtime_converts_once_and_reloads_after_a_restart():
         assert sorted(rt.pool(hp).health()[0]["resident"]) == ["model-a+lora0.5|usp", "model-a|usp"]
     finally:
         rt.stop()
+
+
+def test_parallel_config_refuses_what_this_machine_cannot_place(monkeypatch):
+    """Checked in the node, before any worker starts: a CUDA device that is not there, a CPU world beyond
+    twice the cores (HP_MAX_CPU_WORKERS raises it)."""
+    import os
+
+    import torch
+
+    from comfyui_hybrid_parallel.nodes.config_node import ParallelConfigNode
+    kw = dict(dp_degree=1, cfg_degree=1, ulysses_degree=1, ring_degree=1, pp_degree=1, num_pipeline_patch=0,
+              warmup_steps=1, tp_degree=1, method="usp", device="cpu", attention="auto")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match="device is 'cuda' but torch sees no CUDA device.*'cpu'"):
+        ParallelConfigNode().build(**{**kw, "device": "cuda"})
+    with pytest.raises(ValueError, match="device 'cuda:1' does not exist here"):
+        ParallelConfigNode().build(**{**kw, "ulysses_degree": 2, "devices": "cpu,cuda:1"})
+    with pytest.raises(ValueError, match="neither cpu nor cuda"):
+        ParallelConfigNode().build(**{**kw, "devices": "tpu:0"})
+    monkeypatch.delenv("HP_MAX_CPU_WORKERS", raising=False)
+    limit = 2 * (os.cpu_count() or 1)
+    ParallelConfigNode().build(**{**kw, "dp_degree": limit})
+    with pytest.raises(ValueError, match=f"{limit + 1} CPU worker processes.*limit of {limit}.*HP_MAX_CPU_WORKERS"):
+        ParallelConfigNode().build(**{**kw, "dp_degree": limit + 1})
+    monkeypatch.setenv("HP_MAX_CPU_WORKERS", str(limit + 1))
+    ParallelConfigNode().build(**{**kw, "dp_degree": limit + 1})

@@ -72,6 +72,28 @@ def test_mesh_route_does_not_draw_huge_worlds(server):
     assert p["ok"] and p["world_size"] == 4096 and not p["picture"] and "ranks" not in p
 
 
+def test_mesh_route_answers_a_million_rank_world_at_once(server):
+    """The outside probe: this query used to list a million ranks on ComfyUI's event loop (20 s, every other
+    request waiting). The answer now costs the same as any other (a regression guard, not a speed target:
+    the bound is 100x what it takes)."""
+    t = time.monotonic()
+    p = _mesh(server, dp_degree=64, ulysses_degree=64, ring_degree=64, tp_degree=4)
+    took = time.monotonic() - t
+    assert p["ok"] and p["world_size"] == 64 ** 3 * 4 and not p["picture"], p
+    assert p["text"] == [p["describe"]]  # described by its degrees, no group listing
+    assert "CPU worker processes" in p["placement"] and "HP_MAX_CPU_WORKERS" in p["placement"]
+    assert took < 2.0, took
+
+
+def test_mesh_route_draws_a_plan_this_machine_cannot_place(server):
+    """xDiT's 16-device example is drawn on a 2-core CPU machine too (the picture plans a GPU box), with what a
+    prompt here would refuse; a world this machine can run has no such note."""
+    p = _mesh(server, dp_degree=2, cfg_degree=2, pp_degree=2, ulysses_degree=2, device="cpu")
+    if (os.cpu_count() or 1) * 2 < 16:
+        assert p["ok"] and p["picture"] and "16 CPU worker processes" in p["placement"], p.get("placement")
+    assert _mesh(server, ulysses_degree=2, device="cpu")["placement"] is None
+
+
 def _post(server, path):
     req = urllib.request.Request(server.url + path, data=b"{}", method="POST",
                                  headers={"Content-Type": "application/json"})

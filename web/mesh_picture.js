@@ -142,6 +142,9 @@ export function renderMesh(root, payload, colorBy, onColorBy) {
   root.dataset.worldSize = String(payload.world_size);
   inner.append(el("div", { class: "hp-mesh-summary",
     text: `${payload.world_size} rank${payload.world_size === 1 ? "" : "s"} · ${payload.describe}` }));
+  if (payload.placement) {  // a valid plan this machine cannot run: drawn, with what a prompt would refuse
+    inner.append(el("div", { class: "hp-mesh-error hp-mesh-placement", role: "status", text: payload.placement }));
+  }
   if (!payload.picture) {
     delete root.dataset.colorBy;
     inner.append(el("div", { class: "hp-mesh-hint", text: payload.error_hint }));
