@@ -80,7 +80,7 @@ def child(args) -> dict:
         from comfyui_hybrid_parallel.nodes.sampler_node import HybridSampler
         runtime = Runtime()
         HybridSampler.runtime = runtime
-        # ComfyUI runs an available output node first (comfy_execution/graph.py: ux_friendly_pick_node), and
+        # ComfyUI runs an available coroutine node first (comfy_execution/graph.py: ux_friendly_pick_node), and
         # Parallel Config is one with no inputs: it executes before the loader. In a server it prestarts the
         # workers; --sequential measures without that overlap.
         ParallelConfigNode.runtime = None if args.sequential else runtime

@@ -81,8 +81,12 @@ class ParallelConfigNode:
     RETURN_NAMES = ("parallel_config",)
     OUTPUT_TOOLTIPS = ("Connect to Hybrid Sampler and Patch VAE Decode.",)
     runtime = None  # set by the pack's entry point inside a ComfyUI server (then the workers start early)
-    FUNCTION = "build"
-    OUTPUT_NODE = True
+    # Not an output node: a workflow whose sampler or decoder fails ComfyUI's validation must be rejected like
+    # KSampler's (an output node without inputs would let the prompt run and report success with no image).
+    # `build_async` is a coroutine, which ComfyUI executes first among the nodes that are ready
+    # (comfy_execution/graph.py: ux_friendly_pick_node), so the workers still start while the model loads.
+    FUNCTION = "build_async"
+    OUTPUT_NODE = False
 
     @classmethod
     def INPUT_TYPES(cls):
@@ -127,6 +131,9 @@ class ParallelConfigNode:
         if sampling_mode not in SAMPLING_MODES:
             raise ValueError(f"Parallel Config: sampling_mode must be one of {SAMPLING_MODES}, got {sampling_mode!r}")
         return HybridParallelConfig(config, device=device, attention=attention, mode=sampling_mode)
+
+    async def build_async(self, **widgets):
+        return self.build(**widgets)
 
     def build(self, dp_degree, cfg_degree, ulysses_degree, ring_degree, pp_degree, num_pipeline_patch,
               warmup_steps, tp_degree, method, device, attention, devices="", sampling_mode="auto"):

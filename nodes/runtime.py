@@ -31,6 +31,8 @@ class Runtime:
         self._prestart = None  # the background thread of prestart(), if one runs
         self.job = None        # the node run in progress: {kind, step, total, started} (the worker panel)
         self.last_job = None   # the previous one, with ok / error / elapsed_s
+        self.prestarted = None  # the last prestart: {mesh, started}
+        self.last_started = {}  # node kind -> when its latest run started (the panel's timeline)
 
     def remember(self, key: str, info) -> None:
         self.model_info[key] = info
@@ -87,6 +89,7 @@ class Runtime:
                 logging.getLogger(__name__).info("hybrid parallel: prestart of %s failed: %s",
                                                  hp.config.describe(), e)
 
+        self.prestarted = {"mesh": hp.config.describe(), "started": time.time()}
         self._prestart = threading.Thread(target=run, name="hybrid-parallel-prestart", daemon=True)
         self._prestart.start()
 
@@ -140,6 +143,7 @@ class Runtime:
         its outcome: a prompt that failed on the workers shows as `failed` with the rank's message."""
         job = {"kind": kind, "step": 0, "total": total, "started": time.time()}
         self.job = job
+        self.last_started[kind] = job["started"]
         try:
             yield job
         except BaseException as e:
@@ -182,7 +186,8 @@ class Runtime:
         return {"state": state, "device": None if pool is None else pool.device,
                 "mesh": None if world is None else world.config.describe(),
                 "world_size": 0 if world is None else world.world_size,
-                "workers": workers, "job": dict(job) if job else None, "last_job": last}
+                "workers": workers, "job": dict(job) if job else None, "last_job": last,
+                "prestart": self.prestarted, "last_started": dict(self.last_started)}
 
     def _model_label(self, key: str) -> str:
         info = self.model_info.get(key)

@@ -152,6 +152,15 @@ def test_bad_config_is_a_clear_error_and_the_next_prompt_works(server, reference
     _ok(server, server.run(_graph({"cfg_degree": 2}, "after_bad", steps=2)))
 
 
+def test_an_invalid_workflow_is_rejected_like_ksamplers(server):
+    """An 8-pixel image fails ComfyUI's input validation: KSampler's graph is rejected (HTTP 400), and so is the
+    Hybrid graph - Parallel Config is not an output node, so nothing runs and nothing reports success."""
+    for degrees, tag in ((None, "invalid_ref"), ({"ulysses_degree": 2}, "invalid_u2")):
+        entry = server.run(workflow(degrees, tag, 8, 8, steps=1))
+        assert "rejected" in entry, (tag, str(entry)[:2000])
+        assert not server.output(f"lat_{tag}.safetensors").exists()
+
+
 def test_a_device_this_machine_lacks_leaves_the_working_pool_alone(server, reference):
     """device 'cuda' on this CPU machine is refused by Parallel Config before anything touches the running pool:
     the same workers serve the next prompt (the probe saw the working pool shut down first)."""

@@ -166,13 +166,14 @@ def test_pool_route_follows_a_run_a_stop_and_a_dead_worker(server):
 
 def test_parallel_config_starts_the_workers_before_the_sampler(server):
     """A cold first prompt overlaps the world start and ComfyUI's import on the ranks with model loading:
-    Parallel Config alone (an output node) already brings the workers up, with ComfyUI imported."""
-    pc = {"dp_degree": 1, "cfg_degree": 2, "ulysses_degree": 1, "ring_degree": 2, "pp_degree": 1,
-          "num_pipeline_patch": 0, "warmup_steps": 7, "tp_degree": 1, "method": "usp", "device": "cpu",
-          "attention": "auto", "devices": ""}
-    entry = server.run({"1": {"class_type": "HybridParallelConfig", "inputs": pc}})
+    ComfyUI runs Parallel Config (a coroutine) before the loaders, and it brings the workers up in the
+    background - the prestart of this mesh begins before the sampler starts, with ComfyUI imported."""
+    degrees = {"cfg_degree": 2, "ring_degree": 2}
+    entry = server.run(workflow(degrees, "prestart_order", W, H, steps=1))
     assert entry["status"]["status_str"] == "success", entry["status"]
     ready = _until(lambda: (lambda s: s if s["state"] == "ready" and s["mesh"] == "cfg2·ring2" else None)(
-        _pool(server)), 120, "the prestarted cfg2·ring2 workers")
+        _pool(server)), 120, "the cfg2·ring2 workers")
+    assert ready["prestart"]["mesh"] == "cfg2·ring2"
+    assert ready["prestart"]["started"] < ready["last_started"]["sample"], ready
     assert ready["world_size"] == 4 and len(ready["workers"]) == 4
     assert all(w.get("comfy_imported") for w in ready["workers"]), ready["workers"]
