@@ -246,3 +246,48 @@ def test_worker_killed_while_idle_restarts_transparently(pool):
         time.sleep(0.05)
     assert pool.submit(SP2, "steps", {"n": 2}).values["steps"] == 2
     assert pool.generation == gen + 1 and not set(_pids(pool)) & set(pids)
+
+
+def test_a_worker_that_dies_while_idle_is_reaped_at_once():
+    """No zombie until the next job: the world collects an exited worker within a second or so."""
+    import signal
+    p = WorkerPool(fake="serve", job_timeout_s=30)
+    try:
+        p.submit(SP2, "steps", {"n": 1})
+        pid = _pids(p)[1]
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 5
+        while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not os.path.exists(f"/proc/{pid}"), "the killed worker is still a zombie"
+        p.submit(SP2, "steps", {"n": 1})  # and the next job restarts the world
+    finally:
+        p.close()
+
+
+def test_leftovers_of_dead_pools_are_swept_when_a_pool_starts(tmp_path):
+    """A ComfyUI killed together with its workers leaves its pool folder and shared-memory files; the next pool
+    removes those of dead processes, and never a live pool's."""
+    import subprocess
+    import tempfile
+
+    from comfyui_hybrid_parallel.workers.transport import shm_dir
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    dead_shm = os.path.join(shm_dir(), f"chp-{gone.pid}-deadbeef-0123")
+    live_shm = os.path.join(shm_dir(), f"chp-{os.getpid()}-cafebabe-0123")
+    dead_dir = os.path.join(tempfile.gettempdir(), f"chp-pool-{gone.pid}-x1")
+    for path in (dead_shm, live_shm):
+        with open(path, "wb") as f:
+            f.write(b"\0" * 4096)
+    os.makedirs(dead_dir)
+    open(os.path.join(dead_dir, "ctl-1.sock"), "w").close()
+    try:
+        p = WorkerPool(fake="serve")
+        p.close()
+        assert not os.path.exists(dead_shm) and not os.path.exists(dead_dir)
+        assert os.path.exists(live_shm)
+    finally:
+        for path in (dead_shm, live_shm):
+            if os.path.exists(path):
+                os.unlink(path)

@@ -54,6 +54,9 @@ BOOTSTRAP = ("import runpy, sys, types; root = sys.argv.pop(1); module = sys.arg
              "runpy.run_module(module, run_name='__main__', alter_sys=True)")
 
 
+REAP_INTERVAL_S = 0.5
+
+
 class World:
     """N worker processes, their authenticated channels, and how to stop them."""
 
@@ -127,6 +130,17 @@ class World:
             self.teardown(graceful=False)
             raise
         self.state = "idle"
+        if self.cluster is None:
+            threading.Thread(target=self._reap, name="hybrid-parallel-reaper", daemon=True).start()
+
+    def _reap(self) -> None:
+        """Collect a worker that exits while the world is idle at once, so it never lingers as a zombie
+        until the next job looks (Popen.poll waits for it); ends with the world."""
+        while self.state != "dead":
+            for p in list(self.procs):
+                if p is not None and hasattr(p, "poll"):
+                    p.poll()
+            time.sleep(REAP_INTERVAL_S)
 
     def _listen(self) -> socket.socket:
         """The control listener: a 0600 unix socket; loopback TCP without unix sockets (Windows); the

@@ -26,7 +26,8 @@ from multiprocessing.connection import wait as wait_conns
 
 from .launch import PoolError, StartupError, World
 from .protocol import MODEL_FAMILIES, ProtocolError
-from .transport import WEIGHT_PREFIX, Arena, cleanup_prefix, new_prefix, shm_dir, read_tensor, unlink, write_tensor
+from .transport import (WEIGHT_PREFIX, Arena, cleanup_prefix, new_prefix, read_tensor, shm_dir, sweep_stale, unlink,
+                        write_tensor)
 
 JOB_KINDS = ("health", "echo", "model_bytes", "prepare", "steps", "load_model", "forward", "vae_decode", "loop", "pipefusion_loop")
 FAULT_GRACE_S = 2.0
@@ -108,7 +109,12 @@ class WorkerPool:
         if cluster is not None and fake is not None:
             raise ValueError("a cluster (workers started by torchrun) runs real workers; drop fake=")
         self.cluster = cluster  # workers/cluster.py: a world spanning launch groups on several machines
-        self._holder = _Holder(tempfile.mkdtemp(prefix="chp-pool-"), new_prefix())
+        swept = sweep_stale()  # what pools of dead processes left (ComfyUI killed with its workers)
+        if swept:
+            import logging
+            logging.getLogger(__name__).info("hybrid parallel: removed %d leftovers of dead pools", swept)
+        # the pid in the folder name lets a later pool tell a dead pool's folder from a live one
+        self._holder = _Holder(tempfile.mkdtemp(prefix=f"chp-pool-{os.getpid()}-"), new_prefix())
         self._arena = Arena(self._holder.prefix)  # job inputs, reused while the world lives
         self._arena_maps: dict = {}               # rank 0's result arena, mapped once
         self._finalizer = weakref.finalize(self, _shutdown, self._holder)

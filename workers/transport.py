@@ -279,3 +279,45 @@ def cleanup_prefix(prefix: str) -> int:
         except FileNotFoundError:
             pass
     return n
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's live process
+    return True
+
+
+def sweep_stale(tmp_root: str | None = None) -> int:
+    """Remove what dead pools left behind: shared-memory files `chp-<pid>-...` and pool folders
+    `chp-pool-<pid>-...` whose creating process is gone, owned by this user (a ComfyUI killed together with
+    its rank 0 cannot clean up after itself). Live pools and other users' files are never touched; returns
+    how many entries were removed."""
+    import re
+    import shutil
+    uid, n = os.getuid() if hasattr(os, "getuid") else None, 0
+    for root, pattern in ((shm_dir(), r"chp-(\d+)-[0-9a-f]{8}-"), (tmp_root or tempfile.gettempdir(), r"chp-pool-(\d+)-")):
+        try:
+            names = os.listdir(root)
+        except OSError:
+            continue
+        for name in names:
+            m = re.match(pattern, name)
+            if not m or _pid_alive(int(m.group(1))):
+                continue
+            path = os.path.join(root, name)
+            try:
+                st = os.lstat(path)
+                if uid is not None and st.st_uid != uid:
+                    continue
+                if os.path.isdir(path) and not os.path.islink(path):
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    os.unlink(path)
+                n += 1
+            except OSError:
+                pass
+    return n
