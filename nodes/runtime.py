@@ -164,7 +164,7 @@ class Runtime:
                 job["total"] = int(total)
 
     def status(self) -> dict:
-        """Pool state (none / starting / ready / busy / failed), per-rank workers, current and last job.
+        """Pool state (none / starting / ready / busy / stopping / failed), per-rank workers, current and last job.
 
         Idle workers are asked themselves (the pool's tiny health job), busy ones are seen from here.
         Blocking: call it off the server's event loop.
@@ -175,7 +175,9 @@ class Runtime:
         for w in workers:
             w["models"] = [self._model_label(k) for k in w.get("resident") or []]
         failed = last is not None and not last["ok"] and last["pool_error"]
-        if world is not None and not world.alive() and world.state != "starting":
+        if world is not None and world.state == "stopping":
+            state = "stopping"
+        elif world is not None and not world.alive() and world.state != "starting":
             state = "failed"
         elif job is not None:
             state = "starting" if world is None or world.state == "starting" else "busy"

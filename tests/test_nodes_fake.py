@@ -95,3 +95,21 @@ def test_parallel_config_refuses_what_this_machine_cannot_place(monkeypatch):
         ParallelConfigNode().build(**{**kw, "dp_degree": limit + 1})
     monkeypatch.setenv("HP_MAX_CPU_WORKERS", str(limit + 1))
     ParallelConfigNode().build(**{**kw, "dp_degree": limit + 1})
+
+
+def test_a_stopping_pool_shows_as_stopping_not_failed():
+    """While its world tears down the panel says "stopping" (the probe saw "failed" in 94 of 771 polls)."""
+    rt = Runtime(make_pool=lambda device: WorkerPool(fake="serve", device=device))
+    hp = ParallelConfigNode().build(dp_degree=1, cfg_degree=1, ulysses_degree=2, ring_degree=1, pp_degree=1,
+                                    num_pipeline_patch=0, warmup_steps=1, tp_degree=1, method="usp", device="cpu",
+                                    attention="auto")["result"][0]
+    try:
+        pool = rt.pool(hp)
+        pool.submit(hp.config, "steps", {"n": 1})
+        world = pool.world
+        assert rt.status()["state"] == "ready"
+        world.state = "stopping"  # what teardown() sets until the last worker is collected
+        assert rt.status()["state"] == "stopping"
+        world.state = "idle"
+    finally:
+        rt.stop()

@@ -18,7 +18,7 @@ from comfyui_hybrid_parallel.parallel.mesh import rank_coords, rank_groups
 pytestmark = pytest.mark.comfy
 
 W, H = 104, 72
-STATES = {"none", "starting", "ready", "busy", "failed"}
+STATES = {"none", "starting", "ready", "busy", "stopping", "failed"}
 
 
 def _mesh(server, **degrees):

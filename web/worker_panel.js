@@ -4,7 +4,7 @@
 // route may ask idle workers for their health, which should not happen when nobody looks).
 
 const POLL_MS = 2000;
-const STATE_COLOR = { none: "#888", starting: "#d9a400", ready: "#2e9d4f", busy: "#3b6fb6", failed: "#d04040" };
+const STATE_COLOR = { none: "#888", starting: "#d9a400", ready: "#2e9d4f", busy: "#3b6fb6", stopping: "#888", failed: "#d04040" };
 
 export const PANEL_STYLE = `
 .hp-panel { padding: 10px; font: 12px/1.4 system-ui, sans-serif; display: flex; flex-direction: column; gap: 8px; }

@@ -277,7 +277,8 @@ class World:
     def alive(self) -> bool:
         if self.agent is not None and self.agent.poll() is not None:
             return False
-        return bool(self.procs) and all(p is not None and p.poll() is None for p in self.procs) and self.state != "dead"
+        return (bool(self.procs) and all(p is not None and p.poll() is None for p in self.procs)
+                and self.state not in ("stopping", "dead"))
 
     def broadcast(self, t: str, **fields) -> None:
         for ch in self.channels:
@@ -285,8 +286,9 @@ class World:
 
     # ---- stop ----
     def teardown(self, graceful: bool = True) -> None:
-        """Stop every worker (politely first if `graceful`), then kill what is left; never raises."""
-        self.state = "dead"
+        """Stop every worker (politely first if `graceful`), then kill what is left; never raises. While it
+        runs the world is "stopping" (the panel says so instead of "failed"), then "dead"."""
+        self.state = "stopping"
         if graceful:
             for ch in self.channels:
                 try:
@@ -320,6 +322,7 @@ class World:
             if ch is not None:
                 ch.close()
         self.channels = []
+        self.state = "dead"
         cleanup_prefix(self.shm_prefix)
         try:
             os.unlink(os.path.join(self.tmpdir, f"store-{self.generation}"))

@@ -97,13 +97,25 @@ def main(argv=None) -> int:
     state = WorkerState(args.rank, device, init["shm_prefix"], init.get("max_models", 2),
                         broadcast_tensors=bool(init.get("broadcast_tensors")))
     serve(channel, args.rank, make_executor(state, ctx), watch)
+    release(state, ctx, channel)
+    return 0
+
+
+def release(state, ctx, channel) -> None:
+    """What a clean stop releases before the process ends: the resident models (their shared-memory
+    mappings), the process group, the control channel."""
+    state.engine.models.clear()
     ctx.destroy()
     import torch.distributed as dist
     if dist.is_initialized():
         dist.destroy_process_group()
     channel.close()
-    return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # Everything this worker owns is released; skip the interpreter's finalisation (torch and ComfyUI
+    # modules tearing down, OpenMP pools joining), which took seconds and ended in the pool's SIGKILL.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
