@@ -120,7 +120,14 @@ def make_loop_sampler(runtime, hp, state: dict, sampler_name: str, cfg: float, m
                 pbar.update_absolute(step, total)
             runtime.progress(step, total)
 
-        res = runtime.pool(hp).submit(hp.config, "loop", values, tensors, progress=progress, preview=preview)
+        from ..workers.pool import JobCancelled
+        from .sampler_node import ComfyInterrupt
+        try:  # the interrupt is polled too, so it wins even when no progress arrives (a rank hangs)
+            res = runtime.pool(hp).submit(hp.config, "loop", values, tensors, progress=progress, preview=preview,
+                                          cancel=ComfyInterrupt())
+        except JobCancelled:
+            comfy.model_management.throw_exception_if_processing_interrupted()
+            raise
         return res.tensors["out"].to(x.device, x.dtype)
 
     return comfy.samplers.KSAMPLER(sample)

@@ -184,7 +184,7 @@ class Runtime:
         elif world is None:
             state = "failed" if failed else "none"
         else:
-            state = "busy" if world.state == "busy" else "ready"
+            state = "busy" if world.state in ("busy", "cancelling") else "ready"
         return {"state": state, "device": None if pool is None else pool.device,
                 "mesh": None if world is None else world.config.describe(),
                 "world_size": 0 if world is None else world.world_size,

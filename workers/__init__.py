@@ -4,8 +4,9 @@ Import from here on the driver: nothing in this package imports torch at module
 level except jobs.py (worker side), so importing the pool is cheap.
 """
 from .launch import PoolError, StartupError
-from .pool import JobCancelled, JobResult, JobTimeout, WorkerDied, WorkerError, WorkerOOM, WorkerPool
+from .pool import (JobCancelled, JobResult, JobTimeout, WorkerDied, WorkerError, WorkerOOM, WorkerPool,
+                   WorkerStalled)
 from .protocol import MODEL_FAMILIES, PROTOCOL_VERSION, ProtocolError
 
 __all__ = ["JobCancelled", "JobResult", "JobTimeout", "MODEL_FAMILIES", "PROTOCOL_VERSION", "PoolError",
-           "ProtocolError", "StartupError", "WorkerDied", "WorkerError", "WorkerOOM", "WorkerPool"]
+           "ProtocolError", "StartupError", "WorkerDied", "WorkerError", "WorkerOOM", "WorkerPool", "WorkerStalled"]

@@ -31,6 +31,8 @@ from .transport import (WEIGHT_PREFIX, Arena, cleanup_prefix, new_prefix, read_t
 
 JOB_KINDS = ("health", "echo", "model_bytes", "prepare", "steps", "load_model", "forward", "vae_decode", "loop", "pipefusion_loop")
 FAULT_GRACE_S = 2.0
+CANCEL_WAIT_S = 1.5   # a cancelled job gets this long to stop before the caller gets its answer anyway
+STALL_TIMEOUT_S = float(os.environ.get("HP_STALL_TIMEOUT_S", "10"))  # no heartbeat this long: a rank is stuck
 POLL_S = 0.05
 DEATH_CHECK_S = 0.5
 
@@ -56,7 +58,11 @@ class JobTimeout(PoolError):
 
 
 class JobCancelled(PoolError):
-    """The job was cancelled; all ranks stopped and the world is still up."""
+    """The job was cancelled; all ranks stopped (or finish their step in the background) and the world is up."""
+
+
+class WorkerStalled(PoolError):
+    """A rank stopped sending heartbeats during a job (stopped, frozen or deadlocked); the world was torn down."""
 
 
 @dataclass
@@ -95,7 +101,8 @@ class WorkerPool:
 
     def __init__(self, *, fake: str | None = None, device: str = "auto", max_models: int = 2,
                  job_timeout_s: float = 600.0, start_timeout_s: float = 120.0,
-                 collective_timeout_s: float = 120.0, env: dict | None = None, cluster=None):
+                 collective_timeout_s: float = 120.0, env: dict | None = None, cluster=None,
+                 stall_timeout_s: float | None = None):
         if fake is not None:
             from .fake_worker import parse_behaviour
             parse_behaviour(fake)
@@ -106,6 +113,7 @@ class WorkerPool:
         self.fake, self.device, self.max_models = fake, device, int(max_models)
         self.job_timeout_s, self.start_timeout_s = float(job_timeout_s), float(start_timeout_s)
         self.collective_timeout_s, self.env = float(collective_timeout_s), env
+        self.stall_timeout_s = float(STALL_TIMEOUT_S if stall_timeout_s is None else stall_timeout_s)
         if cluster is not None and fake is not None:
             raise ValueError("a cluster (workers started by torchrun) runs real workers; drop fake=")
         self.cluster = cluster  # workers/cluster.py: a world spanning launch groups on several machines
@@ -245,6 +253,8 @@ class WorkerPool:
         timeout_s = self.job_timeout_s if timeout_s is None else float(timeout_s)
         with self._lock:
             world = self.ensure_world(config)
+            if world.pending is not None and not self._drain(world):
+                world = self.ensure_world(config)  # the old world was stuck: a fresh one
             self._cancel.clear()
             self._next_job += 1
             job_id = self._next_job
@@ -273,38 +283,52 @@ class WorkerPool:
     def _collect(self, world: World, job_id: int, config, timeout_s: float, progress, cancel,
                  preview=None) -> JobResult:
         start = time.monotonic()
-        deadline = start + timeout_s
+        deadline = start + timeout_s  # moved on by every progress step: a long run is not a hang
         results: dict = {}
         failed_at = None
         callback_exc = None
-        cancel_sent = False
+        cancel_at = None
         last_death_check = start
+        seen = {r: start for r in range(world.world_size)}  # last message (heartbeat, progress, result) per rank
         conns = {ch.conn: r for r, ch in enumerate(world.channels)}
         while len(results) < world.world_size:
             now = time.monotonic()
-            if not cancel_sent and (self._cancel.is_set() or callback_exc is not None
-                                    or (cancel is not None and cancel.is_set())):
-                cancel_sent = True
+            if cancel_at is None and (self._cancel.is_set() or callback_exc is not None
+                                      or (cancel is not None and cancel.is_set())):
+                cancel_at = now
                 try:
                     world.broadcast("cancel", job=job_id)
                 except (OSError, ValueError):
                     pass  # a dead worker: the death check below reports it
             if now > deadline or (failed_at is not None and now > failed_at + FAULT_GRACE_S):
                 break
+            if cancel_at is not None and now > cancel_at + CANCEL_WAIT_S:
+                # Interrupt wins: answer now. The ranks finish (or abandon) the step in the background; the
+                # next job first collects them (_drain), and a rank that never answers is found stuck there.
+                world.pending, world.state = job_id, "cancelling"
+                if callback_exc is not None:
+                    raise callback_exc
+                raise JobCancelled(f"job {job_id} was cancelled (its ranks stop in the background)")
             if now - last_death_check > DEATH_CHECK_S:
                 last_death_check = now
                 self._check_deaths(world, job_id, results)
+                self._check_stalls(world, job_id, results, seen, now)
             waiting = [c for c, r in conns.items() if r not in results]
             for conn in wait_conns(waiting, timeout=POLL_S):
                 rank = conns[conn]
                 try:
-                    msg = world.channels[rank].recv(expect={"progress", "result"})
+                    msg = world.channels[rank].recv(expect={"progress", "result", "heartbeat"})
                 except (EOFError, OSError):
                     self._died(world, rank, job_id)
                 except ProtocolError as e:
                     self._teardown(graceful=False)
                     raise PoolError(f"rank {rank} sent a bad message: {e}") from None
+                seen[rank] = time.monotonic()
+                if msg["t"] == "heartbeat":
+                    continue
                 if msg["t"] == "progress":
+                    if int(msg["job"]) == job_id:
+                        deadline = max(deadline, seen[rank] + timeout_s)
                     if callback_exc is None and int(msg["job"]) == job_id:
                         try:
                             if preview is not None and msg.get("preview"):
@@ -322,6 +346,46 @@ class WorkerPool:
                 if not msg.get("ok") and err.get("kind") != "cancelled" and failed_at is None:
                     failed_at = time.monotonic()
         return self._finish(world, job_id, config, results, callback_exc, timeout_s, start)
+
+    def _check_stalls(self, world: World, job_id: int, results: dict, seen: dict, now: float) -> None:
+        """A rank whose heartbeat stopped (SIGSTOP, a frozen machine, a deadlock that holds the GIL) fails the
+        job within stall_timeout_s, named - instead of everyone waiting for the collective timeout."""
+        for rank in range(world.world_size):
+            if rank not in results and now - seen[rank] > self.stall_timeout_s:
+                self._teardown(graceful=False)
+                raise WorkerStalled(f"worker rank {rank} (of {world.config.describe()}, pid "
+                                    f"{world.procs[rank].pid}) sent nothing for {now - seen[rank]:.0f} s during job "
+                                    f"{job_id} (stopped, frozen or deadlocked); the world was stopped and restarts "
+                                    f"on the next job")
+
+    def _drain(self, world: World) -> bool:
+        """Collect the results of a job that was answered as cancelled before its ranks stopped. True: the world
+        is idle again; False: a rank died or stalled, and the world was torn down (the caller starts another)."""
+        job_id, start = world.pending, time.monotonic()
+        seen = {r: start for r in range(world.world_size)}
+        done: set = set()
+        conns = {ch.conn: r for r, ch in enumerate(world.channels)}
+        try:
+            while len(done) < world.world_size:
+                now = time.monotonic()
+                for rank, p in enumerate(world.procs):
+                    if rank not in done and (p.poll() is not None or now - seen[rank] > self.stall_timeout_s):
+                        raise WorkerStalled(f"rank {rank} did not finish cancelled job {job_id}")
+                for conn in wait_conns([c for c, r in conns.items() if r not in done], timeout=POLL_S):
+                    rank = conns[conn]
+                    msg = world.channels[rank].recv(expect={"progress", "result", "heartbeat"})
+                    seen[rank] = time.monotonic()
+                    if msg["t"] == "result" and int(msg["job"]) == job_id:
+                        done.add(rank)
+                        for d in (msg.get("tensors") or {}).values():
+                            unlink(d, self.shm_prefix)
+        except (PoolError, EOFError, OSError, ProtocolError) as e:
+            import logging
+            logging.getLogger(__name__).info("hybrid parallel: restarting the workers: %s", e)
+            self._teardown(graceful=False)
+            return False
+        world.pending, world.state = None, "idle"
+        return True
 
     def _check_deaths(self, world: World, job_id: int, results: dict) -> None:
         for rank, p in enumerate(world.procs):
@@ -454,4 +518,4 @@ def _proc_rss(pid: int):
 
 
 __all__ = ["JobCancelled", "JobResult", "JobTimeout", "PoolError", "StartupError", "WorkerDied", "WorkerError",
-           "WorkerOOM", "WorkerPool"]
+           "WorkerOOM", "WorkerPool", "WorkerStalled"]

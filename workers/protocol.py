@@ -29,7 +29,7 @@ MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # a message only carries JSON and tensor d
 MODEL_FAMILIES = ("flux", "sd3", "pixart", "wan", "vae_kl", "vae_wan")
 
 DRIVER_TYPES = {"init", "job", "cancel", "stop"}
-WORKER_TYPES = {"hello", "ready", "progress", "result"}
+WORKER_TYPES = {"hello", "ready", "progress", "result", "heartbeat"}
 
 
 class ProtocolError(RuntimeError):

@@ -104,10 +104,28 @@ class ParentWatch:
             os._exit(EXIT_DRIVER_GONE)
 
 
+HEARTBEAT_S = 1.0  # while a job runs, each rank says it is alive this often (the driver detects stalls by it)
+
+
+def _heartbeat(channel, rank: int, running: dict) -> None:
+    """A thread of its own, so a rank computing or waiting in a collective (both release the GIL) still
+    beats; a stopped, frozen or deadlocked process does not - which is exactly what the driver looks for."""
+    while True:
+        time.sleep(HEARTBEAT_S)
+        job = running.get("job")
+        if job is not None:
+            try:
+                channel.send("heartbeat", job=job, rank=rank)
+            except (OSError, ValueError):
+                return
+
+
 def serve(channel, rank: int, execute, watch: ParentWatch) -> None:
     """Run jobs until `stop`; `execute(msg, run) -> result fields` (it reports its own errors)."""
     jobs: queue.Queue = queue.Queue()
     cancelled: set = set()
+    running: dict = {"job": None}
+    threading.Thread(target=_heartbeat, args=(channel, rank, running), name="heartbeat", daemon=True).start()
 
     def reader() -> None:
         while True:
@@ -135,10 +153,12 @@ def serve(channel, rank: int, execute, watch: ParentWatch) -> None:
             return
         job_id = int(msg["job"])
         run = JobRun(channel, job_id, rank, cancelled)
+        running["job"] = job_id
         try:
             fields = execute(msg, run)
         except BaseException as e:  # noqa: BLE001 - the driver decides what a failure means
             fields = error_fields(e, rank)
+        running["job"] = None
         cancelled.discard(job_id)
         try:
             channel.send("result", job=job_id, rank=rank, **fields)
