@@ -391,3 +391,49 @@ def test_a_long_run_with_progress_outlives_the_job_timeout():
         assert time.monotonic() - t0 > 2.5  # three times the timeout
         with pytest.raises(JobTimeout):
             pool.submit(SP2, "steps", {"n": 1, "sleep_s": 3.0})
+
+
+_SMALL_SHM_CHILD = r"""
+import logging, os, subprocess, sys, torch
+logging.basicConfig(level=logging.WARNING)
+from comfyui_hybrid_parallel.parallel import ParallelConfig
+from comfyui_hybrid_parallel.workers import WorkerPool
+from comfyui_hybrid_parallel.workers.transport import SharedMemoryFull
+root = sys.argv[1]
+for name, size in (("shm", "2m"), ("disk", "64m"), ("tiny", "1m")):
+    os.makedirs(f"{root}/{name}", exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", f"{root}/{name}"], check=True)
+os.environ["HP_SHM_DIR"], os.environ["HP_SHM_FALLBACK_DIR"] = f"{root}/shm", f"{root}/disk"
+SP2 = ParallelConfig(ulysses_degree=2)
+big = torch.randn(1 << 20)  # 4 MiB: more than the whole 2 MiB /dev/shm
+with WorkerPool(fake="serve") as pool:
+    out = pool.submit(SP2, "echo", {}, {"a": big}).tensors["a"]
+    print("FALLBACK_OK", torch.equal(out, big), flush=True)
+os.environ["HP_SHM_FALLBACK_DIR"] = f"{root}/tiny"
+with WorkerPool(fake="serve") as pool:
+    try:
+        pool.submit(SP2, "echo", {}, {"a": big})
+        print("NO_ERROR", flush=True)
+    except SharedMemoryFull as e:
+        print("FULL_ERROR", e, flush=True)
+    small = torch.randn(256)
+    print("STILL_USABLE", torch.equal(pool.submit(SP2, "echo", {}, {"a": small}).tensors["a"], small), flush=True)
+"""
+
+
+def test_a_full_dev_shm_falls_back_or_fails_clearly_never_a_signal(tmp_path):
+    """A 2 MiB tmpfs as /dev/shm (Docker's default is 64 MiB; the probe's writer died of SIGBUS): a 4 MiB tensor
+    goes to the fallback directory with a warning naming --shm-size; with no room anywhere the error says so,
+    and the pool keeps working for what fits. A mount namespace of its own (unshare) holds the tiny tmpfs."""
+    import shutil
+    import subprocess
+    import sys
+    assert shutil.which("unshare"), "this test needs util-linux's unshare"
+    res = subprocess.run(["unshare", "-rm", sys.executable, "-c", _SMALL_SHM_CHILD, str(tmp_path)],
+                         capture_output=True, text=True, timeout=120)
+    out, err = res.stdout, res.stderr
+    assert res.returncode == 0, (res.returncode, out, err[-3000:])  # -7 would be SIGBUS
+    assert "FALLBACK_OK True" in out, (out, err[-3000:])
+    assert "--shm-size" in err and "disk-backed" in err, err[-3000:]
+    assert "FULL_ERROR" in out and "no fallback has room" in out and "--shm-size" in out, out
+    assert "STILL_USABLE True" in out, out

@@ -23,11 +23,19 @@ are never overwritten while read. Weights, and tensors over ARENA_MAX_BYTES
 (a whole decoded video), still get a file of their own, so the arena never
 pins a huge buffer in /dev/shm.
 
+Never a signal on a full /dev/shm (Docker's default is 64 MiB): a file written through a mapping is
+reserved first (posix_fallocate), so a full tmpfs answers ENOSPC instead of SIGBUS at the first write;
+then the file goes to a disk-backed fallback directory (HP_SHM_FALLBACK_DIR, default the temp dir)
+with a warning naming the fix, and if that is full too the error says so. Readers look in both.
+HP_SHM_DIR replaces /dev/shm.
+
 Torch is imported lazily: the fake worker moves raw bytes without it.
 """
 from __future__ import annotations
 
+import errno
 import glob
+import logging
 import mmap
 import os
 import shutil
@@ -39,8 +47,48 @@ _ITEMSIZE = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int64": 8
 _DTYPES = tuple(_ITEMSIZE)
 
 
+class SharedMemoryFull(OSError):
+    """Neither the shared-memory directory nor its fallback has room for a tensor."""
+
+
 def shm_dir() -> str:
+    override = os.environ.get("HP_SHM_DIR")
+    if override:
+        return override
     return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+
+
+def fallback_dir() -> str:
+    return os.environ.get("HP_SHM_FALLBACK_DIR") or tempfile.gettempdir()
+
+
+def _dirs() -> list:
+    first, second = shm_dir(), fallback_dir()
+    return [first] if os.path.realpath(first) == os.path.realpath(second) else [first, second]
+
+
+def _free_mib(d: str) -> float:
+    try:
+        st = os.statvfs(d)
+        return st.f_bavail * st.f_frsize / 2 ** 20
+    except OSError:
+        return float("nan")
+
+
+_warned: set = set()
+
+
+def _full(d: str, nbytes: int, last: bool) -> None:
+    """Say what is full, and the fix; raise when nothing is left to try."""
+    msg = (f"{d} has {_free_mib(d):.0f} MiB free, a tensor of {nbytes / 2 ** 20:.1f} MiB does not fit")
+    hint = ("give the container more shared memory (docker run --shm-size=16g, or --ipc=host), or point "
+            "HP_SHM_DIR / HP_SHM_FALLBACK_DIR at a directory with room")
+    if last:
+        raise SharedMemoryFull(errno.ENOSPC, f"hybrid parallel: {msg}, and no fallback has room either; {hint}")
+    if d not in _warned:
+        _warned.add(d)
+        logging.getLogger(__name__).warning("hybrid parallel: %s; using %s (disk-backed, slower) instead; %s",
+                                            msg, fallback_dir(), hint)
 
 
 def new_prefix() -> str:
@@ -49,9 +97,15 @@ def new_prefix() -> str:
 
 
 def _path(name: str, prefix: str) -> str:
+    """Where the pool's file `name` is: the shared-memory directory, else the fallback (see the module doc)."""
     if not name.startswith(prefix) or "/" in name or "\0" in name or name in (".", ".."):
         raise ValueError(f"shared-memory name {name!r} does not belong to this pool (prefix {prefix!r})")
-    return os.path.join(shm_dir(), name)
+    dirs = _dirs()
+    for d in dirs[1:]:
+        p = os.path.join(d, name)
+        if not os.path.exists(os.path.join(dirs[0], name)) and os.path.exists(p):
+            return p
+    return os.path.join(dirs[0], name)
 
 
 def tensor_dtype(name: str):
@@ -61,15 +115,34 @@ def tensor_dtype(name: str):
     return getattr(torch, name)
 
 
-def _create(prefix: str, nbytes: int) -> tuple:
+def _create(prefix: str, nbytes: int, reserve: bool = False, start: int = 0) -> tuple:
+    """A new private file of `nbytes`: (name, fd). `reserve`: allocate the pages now (a file that is written
+    through a mapping must be, or a full tmpfs kills the writer with SIGBUS). `start`: the first directory to try."""
     name = f"{prefix}{uuid.uuid4().hex}"
-    fd = os.open(_path(name, prefix), os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-    try:
-        os.ftruncate(fd, nbytes)
-    except BaseException:
-        os.close(fd)
-        raise
-    return name, fd
+    dirs = _dirs()
+    for i in range(start, len(dirs)):
+        path = os.path.join(dirs[i], name)
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        try:
+            os.ftruncate(fd, nbytes)
+            if reserve and nbytes and hasattr(os, "posix_fallocate"):
+                try:
+                    os.posix_fallocate(fd, 0, nbytes)
+                except OSError as e:
+                    if e.errno not in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
+                        raise  # (EOPNOTSUPP etc. would be raised here too: only tmpfs matters, and it supports it)
+                    os.close(fd)
+                    os.unlink(path)
+                    _full(dirs[i], nbytes, last=i == len(dirs) - 1)
+                    continue
+            return name, fd
+        except BaseException:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+            raise
+    raise SharedMemoryFull(errno.ENOSPC, "no directory to write to")  # not reached: _full raised
 
 
 def _bytes_view(t):
@@ -92,15 +165,25 @@ def write_tensor(t, prefix: str) -> dict:
     desc = {"name": None, "dtype": dtype, "shape": list(t.shape)}
     if t.numel() == 0:
         return desc
-    name, fd = _create(prefix, t.numel() * t.element_size())
-    desc["name"] = name
-    try:
-        view, done = _bytes_view(t.contiguous()), 0
-        while done < len(view):
-            done += os.write(fd, view[done:])
-    finally:
+    nbytes = t.numel() * t.element_size()
+    view = _bytes_view(t.contiguous())
+    for start in range(len(_dirs())):
+        name, fd = _create(prefix, nbytes, start=start)
+        try:
+            done = 0
+            while done < len(view):
+                done += os.write(fd, view[done:])
+        except OSError as e:  # os.write reports a full directory as ENOSPC (never a signal): try the next one
+            os.close(fd)
+            os.unlink(_path(name, prefix))
+            if e.errno not in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
+                raise
+            _full(_dirs()[start], nbytes, last=start == len(_dirs()) - 1)
+            continue
         os.close(fd)
-    return desc
+        desc["name"] = name
+        return desc
+    raise SharedMemoryFull(errno.ENOSPC, "no directory to write to")
 
 
 WEIGHT_PREFIX = "sd."  # tensors named so are model weights: a file each, mapped copy-on-write by every rank
@@ -117,7 +200,13 @@ class Arena:
 
     def _grow(self, need: int) -> None:
         cap = max(need, 2 * self.capacity, 1 << 20)
-        name, fd = _create(self.prefix, cap)
+        try:
+            name, fd = _create(self.prefix, cap, reserve=True)
+        except SharedMemoryFull:
+            if cap == need:
+                raise
+            cap = need  # no room to double: exactly what this job needs
+            name, fd = _create(self.prefix, cap, reserve=True)
         try:
             mm = mmap.mmap(fd, cap)
         finally:
@@ -253,11 +342,11 @@ def copy_blob(desc: dict, prefix: str) -> dict:
         with open(src, "rb") as fi:
             fi.seek(int(desc["offset"]))
             data = fi.read(n)
-        name, fd = _create(prefix, n)
+        name, fd = _create(prefix, n, reserve=True)
         with open(fd, "r+b") as fo:
             fo.write(data)
         return {k: v for k, v in desc.items() if k != "offset"} | {"name": name}
-    name, fd = _create(prefix, os.path.getsize(src))
+    name, fd = _create(prefix, os.path.getsize(src), reserve=True)
     with open(src, "rb") as fi, open(fd, "r+b") as fo:
         shutil.copyfileobj(fi, fo, 1 << 20)
     return {**desc, "name": name}
@@ -266,7 +355,7 @@ def copy_blob(desc: dict, prefix: str) -> dict:
 def list_prefix(prefix: str) -> list:
     if not prefix or "/" in prefix:
         raise ValueError(f"bad prefix {prefix!r}")
-    return sorted(glob.glob(os.path.join(glob.escape(shm_dir()), glob.escape(prefix) + "*")))
+    return sorted(p for d in _dirs() for p in glob.glob(os.path.join(glob.escape(d), glob.escape(prefix) + "*")))
 
 
 def cleanup_prefix(prefix: str) -> int:
@@ -299,7 +388,8 @@ def sweep_stale(tmp_root: str | None = None) -> int:
     import re
     import shutil
     uid, n = os.getuid() if hasattr(os, "getuid") else None, 0
-    for root, pattern in ((shm_dir(), r"chp-(\d+)-[0-9a-f]{8}-"), (tmp_root or tempfile.gettempdir(), r"chp-pool-(\d+)-")):
+    files = r"chp-(\d+)-[0-9a-f]{8}-"
+    for root, pattern in [*((d, files) for d in _dirs()), (tmp_root or tempfile.gettempdir(), r"chp-pool-(\d+)-")]:
         try:
             names = os.listdir(root)
         except OSError:
