@@ -37,6 +37,7 @@ class PatchVAEDecode:
     def _decode(self, samples, vae, hp, block_size):
         first = vae.first_stage_model
         family = "vae_wan" if type(first).__name__ == "WanVAE" else "vae_kl"
+        check_rows(samples["samples"], first, hp.config.world_size)  # before the VAE travels or a world starts
         key = weights_key(first, "vae")
         self.runtime.ensure_resident(hp, key, lambda: to_diffusers(first, family))
         pool = self.runtime.pool(hp)
@@ -51,3 +52,19 @@ class PatchVAEDecode:
         if images.ndim == 5:  # video: (B, T, H, W, C) -> frames in the batch, as VAEDecode does
             images = images.reshape(-1, *images.shape[-3:])
         return (images.to(torch.float32),)
+
+
+def check_rows(latent, first_stage_model, ranks: int) -> None:
+    """Every rank decodes a band of latent rows and needs at least a convolution's halo of them: refuse a latent
+    too short for `ranks` from ComfyUI's own VAE (its largest kernel), naming the degree that fits."""
+    if ranks <= 1 or latent.is_nested:
+        return
+    halo = 1
+    for m in first_stage_model.modules():
+        if isinstance(m, (torch.nn.Conv2d, torch.nn.Conv3d)):
+            halo = max(halo, int(m.kernel_size[-2]) // 2)
+    rows = int(latent.shape[-2])
+    if rows // halo < ranks:
+        raise ValueError(f"Patch VAE Decode: a latent {rows} rows tall cannot be split over {ranks} ranks (each needs "
+                         f"at least {halo} row(s)); use a Parallel Config with at most {max(1, rows // halo)} ranks "
+                         f"for the decode, or ComfyUI's VAE Decode")
