@@ -75,6 +75,7 @@ class World:
         self.address = os.path.join(tmpdir, f"ctl-{generation}.sock")
         self.state = "starting"
         self.pending = None  # a job answered as cancelled whose ranks have not all finished (pool._drain)
+        self.seen: dict = {}  # rank -> monotonic time of its last message during the latest job
         self.resident: list = []
         self.cluster = cluster  # a Cluster (cluster.py): workers started by torchrun, maybe on other machines
         self.agent = None       # then: the torchrun agent of this machine's launch group

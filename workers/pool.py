@@ -31,6 +31,7 @@ from .transport import (WEIGHT_PREFIX, Arena, cleanup_prefix, new_prefix, read_t
 
 JOB_KINDS = ("health", "echo", "model_bytes", "prepare", "steps", "load_model", "forward", "vae_decode", "loop", "pipefusion_loop")
 FAULT_GRACE_S = 2.0
+DRAIN_STALL_S = 3.0   # silence that marks a rank stuck while the next job collects a cancelled one
 CANCEL_WAIT_S = 1.5   # a cancelled job gets this long to stop before the caller gets its answer anyway
 STALL_TIMEOUT_S = float(os.environ.get("HP_STALL_TIMEOUT_S", "10"))  # no heartbeat this long: a rank is stuck
 POLL_S = 0.05
@@ -289,7 +290,7 @@ class WorkerPool:
         callback_exc = None
         cancel_at = None
         last_death_check = start
-        seen = {r: start for r in range(world.world_size)}  # last message (heartbeat, progress, result) per rank
+        seen = world.seen = {r: start for r in range(world.world_size)}  # last message per rank (kept for _drain)
         conns = {ch.conn: r for r, ch in enumerate(world.channels)}
         while len(results) < world.world_size:
             now = time.monotonic()
@@ -362,14 +363,17 @@ class WorkerPool:
         """Collect the results of a job that was answered as cancelled before its ranks stopped. True: the world
         is idle again; False: a rank died or stalled, and the world was torn down (the caller starts another)."""
         job_id, start = world.pending, time.monotonic()
-        seen = {r: start for r in range(world.world_size)}
+        seen = dict(world.seen)  # silence counts from the rank's last message in the cancelled job
+        # A healthy rank beats every second even mid-step; after a cancel, a few seconds of silence is a stuck
+        # rank, and the next prompt should not wait the full stall timeout to find out.
+        drain_stall = min(self.stall_timeout_s, DRAIN_STALL_S)
         done: set = set()
         conns = {ch.conn: r for r, ch in enumerate(world.channels)}
         try:
             while len(done) < world.world_size:
                 now = time.monotonic()
                 for rank, p in enumerate(world.procs):
-                    if rank not in done and (p.poll() is not None or now - seen[rank] > self.stall_timeout_s):
+                    if rank not in done and (p.poll() is not None or now - seen[rank] > drain_stall):
                         raise WorkerStalled(f"rank {rank} did not finish cancelled job {job_id}")
                 for conn in wait_conns([c for c, r in conns.items() if r not in done], timeout=POLL_S):
                     rank = conns[conn]
