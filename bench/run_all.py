@@ -34,6 +34,7 @@ SECTIONS = {
     "memory": ("bench_memory.py", ["memory"], [], 240),
     "vae": ("bench_vae.py", ["vae"], [], 300),
     "native": ("bench_native.py", ["native"], [], 3600),
+    "reliability": ("bench_reliability.py", ["reliability"], [], 900),
 }
 TITLES = {
     "comm": "Communication volume per diffusion step (counters vs analytic)",
@@ -43,6 +44,7 @@ TITLES = {
     "memory": "Memory per rank: TP and PipeFusion",
     "vae": "Memory per rank: patch-parallel VAE decode",
     "native": "ComfyUI's own model on the workers: host memory and cold first prompt vs KSampler",
+    "reliability": "Pool reliability in a real ComfyUI: interrupt, hung and killed ranks, stop, soak",
 }
 
 
