@@ -11,7 +11,7 @@ generous bounds; this prints the figures). One ComfyUI server (tiny SD3, CPU, ul
 - stop: seconds for the pool/stop route until every worker is gone;
 - soak: N prompts in a row, RSS of ComfyUI + workers before / after, pool files left in /dev/shm.
 
-    python bench/bench_reliability.py [--trials 5] [--soak 30]
+    python bench/bench_reliability.py [--trials 5] [--soak 30] [--quick]
 """
 from __future__ import annotations
 
@@ -215,7 +215,10 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--trials", type=int, default=5)
     p.add_argument("--soak", type=int, default=30)
+    p.add_argument("--quick", action="store_true", help="3 trials, a 10-prompt soak")
     args = p.parse_args(argv)
+    if args.quick:
+        args.trials, args.soak = 3, 10
     from _worlds import write_results
     from comfy_env import setup_comfy
     from comfy_server import ComfyServer, write_checkpoints

@@ -144,6 +144,16 @@ def _headline(data: dict) -> list:
                 add(f"Flux {r['size']} {r['precision']} N={r['ranks']}: extra host memory (weights part) / "
                     f"first prompt vs KSampler", f"{r['extra_x_weights']:.2f}× ({r['weights_extra_x']:.2f}×) / "
                     f"{r['first_ratio']:.2f}×", "≤ 1.1× / ≤ 1.5× at N=2", d)
+    d = data.get("reliability")
+    if d:
+        for mode, trials in d["interrupts"].items():
+            add(f"interrupt, {mode} mode: seconds / steps after it (max of {len(trials)})",
+                f"{max(t['seconds'] for t in trials):.2f} s / {max(t['steps_after'] for t in trials)}", "≤ 2 s", d)
+        for k, (v, _) in d["faults"].items():
+            add(k, f"{v}", "interrupt ≤ 2 s, stall ≤ 10 s + 1, stop < 0.5 s", d)
+        soak = d["soak"]
+        add(f"soak {soak['prompts']} prompts: RSS growth / pool files left", f"{soak['rss_growth_pct']} % / "
+            f"{soak['pool files in shm after']}", "flat / the live arenas", d)
     return out
 
 
