@@ -42,13 +42,7 @@ def _queue(server, graph) -> str:
 
 
 def _wait(server, pid, timeout_s=300.0) -> dict:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        h = server.get(f"/history/{pid}")
-        if pid in h and h[pid].get("status", {}).get("completed") is not None:
-            return h[pid]
-        time.sleep(0.02)
-    raise TimeoutError(server.tail())
+    return server.wait(pid, timeout_s)
 
 
 def _log_size(server) -> int:
@@ -85,18 +79,7 @@ def _wait_job_step(server, n: int, timeout_s=120.0) -> int:
 
 
 def _workers(server) -> list:
-    out = []
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            cmd = open(f"/proc/{d}/cmdline", "rb").read().replace(b"\0", b" ").decode()
-            ppid = int(open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        if ppid == server.proc.pid and "worker_main" in cmd:
-            out.append(int(d))
-    return sorted(out)
+    return server.worker_pids()
 
 
 def _rss(pid: int) -> int:
@@ -138,14 +121,28 @@ def measure_interrupts(server, mode: str, trials: int) -> list:
     return out
 
 
+def _sampling(server, tag: str) -> tuple:
+    """Queue a long ulysses-2 prompt and wait until it samples: (prompt id, worker pids)."""
+    from comfy_server import workflow
+    off = _log_size(server)
+    pid = _queue(server, workflow({"ulysses_degree": 2}, tag, W, H, steps=LONG))
+    _wait_steps(server, off, 3)
+    return pid, _workers(server)
+
+
+def _resume(pids) -> None:
+    for p in pids:
+        try:
+            os.kill(p, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+
+
 def measure_faults(server) -> dict:
     from comfy_server import workflow
     res = {}
     # a stopped rank + interrupt
-    off = _log_size(server)
-    pid = _queue(server, workflow({"ulysses_degree": 2}, "rel_hang_int", W, H, steps=LONG))
-    _wait_steps(server, off, 3)
-    ws = _workers(server)
+    pid, ws = _sampling(server, "rel_hang_int")
     os.kill(ws[-1], signal.SIGSTOP)
     time.sleep(0.3)
     t = time.monotonic()
@@ -155,32 +152,18 @@ def measure_faults(server) -> dict:
     t = time.monotonic()
     entry = server.run(workflow({"ulysses_degree": 2}, "rel_after_hang_int", W, H, steps=2))
     res["next prompt after it: s"] = (round(time.monotonic() - t, 2), _status(entry))
-    for p in ws:
-        try:
-            os.kill(p, signal.SIGCONT)
-        except ProcessLookupError:
-            pass
+    _resume(ws)
     # a stopped rank, no interrupt
-    off = _log_size(server)
-    pid = _queue(server, workflow({"ulysses_degree": 2}, "rel_hang", W, H, steps=LONG))
-    _wait_steps(server, off, 3)
-    ws = _workers(server)
+    pid, ws = _sampling(server, "rel_hang")
     t = time.monotonic()
     os.kill(ws[-1], signal.SIGSTOP)
     entry = _wait(server, pid)
     text = str(entry["status"].get("messages", ""))
     res["stopped rank: s until the prompt fails"] = (round(time.monotonic() - t, 2),
                                                      "named" if "sent nothing" in text else _status(entry))
-    for p in ws:
-        try:
-            os.kill(p, signal.SIGCONT)
-        except ProcessLookupError:
-            pass
+    _resume(ws)
     # a killed rank
-    off = _log_size(server)
-    pid = _queue(server, workflow({"ulysses_degree": 2}, "rel_kill", W, H, steps=LONG))
-    _wait_steps(server, off, 3)
-    ws = _workers(server)
+    pid, ws = _sampling(server, "rel_kill")
     t = time.monotonic()
     os.kill(ws[-1], signal.SIGKILL)
     entry = _wait(server, pid)
@@ -248,7 +231,7 @@ def main(argv=None):
     for k, v in soak.items():
         lines.append(f"| soak: {k} | {v} | |")
     rows.append({"measurement": "soak", **soak})
-    write_results("reliability", rows, "\n".join(lines), extra={"interrupts": interrupts, "faults": faults,
+    write_results("reliability_quick" if args.quick else "reliability", rows, "\n".join(lines), extra={"interrupts": interrupts, "faults": faults,
                                                                 "soak": soak})
 
 

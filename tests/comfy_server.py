@@ -113,6 +113,31 @@ class ComfyServer:
             time.sleep(0.1)
         raise TimeoutError(f"prompt {pid} did not finish in {timeout_s:.0f} s:\n{self.tail()}")
 
+    def wait(self, prompt_id: str, timeout_s: float = 120.0) -> dict:
+        """A queued prompt's /history entry once it completed (success, error or interrupted)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            h = self.get(f"/history/{prompt_id}")
+            if prompt_id in h and h[prompt_id].get("status", {}).get("completed") is not None:
+                return h[prompt_id]
+            time.sleep(0.02)
+        raise TimeoutError(self.tail())
+
+    def worker_pids(self) -> list:
+        """Our pool's worker processes: children of this server running the worker module (sorted)."""
+        out = []
+        for d in os.listdir("/proc"):
+            if not d.isdigit():
+                continue
+            try:
+                cmd = open(f"/proc/{d}/cmdline", "rb").read().replace(b"\0", b" ").decode()
+                ppid = int(open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            if ppid == self.proc.pid and "worker_main" in cmd:
+                out.append(int(d))
+        return sorted(out)
+
     def output(self, name: str) -> Path:
         return self.base / "output" / name
 

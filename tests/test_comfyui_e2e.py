@@ -181,31 +181,11 @@ def _queue(server, graph):
 
 
 def _wait(server, pid, timeout_s=120):
-    import time
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        h = server.get(f"/history/{pid}")
-        if pid in h and h[pid].get("status", {}).get("completed") is not None:
-            return h[pid]
-        time.sleep(0.1)
-    raise TimeoutError(server.tail())
+    return server.wait(pid, timeout_s)
 
 
 def _worker_pids(server):
-    """Our pool's worker processes: children of the ComfyUI server running the worker module."""
-    import os
-    out = []
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            cmd = open(f"/proc/{d}/cmdline", "rb").read().replace(b"\0", b" ").decode()
-            ppid = int(open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        if ppid == server.proc.pid and "worker_main" in cmd:
-            out.append(int(d))
-    return out
+    return server.worker_pids()
 
 
 def _wait_for_workers(server, n, timeout_s=120):
