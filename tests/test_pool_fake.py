@@ -437,3 +437,17 @@ def test_a_full_dev_shm_falls_back_or_fails_clearly_never_a_signal(tmp_path):
     assert "--shm-size" in err and "disk-backed" in err, err[-3000:]
     assert "FULL_ERROR" in out and "no fallback has room" in out and "--shm-size" in out, out
     assert "STILL_USABLE True" in out, out
+
+
+def test_a_job_cancelled_before_it_starts_is_not_sent(pool):
+    """ComfyUI's interrupt seen between two steps: the next step's job is refused here instead of being sent
+    together with its cancel (a race each rank could lose, running whole steps after the interrupt)."""
+    pool.submit(SP2, "steps", {"n": 1})
+    jobs_before = pool._next_job
+    cancel = threading.Event()
+    cancel.set()
+    t0 = time.monotonic()
+    with pytest.raises(JobCancelled, match="before it started"):
+        pool.submit(SP2, "steps", {"n": 50, "sleep_s": 0.1}, cancel=cancel)
+    assert time.monotonic() - t0 < 0.5 and pool._next_job == jobs_before
+    assert pool.submit(SP2, "steps", {"n": 1}).values["steps"] == 1

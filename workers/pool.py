@@ -249,6 +249,11 @@ class WorkerPool:
         """
         values, tensors = dict(values or {}), dict(tensors or {})
         self._validate(kind, values, tensors)
+        if cancel is not None and cancel.is_set():
+            # Already cancelled (ComfyUI's interrupt between two steps): no job at all. Sent, the job and the
+            # cancel would race on every rank - the job could pass its stop point before the cancel is read,
+            # run the whole step, and the next step race again (the probe's occasional 6-10 steps).
+            raise JobCancelled(f"{kind} was cancelled before it started")
         if preview is not None:
             values["previews"] = True
         timeout_s = self.job_timeout_s if timeout_s is None else float(timeout_s)
