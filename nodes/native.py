@@ -179,5 +179,5 @@ def check_diffusers_path(diffusion_model, config) -> None:
                          f"ComfyUI's own fp8 ops), or load the model with weight_dtype 'default'")
 
 
-__all__ = ["NotCarried", "check_diffusers_path", "check_native_pipefusion", "check_native_tp", "check_weights", "encode_value", "family_adapter",
-           "comfy_runtime", "native_spec", "native_supported", "portable_options"]
+__all__ = ["NotCarried", "check_diffusers_path", "check_native_pipefusion", "check_native_tp", "check_weights",
+           "comfy_runtime", "encode_value", "family_adapter", "native_spec", "native_supported", "portable_options"]

@@ -76,12 +76,11 @@ class Engine:
         own blocks only, then move what this rank holds to `device`; evict the least recently used beyond
         max_models."""
         from . import parallelize
-        from .models import ADAPTERS  # lazily: importing the adapters imports diffusers (seconds at worker start)
-        dit = ADAPTERS.get(family)
-        parallelized = dit is not None
+        from .models import ADAPTERS, plan_for
+        parallelized = family in ADAPTERS
         if parallelized:
             model = parallelize(model, ctx) or model
-            if ctx.config.pp_degree > 1 and (dit.pipefusion_nodes if native_call is not None else dit.pipefusion):
+            if ctx.config.pp_degree > 1 and plan_for(model).pipeline is not None:
                 from .pipefusion.plans import keep_stage_blocks
                 keep_stage_blocks(model, ctx)  # a stage holds only its own blocks' weights
         if device is not None and torch.device(device).type != "cpu":

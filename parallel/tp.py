@@ -215,8 +215,7 @@ def _shard_norm(mod, ax) -> None:
     """RMS over the full width from this rank's slice: x * rsqrt(sum_tp(x^2) / width + eps) * w."""
     n, r = ax.size, ax.rank
     if mod.weight is not None:
-        w = mod.weight.data
-        mod.weight = torch.nn.Parameter(w.narrow(0, r * (w.shape[0] // n), w.shape[0] // n), requires_grad=False)
+        mod.weight = torch.nn.Parameter(_pieces(mod.weight.data, 0, [mod.weight.shape[0]], n, r), requires_grad=False)
     eps = mod.eps if mod.eps is not None else torch.finfo(torch.float32).eps
 
     def forward(x):
@@ -242,9 +241,4 @@ def _reduce_hook(ax):
 def local_param_bytes(model: torch.nn.Module) -> int:
     """Bytes of parameters this rank actually holds (its shards; freed meta weights of other PipeFusion
     stages do not count)."""
-    total = 0
-    for p in model.parameters():
-        t = p.to_local() if hasattr(p, "to_local") else p
-        if not t.is_meta:
-            total += t.numel() * t.element_size()
-    return total
+    return sum(p.numel() * p.element_size() for p in model.parameters() if not p.is_meta)

@@ -139,8 +139,8 @@ class World:
         """Collect a worker that exits while the world is idle at once, so it never lingers as a zombie
         until the next job looks (Popen.poll waits for it); ends with the world."""
         while self.state != "dead":
-            for p in list(self.procs):
-                if p is not None and hasattr(p, "poll"):
+            for p in list(self.procs):  # local Popen handles only: a cluster world has no reaper
+                if p is not None:
                     p.poll()
             time.sleep(REAP_INTERVAL_S)
 

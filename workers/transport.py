@@ -38,6 +38,7 @@ import glob
 import logging
 import mmap
 import os
+import re
 import shutil
 import tempfile
 import uuid
@@ -101,11 +102,12 @@ def _path(name: str, prefix: str) -> str:
     if not name.startswith(prefix) or "/" in name or "\0" in name or name in (".", ".."):
         raise ValueError(f"shared-memory name {name!r} does not belong to this pool (prefix {prefix!r})")
     dirs = _dirs()
-    for d in dirs[1:]:
-        p = os.path.join(d, name)
-        if not os.path.exists(os.path.join(dirs[0], name)) and os.path.exists(p):
-            return p
-    return os.path.join(dirs[0], name)
+    primary = os.path.join(dirs[0], name)
+    if len(dirs) > 1 and not os.path.exists(primary):
+        fallback = os.path.join(dirs[1], name)
+        if os.path.exists(fallback):
+            return fallback
+    return primary
 
 
 def tensor_dtype(name: str):
@@ -385,8 +387,6 @@ def sweep_stale(tmp_root: str | None = None) -> int:
     `chp-pool-<pid>-...` whose creating process is gone, owned by this user (a ComfyUI killed together with
     its rank 0 cannot clean up after itself). Live pools and other users' files are never touched; returns
     how many entries were removed."""
-    import re
-    import shutil
     uid, n = os.getuid() if hasattr(os, "getuid") else None, 0
     files = r"chp-(\d+)-[0-9a-f]{8}-"
     for root, pattern in [*((d, files) for d in _dirs()), (tmp_root or tempfile.gettempdir(), r"chp-pool-(\d+)-")]:

@@ -318,27 +318,27 @@ class Stage:
             names = [n for n, _ in where]
             nxt_names = [st if isinstance(st, str) else st[0] for st in nxt.streams] if nxt is not None else None
 
-            def streams(args, kwargs) -> dict:
-                got = {}
+            def streams(args, kwargs) -> tuple:
+                """({name: value}, {name: where it sits in the call}) of this block's streams."""
+                got, at = {}, {}
                 for n, pos in where:
-                    value, _ = _arg(args, kwargs, n, pos)
-                    if value is None:
+                    got[n], at[n] = _arg(args, kwargs, n, pos)
+                    if got[n] is None:
                         raise RuntimeError(f"{self.fplan.family} block {j}: stream {n!r} not among its arguments")
-                    got[n] = value
-                return got
+                return got, at
 
             @functools.wraps(old)
             def forward(*args, **kwargs):
                 if j < self.start:  # an earlier stage's block: pass the streams through
-                    got = streams(args, kwargs)
+                    got, _ = streams(args, kwargs)
                     outs = tuple(got[n] for n in spec.returns)
                     return outs if len(outs) > 1 else outs[0]
                 if j == self.start:
-                    got = streams(args, kwargs)
+                    got, at = streams(args, kwargs)
                     if not self.first:
                         got = self._receive(got, names)
-                        for n, pos in where:
-                            args, kwargs = _set_arg(args, kwargs, _arg(args, kwargs, n, pos)[1], got[n])
+                        for n in names:
+                            args, kwargs = _set_arg(args, kwargs, at[n], got[n])
                     if self.run.cancel:
                         if not self.last:
                             self._send(got, names, cancel=True)
