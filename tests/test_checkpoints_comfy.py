@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import load_file
 
 import comfy_env
-import tiny_checkpoints as tc
+from comfyui_hybrid_parallel.parallel.checkpoints import tiny as tc
 
 comfy_env.setup_comfy()  # before anything imports comfy.model_management (forces --cpu)
 

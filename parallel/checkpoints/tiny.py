@@ -17,7 +17,8 @@ ComfyUI's detection (comfy.model_detection, comfy.sd.VAE) still maps to the inte
   "sd" style has quant convs (4 channels), "flux" style has none (16 channels).
 - Wan 2.1 VAE: base width read from the weights.
 
-Requires ComfyUI importable (call comfy_env.setup_comfy() first).
+The embedded default model of the pack (README main job, the doctor, the tests). Requires ComfyUI
+importable (the doctor and tests/comfy_env.setup_comfy() put it on sys.path first).
 """
 from __future__ import annotations
 

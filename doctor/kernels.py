@@ -1,0 +1,90 @@
+"""Attention kernels with log-sum-exp, checked where ring attention would pick them.
+
+Why: ring attention merges partial results by their LSE; a kernel whose LSE is missing, padded or
+in another base gives wrong images with no error. Each backend that `parallel.attention` offers on
+a device and dtype is compared with a float64 reference (output and LSE) on a length that no block
+size divides, then three uneven key blocks are merged as a ring would (which only works with a
+right LSE), and one call at a realistic size is timed.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..parallel.attention import attention_with_lse, available_backends, merge_attention
+from .machine import median_ms
+
+# relative output bound and absolute LSE bound per input dtype (fp32 kernels round like fp32; half kernels
+# accumulate in fp32 but read half inputs)
+BOUNDS = {torch.float32: (1e-5, 1e-4), torch.float16: (5e-3, 5e-3), torch.bfloat16: (2e-2, 2e-2)}
+
+
+def _reference(q, k, v, scale):
+    s = (q.double() @ k.double().transpose(-1, -2)) * scale
+    lse = torch.logsumexp(s, dim=-1)
+    return torch.softmax(s, dim=-1) @ v.double(), lse
+
+
+def _rel(a, b) -> float:
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def check_one(device: torch.device, dtype: torch.dtype, backend: str, seed: int, quick: bool) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    b, h, length, d = 1, 4, 77, 64  # 77: no power-of-two block divides it
+    q, k, v = (torch.randn(b, h, length, d, generator=g).to(device, dtype) for _ in range(3))
+    scale = d ** -0.5
+    row = {"device": str(device), "dtype": str(dtype).removeprefix("torch."), "backend": backend}
+    try:
+        ref_out, ref_lse = _reference(q.cpu(), k.cpu(), v.cpu(), scale)
+        out, lse = attention_with_lse(q, k, v, scale, backend=backend)
+        row["out_rel"] = _rel(out.cpu(), ref_out)
+        row["lse_abs"] = (lse.cpu().double() - ref_lse).abs().max().item()
+        merged, merged_lse = None, None
+        for lo, hi in ((0, 20), (20, 51), (51, length)):  # a ring of three uneven key blocks
+            bo, bl = attention_with_lse(q, k[:, :, lo:hi], v[:, :, lo:hi], scale, backend=backend)
+            merged, merged_lse = merge_attention(merged, merged_lse, bo, bl)
+        row["ring_rel"] = _rel(merged.cpu(), ref_out)
+        out_bound, lse_bound = BOUNDS[dtype]
+        row["bound"] = out_bound
+        row["ok"] = (row["out_rel"] <= out_bound and row["ring_rel"] <= out_bound and row["lse_abs"] <= lse_bound)
+        if not row["ok"]:
+            row["error"] = (f"out rel {row['out_rel']:.1e}, ring merge rel {row['ring_rel']:.1e} (bound {out_bound:.0e}), "
+                            f"LSE abs {row['lse_abs']:.1e} (bound {lse_bound:.0e})")
+        row["ms"], row["timed_shape"] = _time(device, dtype, backend, quick)
+    except Exception as e:  # noqa: BLE001 - a kernel that raises is a failed check, reported with its message
+        row.update(ok=False, error=f"{type(e).__name__}: {e}")
+    return row
+
+
+def _time(device, dtype, backend, quick):
+    """One attention call at a size where the kernel, not the launch, is timed."""
+    length = (1024 if quick else 4096) if device.type == "cuda" else (256 if quick else 1024)
+    heads = 24 if device.type == "cuda" else 8
+    q, k, v = (torch.randn(1, heads, length, 128, device=device, dtype=dtype) for _ in range(3))
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else None
+    attention_with_lse(q, k, v, backend=backend)  # warm-up (kernel selection, workspace)
+    if sync:
+        sync()
+    return median_ms(lambda: attention_with_lse(q, k, v, backend=backend), repeat=3 if quick else 5,
+                     sync=sync), [1, heads, length, 128]
+
+
+def check_kernels(devices, quick: bool = False) -> list:
+    rows = []
+    for device in devices:
+        dtypes = [torch.float32, torch.bfloat16] + ([torch.float16] if device.type == "cuda" else [])
+        for i, dtype in enumerate(dtypes):
+            for backend in available_backends(device, dtype):
+                rows.append(check_one(device, dtype, backend, seed=100 + i, quick=quick))
+    return rows
+
+
+def kernel_table(rows) -> str:
+    lines = [f"{'device':8s} {'dtype':9s} {'backend':15s} {'out rel':>9s} {'ring rel':>9s} {'LSE abs':>9s} "
+             f"{'ms/call':>9s}  result"]
+    for r in rows:
+        num = lambda k: f"{r[k]:9.1e}" if isinstance(r.get(k), float) else f"{'-':>9s}"  # noqa: E731
+        ms = f"{r['ms']:9.2f}" if "ms" in r else f"{'-':>9s}"
+        lines.append(f"{r['device']:8s} {r['dtype']:9s} {r['backend']:15s} {num('out_rel')} {num('ring_rel')} "
+                     f"{num('lse_abs')} {ms}  {'ok' if r['ok'] else 'FAIL: ' + r.get('error', '')}")
+    return "\n".join(lines)
