@@ -1,6 +1,7 @@
 """ComfyUI node classes: thin - validate, turn ComfyUI objects into a job, call the pool."""
 import sys
 
+from .cluster_node import ClusterNode
 from .config_node import ParallelConfigNode
 from .runtime import Runtime
 from .sampler_node import HybridSampler
@@ -22,9 +23,11 @@ NODE_CLASS_MAPPINGS = {
     "HybridParallelConfig": ParallelConfigNode,
     "HybridSampler": HybridSampler,
     "HybridPatchVAEDecode": PatchVAEDecode,
+    "HybridParallelCluster": ClusterNode,
 }
 NODE_DISPLAY_NAME_MAPPINGS = {
     "HybridParallelConfig": "Parallel Config",
     "HybridSampler": "Hybrid Sampler",
     "HybridPatchVAEDecode": "Patch VAE Decode",
+    "HybridParallelCluster": "Hybrid Parallel Cluster",
 }

@@ -19,10 +19,12 @@ class HybridParallelConfig:
     device: str = "auto"          # "auto" | "cpu" | "cuda"
     attention: str = "auto"
     mode: str = "auto"            # "auto" (loop for PipeFusion, else step) | "step" | "loop"
+    cluster: object = None        # a NodeCluster (cluster_node.py): the world spans machines
 
     def describe(self) -> str:
         mode = "loop" if self.config.pp_degree > 1 or self.mode == "loop" else "step"
-        return f"{self.config.describe()} on {self.config.world_size} {self.device} worker(s), {mode} mode"
+        where = f" over {self.cluster.cluster.nnodes} machines" if self.cluster is not None else ""
+        return f"{self.config.describe()} on {self.config.world_size} {self.device} worker(s){where}, {mode} mode"
 
 
 def max_cpu_workers() -> int:
@@ -37,12 +39,18 @@ def max_cpu_workers() -> int:
     return 2 * (os.cpu_count() or 1)
 
 
-def check_placement(config: ParallelConfig, device: str) -> None:
+def check_placement(config: ParallelConfig, device: str, cluster=None) -> None:
     """Refuse a world this machine cannot place - before any worker starts and without touching a running pool:
-    a CUDA device that does not exist, more GPU ranks than GPUs, a CPU world beyond max_cpu_workers()."""
+    a CUDA device that does not exist, more GPU ranks than GPUs, a CPU world beyond max_cpu_workers(). In a
+    cluster this machine holds one launch group (nproc_per_node ranks); the others are checked by their torchrun."""
     import torch
     n = config.world_size
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if cluster is not None:
+        if config.devices:
+            raise ValueError("Parallel Config: a devices list cannot be combined with a cluster (each machine's "
+                             "torchrun places its own workers, one per GPU); leave devices empty")
+        n = cluster.cluster.nproc_per_node
     if config.devices:
         for d in config.devices:
             kind, _, index = d.partition(":")
@@ -107,6 +115,8 @@ class ParallelConfigNode:
         }, "optional": {
             "devices": ("STRING", {"default": "", "tooltip": "Optional comma-separated device list, one per "
                                    "rank (e.g. cuda:0,cuda:1); empty = the first world_size devices."}),
+            "cluster": ("HP_CLUSTER", {"tooltip": "From a Hybrid Parallel Cluster node: the world spans several "
+                        "machines (the product of the degrees = machines x workers per machine)."}),
             "sampling_mode": (SAMPLING_MODES, {"default": "auto", "tooltip": "step: ComfyUI runs the sampler and "
                               "each model call goes to the workers (every sampler). loop: the whole denoising loop "
                               "runs in the workers (euler / dpmpp_2m; DistriFusion overlaps better). auto: loop for "
@@ -115,7 +125,8 @@ class ParallelConfigNode:
 
     @staticmethod
     def configure(dp_degree, cfg_degree, ulysses_degree, ring_degree, pp_degree, num_pipeline_patch, warmup_steps,
-                  tp_degree, method, device, attention, devices="", sampling_mode="auto") -> HybridParallelConfig:
+                  tp_degree, method, device, attention, devices="", sampling_mode="auto",
+                  cluster=None) -> HybridParallelConfig:
         """The validated config of these widget values (ValueError naming the fix); places nothing."""
         try:
             config = ParallelConfig(
@@ -130,16 +141,21 @@ class ParallelConfigNode:
                              "workers; set sampling_mode to auto or loop, or pp_degree to 1")
         if sampling_mode not in SAMPLING_MODES:
             raise ValueError(f"Parallel Config: sampling_mode must be one of {SAMPLING_MODES}, got {sampling_mode!r}")
-        return HybridParallelConfig(config, device=device, attention=attention, mode=sampling_mode)
+        if cluster is not None:
+            try:
+                cluster.cluster.check_world(config)
+            except ValueError as e:
+                raise ValueError(f"Parallel Config: {e}") from None
+        return HybridParallelConfig(config, device=device, attention=attention, mode=sampling_mode, cluster=cluster)
 
     async def build_async(self, **widgets):
         return self.build(**widgets)
 
     def build(self, dp_degree, cfg_degree, ulysses_degree, ring_degree, pp_degree, num_pipeline_patch,
-              warmup_steps, tp_degree, method, device, attention, devices="", sampling_mode="auto"):
+              warmup_steps, tp_degree, method, device, attention, devices="", sampling_mode="auto", cluster=None):
         hp = self.configure(dp_degree, cfg_degree, ulysses_degree, ring_degree, pp_degree, num_pipeline_patch,
-                            warmup_steps, tp_degree, method, device, attention, devices, sampling_mode)
-        check_placement(hp.config, device)  # this machine must be able to run it: before any worker starts
+                            warmup_steps, tp_degree, method, device, attention, devices, sampling_mode, cluster)
+        check_placement(hp.config, device, cluster)  # this machine must be able to run it: before any worker starts
         if self.runtime is not None:  # in a ComfyUI server: start the workers while the model loads
             self.runtime.prestart(hp)
         return {"ui": {"text": summary(hp)}, "result": (hp,)}
@@ -151,4 +167,6 @@ def summary(hp: HybridParallelConfig) -> list:
     if hp.config.world_size <= MAX_LISTED_RANKS:
         groups = {k: v for k, v in rank_groups(hp.config).items() if len(v[0]) > 1}
         text += [f"{k}: {v}" for k, v in groups.items()]
+    if hp.cluster is not None:
+        text += hp.cluster.describe()[2:]  # the join commands, where the user looks
     return text

@@ -17,6 +17,7 @@ import torch
 from ..parallel.checkpoints import convert, detect_family
 from ..parallel.models import adapter_for, supported_titles
 from ..workers.pool import JobCancelled, PoolError, WorkerPool
+from .cluster_node import join_commands
 
 
 
@@ -26,6 +27,7 @@ class Runtime:
     def __init__(self, make_pool=None):
         self._make_pool = make_pool or (lambda device: WorkerPool(device=device))  # tests: fake workers
         self._pool = None
+        self._pool_cluster = None  # the NodeCluster the pool was made for (None: this machine only)
         self._lock = threading.Lock()
         self.model_info = {}  # weights key -> (family, diffusers config): skip converting weights twice
         self._prestart = None  # the background thread of prestart(), if one runs
@@ -40,11 +42,16 @@ class Runtime:
             self.model_info.pop(next(iter(self.model_info)))
 
     def pool(self, hp) -> WorkerPool:
+        """The pool for `hp`'s device and machines; another device or cluster replaces it."""
+        cluster = getattr(hp, "cluster", None)
         with self._lock:
-            if self._pool is None or self._pool.device != hp.device:
+            if self._pool is None or (self._pool.device, self._pool_cluster) != (hp.device, cluster):
                 if self._pool is not None:
                     self._pool.close()
-                self._pool = self._make_pool(hp.device)
+                self._pool = (self._make_pool(hp.device) if cluster is None else
+                              WorkerPool(device=hp.device, cluster=cluster.cluster,
+                                         start_timeout_s=cluster.join_timeout_s))
+                self._pool_cluster = cluster
             return self._pool
 
     def ensure_resident(self, hp, key: str, convert_weights):
@@ -73,8 +80,8 @@ class Runtime:
         """
         if self._prestart is not None and self._prestart.is_alive():
             return
-        if self._pool is not None and self._pool.device != hp.device:
-            return  # a device change replaces the pool: leave that to the sampler, which reports errors
+        if self._pool is not None and (self._pool.device, self._pool_cluster) != (hp.device, hp.cluster):
+            return  # a device or cluster change replaces the pool: leave that to the sampler, which reports errors
         try:
             from .native import comfy_runtime
             comfy = comfy_runtime()
@@ -189,7 +196,8 @@ class Runtime:
                 "mesh": None if world is None else world.config.describe(),
                 "world_size": 0 if world is None else world.world_size,
                 "workers": workers, "job": dict(job) if job else None, "last_job": last,
-                "prestart": self.prestarted, "last_started": dict(self.last_started)}
+                "prestart": self.prestarted, "last_started": dict(self.last_started),
+                "join_commands": None if self._pool_cluster is None else join_commands(self._pool_cluster.cluster)}
 
     def _model_label(self, key: str) -> str:
         info = self.model_info.get(key)

@@ -9,6 +9,7 @@ const STATE_COLOR = { none: "#888", starting: "#d9a400", ready: "#2e9d4f", busy:
 export const PANEL_STYLE = `
 .hp-panel { padding: 10px; font: 12px/1.4 system-ui, sans-serif; display: flex; flex-direction: column; gap: 8px; }
 .hp-panel h3 { margin: 0; font-size: 14px; }
+.hp-join code { display: block; white-space: pre-wrap; word-break: break-all; font-size: 11px; margin: 2px 0; }
 .hp-state { display: inline-block; padding: 1px 8px; border-radius: 9px; color: #fff; font-weight: 600; }
 .hp-panel table { border-collapse: collapse; width: 100%; }
 .hp-panel th, .hp-panel td { text-align: left; padding: 2px 4px; border-bottom: 1px solid rgba(128,128,128,.3); vertical-align: top; }
@@ -90,6 +91,14 @@ export function renderPanel(root, status, onStop) {
       table.append(tr);
     }
     root.append(table);
+  }
+  if (status.join_commands?.length) {
+    // a world over several machines: what each other machine runs to join (with a copy of the key file)
+    const join = document.createElement("div");
+    join.className = "hp-join";
+    join.append(text("div", "other machines join with:"));
+    status.join_commands.forEach((cmd, i) => join.append(text("code", `machine ${i + 1}: ${cmd}`)));
+    root.append(join);
   }
   const stop = text("button", "Stop workers", { class: "hp-stop p-button p-button-sm p-button-danger" });
   stop.disabled = status.state === "none";
