@@ -43,10 +43,12 @@ MESHES = (
     Mesh("tensor 2", {"tp_degree": 2}),
     Mesh("pipefusion 2", {"pp_degree": 2, "num_pipeline_patch": 2, "warmup_steps": STEPS}, "loop"),
     Mesh("distrifusion 2", {"ulysses_degree": 2, "method": "distrifusion", "warmup_steps": 1}, "stale"),
+    Mesh("ulysses 2, sharded weights", {"ulysses_degree": 2, "shard_weights": "sequence"}),
     Mesh("ulysses 4", {"ulysses_degree": 4}),
     Mesh("ulysses 2 x ring 2", {"ulysses_degree": 2, "ring_degree": 2}),
     Mesh("tensor 2 x ulysses 2", {"tp_degree": 2, "ulysses_degree": 2}),
     Mesh("cfg 2 x ulysses 2", {"cfg_degree": 2, "ulysses_degree": 2}),
+    Mesh("cfg 2 x ulysses 2, sharded weights", {"cfg_degree": 2, "ulysses_degree": 2, "shard_weights": "all"}),
     Mesh("pipefusion 2 x ulysses 2", {"pp_degree": 2, "num_pipeline_patch": 2, "ulysses_degree": 2,
                                       "warmup_steps": STEPS}, "loop"),
     Mesh("ulysses 4 x ring 2", {"ulysses_degree": 4, "ring_degree": 2}),
@@ -257,12 +259,12 @@ def _line(r: dict) -> str:
               "FAIL: " + str(r.get("error", "")).strip().splitlines()[-1][:160])
     dtypes = f"{r.get('weights', '-')}/{r.get('compute', '-')}"
     load = f"{r['load_s']:6.2f}" if "load_s" in r else f"{'-':>6s}"
-    return (f"{r['method']:28s} {r.get('world', '-')!s:>5s} {r.get('device', '-'):5s} {r.get('precision', '-'):16s} "
+    return (f"{r['method']:34s} {r.get('world', '-')!s:>5s} {r.get('device', '-'):5s} {r.get('precision', '-'):16s} "
             f"{dtypes:22s} {rel:>8s} {bound:>8s} {load} {ms}  {result}")
 
 
 def method_table(rows) -> str:
-    head = (f"{'method':28s} {'world':>5s} {'dev':5s} {'precision':16s} {'weights/compute':22s} {'rel err':>8s} {'bound':>8s} "
+    head = (f"{'method':34s} {'world':>5s} {'dev':5s} {'precision':16s} {'weights/compute':22s} {'rel err':>8s} {'bound':>8s} "
             f"{'load s':>6s} {'serial':>8s} {'parallel':>8s} {'speed':>6s}  result   (load: world start + weights; "
             f"serial/parallel: ms per step)")
     return "\n".join([head] + [_line(r) for r in rows])

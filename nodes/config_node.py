@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from ..parallel.config import ConfigError, ParallelConfig
+from ..parallel.config import SHARD_CHOICES, ConfigError, ParallelConfig
 from ..parallel.mesh import rank_groups
 
 SAMPLING_MODES = ["auto", "step", "loop"]
@@ -117,6 +117,10 @@ class ParallelConfigNode:
                                    "rank (e.g. cuda:0,cuda:1); empty = the first world_size devices."}),
             "cluster": ("HP_CLUSTER", {"tooltip": "From a Hybrid Parallel Cluster node: the world spans several "
                         "machines (the product of the degrees = machines x workers per machine)."}),
+            "shard_weights": (list(SHARD_CHOICES), {"default": "none", "tooltip": "Weight sharding: each rank keeps 1/N "
+                              "of the weights and gathers a block's weights one block ahead of use (fits models "
+                              "larger than one device). sequence = over the ulysses x ring ranks; all = over every "
+                              "rank. Not with tensor parallel or PipeFusion."}),
             "sampling_mode": (SAMPLING_MODES, {"default": "auto", "tooltip": "step: ComfyUI runs the sampler and "
                               "each model call goes to the workers (every sampler). loop: the whole denoising loop "
                               "runs in the workers (euler / dpmpp_2m; DistriFusion overlaps better). auto: loop for "
@@ -126,13 +130,13 @@ class ParallelConfigNode:
     @staticmethod
     def configure(dp_degree, cfg_degree, ulysses_degree, ring_degree, pp_degree, num_pipeline_patch, warmup_steps,
                   tp_degree, method, device, attention, devices="", sampling_mode="auto",
-                  cluster=None) -> HybridParallelConfig:
+                  cluster=None, shard_weights="none") -> HybridParallelConfig:
         """The validated config of these widget values (ValueError naming the fix); places nothing."""
         try:
             config = ParallelConfig(
                 dp_degree=dp_degree, cfg_degree=cfg_degree, ulysses_degree=ulysses_degree, ring_degree=ring_degree,
                 pp_degree=pp_degree, num_pipeline_patch=num_pipeline_patch or None, tp_degree=tp_degree,
-                warmup_steps=warmup_steps, method=method,
+                warmup_steps=warmup_steps, method=method, shard_weights=shard_weights,
                 devices=tuple(d.strip() for d in devices.split(",") if d.strip()))
         except ConfigError as e:
             raise ValueError(f"Parallel Config: {e}") from None
@@ -152,9 +156,11 @@ class ParallelConfigNode:
         return self.build(**widgets)
 
     def build(self, dp_degree, cfg_degree, ulysses_degree, ring_degree, pp_degree, num_pipeline_patch,
-              warmup_steps, tp_degree, method, device, attention, devices="", sampling_mode="auto", cluster=None):
+              warmup_steps, tp_degree, method, device, attention, devices="", sampling_mode="auto", cluster=None,
+              shard_weights="none"):
         hp = self.configure(dp_degree, cfg_degree, ulysses_degree, ring_degree, pp_degree, num_pipeline_patch,
-                            warmup_steps, tp_degree, method, device, attention, devices, sampling_mode, cluster)
+                            warmup_steps, tp_degree, method, device, attention, devices, sampling_mode, cluster,
+                            shard_weights)
         check_placement(hp.config, device, cluster)  # this machine must be able to run it: before any worker starts
         if self.runtime is not None:  # in a ComfyUI server: start the workers while the model loads
             self.runtime.prestart(hp)

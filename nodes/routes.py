@@ -21,6 +21,8 @@ def _defaults() -> dict:
     out = {}
     for section in ("required", "optional"):
         for name, (kind, *opts) in spec.get(section, {}).items():
+            if isinstance(kind, str) and kind.isupper() and kind not in ("INT", "STRING", "FLOAT", "BOOLEAN"):
+                continue  # a link input (the cluster): not a widget, not in the picture's query
             opts = opts[0] if opts else {}
             out[name] = opts.get("default", kind[0] if isinstance(kind, list) else "")
     return out

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, fields
 from typing import Optional
 
 METHODS = ("usp", "distrifusion")
+SHARD_CHOICES = ("none", "sequence", "all")
 
 
 class ConfigError(ValueError):
@@ -46,6 +47,8 @@ class ParallelConfig:
     warmup_steps: int = 1
     method: str = "usp"
     devices: tuple = field(default=())
+    # weight sharding (parallel/shard.py): "none", "sequence" (over the ulysses x ring ranks) or "all" (the world)
+    shard_weights: str = "none"
 
     def __post_init__(self) -> None:
         for name in ("dp_degree", "cfg_degree", "ulysses_degree", "ring_degree", "pp_degree", "tp_degree"):
@@ -90,6 +93,19 @@ class ParallelConfig:
                 "method='distrifusion' splits the image into one patch per sequence rank: set its degree with "
                 "ulysses_degree and keep ring_degree=1, pp_degree=1 and tp_degree=1")
 
+        if self.shard_weights not in SHARD_CHOICES:
+            raise ConfigError(f"shard_weights must be one of {SHARD_CHOICES}, got {self.shard_weights!r}")
+        if self.shard_weights != "none":
+            if self.tp_degree > 1 or self.pp_degree > 1:
+                raise ConfigError(
+                    "shard_weights with tensor parallel or PipeFusion: those split the weights themselves (per "
+                    "layer slice / per stage); set shard_weights to 'none', or tp_degree and pp_degree to 1")
+            span = self.sp_degree if self.shard_weights == "sequence" else self.world_size
+            if span == 1:
+                raise ConfigError(
+                    f"shard_weights={self.shard_weights!r} shards over {'the ulysses x ring ranks' if self.shard_weights == 'sequence' else 'the world'}, "
+                    f"which is one rank here: raise ulysses_degree or ring_degree"
+                    f"{', or use shard_weights=all' if self.world_size > 1 else ''}, or set shard_weights to 'none'")
         devices = tuple(str(d) for d in self.devices)
         object.__setattr__(self, "devices", devices)
         if devices and len(devices) != self.world_size:
@@ -109,12 +125,14 @@ class ParallelConfig:
     def describe(self) -> str:
         parts = [f"{n}{getattr(self, n + '_degree')}" for n in ("dp", "cfg", "pp", "ring", "ulysses", "tp")
                  if getattr(self, n + "_degree") > 1]
+        if self.shard_weights != "none":
+            parts.append(f"shard:{self.shard_weights}")
         return "·".join(parts) or "serial"
 
     def mesh_key(self) -> tuple:
         """What a running world depends on: two configs with the same key can share one pool."""
         return (self.dp_degree, self.cfg_degree, self.pp_degree, self.ring_degree,
-                self.ulysses_degree, self.tp_degree, self.devices)
+                self.ulysses_degree, self.tp_degree, self.devices, self.shard_weights)
 
     def to_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}

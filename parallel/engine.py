@@ -83,6 +83,8 @@ class Engine:
             if ctx.config.pp_degree > 1 and plan_for(model).pipeline is not None:
                 from .pipefusion.plans import keep_stage_blocks
                 keep_stage_blocks(model, ctx)  # a stage holds only its own blocks' weights
+            from .shard import apply_weight_sharding
+            apply_weight_sharding(model, ctx)  # a rank keeps 1/N of every weight (shard_weights)
         if device is not None and torch.device(device).type != "cpu":
             to_device(model, torch.device(device))
         r = Resident(family, model, parallelized, native_call, compute_dtype)
@@ -101,10 +103,14 @@ class Engine:
                 continue
             seen.add(id(t))
             n = t.numel() * t.element_size()
+            if n == 0:  # a sharded weight's placeholder between uses (parallel/shard.py)
+                continue
             total += n
             name = str(t.dtype).removeprefix("torch.")
             dtypes[name] = dtypes.get(name, 0) + n
-        return {"bytes": total, "dtypes": dtypes, "native": r.native_call is not None}
+        sharding = getattr(r.model, "_hp_sharding", None)
+        return {"bytes": total, "dtypes": dtypes, "native": r.native_call is not None,
+                "sharding": sharding.stats() if sharding is not None else None}
 
     # ---- compute ----
     def _retarget(self, r: Resident, resolution) -> None:

@@ -65,6 +65,21 @@ def test_fp8_weight_dtype_equals_ksampler(server, weight_dtype):
     assert _rel(t2, ref) <= 1e-5
 
 
+@pytest.mark.parametrize("weight_dtype", ["default", "fp8_e4m3fn"])
+def test_sharded_weights_equal_ksampler(server, weight_dtype):
+    """Parallel Config's shard_weights: each rank keeps half of ComfyUI's (fp8) weights and gathers a block's
+    weights one block ahead; the prompt equals KSampler, with Ulysses and with CFG parallel."""
+    ref_tag = f"shard_ref_{weight_dtype}"
+    _ok(server, server.run(_graph(None, ref_tag, weight_dtype=weight_dtype)))
+    ref = _load(server, f"lat_{ref_tag}", "images")
+    for degrees in ({"ulysses_degree": 2, "shard_weights": "sequence"}, {"cfg_degree": 2, "shard_weights": "all"}):
+        tag = f"shard_{weight_dtype}_{'_'.join(f'{k}{v}' for k, v in degrees.items())}"
+        _ok(server, server.run(_graph(degrees, tag, weight_dtype=weight_dtype)))
+        err = _rel(_load(server, f"lat_{tag}", "images"), ref)
+        print(f"sharded weights {weight_dtype} {degrees}: latent relative error vs KSampler {err:.2e}")
+        assert err <= 1e-5, (degrees, err)
+
+
 @pytest.mark.parametrize("warmup", [3, 1])
 def test_distrifusion_in_step_mode(server, reference, warmup):
     """warmup = all steps: equal to KSampler; warmup 1: stale K/V, close but not equal (measured)."""

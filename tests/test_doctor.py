@@ -39,7 +39,7 @@ def test_quick_doctor_passes_on_cpu_and_writes_its_report(tmp_path):
         assert r["ok"] and r["ring_rel"] <= r["bound"] and r["ms"] > 0, r
     methods = {r["method"] for r in report["methods"]}
     assert methods == {"degree 1", "ulysses 2", "ring 2", "cfg 2", "data 2", "tensor 2", "pipefusion 2",
-                       "distrifusion 2"}
+                       "distrifusion 2", "ulysses 2, sharded weights"}
     assert {r["precision"] for r in report["methods"]} == {"fp32", "fp8_e4m3fn"}
     for r in report["methods"]:
         assert r["ok"] and not r.get("skipped") and r["device"] == "cpu", r
