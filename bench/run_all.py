@@ -35,6 +35,7 @@ SECTIONS = {
     "vae": ("bench_vae.py", ["vae"], [], 300),
     "native": ("bench_native.py", ["native"], [], 3600),
     "reliability": ("bench_reliability.py", ["reliability"], [], 900),
+    "shard": ("bench_shard.py", ["shard"], [], 900),
 }
 TITLES = {
     "comm": "Communication volume per diffusion step (counters vs analytic)",
@@ -45,6 +46,7 @@ TITLES = {
     "vae": "Memory per rank: patch-parallel VAE decode",
     "native": "ComfyUI's own model on the workers: host memory and cold first prompt vs KSampler",
     "reliability": "Pool reliability in a real ComfyUI: interrupt, hung and killed ranks, stop, soak",
+    "shard": "Weight sharding: per-rank weights, peak gathered, time per step vs unsharded",
 }
 
 
@@ -154,6 +156,15 @@ def _headline(data: dict) -> list:
         soak = d["soak"]
         add(f"soak {soak['prompts']} prompts: RSS growth / pool files left", f"{soak['rss_growth_pct']} % / "
             f"{soak['pool files in shm after']}", "flat / the live arenas", d)
+    d = data.get("shard")
+    if d:
+        for r in d["rows"]:
+            if r["shard_weights"] != "none":
+                unsharded = next(b for b in d["rows"] if b["config"] == r["config"] and b["precision"] == r["precision"]
+                                 and b["shard_weights"] == "none")
+                add(f"shard_weights={r['shard_weights']}, {r['config']}, {r['precision']}: weights per rank / time "
+                    f"per step vs unsharded", f"{r['per_rank_MiB'] / r['weights_MiB']:.2f} / "
+                    f"{r['ms_per_step'] / unsharded['ms_per_step']:.2f}×", "≤ 1/N + two blocks / –", d)
     return out
 
 
