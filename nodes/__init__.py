@@ -3,6 +3,7 @@ import sys
 
 from .cluster_node import ClusterNode
 from .config_node import ParallelConfigNode
+from .model_node import ParallelModel
 from .runtime import Runtime
 from .sampler_node import HybridSampler
 from .vae_node import PatchVAEDecode
@@ -10,6 +11,7 @@ from .vae_node import PatchVAEDecode
 RUNTIME = Runtime()  # this ComfyUI process's one connection to its worker pool
 HybridSampler.runtime = RUNTIME
 PatchVAEDecode.runtime = RUNTIME
+ParallelModel.runtime = RUNTIME
 
 # The web extension's routes, only inside a running ComfyUI server (never import `server` ourselves: in
 # pytest or a plain `import` of the pack there is no PromptServer, and importing ComfyUI's would start one).
@@ -24,10 +26,12 @@ NODE_CLASS_MAPPINGS = {
     "HybridSampler": HybridSampler,
     "HybridPatchVAEDecode": PatchVAEDecode,
     "HybridParallelCluster": ClusterNode,
+    "HybridParallelModel": ParallelModel,
 }
 NODE_DISPLAY_NAME_MAPPINGS = {
     "HybridParallelConfig": "Parallel Config",
     "HybridSampler": "Hybrid Sampler",
     "HybridPatchVAEDecode": "Patch VAE Decode",
     "HybridParallelCluster": "Hybrid Parallel Cluster",
+    "HybridParallelModel": "Parallel Model",
 }

@@ -167,6 +167,34 @@ def make_apply_model_wrapper(runtime, hp, state: dict):
     return wrapper
 
 
+def check_not_on_pool(model, who: str) -> None:
+    """A MODEL that already runs on the pool (Parallel Model) must not be wrapped again: each model call would
+    go to the workers twice over."""
+    import comfy.patcher_extension as ext
+    if (model.wrappers.get(ext.WrappersMP.APPLY_MODEL) or {}).get(WRAPPER_KEY):
+        raise ValueError(f"{who}: this MODEL already runs on the workers (it comes from a Parallel Model node); "
+                         f"sample it with KSampler or any sampler node, or remove the Parallel Model node")
+
+
+def pool_state(model, hp) -> dict:
+    """How the pool runs this MODEL for `hp`: its residency key (weights, patches, method), ComfyUI's own model
+    spec where the config runs natively, and the call counter. Refuses, before any worker starts, what cannot
+    travel (other nodes' patches, fp8 on the diffusers path, tp degrees the model cannot be sharded by)."""
+    # the workers keep the model parallelized for one method: the method is part of its identity
+    method = f"{hp.config.method}" + (f"-w{hp.config.warmup_steps}" if hp.config.method != "usp" else "")
+    state = {"key": f"{weights_key(model.model, model.patches_uuid)}|{method}", "calls": 0}
+    if native_supported(hp.config, model.model.diffusion_model):
+        # ComfyUI's own model on the workers; refused here, before any worker starts, if it cannot travel
+        state["native"] = native_spec(model.model)
+        check_weights(model.model.diffusion_model)
+        check_native_tp(model.model.diffusion_model, hp.config)
+        portable_options(model.model_options.get("transformer_options"))  # other nodes' patches: refused now
+        state["key"] = "native:" + state["key"]
+    else:
+        check_diffusers_path(model.model.diffusion_model, hp.config)
+    return state
+
+
 class HybridSampler:
     DESCRIPTION = ("A drop-in KSampler that runs the diffusion model across the devices of a Parallel Config. "
                    "Same inputs and the same result as KSampler (exactly, at degree 1 and for the exact methods).")
@@ -210,19 +238,10 @@ class HybridSampler:
         # device, ComfyUI still applies the weight patches (LoRA) there, and those patched weights are what
         # travels to the workers.
         m.load_device = m.offload_device
-        # the workers keep the model parallelized for one method: the method is part of its identity
-        method = f"{hp.config.method}" + (f"-w{hp.config.warmup_steps}" if hp.config.method != "usp" else "")
-        state = {"key": f"{weights_key(model.model, model.patches_uuid)}|{method}", "calls": 0}
-        if native_supported(hp.config, model.model.diffusion_model):
-            # ComfyUI's own model on the workers; refused here, before any worker starts, if it cannot travel
-            state["native"] = native_spec(model.model)
-            check_weights(model.model.diffusion_model)
-            check_native_tp(model.model.diffusion_model, hp.config)
+        check_not_on_pool(model, "Hybrid Sampler")
+        state = pool_state(model, hp)
+        if state.get("native"):
             check_native_pipefusion(model.model.diffusion_model, hp.config, tuple(latent_image["samples"].shape))
-            portable_options(m.model_options.get("transformer_options"))  # other nodes' patches: refused now
-            state["key"] = "native:" + state["key"]
-        else:
-            check_diffusers_path(model.model.diffusion_model, hp.config)
         m.add_wrapper_with_key(comfy.patcher_extension.WrappersMP.APPLY_MODEL, WRAPPER_KEY,
                                make_apply_model_wrapper(self.runtime, hp, state))
         with self.runtime.track("sample", total=steps):  # the worker panel's busy state and step

@@ -57,6 +57,17 @@ BOOTSTRAP = ("import runpy, sys, types; root = sys.argv.pop(1); module = sys.arg
 REAP_INTERVAL_S = 0.5
 
 
+def worker_threads(per_machine: int) -> int:
+    """Intra-op threads per worker: the cores shared out over this machine's workers - except a lone worker,
+    which takes the driver's own count. CPU kernels (GEMM splits) round differently with another thread
+    count, so only then is degree 1 bitwise equal to KSampler in ComfyUI's process (a batch-1 forward on
+    1 vs 2 threads differed by 1e-6 here)."""
+    if per_machine == 1:
+        import torch
+        return max(1, torch.get_num_threads())
+    return max(1, (os.cpu_count() or 1) // per_machine)
+
+
 class World:
     """N worker processes, their authenticated channels, and how to stop them."""
 
@@ -109,7 +120,7 @@ class World:
     def start(self, timeout_s: float) -> None:
         self.devices = self._devices()
         per_machine = self.cluster.nproc_per_node if self.cluster is not None else self.world_size
-        threads = max(1, (os.cpu_count() or 1) // per_machine)
+        threads = worker_threads(per_machine)
         authkey = self.cluster.authkey() if self.cluster is not None else new_authkey()
         listener = self._listen()
         try:

@@ -1,0 +1,58 @@
+"""Parallel Model: MODEL + PARALLEL_CONFIG -> MODEL whose diffusion model runs on the worker pool.
+
+Why a model patch rather than another sampler: people sample with KSamplerAdvanced (Wan 2.2's two experts
+need start/end steps and leftover noise), SamplerCustom and SamplerCustomAdvanced (guiders, custom sigmas).
+All of them end in the MODEL's apply_model, so the same APPLY_MODEL wrapper Hybrid Sampler installs (step
+mode: one pool forward per model call, everything around it ComfyUI's code) makes every one of them run
+on the pool. An OUTER_SAMPLE wrapper re-derives the residency key from the patcher that actually samples
+(a LoRA applied after this node changes the weights) and restarts the call count per run (DistriFusion's
+warmup), since ComfyUI caches this node's output across prompts.
+"""
+from __future__ import annotations
+
+from .sampler_node import WRAPPER_KEY, check_not_on_pool, make_apply_model_wrapper, pool_state
+
+
+class ParallelModel:
+    DESCRIPTION = ("Makes any sampler node (KSampler, KSamplerAdvanced, SamplerCustom, SamplerCustomAdvanced, ...) "
+                   "run the diffusion model across the devices of a Parallel Config. Same result as the graph "
+                   "without this node (exactly for the exact methods). PipeFusion and loop mode need the whole "
+                   "denoising loop: use Hybrid Sampler for those.")
+    CATEGORY = "sampling/hybrid parallel"
+    RETURN_TYPES = ("MODEL",)
+    OUTPUT_TOOLTIPS = ("The model, with its diffusion model on the workers.",)
+    FUNCTION = "patch"
+    runtime = None  # set by the pack's entry point
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {
+            "model": ("MODEL", {"tooltip": "A diffusion model (any family Hybrid Sampler runs)."}),
+            "parallel_config": ("PARALLEL_CONFIG", {"tooltip": "From the Parallel Config node."}),
+        }}
+
+    def patch(self, model, parallel_config):
+        import comfy.patcher_extension as ext
+        hp = parallel_config
+        if hp.config.pp_degree > 1:
+            raise ValueError(f"Parallel Model: PipeFusion (pp_degree={hp.config.pp_degree}) runs the whole denoising "
+                             f"loop in the workers, which a model patch cannot; use Hybrid Sampler, or pp_degree 1")
+        if hp.mode == "loop":
+            raise ValueError("Parallel Model runs each model call on the workers (step mode); sampling_mode 'loop' "
+                             "needs Hybrid Sampler - set sampling_mode to auto or step")
+        check_not_on_pool(model, "Parallel Model")
+        state = pool_state(model, hp)  # refusals now, before any worker starts
+        m = model.clone()
+        m.load_device = m.offload_device  # ComfyUI's copy stays on the host (see Hybrid Sampler)
+        runtime = self.runtime
+
+        def outer_sample(executor, *args, **kwargs):
+            patcher = executor.class_obj.model_patcher  # the patcher sampling now (maybe LoRA'd after this node)
+            state.clear()
+            state.update(pool_state(patcher, hp))
+            with runtime.track("sample"):
+                return executor(*args, **kwargs)
+
+        m.add_wrapper_with_key(ext.WrappersMP.OUTER_SAMPLE, WRAPPER_KEY, outer_sample)
+        m.add_wrapper_with_key(ext.WrappersMP.APPLY_MODEL, WRAPPER_KEY, make_apply_model_wrapper(runtime, hp, state))
+        return (m,)

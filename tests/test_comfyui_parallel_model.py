@@ -1,0 +1,130 @@
+"""Parallel Model (MODEL + PARALLEL_CONFIG -> MODEL) under every sampler node, in a real ComfyUI.
+
+Each graph is run twice - as is, and with Parallel Model between the model loader and the sampler - and
+the latents compared: bitwise at degree 1, ≤ 1e-5 relative with Ulysses 2 / CFG 2 (ComfyUI computes in fp32
+on CPU). Samplers: KSampler; two KSamplerAdvanced in a row (Wan 2.2's expert hand-over: start/end step,
+leftover noise, no added noise in the second) with two different models resident on one pool;
+SamplerCustom; SamplerCustomAdvanced with CFGGuider, BasicGuider and DualCFGGuider.
+"""
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from comfy_server import workflow
+
+pytestmark = pytest.mark.comfy
+
+W, H = 104, 72
+STEPS = 4
+
+
+def _ok(server, entry):
+    assert "rejected" not in entry, entry
+    assert entry["status"]["status_str"] == "success", (entry["status"], server.tail())
+
+
+def _rel(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def _base(tag):
+    """The loaders, conditioning and latent of the test workflow; nodes 2/3 = positive/negative."""
+    g = workflow(None, tag, W, H, steps=STEPS)
+    for k in ("5", "7", "8", "10", "11"):
+        g.pop(k, None)
+    return g
+
+
+def _sampler_graph(kind: str, tag: str, degrees: dict | None) -> dict:
+    g = _base(tag)
+    model = ["1", 0]
+    if kind == "advanced_pair":  # the "low-noise expert": the session's tiny LoRA (conftest) makes it differ
+        g["13"] = {"class_type": "LoraLoaderModelOnly", "inputs": {"model": ["1", 0], "lora_name": "tiny_lora.safetensors",
+                                                                   "strength_model": 0.7}}
+    if degrees is not None:
+        pc = {"dp_degree": 1, "cfg_degree": 1, "ulysses_degree": 1, "ring_degree": 1, "pp_degree": 1,
+              "num_pipeline_patch": 0, "warmup_steps": 1, "tp_degree": 1, "method": "usp", "device": "cpu",
+              "attention": "auto", "devices": "", **degrees}
+        g["9"] = {"class_type": "HybridParallelConfig", "inputs": pc}
+        g["40"] = {"class_type": "HybridParallelModel", "inputs": {"model": ["1", 0], "parallel_config": ["9", 0]}}
+        model = ["40", 0]
+        if kind == "advanced_pair":
+            g["41"] = {"class_type": "HybridParallelModel", "inputs": {"model": ["13", 0], "parallel_config": ["9", 0]}}
+    low = (["41", 0] if degrees is not None else ["13", 0]) if kind == "advanced_pair" else None
+    common = {"positive": ["2", 0], "negative": ["3", 0]}
+    if kind == "ksampler":
+        g["5"] = {"class_type": "KSampler", "inputs": {"model": model, "seed": 7, "steps": STEPS, "cfg": 4.0,
+                                                       "sampler_name": "euler", "scheduler": "normal",
+                                                       "latent_image": ["4", 0], "denoise": 1.0, **common}}
+    elif kind == "advanced_pair":
+        adv = {"noise_seed": 7, "steps": STEPS, "cfg": 4.0, "sampler_name": "euler", "scheduler": "simple", **common}
+        g["50"] = {"class_type": "KSamplerAdvanced", "inputs": {"model": model, "add_noise": "enable", **adv,
+                                                                "latent_image": ["4", 0], "start_at_step": 0,
+                                                                "end_at_step": 2, "return_with_leftover_noise": "enable"}}
+        g["5"] = {"class_type": "KSamplerAdvanced", "inputs": {"model": low, "add_noise": "disable", **adv,
+                                                               "latent_image": ["50", 0], "start_at_step": 2,
+                                                               "end_at_step": 10000,
+                                                               "return_with_leftover_noise": "disable"}}
+    else:
+        g["60"] = {"class_type": "KSamplerSelect", "inputs": {"sampler_name": "euler"}}
+        g["61"] = {"class_type": "BasicScheduler", "inputs": {"model": model, "scheduler": "normal", "steps": STEPS,
+                                                              "denoise": 1.0}}
+        if kind == "custom":
+            g["5"] = {"class_type": "SamplerCustom", "inputs": {"model": model, "add_noise": True, "noise_seed": 7,
+                                                                "cfg": 4.0, "sampler": ["60", 0], "sigmas": ["61", 0],
+                                                                "latent_image": ["4", 0], **common}}
+        else:
+            g["62"] = {"class_type": "RandomNoise", "inputs": {"noise_seed": 7}}
+            guider = kind.removeprefix("custom_advanced_")
+            if guider == "cfg":
+                g["63"] = {"class_type": "CFGGuider", "inputs": {"model": model, "cfg": 4.0, **common}}
+            elif guider == "basic":
+                g["63"] = {"class_type": "BasicGuider", "inputs": {"model": model, "conditioning": ["2", 0]}}
+            else:
+                g["63"] = {"class_type": "DualCFGGuider", "inputs": {
+                    "model": model, "cond1": ["2", 0], "cond2": ["3", 0], "negative": ["3", 0], "cfg_conds": 4.0,
+                    "cfg_cond2_negative": 2.0, "style": "regular"}}
+            g["5"] = {"class_type": "SamplerCustomAdvanced", "inputs": {
+                "noise": ["62", 0], "guider": ["63", 0], "sampler": ["60", 0], "sigmas": ["61", 0],
+                "latent_image": ["4", 0]}}
+    g["10"] = {"class_type": "HPSaveLatentTensor", "inputs": {"samples": ["5", 0], "filename": f"lat_{tag}"}}
+    return g
+
+
+def _latent(server, tag):
+    return load_file(str(server.output(f"lat_{tag}.safetensors")))["images"]
+
+
+@pytest.mark.parametrize("kind", ["ksampler", "advanced_pair", "custom", "custom_advanced_cfg",
+                                  "custom_advanced_basic", "custom_advanced_dual"])
+def test_parallel_model_equals_the_same_graph_without_it(server, kind):
+    _ok(server, server.run(_sampler_graph(kind, f"pm_{kind}_ref", None)))
+    ref = _latent(server, f"pm_{kind}_ref")
+    for name, degrees in (("d1", {}), ("u2", {"ulysses_degree": 2}), ("cfg2", {"cfg_degree": 2})):
+        tag = f"pm_{kind}_{name}"
+        _ok(server, server.run(_sampler_graph(kind, tag, degrees)))
+        got = _latent(server, tag)
+        err = _rel(got, ref)
+        print(f"Parallel Model + {kind} {name}: latent relative error vs the graph without it {err:.2e}")
+        if name == "d1":
+            assert torch.equal(got, ref), err
+        else:
+            assert err <= 1e-5, err
+    if kind == "advanced_pair":  # both experts stayed resident on one pool
+        workers = server.get("/hybrid_parallel/pool")["workers"]
+        assert workers and all(len(w["models"]) >= 2 for w in workers), workers
+
+
+def test_parallel_model_refuses_pipefusion_and_double_wrapping(server):
+    g = _sampler_graph("ksampler", "pm_pp", {"pp_degree": 2})
+    entry = server.run(g)
+    assert entry["status"]["status_str"] == "error"
+    msg = " ".join(m[1].get("exception_message", "") for m in entry["status"]["messages"] if m[0] == "execution_error")
+    assert "use Hybrid Sampler" in msg, msg
+    g = workflow({"ulysses_degree": 2}, "pm_double", W, H, steps=STEPS)  # Hybrid Sampler fed by Parallel Model
+    g["40"] = {"class_type": "HybridParallelModel", "inputs": {"model": ["1", 0], "parallel_config": ["9", 0]}}
+    g["5"]["inputs"]["model"] = ["40", 0]
+    entry = server.run(g)
+    assert entry["status"]["status_str"] == "error"
+    msg = " ".join(m[1].get("exception_message", "") for m in entry["status"]["messages"] if m[0] == "execution_error")
+    assert "already runs on the workers" in msg, msg
