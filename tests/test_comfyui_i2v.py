@@ -1,0 +1,77 @@
+"""Image-to-video in a real ComfyUI: WanImageToVideo's concat latent + mask under every sequence method.
+
+The tiny model has Wan 2.2 14B I2V's layout (in_dim 36 = 16 latent + 4 mask + 16 image-latent channels, no
+CLIP vision); WanImageToVideo encodes the start image with the tiny Wan VAE and puts the concat latent and
+mask into the conditioning; ComfyUI joins them to x before each diffusion-model call, so the workers get
+one 36-channel tensor split with the sequence like any latent. Compared with KSampler on the same graph:
+Parallel Model + KSampler with ulysses 2, ring 2, cfg 2 and ulysses 2 x ring 2, and Hybrid Sampler ulysses 2
+(odd 13 x 9 latent, 5 frames -> 2 latent frames).
+"""
+import pytest
+from safetensors.torch import load_file
+
+from comfy_server import workflow
+
+pytestmark = pytest.mark.comfy
+
+W, H, FRAMES = 104, 72, 5
+
+
+@pytest.fixture(scope="module")
+def i2v_model(server):
+    from comfyui_hybrid_parallel.parallel.checkpoints import tiny
+    name = "tiny_wan22_i2v.safetensors"
+    tiny.write_wan(server.base / "models" / "diffusion_models" / name, dim=256, ffn_dim=256, seed=17, in_dim=36)
+    return name
+
+
+def _graph(model_name, tag, degrees=None, node="model"):
+    g = workflow(None, tag, W, H, family="wan", length=FRAMES)
+    for k in ("5", "7", "8", "10", "11", "4"):
+        g.pop(k, None)
+    g["1"]["inputs"]["unet_name"] = model_name
+    g["20"] = {"class_type": "EmptyImage", "inputs": {"width": W, "height": H, "batch_size": 1, "color": 0x3c7fb2}}
+    g["21"] = {"class_type": "WanImageToVideo", "inputs": {
+        "positive": ["2", 0], "negative": ["3", 0], "vae": ["6", 0], "width": W, "height": H, "length": FRAMES,
+        "batch_size": 1, "start_image": ["20", 0]}}
+    common = {"seed": 5, "steps": 3, "cfg": 4.0, "sampler_name": "euler", "scheduler": "normal",
+              "positive": ["21", 0], "negative": ["21", 1], "latent_image": ["21", 2], "denoise": 1.0}
+    model = ["1", 0]
+    if degrees is not None:
+        pc = {"dp_degree": 1, "cfg_degree": 1, "ulysses_degree": 1, "ring_degree": 1, "pp_degree": 1,
+              "num_pipeline_patch": 0, "warmup_steps": 1, "tp_degree": 1, "method": "usp", "device": "cpu",
+              "attention": "auto", "devices": "", **degrees}
+        g["9"] = {"class_type": "HybridParallelConfig", "inputs": pc}
+        if node == "model":
+            g["40"] = {"class_type": "HybridParallelModel", "inputs": {"model": ["1", 0], "parallel_config": ["9", 0]}}
+            model = ["40", 0]
+    if degrees is not None and node == "sampler":
+        g["5"] = {"class_type": "HybridSampler", "inputs": {"model": model, "parallel_config": ["9", 0], **common}}
+    else:
+        g["5"] = {"class_type": "KSampler", "inputs": {"model": model, **common}}
+    g["10"] = {"class_type": "HPSaveLatentTensor", "inputs": {"samples": ["5", 0], "filename": f"lat_{tag}"}}
+    return g
+
+
+def _ok(server, entry):
+    assert "rejected" not in entry, entry
+    assert entry["status"]["status_str"] == "success", (entry["status"], server.tail())
+
+
+def _rel(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def test_wan_image_to_video_equals_ksampler(server, i2v_model):
+    _ok(server, server.run(_graph(i2v_model, "i2v_ref")))
+    ref = load_file(str(server.output("lat_i2v_ref.safetensors")))["images"]
+    assert ref.shape[1] == 16 and ref.shape[2] == 2  # the sampled latent: 16 channels, 2 latent frames
+    cases = [("u2", {"ulysses_degree": 2}, "model"), ("r2", {"ring_degree": 2}, "model"),
+             ("cfg2", {"cfg_degree": 2}, "model"), ("u2r2", {"ulysses_degree": 2, "ring_degree": 2}, "model"),
+             ("u2_hybrid", {"ulysses_degree": 2}, "sampler")]
+    for name, degrees, node in cases:
+        tag = f"i2v_{name}"
+        _ok(server, server.run(_graph(i2v_model, tag, degrees, node)))
+        err = _rel(load_file(str(server.output(f"lat_{tag}.safetensors")))["images"], ref)
+        print(f"Wan I2V {name}: latent relative error vs KSampler {err:.2e}")
+        assert err <= 1e-4, (name, err)
