@@ -42,12 +42,16 @@ class SplitInput:
 
     `only_full`: shard only when the argument spans the whole sequence already seen (a per-token
     modulation is split, a broadcast one of length 1 is left alone).
+    `per_group`: with only_full, an argument with one entry per equal group of tokens (Wan 2.2's per-frame
+    modulation: n entries for n frames, expanded by the model with repeat_interleave against the *full*
+    sequence) becomes the per-token entries of this rank's shard - the model then sees one per local token.
     """
     name: str
     dim: int
     position: Optional[int] = None
     only_ndim: Optional[int] = None
     only_full: bool = False
+    per_group: bool = False
 
 
 @dataclass(frozen=True)
@@ -172,13 +176,26 @@ def _shard(x: torch.Tensor, dim: int, applied: _Applied, where: str) -> torch.Te
     return x.narrow(dim, start, sizes[sp.rank])
 
 
+def _groups_of_shard(x: torch.Tensor, dim: int, applied: _Applied) -> torch.Tensor:
+    """Per-group entries (one per equal run of tokens) -> one entry per token of this rank's shard, without
+    materialising the full per-token tensor."""
+    sp, state = applied.ctx.sp, applied.state
+    dim = dim % x.ndim
+    start = sum(state.seq_sizes[: sp.rank])
+    tokens = torch.arange(start, start + state.seq_sizes[sp.rank], device=x.device)
+    return x.index_select(dim, tokens // (state.seq_len // x.shape[dim]))
+
+
 def _split_input_hook(applied, path, specs):
     def hook(module, args, kwargs):
         for s in specs:
             value, where = _arg(args, kwargs, s.name, s.position)
             if not isinstance(value, torch.Tensor) or (s.only_ndim is not None and value.ndim != s.only_ndim):
                 continue
-            if s.only_full and value.shape[s.dim % value.ndim] != applied.state.seq_len:
+            n, full = value.shape[s.dim % value.ndim], applied.state.seq_len
+            if s.only_full and n != full:
+                if s.per_group and full and 1 < n < full and full % n == 0:
+                    args, kwargs = _set_arg(args, kwargs, where, _groups_of_shard(value, s.dim, applied))
                 continue
             args, kwargs = _set_arg(args, kwargs, where, _shard(value, s.dim, applied, f"{path}:{s.name}"))
         return args, kwargs

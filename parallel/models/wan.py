@@ -38,16 +38,18 @@ PLAN = FamilyPlan(
 
 # ComfyUI's own WanModel (comfy/ldm/wan/model.py). `forward_orig` computes the patch grid from the
 # whole latent and every block receives the full RoPE table and modulation from its locals, so the
-# tokens are split where they enter the first block, the RoPE table (and a per-token modulation,
-# Wan 2.2 TI2V) at every block, and the head's output is gathered before unpatchify.
+# tokens are split where they enter the first block, the RoPE table at every block, and the head's
+# output is gathered before unpatchify. Wan 2.2 (TI2V, image-to-video with a noise mask) gives a
+# per-frame modulation that each block repeats against its tokens: it becomes this rank's per-token rows.
 COMFY_PLAN = FamilyPlan(
     family="wan",
     model_class="WanModel",
     batch_inputs=("x", "timestep", "context", "clip_fea"),
     sequence={
         "blocks.0": [SplitInput("x", dim=1, position=0)],
-        "blocks.*": [SplitInput("freqs", dim=1, position=2), SplitInput("e", dim=1, position=1, only_full=True)],
-        "head": [SplitInput("e", dim=1, position=1, only_full=True), GatherOutput(dim=1)],
+        "blocks.*": [SplitInput("freqs", dim=1, position=2),
+                     SplitInput("e", dim=1, position=1, only_full=True, per_group=True)],
+        "head": [SplitInput("e", dim=1, position=1, only_full=True, per_group=True), GatherOutput(dim=1)],
     },
     attention={"blocks.*.self_attn": Attention(seam="comfy")},
     # Megatron placement: q/k/v (and I2V's k_img/v_img) column sharded per head, o row sharded; Wan's q/k
