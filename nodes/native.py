@@ -170,6 +170,12 @@ def check_diffusers_path(diffusion_model, config) -> None:
     """The diffusers path converts weights to a diffusers model in their storage dtype, which runs in that
     dtype: fp8 storage (weight_dtype fp8_*, fp8 or scaled-fp8 checkpoints) cannot run there. Refuse it before
     any worker starts, naming what works."""
+    a = family_adapter(diffusion_model)
+    if a.plan is None:
+        what = "tensor parallel" if config.tp_degree > 1 else "PipeFusion"
+        raise NotCarried(f"{what} is not available for {a.title} (it has no shard layout / pipeline stages for "
+                         f"ComfyUI's model and no diffusers conversion); use ulysses/ring/cfg/dp degrees, "
+                         f"shard_weights or DistriFusion")
     fp8 = sorted({str(t.dtype).removeprefix("torch.") for t in diffusion_model.state_dict().values()
                   if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)})
     if fp8:

@@ -42,6 +42,7 @@ class SplitInput:
 
     `only_full`: shard only when the argument spans the whole sequence already seen (a per-token
     modulation is split, a broadcast one of length 1 is left alone).
+    `prefix_from`: see the field; the split keeps that prefix whole in front of this rank's shard.
     `per_group`: with only_full, an argument with one entry per equal group of tokens (Wan 2.2's per-frame
     modulation: n entries for n frames, expanded by the model with repeat_interleave against the *full*
     sequence) becomes the per-token entries of this rank's shard - the model then sees one per local token.
@@ -52,6 +53,9 @@ class SplitInput:
     only_ndim: Optional[int] = None
     only_full: bool = False
     per_group: bool = False
+    # the argument holds [replicated prefix, image sequence] along `dim`, the prefix as long as argument
+    # `prefix_from` along its dim 1 (Qwen-Image's RoPE table over [text, image]): only the image part is split
+    prefix_from: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -176,6 +180,16 @@ def _shard(x: torch.Tensor, dim: int, applied: _Applied, where: str) -> torch.Te
     return x.narrow(dim, start, sizes[sp.rank])
 
 
+def _shard_after_prefix(x: torch.Tensor, dim: int, prefix: int, applied: _Applied, where: str) -> torch.Tensor:
+    """[prefix, sequence] -> [prefix, this rank's shard of the sequence] (a table computed once for the whole
+    sequence and handed to every block: each block call gets the full one and takes its part)."""
+    dim = dim % x.ndim
+    rest = x.shape[dim] - prefix
+    if applied.state.seq_len is not None and rest != applied.state.seq_len:
+        return x  # already local (or not this sequence): leave it
+    return torch.cat([x.narrow(dim, 0, prefix), _shard(x.narrow(dim, prefix, rest), dim, applied, where)], dim=dim)
+
+
 def _groups_of_shard(x: torch.Tensor, dim: int, applied: _Applied) -> torch.Tensor:
     """Per-group entries (one per equal run of tokens) -> one entry per token of this rank's shard, without
     materialising the full per-token tensor."""
@@ -191,6 +205,12 @@ def _split_input_hook(applied, path, specs):
         for s in specs:
             value, where = _arg(args, kwargs, s.name, s.position)
             if not isinstance(value, torch.Tensor) or (s.only_ndim is not None and value.ndim != s.only_ndim):
+                continue
+            if s.prefix_from is not None:
+                prefix = _arg(args, kwargs, s.prefix_from, None)[0]
+                if isinstance(prefix, torch.Tensor):
+                    args, kwargs = _set_arg(args, kwargs, where, _shard_after_prefix(
+                        value, s.dim, prefix.shape[1], applied, f"{path}:{s.name}"))
                 continue
             n, full = value.shape[s.dim % value.ndim], applied.state.seq_len
             if s.only_full and n != full:

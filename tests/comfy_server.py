@@ -159,6 +159,10 @@ FAMILIES = {  # the tiny checkpoints each family's workflow loads, and the shape
                    tokens=8, context_dim=4096, pooled_dim=0),
     "wan": dict(unet="tiny_wan.safetensors", vae="tiny_wan_vae.safetensors", latent="EmptyHunyuanLatentVideo",
                 tokens=7, context_dim=4096, pooled_dim=0),
+    # Qwen-Image: 24 heads x 128 and a 3584-wide text input are fixed (0.38B parameters with one block); written
+    # on demand by its test, with the Wan 2.1 VAE it uses
+    "qwen_image": dict(unet="tiny_qwen_image.safetensors", vae="tiny_wan_vae.safetensors",
+                       latent="EmptySD3LatentImage", tokens=7, context_dim=3584, pooled_dim=0),
     # Flux.1-dev: ComfyUI 0.3.75 fixes its width at 3072, so even one block of each kind is 531M parameters;
     # written on demand (write_flux_checkpoint), not with the others
     "flux": dict(unet="tiny_flux.safetensors", vae="tiny_kl16.safetensors", latent="EmptySD3LatentImage",

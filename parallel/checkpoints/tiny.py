@@ -13,6 +13,7 @@ ComfyUI's detection (comfy.model_detection, comfy.sd.VAE) still maps to the inte
 - PixArt-Σ: hidden 1152 / 16 heads fixed; caption_channels 4096 is not read by detection, so it
   must stay 4096; depth 1.
 - Wan 2.1 T2V: heads = dim / 128, text_dim 4096 is not read by detection; dim 128, 1 layer.
+- Qwen-Image: 24 heads x 128 and a 3584-wide text input are fixed: one block is ~0.36B parameters.
 - KL VAE: architecture fixed by ComfyUI (ch 128, mult 1,2,4,4); only latent channels are read.
   "sd" style has quant convs (4 channels), "flux" style has none (16 channels).
 - Wan 2.1 VAE: base width read from the weights.
@@ -142,6 +143,19 @@ def write_wan(path: Path, *, dim: int = 128, ffn_dim: int = 256, num_layers: int
                         ffn_dim=ffn_dim, freq_dim=256, text_dim=4096, out_dim=out_dim, num_heads=dim // 128,
                         num_layers=num_layers, window_size=(-1, -1), qk_norm=True, cross_attn_norm=True,
                         eps=1e-6, operations=_ops(), device="meta")
+
+    return _save(make, path, seed, dtype)
+
+
+def write_qwen_image(path: Path, *, num_layers: int = 1, seed: int = 0,
+                     dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
+    """Qwen-Image: detection reads only the input channels and the block count; 24 heads x 128, the 3584-wide
+    text input and the rest are fixed, so one block is ~0.36B parameters (saved bf16 by default)."""
+    from comfy.ldm.qwen_image.model import QwenImageTransformer2DModel
+
+    def make():
+        return QwenImageTransformer2DModel(patch_size=2, in_channels=64, out_channels=16, num_layers=num_layers,
+                                           operations=_ops(), device="meta")
 
     return _save(make, path, seed, dtype)
 

@@ -5,13 +5,13 @@ Each adapter holds two plans on the same mechanism: `comfy_plan` for ComfyUI's o
 class (what the workers run for the nodes) and `plan` for the diffusers class (the library API and
 the reference in tests).
 """
-from . import flux, pixart, sd3, wan
+from . import flux, pixart, qwen_image, sd3, wan
 from .adapter import FamilyAdapter
 
-ADAPTERS = {m.ADAPTER.family: m.ADAPTER for m in (flux, sd3, pixart, wan)}
-PLANS = {a.diffusers_class: a.plan for a in ADAPTERS.values()}
+ADAPTERS = {m.ADAPTER.family: m.ADAPTER for m in (flux, sd3, pixart, wan, qwen_image)}
+PLANS = {a.diffusers_class: a.plan for a in ADAPTERS.values() if a.plan is not None}
 COMFY_PLANS = {a.comfy_class: a.comfy_plan for a in ADAPTERS.values()}
-FAMILIES = {f: a.plan for f, a in ADAPTERS.items()}
+FAMILIES = {f: a.plan for f, a in ADAPTERS.items() if a.plan is not None}
 
 
 def adapter(family: str) -> FamilyAdapter:
@@ -26,7 +26,7 @@ def _match(model):
         for a in ADAPTERS.values():
             if cls.__name__ == a.comfy_class:
                 return a, a.comfy_plan
-            if cls.__name__ == a.diffusers_class:
+            if a.plan is not None and cls.__name__ == a.diffusers_class:
                 return a, a.plan
     return None
 

@@ -9,6 +9,7 @@ here imports ComfyUI.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Optional
 
 from ..plan import FamilyPlan
 
@@ -18,7 +19,7 @@ class FamilyAdapter:
     family: str                    # the pack's name: "flux", "sd3", "pixart", "wan"
     title: str                     # what a user calls it, for messages: "Flux.1"
     comfy_plan: FamilyPlan         # ComfyUI's own class (what the workers run for the nodes)
-    plan: FamilyPlan               # the diffusers class (library API, test reference, TP / PipeFusion today)
+    plan: Optional[FamilyPlan]     # the diffusers class (library API, test reference, TP / PipeFusion); None: none
     # ComfyUI diffusion-model keyword arguments the diffusers path maps (the native path passes any tensor)
     diffusers_extra: frozenset = field(default_factory=frozenset)
 
@@ -27,13 +28,13 @@ class FamilyAdapter:
         return self.comfy_plan.model_class
 
     @property
-    def diffusers_class(self) -> str:
-        return self.plan.model_class
+    def diffusers_class(self) -> Optional[str]:
+        return None if self.plan is None else self.plan.model_class
 
     @property
     def pipefusion(self) -> bool:
         """PipeFusion stages are declared for the diffusers class (library API)."""
-        return self.plan.pipeline is not None
+        return self.plan is not None and self.plan.pipeline is not None
 
     @property
     def pipefusion_nodes(self) -> bool:

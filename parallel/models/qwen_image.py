@@ -1,0 +1,29 @@
+"""Qwen-Image (ComfyUI's `QwenImageTransformer2DModel`, comfy/ldm/qwen_image/model.py): what is split.
+
+ComfyUI's `_forward` patchifies the latent (reference latents of the edit variant are appended to the image
+tokens), computes one RoPE table over [text, image] ids and hands every block the image stream, the text
+stream and that table. The image tokens (references included: they join the sequence) are split where they
+enter the first block; each block takes the text part of the table whole and its shard of the image part;
+the output projection is gathered before `_forward` drops the reference tokens and unpatchifies. The blocks'
+joint attention concatenates [text, image] and calls ComfyUI's attention seam, whose override runs USP with
+the replicated text first.
+"""
+from .adapter import FamilyAdapter
+from ..plan import Attention, FamilyPlan, GatherOutput, SplitInput
+
+COMFY_PLAN = FamilyPlan(
+    family="qwen_image",
+    model_class="QwenImageTransformer2DModel",
+    batch_inputs=("x", "timestep", "context", "attention_mask", "guidance"),
+    sequence={
+        "transformer_blocks.0": [SplitInput("hidden_states", dim=1)],
+        "transformer_blocks.*": [SplitInput("image_rotary_emb", dim=2, prefix_from="encoder_hidden_states")],
+        "proj_out": [GatherOutput(dim=1)],
+    },
+    attention={"transformer_blocks.*.attn": Attention(text_first=True, seam="comfy")},
+    heads_attr="heads",
+    pipeline_refusal=("PipeFusion on Qwen-Image is not implemented: use ulysses/ring/cfg degrees"),
+    comfy=True,
+)
+
+ADAPTER = FamilyAdapter(family="qwen_image", title="Qwen-Image", comfy_plan=COMFY_PLAN, plan=None)
