@@ -46,10 +46,16 @@ class PoolDiffusionModel(torch.nn.Module):
         st.update(family=family, config=config, resident=True)
 
     def _native_forward(self, x, timestep, context, transformer_options, extra):
-        """ComfyUI's own model on the workers: its call's tensors go as they are, its output comes back as is."""
+        """ComfyUI's own model on the workers: its call's tensors go as they are, its output comes back as is.
+        Lists of tensors (reference latents of Flux Kontext / Qwen-Image edit) travel as numbered tensors under
+        a list placeholder; plain values (the reference method) travel in the JSON structure."""
+        lists, plain, extra = _lists_and_plain(extra)
         tensors = {"x": x, "timestep": timestep, **_conditioning(context, extra)}  # refusals before the load
-        values = {"key": self.state["key"], "call_index": self.state["calls"],
-                  "structure": {"transformer_options": portable_options(transformer_options)}}
+        for name, items in lists.items():
+            tensors.update({f"{name}.{i}": t for i, t in enumerate(items)})
+        structure = {"transformer_options": portable_options(transformer_options), **plain,
+                     **{name: [None] * len(items) for name, items in lists.items()}}
+        values = {"key": self.state["key"], "call_index": self.state["calls"], "structure": structure}
         self._ensure_resident()
         self.state["calls"] += 1
         res = submit_interruptible(self.runtime.pool(self.hp), self.hp.config, "forward", values, tensors)
@@ -60,6 +66,10 @@ class PoolDiffusionModel(torch.nn.Module):
             raise ValueError("Hybrid Sampler does not support ControlNet inputs yet; remove the ControlNet")
         if self.state.get("native"):
             if self.state.get("capture"):  # loop mode: hand ComfyUI's own conditioning over, compute nothing
+                lists, plain, _ = _lists_and_plain(extra)
+                if lists or plain:
+                    raise NotCarried(f"loop mode cannot carry {sorted([*lists, *plain])} (reference latents) yet; "
+                                     f"set Parallel Config's sampling_mode to step (or use Parallel Model)")
                 cond = _conditioning(context, extra)
                 self._ensure_resident()
                 raise Captured(cond, list((transformer_options or {}).get("cond_or_uncond") or [0]), x.shape)
@@ -89,6 +99,19 @@ class PoolDiffusionModel(torch.nn.Module):
             values["resolution"] = list(x.shape[-2:])
         res = submit_interruptible(self.runtime.pool(self.hp), self.hp.config, "forward", values, tensors)
         return fm.diffusers_to_comfy_output(res.tensors["out"].to(x.device), x.shape)
+
+
+def _lists_and_plain(extra: dict):
+    """Split a call's extra arguments into lists of tensors, JSON scalars and the rest (left for _conditioning)."""
+    lists, plain, rest = {}, {}, {}
+    for k, v in extra.items():
+        if isinstance(v, (list, tuple)) and v and all(isinstance(t, torch.Tensor) for t in v):
+            lists[k] = list(v)
+        elif isinstance(v, (str, int, float, bool)) and not isinstance(v, torch.Tensor):
+            plain[k] = v
+        else:
+            rest[k] = v
+    return lists, plain, rest
 
 
 def _conditioning(context, extra: dict) -> dict:

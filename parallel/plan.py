@@ -432,6 +432,8 @@ def _slice_batch(value, B, start, n):
         return value.narrow(0, start, n) if value.ndim > 0 and value.shape[0] == B else value
     if isinstance(value, dict):
         return {k: _slice_batch(v, B, start, n) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):  # e.g. reference latents: one batched tensor per reference
+        return type(value)(_slice_batch(v, B, start, n) for v in value)
     return value
 
 

@@ -74,3 +74,35 @@ def test_qwen_image_tensor_parallel_is_refused_with_the_fix(server, qwen):
     assert entry["status"]["status_str"] == "error"
     msg = " ".join(m[1].get("exception_message", "") for m in entry["status"]["messages"] if m[0] == "execution_error")
     assert "not available for Qwen-Image" in msg and "ulysses/ring/cfg" in msg, msg
+
+
+def _edit_graph(tag, degrees=None, node="model", mode="auto"):
+    """Qwen-Image edit: ReferenceLatent puts an encoded image into both conditionings (its tokens join the
+    image sequence inside the model, and are split with it)."""
+    g = _graph(tag, degrees, "fp8_e4m3fn", node)
+    g["30"] = {"class_type": "EmptyImage", "inputs": {"width": 64, "height": 48, "batch_size": 1, "color": 0x9a3c5e}}
+    g["31"] = {"class_type": "VAEEncode", "inputs": {"pixels": ["30", 0], "vae": ["6", 0]}}
+    g["32"] = {"class_type": "ReferenceLatent", "inputs": {"conditioning": ["2", 0], "latent": ["31", 0]}}
+    g["33"] = {"class_type": "ReferenceLatent", "inputs": {"conditioning": ["3", 0], "latent": ["31", 0]}}
+    g["5"]["inputs"]["positive"], g["5"]["inputs"]["negative"] = ["32", 0], ["33", 0]
+    if degrees is not None:
+        g["9"]["inputs"]["sampling_mode"] = mode
+    return g
+
+
+def test_qwen_image_edit_reference_latents_equal_ksampler(server, qwen):
+    _ok(server, server.run(_edit_graph("qwen_edit_ref")))
+    ref = load_file(str(server.output("lat_qwen_edit_ref.safetensors")))["images"]
+    plain = load_file(str(server.output("lat_qwen_ref_fp8_e4m3fn.safetensors")))["images"]
+    assert _rel(plain, ref) > 1e-3  # the reference tokens change the result: a dropped reference cannot pass
+    for name, degrees, node in (("u2", {"ulysses_degree": 2}, "model"), ("cfg2", {"cfg_degree": 2}, "model"),
+                                ("r2_hybrid", {"ring_degree": 2}, "sampler")):
+        tag = f"qwen_edit_{name}"
+        _ok(server, server.run(_edit_graph(tag, degrees, node)))
+        err = _rel(load_file(str(server.output(f"lat_{tag}.safetensors")))["images"], ref)
+        print(f"Qwen-Image edit (reference latent) {name}: latent relative error vs KSampler {err:.2e}")
+        assert err <= 1e-5, (name, err)
+    entry = server.run(_edit_graph("qwen_edit_loop", {"ulysses_degree": 2}, "sampler", mode="loop"))
+    assert entry["status"]["status_str"] == "error"
+    msg = " ".join(m[1].get("exception_message", "") for m in entry["status"]["messages"] if m[0] == "execution_error")
+    assert "sampling_mode to step" in msg, msg

@@ -152,16 +152,21 @@ def _inputs(state: WorkerState, payload: dict) -> dict:
         outer, dot, inner = name.partition(".")
         if dot:
             kwargs.setdefault(outer, {})
-            if not isinstance(kwargs[outer], dict):
-                raise ValueError(f"tensor {name!r} needs kwargs[{outer!r}] to be a dict")
-            kwargs[outer][inner] = v
+            if isinstance(kwargs[outer], list) and inner.isdigit() and int(inner) < len(kwargs[outer]):
+                kwargs[outer][int(inner)] = v  # a list of tensors (reference latents): its placeholder slot
+            elif isinstance(kwargs[outer], dict):
+                kwargs[outer][inner] = v
+            else:
+                raise ValueError(f"tensor {name!r} needs kwargs[{outer!r}] to be a dict or a list with that slot")
         else:
             kwargs[name] = v
     return kwargs
 
 
 def json_copy(value):
-    return {k: json_copy(v) for k, v in value.items()} if isinstance(value, dict) else value
+    if isinstance(value, dict):
+        return {k: json_copy(v) for k, v in value.items()}
+    return [json_copy(v) for v in value] if isinstance(value, list) else value
 
 
 def job_forward(state: WorkerState, ctx, payload: dict) -> dict:

@@ -1,0 +1,61 @@
+"""Reference latents (Flux Kontext, Qwen-Image edit): a list of tensors travels to the workers and its tokens
+are split with the image sequence.
+
+ComfyUI hands the diffusion model `ref_latents` as a list of batched latents (and maybe `ref_latents_method`,
+a string). Hybrid Sampler / Parallel Model send each as a numbered tensor under a list placeholder in the JSON
+structure; the worker rebuilds the list; the batch split (CFG / DP) slices every entry; the model appends the
+references' tokens to the image tokens before the split, so they are split with it and dropped after the
+gather. Checked here on ComfyUI's Flux (fp8, the Kontext path) through the proxy's own encoding, against
+ComfyUI's forward; the real-ComfyUI graph with ReferenceLatent is tests/test_comfyui_qwen_image.py.
+"""
+import pytest
+import torch
+
+from test_native_pool import comfy, comfy_forward, inputs, load_model, rel  # noqa: F401
+
+pytestmark = pytest.mark.comfy
+
+
+@pytest.fixture(scope="module")
+def pool():
+    from comfyui_hybrid_parallel.workers.pool import WorkerPool
+    p = WorkerPool(device="cpu", max_models=3)
+    yield p
+    p.close()
+
+
+def _send(pool, config, key, base, inp):
+    """What PoolDiffusionModel._native_forward sends for this call (its encoding of lists and plain values)."""
+    from comfyui_hybrid_parallel.nodes.native import family_adapter, native_spec, portable_options
+    from comfyui_hybrid_parallel.nodes.sampler_node import _conditioning, _lists_and_plain
+    dm = base.diffusion_model
+    pool.ensure_model(config, key, family_adapter(dm).family, {}, native=native_spec(base),
+                      state_dict=lambda: dict(dm.state_dict()))
+    extra = {k: v for k, v in inp.items() if k not in ("x", "timestep", "context")}
+    lists, plain, extra = _lists_and_plain(extra)
+    tensors = {"x": inp["x"], "timestep": inp["timestep"], **_conditioning(inp["context"], extra)}
+    for name, items in lists.items():
+        tensors.update({f"{name}.{i}": t for i, t in enumerate(items)})
+    structure = {"transformer_options": portable_options({}), **plain,
+                 **{name: [None] * len(items) for name, items in lists.items()}}
+    return pool.submit(config, "forward", {"key": key, "structure": structure}, tensors).tensors["out"]
+
+
+def test_flux_kontext_reference_latents(comfy, pool):  # noqa: F811
+    from comfyui_hybrid_parallel.parallel import ParallelConfig
+    base = load_model(comfy, "flux", "fp8_e4m3fn").model
+    for degrees, method in (({"ulysses_degree": 2}, None), ({"ring_degree": 2}, "uxo"), ({"cfg_degree": 2}, None)):
+        config = ParallelConfig(**degrees)
+        inp = inputs("flux", base, seed=71, batch=2, odd=True)
+        g = torch.Generator().manual_seed(72)
+        inp["ref_latents"] = [torch.randn(2, 16, 8, 6, generator=g), torch.randn(2, 16, 5, 7, generator=g)]
+        if method:
+            inp["ref_latents_method"] = method
+        ref = comfy_forward(base, inp)
+        if method is None and "ulysses_degree" in degrees:
+            without = comfy_forward(base, {k: v for k, v in inp.items() if not k.startswith("ref_latents")})
+            assert rel(without, ref) > 1e-3  # the references matter
+        out = _send(pool, config, f"kontext:{config.describe()}", base, inp)
+        err = rel(out, ref)
+        print(f"Flux Kontext refs {config.describe()} method {method or 'default'}: rel {err:.2e}")
+        assert out.shape == ref.shape and err <= 1e-5, err
