@@ -50,11 +50,15 @@ class PoolDiffusionModel(torch.nn.Module):
         Lists of tensors (reference latents of Flux Kontext / Qwen-Image edit) travel as numbered tensors under
         a list placeholder; plain values (the reference method) travel in the JSON structure."""
         lists, plain, extra = _lists_and_plain(extra)
+        control = extra.pop("control", None)
         tensors = {"x": x, "timestep": timestep, **_conditioning(context, extra)}  # refusals before the load
         for name, items in lists.items():
             tensors.update({f"{name}.{i}": t for i, t in enumerate(items)})
         structure = {"transformer_options": portable_options(transformer_options), **plain,
                      **{name: [None] * len(items) for name, items in lists.items()}}
+        if control is not None:  # ControlNet residuals ComfyUI computed: {input/middle/output: [tensor | None]}
+            structure["control"], found = _encode_nested(control, "control")
+            tensors.update(found)
         values = {"key": self.state["key"], "call_index": self.state["calls"], "structure": structure}
         self._ensure_resident()
         self.state["calls"] += 1
@@ -62,8 +66,12 @@ class PoolDiffusionModel(torch.nn.Module):
         return res.tensors["out"].to(x.device)
 
     def forward(self, x, timestep, context=None, control=None, transformer_options=None, **extra):
+        if control is not None and (not self.state.get("native") or self.state.get("capture")):
+            raise ValueError("ControlNet runs on the workers in step mode on ComfyUI's own model; this config uses "
+                             + ("loop mode: set sampling_mode to step" if self.state.get("native") else
+                                "the diffusers path (tensor parallel / PipeFusion): use ulysses/ring/cfg degrees"))
         if control is not None:
-            raise ValueError("Hybrid Sampler does not support ControlNet inputs yet; remove the ControlNet")
+            extra = dict(extra, control=control)
         if self.state.get("native"):
             if self.state.get("capture"):  # loop mode: hand ComfyUI's own conditioning over, compute nothing
                 lists, plain, _ = _lists_and_plain(extra)
@@ -99,6 +107,29 @@ class PoolDiffusionModel(torch.nn.Module):
             values["resolution"] = list(x.shape[-2:])
         res = submit_interruptible(self.runtime.pool(self.hp), self.hp.config, "forward", values, tensors)
         return fm.diffusers_to_comfy_output(res.tensors["out"].to(x.device), x.shape)
+
+
+def _encode_nested(value, path: str):
+    """(JSON skeleton, {dotted path: tensor}) of nested dicts / lists holding tensors, None and scalars: the
+    worker puts each tensor back at its path (workers/jobs.py _inputs)."""
+    if isinstance(value, torch.Tensor):
+        return None, {path: value}
+    if isinstance(value, dict):
+        skeleton, found = {}, {}
+        for k, v in value.items():
+            skeleton[str(k)], more = _encode_nested(v, f"{path}.{k}")
+            found.update(more)
+        return skeleton, found
+    if isinstance(value, (list, tuple)):
+        skeleton, found = [], {}
+        for i, v in enumerate(value):
+            s, more = _encode_nested(v, f"{path}.{i}")
+            skeleton.append(s)
+            found.update(more)
+        return skeleton, found
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value, {}
+    raise NotCarried(f"Hybrid Sampler cannot send {path} ({type(value).__name__}) to the workers")
 
 
 def _lists_and_plain(extra: dict):

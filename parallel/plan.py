@@ -419,12 +419,36 @@ def _root_wrapper(applied):
                           for k, v in kwargs.items()}
             if ctx.sp.size > 1:
                 args_, kwargs = _split_input_hook(applied, "", plan.sequence.get("", []))(None, (), kwargs)
+                if plan.comfy and isinstance(kwargs.get("control"), dict):  # ControlNet residuals: per rank
+                    kwargs["control"] = {k: _ShardedResiduals(v, applied) if isinstance(v, (list, tuple)) else v
+                                         for k, v in kwargs["control"].items()}
             out = old(**kwargs)
             if sizes is not None:
                 out = _gather_batch(out, batch_ax, sizes)
             return out
         return forward
     return make
+
+
+class _ShardedResiduals(list):
+    """ControlNet residuals ComfyUI computed for the full image sequence, handed out per rank: entry i, read
+    when the model adds it to its tokens (after the split), is this rank's part of it. Models add a residual
+    to the *first* tokens of the image stream (`img[:, :len(add)] += add`, `x += add`), which on a rank are
+    the ones from its shard's start: so the part is add[start : min(end, len(add))]."""
+
+    def __init__(self, items, applied):
+        super().__init__(items)
+        self._applied = applied
+
+    def __getitem__(self, i):
+        add = super().__getitem__(i)
+        state = self._applied.state
+        if not isinstance(add, torch.Tensor) or state.seq_sizes is None:
+            return add
+        rank = self._applied.ctx.sp.rank
+        start = sum(state.seq_sizes[:rank])
+        end = min(start + state.seq_sizes[rank], add.shape[1])
+        return add.narrow(1, min(start, add.shape[1]), max(0, end - start))
 
 
 def _slice_batch(value, B, start, n):

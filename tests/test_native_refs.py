@@ -1,5 +1,5 @@
-"""Reference latents (Flux Kontext, Qwen-Image edit): a list of tensors travels to the workers and its tokens
-are split with the image sequence.
+"""Reference latents (Flux Kontext, Qwen-Image edit) and ControlNet residuals travel to the workers and are
+split with the image sequence.
 
 ComfyUI hands the diffusion model `ref_latents` as a list of batched latents (and maybe `ref_latents_method`,
 a string). Hybrid Sampler / Parallel Model send each as a numbered tensor under a list placeholder in the JSON
@@ -7,6 +7,12 @@ structure; the worker rebuilds the list; the batch split (CFG / DP) slices every
 references' tokens to the image tokens before the split, so they are split with it and dropped after the
 gather. Checked here on ComfyUI's Flux (fp8, the Kontext path) through the proxy's own encoding, against
 ComfyUI's forward; the real-ComfyUI graph with ReferenceLatent is tests/test_comfyui_qwen_image.py.
+
+ControlNet: ComfyUI computes the residuals (its ControlNet model runs in ComfyUI's process) and hands the
+diffusion model `control` = {input/output: [tensor | None, ...]}, one residual per block over the full image
+sequence, which the model adds to the first tokens of its image stream. They travel nested (dotted tensor
+paths under a JSON skeleton), are sliced by the batch split, and each rank reads the part of each residual
+that lands on its own tokens. Residuals shorter than the sequence and None entries included.
 """
 import pytest
 import torch
@@ -27,17 +33,21 @@ def pool():
 def _send(pool, config, key, base, inp):
     """What PoolDiffusionModel._native_forward sends for this call (its encoding of lists and plain values)."""
     from comfyui_hybrid_parallel.nodes.native import family_adapter, native_spec, portable_options
-    from comfyui_hybrid_parallel.nodes.sampler_node import _conditioning, _lists_and_plain
+    from comfyui_hybrid_parallel.nodes.sampler_node import _conditioning, _encode_nested, _lists_and_plain
     dm = base.diffusion_model
     pool.ensure_model(config, key, family_adapter(dm).family, {}, native=native_spec(base),
                       state_dict=lambda: dict(dm.state_dict()))
     extra = {k: v for k, v in inp.items() if k not in ("x", "timestep", "context")}
     lists, plain, extra = _lists_and_plain(extra)
+    control = extra.pop("control", None)
     tensors = {"x": inp["x"], "timestep": inp["timestep"], **_conditioning(inp["context"], extra)}
     for name, items in lists.items():
         tensors.update({f"{name}.{i}": t for i, t in enumerate(items)})
     structure = {"transformer_options": portable_options({}), **plain,
                  **{name: [None] * len(items) for name, items in lists.items()}}
+    if control is not None:
+        structure["control"], found = _encode_nested(control, "control")
+        tensors.update(found)
     return pool.submit(config, "forward", {"key": key, "structure": structure}, tensors).tensors["out"]
 
 
@@ -58,4 +68,44 @@ def test_flux_kontext_reference_latents(comfy, pool):  # noqa: F811
         out = _send(pool, config, f"kontext:{config.describe()}", base, inp)
         err = rel(out, ref)
         print(f"Flux Kontext refs {config.describe()} method {method or 'default'}: rel {err:.2e}")
+        assert out.shape == ref.shape and err <= 1e-5, err
+
+
+def _residuals(g, batch, tokens, width, n, short_at=None):
+    out = []
+    for i in range(n):
+        if i == 1:
+            out.append(None)  # a block without a residual
+            continue
+        length = tokens - 5 if i == short_at else tokens  # a residual covering only the first tokens
+        out.append(0.3 * torch.randn(batch, length, width, generator=g))
+    return out
+
+
+def test_controlnet_residuals(comfy, pool):  # noqa: F811
+    from comfyui_hybrid_parallel.parallel import ParallelConfig
+    cases = [("sd3", "fp32", {"ulysses_degree": 2}), ("sd3", "fp8_e4m3fn", {"ring_degree": 2}),
+             ("sd3", "fp32", {"cfg_degree": 2, "ulysses_degree": 2}), ("flux", "fp8_e4m3fn", {"ulysses_degree": 2})]
+    for family, precision, degrees in cases:
+        base = load_model(comfy, family, precision).model
+        dm = base.diffusion_model
+        config = ParallelConfig(**degrees)
+        inp = inputs(family, base, seed=81, batch=2, odd=True)
+        tokens = ((inp["x"].shape[-2] + 1) // 2) * ((inp["x"].shape[-1] + 1) // 2)
+        g = torch.Generator().manual_seed(82)
+        if family == "sd3":
+            width = dm.x_embedder.proj.out_channels
+            control = {"output": _residuals(g, 2, tokens, width, len(dm.joint_blocks))}  # SD3 adds whole
+        else:
+            width = dm.hidden_size
+            control = {"input": _residuals(g, 2, tokens, width, 1, short_at=0),
+                       "output": _residuals(g, 2, tokens, width, 1)}
+        control = {k: [None if t is None else t.to(inp["x"].dtype) for t in v] for k, v in control.items()}
+        inp["control"] = control
+        ref = comfy_forward(base, inp)
+        without = comfy_forward(base, {k: v for k, v in inp.items() if k != "control"})
+        assert rel(without, ref) > 1e-3  # the residuals matter
+        out = _send(pool, config, f"control:{family}:{precision}:{config.describe()}", base, inp)
+        err = rel(out, ref)
+        print(f"ControlNet residuals {family} {precision} {config.describe()}: rel {err:.2e}")
         assert out.shape == ref.shape and err <= 1e-5, err

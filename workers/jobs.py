@@ -143,23 +143,28 @@ def job_load_model(state: WorkerState, ctx, payload: dict) -> dict:
 
 def _inputs(state: WorkerState, payload: dict) -> dict:
     """The forward's kwargs: the JSON part (`kwargs`, or `structure` as the nodes send it, nested
-    dicts allowed) with every tensor put in place; a tensor named "outer.inner" goes to kwargs[outer][inner]."""
+    dicts and lists allowed) with every tensor put in place; a tensor named "a.b.2" goes to kwargs[a][b][2]
+    (a list slot comes from the structure's placeholder)."""
     kwargs = json_copy(payload.get("kwargs") or payload.get("structure") or {})
     for name, v in payload.items():
         if not isinstance(v, torch.Tensor):
             continue
         v = v.to(state.device)
-        outer, dot, inner = name.partition(".")
-        if dot:
-            kwargs.setdefault(outer, {})
-            if isinstance(kwargs[outer], list) and inner.isdigit() and int(inner) < len(kwargs[outer]):
-                kwargs[outer][int(inner)] = v  # a list of tensors (reference latents): its placeholder slot
-            elif isinstance(kwargs[outer], dict):
-                kwargs[outer][inner] = v
+        *parents, leaf = name.split(".")
+        node = kwargs
+        for part in parents:  # dicts are made as needed; lists come from the JSON skeleton (placeholders)
+            if isinstance(node, list):
+                node = node[int(part)]
             else:
-                raise ValueError(f"tensor {name!r} needs kwargs[{outer!r}] to be a dict or a list with that slot")
+                node = node.setdefault(part, {})
+        if isinstance(node, list):
+            if not leaf.isdigit() or int(leaf) >= len(node):
+                raise ValueError(f"tensor {name!r}: no slot {leaf} in its list")
+            node[int(leaf)] = v
+        elif isinstance(node, dict):
+            node[leaf] = v
         else:
-            kwargs[name] = v
+            raise ValueError(f"tensor {name!r} needs a dict or a list at {'.'.join(parents)!r}")
     return kwargs
 
 

@@ -75,7 +75,7 @@ def _comfy_tp_layout() -> dict:
 COMFY_PLAN = FamilyPlan(
     family="flux",
     model_class="Flux",
-    batch_inputs=("x", "timestep", "context", "y", "guidance", "ref_latents"),
+    batch_inputs=("x", "timestep", "context", "y", "guidance", "ref_latents", "control"),
     sequence={
         ":forward_orig": [SplitInput("img", dim=1, position=0), SplitInput("img_ids", dim=1, position=1)],
         "final_layer": [GatherOutput(dim=1)],

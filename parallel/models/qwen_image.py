@@ -14,7 +14,7 @@ from ..plan import Attention, FamilyPlan, GatherOutput, SplitInput
 COMFY_PLAN = FamilyPlan(
     family="qwen_image",
     model_class="QwenImageTransformer2DModel",
-    batch_inputs=("x", "timestep", "context", "attention_mask", "guidance", "ref_latents"),
+    batch_inputs=("x", "timestep", "context", "attention_mask", "guidance", "ref_latents", "control"),
     sequence={
         "transformer_blocks.0": [SplitInput("hidden_states", dim=1)],
         "transformer_blocks.*": [SplitInput("image_rotary_emb", dim=2, prefix_from="encoder_hidden_states")],

@@ -46,7 +46,7 @@ PLAN = FamilyPlan(
 COMFY_PLAN = FamilyPlan(
     family="sd3",
     model_class="OpenAISignatureMMDITWrapper",
-    batch_inputs=("x", "timesteps", "context", "y"),
+    batch_inputs=("x", "timesteps", "context", "y", "control"),
     sequence={
         "joint_blocks.0": [SplitInput("x", dim=1, position=1)],
         "final_layer": [GatherOutput(dim=1)],
