@@ -193,6 +193,43 @@ def write_checkpoints(base: Path, families=("sd3",)) -> None:
         tc.write_wan_vae(vae / "tiny_wan_vae.safetensors", seed=8)
 
 
+PARALLEL_DEFAULTS = {"dp_degree": 1, "cfg_degree": 1, "ulysses_degree": 1, "ring_degree": 1, "pp_degree": 1,
+                     "num_pipeline_patch": 0, "warmup_steps": 1, "tp_degree": 1, "method": "usp", "device": "cpu",
+                     "attention": "auto", "devices": ""}
+
+
+def parallel_config_node(degrees: dict) -> dict:
+    """A Parallel Config node of the API prompt with these widget values over the defaults (CPU workers)."""
+    return {"class_type": "HybridParallelConfig", "inputs": {**PARALLEL_DEFAULTS, **degrees}}
+
+
+def parallel_model(g: dict, degrees: dict, model=("1", 0), node_id="40") -> list:
+    """Add Parallel Config (node 9) and a Parallel Model on `model` to graph `g`; returns the new MODEL link."""
+    g["9"] = parallel_config_node(degrees)
+    g[node_id] = {"class_type": "HybridParallelModel", "inputs": {"model": list(model), "parallel_config": ["9", 0]}}
+    return [node_id, 0]
+
+
+def assert_ok(server, entry) -> None:
+    assert "rejected" not in entry, entry
+    assert entry["status"]["status_str"] == "success", (entry["status"], server.tail())
+
+
+def error_text(entry) -> str:
+    """The execution error messages of a failed prompt's history entry."""
+    return " ".join(m[1].get("exception_message", "") for m in entry["status"]["messages"] if m[0] == "execution_error")
+
+
+def rel(a, b) -> float:
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def latent(server, tag):
+    """The latent a workflow saved as lat_<tag> (HPSaveLatentTensor)."""
+    from safetensors.torch import load_file
+    return load_file(str(server.output(f"lat_{tag}.safetensors")))["images"]
+
+
 def workflow(degrees, tag: str, width: int, height: int, steps: int = 3, cfg: float = 4.0,
              sampler: str = "euler", scheduler: str = "normal", batch: int = 1, png: bool = False,
              family: str = "sd3", length: int = 5, lora: tuple = None, denoise: float = 1.0,
@@ -237,10 +274,7 @@ def workflow(degrees, tag: str, width: int, height: int, steps: int = 3, cfg: fl
         g["5"] = {"class_type": "KSampler", "inputs": common}
         g["7"] = {"class_type": "VAEDecode", "inputs": {"samples": ["5", 0], "vae": ["6", 0]}}
     else:
-        pc = {"dp_degree": 1, "cfg_degree": 1, "ulysses_degree": 1, "ring_degree": 1, "pp_degree": 1,
-              "num_pipeline_patch": 0, "warmup_steps": 1, "tp_degree": 1, "method": "usp", "device": "cpu",
-              "attention": "auto", "devices": "", **degrees}
-        g["9"] = {"class_type": "HybridParallelConfig", "inputs": pc}
+        g["9"] = parallel_config_node(degrees)
         g["5"] = {"class_type": "HybridSampler", "inputs": {**common, "parallel_config": ["9", 0]}}
         g["7"] = {"class_type": "HybridPatchVAEDecode", "inputs": {"samples": ["5", 0], "vae": ["6", 0],
                                                                    "parallel_config": ["9", 0]}}

@@ -49,3 +49,12 @@ def _write_tiny_lora(path):
         sd[f"{k}.lora_up.weight"] = torch.randn(3 * 256, 4, generator=g) * 0.2
         sd[f"{k}.lora_down.weight"] = torch.randn(4, 256, generator=g) * 0.2
     save_file(sd, str(path))
+
+
+@pytest.fixture(scope="module")
+def cpu_pool():
+    """A real CPU worker pool for one test module (four resident models per worker), closed after it."""
+    from comfyui_hybrid_parallel.workers.pool import WorkerPool
+    p = WorkerPool(device="cpu", max_models=4)
+    yield p
+    p.close()

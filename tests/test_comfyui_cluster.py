@@ -11,9 +11,8 @@ import subprocess
 import time
 
 import pytest
-from safetensors.torch import load_file
 
-from comfy_server import workflow
+from comfy_server import error_text, latent, rel, workflow
 
 pytestmark = pytest.mark.comfy
 
@@ -24,10 +23,6 @@ def _port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _rel(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
 def _cluster_graph(tag, key_file, control_port, master_port, **cluster):
@@ -71,9 +66,8 @@ def test_cluster_node_world_over_two_launch_groups_equals_ksampler(server, tmp_p
                                                             (tmp_path / "machine1.log").read_text()[-3000:])
         texts = [t for out in entry["outputs"].values() for t in out.get("text", [])]
         assert any(commands[0] in t for t in texts), texts  # Parallel Config's text shows the same command
-        lat = load_file(str(server.output("lat_cluster_u2.safetensors")))["images"]
-        lat_ref = load_file(str(server.output("lat_cluster_ref.safetensors")))["images"]
-        assert _rel(lat, lat_ref) <= 1e-5, _rel(lat, lat_ref)
+        err = rel(latent(server, "cluster_u2"), latent(server, "cluster_ref"))
+        assert err <= 1e-5, err
         workers = server.get("/hybrid_parallel/pool")["workers"]
         assert [w["rank"] for w in workers] == [0, 1] and len({w["pid"] for w in workers}) == 2
 
@@ -93,6 +87,6 @@ def test_cluster_that_does_not_match_the_degrees_is_refused_before_any_worker(se
     g = _cluster_graph("cluster_bad", tmp_path / "k.key", _port(), _port(), nnodes=3)
     entry = server.run(g)
     assert entry["status"]["status_str"] == "error"
-    msg = " ".join(m[1].get("exception_message", "") for m in entry["status"]["messages"] if m[0] == "execution_error")
+    msg = error_text(entry)
     assert "nnodes 3 x nproc_per_node 1 = 3" in msg and "change the degrees or the cluster" in msg, msg
     assert server.get("/hybrid_parallel/pool")["join_commands"] is None

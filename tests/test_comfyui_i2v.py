@@ -8,9 +8,8 @@ Parallel Model + KSampler with ulysses 2, ring 2, cfg 2 and ulysses 2 x ring 2, 
 (odd 13 x 9 latent, 5 frames -> 2 latent frames).
 """
 import pytest
-from safetensors.torch import load_file
 
-from comfy_server import workflow
+from comfy_server import assert_ok, latent, parallel_config_node, parallel_model, rel, workflow
 
 pytestmark = pytest.mark.comfy
 
@@ -38,13 +37,10 @@ def _graph(model_name, tag, degrees=None, node="model"):
               "positive": ["21", 0], "negative": ["21", 1], "latent_image": ["21", 2], "denoise": 1.0}
     model = ["1", 0]
     if degrees is not None:
-        pc = {"dp_degree": 1, "cfg_degree": 1, "ulysses_degree": 1, "ring_degree": 1, "pp_degree": 1,
-              "num_pipeline_patch": 0, "warmup_steps": 1, "tp_degree": 1, "method": "usp", "device": "cpu",
-              "attention": "auto", "devices": "", **degrees}
-        g["9"] = {"class_type": "HybridParallelConfig", "inputs": pc}
         if node == "model":
-            g["40"] = {"class_type": "HybridParallelModel", "inputs": {"model": ["1", 0], "parallel_config": ["9", 0]}}
-            model = ["40", 0]
+            model = parallel_model(g, degrees)
+        else:
+            g["9"] = parallel_config_node(degrees)
     if degrees is not None and node == "sampler":
         g["5"] = {"class_type": "HybridSampler", "inputs": {"model": model, "parallel_config": ["9", 0], **common}}
     else:
@@ -53,25 +49,16 @@ def _graph(model_name, tag, degrees=None, node="model"):
     return g
 
 
-def _ok(server, entry):
-    assert "rejected" not in entry, entry
-    assert entry["status"]["status_str"] == "success", (entry["status"], server.tail())
-
-
-def _rel(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
-
-
 def test_wan_image_to_video_equals_ksampler(server, i2v_model):
-    _ok(server, server.run(_graph(i2v_model, "i2v_ref")))
-    ref = load_file(str(server.output("lat_i2v_ref.safetensors")))["images"]
+    assert_ok(server, server.run(_graph(i2v_model, "i2v_ref")))
+    ref = latent(server, "i2v_ref")
     assert ref.shape[1] == 16 and ref.shape[2] == 2  # the sampled latent: 16 channels, 2 latent frames
     cases = [("u2", {"ulysses_degree": 2}, "model"), ("r2", {"ring_degree": 2}, "model"),
              ("cfg2", {"cfg_degree": 2}, "model"), ("u2r2", {"ulysses_degree": 2, "ring_degree": 2}, "model"),
              ("u2_hybrid", {"ulysses_degree": 2}, "sampler")]
     for name, degrees, node in cases:
         tag = f"i2v_{name}"
-        _ok(server, server.run(_graph(i2v_model, tag, degrees, node)))
-        err = _rel(load_file(str(server.output(f"lat_{tag}.safetensors")))["images"], ref)
+        assert_ok(server, server.run(_graph(i2v_model, tag, degrees, node)))
+        err = rel(latent(server, tag), ref)
         print(f"Wan I2V {name}: latent relative error vs KSampler {err:.2e}")
         assert err <= 1e-4, (name, err)

@@ -8,23 +8,13 @@ SamplerCustom; SamplerCustomAdvanced with CFGGuider, BasicGuider and DualCFGGuid
 """
 import pytest
 import torch
-from safetensors.torch import load_file
 
-from comfy_server import workflow
+from comfy_server import assert_ok, error_text, latent, parallel_model, rel, workflow
 
 pytestmark = pytest.mark.comfy
 
 W, H = 104, 72
 STEPS = 4
-
-
-def _ok(server, entry):
-    assert "rejected" not in entry, entry
-    assert entry["status"]["status_str"] == "success", (entry["status"], server.tail())
-
-
-def _rel(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
 def _base(tag):
@@ -42,12 +32,7 @@ def _sampler_graph(kind: str, tag: str, degrees: dict | None) -> dict:
         g["13"] = {"class_type": "LoraLoaderModelOnly", "inputs": {"model": ["1", 0], "lora_name": "tiny_lora.safetensors",
                                                                    "strength_model": 0.7}}
     if degrees is not None:
-        pc = {"dp_degree": 1, "cfg_degree": 1, "ulysses_degree": 1, "ring_degree": 1, "pp_degree": 1,
-              "num_pipeline_patch": 0, "warmup_steps": 1, "tp_degree": 1, "method": "usp", "device": "cpu",
-              "attention": "auto", "devices": "", **degrees}
-        g["9"] = {"class_type": "HybridParallelConfig", "inputs": pc}
-        g["40"] = {"class_type": "HybridParallelModel", "inputs": {"model": ["1", 0], "parallel_config": ["9", 0]}}
-        model = ["40", 0]
+        model = parallel_model(g, degrees)
         if kind == "advanced_pair":
             g["41"] = {"class_type": "HybridParallelModel", "inputs": {"model": ["13", 0], "parallel_config": ["9", 0]}}
     low = (["41", 0] if degrees is not None else ["13", 0]) if kind == "advanced_pair" else None
@@ -91,20 +76,16 @@ def _sampler_graph(kind: str, tag: str, degrees: dict | None) -> dict:
     return g
 
 
-def _latent(server, tag):
-    return load_file(str(server.output(f"lat_{tag}.safetensors")))["images"]
-
-
 @pytest.mark.parametrize("kind", ["ksampler", "advanced_pair", "custom", "custom_advanced_cfg",
                                   "custom_advanced_basic", "custom_advanced_dual"])
 def test_parallel_model_equals_the_same_graph_without_it(server, kind):
-    _ok(server, server.run(_sampler_graph(kind, f"pm_{kind}_ref", None)))
-    ref = _latent(server, f"pm_{kind}_ref")
+    assert_ok(server, server.run(_sampler_graph(kind, f"pm_{kind}_ref", None)))
+    ref = latent(server, f"pm_{kind}_ref")
     for name, degrees in (("d1", {}), ("u2", {"ulysses_degree": 2}), ("cfg2", {"cfg_degree": 2})):
         tag = f"pm_{kind}_{name}"
-        _ok(server, server.run(_sampler_graph(kind, tag, degrees)))
-        got = _latent(server, tag)
-        err = _rel(got, ref)
+        assert_ok(server, server.run(_sampler_graph(kind, tag, degrees)))
+        got = latent(server, tag)
+        err = rel(got, ref)
         print(f"Parallel Model + {kind} {name}: latent relative error vs the graph without it {err:.2e}")
         if name == "d1":
             assert torch.equal(got, ref), err
@@ -119,12 +100,12 @@ def test_parallel_model_refuses_pipefusion_and_double_wrapping(server):
     g = _sampler_graph("ksampler", "pm_pp", {"pp_degree": 2})
     entry = server.run(g)
     assert entry["status"]["status_str"] == "error"
-    msg = " ".join(m[1].get("exception_message", "") for m in entry["status"]["messages"] if m[0] == "execution_error")
+    msg = error_text(entry)
     assert "use Hybrid Sampler" in msg, msg
     g = workflow({"ulysses_degree": 2}, "pm_double", W, H, steps=STEPS)  # Hybrid Sampler fed by Parallel Model
     g["40"] = {"class_type": "HybridParallelModel", "inputs": {"model": ["1", 0], "parallel_config": ["9", 0]}}
     g["5"]["inputs"]["model"] = ["40", 0]
     entry = server.run(g)
     assert entry["status"]["status_str"] == "error"
-    msg = " ".join(m[1].get("exception_message", "") for m in entry["status"]["messages"] if m[0] == "execution_error")
+    msg = error_text(entry)
     assert "already runs on the workers" in msg, msg

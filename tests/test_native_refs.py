@@ -22,13 +22,6 @@ from test_native_pool import comfy, comfy_forward, inputs, load_model, rel  # no
 pytestmark = pytest.mark.comfy
 
 
-@pytest.fixture(scope="module")
-def pool():
-    from comfyui_hybrid_parallel.workers.pool import WorkerPool
-    p = WorkerPool(device="cpu", max_models=3)
-    yield p
-    p.close()
-
 
 def _send(pool, config, key, base, inp):
     """What PoolDiffusionModel._native_forward sends for this call (its encoding of lists and plain values)."""
@@ -51,7 +44,7 @@ def _send(pool, config, key, base, inp):
     return pool.submit(config, "forward", {"key": key, "structure": structure}, tensors).tensors["out"]
 
 
-def test_flux_kontext_reference_latents(comfy, pool):  # noqa: F811
+def test_flux_kontext_reference_latents(comfy, cpu_pool):  # noqa: F811
     from comfyui_hybrid_parallel.parallel import ParallelConfig
     base = load_model(comfy, "flux", "fp8_e4m3fn").model
     for degrees, method in (({"ulysses_degree": 2}, None), ({"ring_degree": 2}, "uxo"), ({"cfg_degree": 2}, None)):
@@ -65,7 +58,7 @@ def test_flux_kontext_reference_latents(comfy, pool):  # noqa: F811
         if method is None and "ulysses_degree" in degrees:
             without = comfy_forward(base, {k: v for k, v in inp.items() if not k.startswith("ref_latents")})
             assert rel(without, ref) > 1e-3  # the references matter
-        out = _send(pool, config, f"kontext:{config.describe()}", base, inp)
+        out = _send(cpu_pool, config, f"kontext:{config.describe()}", base, inp)
         err = rel(out, ref)
         print(f"Flux Kontext refs {config.describe()} method {method or 'default'}: rel {err:.2e}")
         assert out.shape == ref.shape and err <= 1e-5, err
@@ -82,7 +75,7 @@ def _residuals(g, batch, tokens, width, n, short_at=None):
     return out
 
 
-def test_controlnet_residuals(comfy, pool):  # noqa: F811
+def test_controlnet_residuals(comfy, cpu_pool):  # noqa: F811
     from comfyui_hybrid_parallel.parallel import ParallelConfig
     cases = [("sd3", "fp32", {"ulysses_degree": 2}), ("sd3", "fp8_e4m3fn", {"ring_degree": 2}),
              ("sd3", "fp32", {"cfg_degree": 2, "ulysses_degree": 2}), ("flux", "fp8_e4m3fn", {"ulysses_degree": 2})]
@@ -105,7 +98,7 @@ def test_controlnet_residuals(comfy, pool):  # noqa: F811
         ref = comfy_forward(base, inp)
         without = comfy_forward(base, {k: v for k, v in inp.items() if k != "control"})
         assert rel(without, ref) > 1e-3  # the residuals matter
-        out = _send(pool, config, f"control:{family}:{precision}:{config.describe()}", base, inp)
+        out = _send(cpu_pool, config, f"control:{family}:{precision}:{config.describe()}", base, inp)
         err = rel(out, ref)
         print(f"ControlNet residuals {family} {precision} {config.describe()}: rel {err:.2e}")
         assert out.shape == ref.shape and err <= 1e-5, err

@@ -27,13 +27,6 @@ def wan22(comfy):  # noqa: F811  (the fixture: ComfyUI imported, a temp folder)
     return models
 
 
-@pytest.fixture(scope="module")
-def pool():
-    from comfyui_hybrid_parallel.workers.pool import WorkerPool
-    p = WorkerPool(device="cpu", max_models=4)
-    yield p
-    p.close()
-
 
 def _inputs(seed, odd):
     g = torch.Generator().manual_seed(seed)
@@ -48,7 +41,7 @@ def _inputs(seed, odd):
                                      {"cfg_degree": 2, "ulysses_degree": 2},
                                      {"ulysses_degree": 2, "method": "distrifusion", "warmup_steps": 1}],
                          ids=["u2", "r2", "u2r2", "cfg2u2", "distrifusion2"])
-def test_per_frame_timesteps_equal_comfyui(wan22, pool, degrees):
+def test_per_frame_timesteps_equal_comfyui(wan22, cpu_pool, degrees):
     from comfyui_hybrid_parallel.parallel import ParallelConfig
     config = ParallelConfig(**degrees)
     for precision, base in wan22.items():
@@ -57,7 +50,7 @@ def test_per_frame_timesteps_equal_comfyui(wan22, pool, degrees):
             ref = comfy_forward(base, inp)
             uniform = comfy_forward(base, {**inp, "timestep": inp["timestep"][:, 1:2].expand(-1, 3).contiguous()})
             assert rel(uniform, ref) > 1e-2  # the per-frame values matter: a wrong mapping cannot pass
-            out = pool_forward(pool, config, f"w22:{config.describe()}:{config.method}:{precision}", base, inp)
+            out = pool_forward(cpu_pool, config, f"w22:{config.describe()}:{config.method}:{precision}", base, inp)
             err = rel(out, ref)
             print(f"Wan 2.2 per-frame timesteps {config.describe()} {config.method} {precision} "
                   f"{'odd' if odd else 'even'}: rel {err:.2e}")

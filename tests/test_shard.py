@@ -16,13 +16,6 @@ from test_native_pool import comfy, comfy_forward, inputs, load_model, pool_forw
 pytestmark = pytest.mark.comfy
 
 
-@pytest.fixture(scope="module")
-def pool():
-    from comfyui_hybrid_parallel.workers.pool import WorkerPool
-    p = WorkerPool(device="cpu", max_models=3)
-    yield p
-    p.close()
-
 
 CASES = [
     ({"ulysses_degree": 2, "shard_weights": "sequence"}, [("sd3", "fp32"), ("sd3", "bf16"), ("sd3", "fp8_e4m3fn"),
@@ -35,7 +28,7 @@ CASES = [
 
 
 @pytest.mark.parametrize("degrees, cases", CASES, ids=["u2", "r2", "cfg2-all", "cfg2u2"])
-def test_sharded_forward_equals_comfyui(comfy, pool, degrees, cases):  # noqa: F811
+def test_sharded_forward_equals_comfyui(comfy, cpu_pool, degrees, cases):  # noqa: F811
     from comfyui_hybrid_parallel.parallel import ParallelConfig
     config = ParallelConfig(**degrees)
     failures = []
@@ -44,7 +37,7 @@ def test_sharded_forward_equals_comfyui(comfy, pool, degrees, cases):  # noqa: F
         for odd in (True, False):
             inp = inputs(family, base, seed=300 + 2 * i + odd, odd=odd)
             ref = comfy_forward(base, inp)
-            out = pool_forward(pool, config, f"shard:{config.describe()}:{family}:{precision}", base, inp)
+            out = pool_forward(cpu_pool, config, f"shard:{config.describe()}:{family}:{precision}", base, inp)
             err = rel(out, ref)
             print(f"{config.describe()} {family} {precision} {'odd' if odd else 'even'}: rel {err:.2e}")
             if out.shape != ref.shape or err > tolerance(base):
@@ -53,7 +46,7 @@ def test_sharded_forward_equals_comfyui(comfy, pool, degrees, cases):  # noqa: F
 
 
 @pytest.mark.parametrize("family, precision", [("sd3", "fp32"), ("flux", "fp8_e4m3fn")])
-def test_each_rank_holds_a_shard_of_the_weights(comfy, pool, family, precision):  # noqa: F811
+def test_each_rank_holds_a_shard_of_the_weights(comfy, cpu_pool, family, precision):  # noqa: F811
     """At rest: weights/N (+ alignment padding) per rank, in raw bytes (fp8 stays 1 byte per weight); during a
     forward: the root unit plus at most two blocks gathered at once."""
     from comfyui_hybrid_parallel.parallel import ParallelConfig
@@ -68,8 +61,8 @@ def test_each_rank_holds_a_shard_of_the_weights(comfy, pool, family, precision):
             blocks[(head[0], head[1])] = blocks.get((head[0], head[1]), 0) + v.numel() * v.element_size()
     two_blocks = 2 * max(blocks.values())
     key = f"shard-bytes:{family}:{precision}"
-    pool_forward(pool, config, key, base, inputs(family, base, seed=9))
-    res = pool.submit(config, "model_bytes", {"key": key})
+    pool_forward(cpu_pool, config, key, base, inputs(family, base, seed=9))
+    res = cpu_pool.submit(config, "model_bytes", {"key": key})
     for r in res.per_rank:
         s = r["sharding"]
         print(f"{family} {precision} rank bytes {r['bytes']} of {full} (N=2), sharding {s}")
@@ -92,7 +85,7 @@ def test_shard_weights_is_refused_where_it_cannot_work():
         ParallelConfig(ulysses_degree=2).mesh_key()  # a change restarts the world with the new layout
 
 
-def test_deep_model_holds_two_blocks_at_most_and_loop_mode_equals_serial(comfy, pool, tmp_path):  # noqa: F811
+def test_deep_model_holds_two_blocks_at_most_and_loop_mode_equals_serial(comfy, cpu_pool, tmp_path):  # noqa: F811
     """Six joint blocks: a forward never holds more than the root and two blocks (the running one and the one
     being gathered), far below the whole model; the sampling loop run in the workers (loop mode) equals the
     serial loop."""
@@ -106,9 +99,9 @@ def test_deep_model_holds_two_blocks_at_most_and_loop_mode_equals_serial(comfy, 
     config = ParallelConfig(ulysses_degree=2, shard_weights="sequence")
     inp = inputs("sd3", base, seed=62, batch=2, odd=False)
     ref = comfy_forward(base, inp)
-    out = pool_forward(pool, config, "shard-deep", base, inp)
+    out = pool_forward(cpu_pool, config, "shard-deep", base, inp)
     assert rel(out, ref) <= 1e-5, rel(out, ref)
-    s = pool.submit(config, "model_bytes", {"key": "shard-deep"}).per_rank[0]["sharding"]
+    s = cpu_pool.submit(config, "model_bytes", {"key": "shard-deep"}).per_rank[0]["sharding"]
     print("six blocks:", s)
     assert s["units"] == 7
     assert s["peak_gathered_bytes"] == s["root_bytes"] + 2 * s["largest_block_bytes"], s
@@ -117,6 +110,6 @@ def test_deep_model_holds_two_blocks_at_most_and_loop_mode_equals_serial(comfy, 
     sigmas = torch.linspace(1.0, 0.0, 4)
     noise = torch.randn(1, *inp["x"].shape[1:], generator=torch.Generator().manual_seed(63))
     want = _serial_loop("sd3", base, inp, sigmas, noise, cfg_scale=3.0)
-    got = _pool_loop(pool, config, "shard-deep", base, inp, sigmas, noise, 3.0)
+    got = _pool_loop(cpu_pool, config, "shard-deep", base, inp, sigmas, noise, 3.0)
     print(f"loop mode, sharded: rel {rel(got, want):.2e}")
     assert rel(got, want) <= 1e-5
