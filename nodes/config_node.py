@@ -117,14 +117,15 @@ class ParallelConfigNode:
                                    "rank (e.g. cuda:0,cuda:1); empty = the first world_size devices."}),
             "cluster": ("HP_CLUSTER", {"tooltip": "From a Hybrid Parallel Cluster node: the world spans several "
                         "machines (the product of the degrees = machines x workers per machine)."}),
-            "shard_weights": (list(SHARD_CHOICES), {"default": "none", "tooltip": "Weight sharding: each rank keeps 1/N "
-                              "of the weights and gathers a block's weights one block ahead of use (fits models "
-                              "larger than one device). sequence = over the ulysses x ring ranks; all = over every "
-                              "rank. Not with tensor parallel or PipeFusion."}),
             "sampling_mode": (SAMPLING_MODES, {"default": "auto", "tooltip": "step: ComfyUI runs the sampler and "
                               "each model call goes to the workers (every sampler). loop: the whole denoising loop "
                               "runs in the workers (euler / dpmpp_2m; DistriFusion overlaps better). auto: loop for "
                               "PipeFusion (which needs it), step otherwise."}),
+            # new widgets go last: saved workflows store widget values by position
+            "shard_weights": (list(SHARD_CHOICES), {"default": "none", "tooltip": "Weight sharding: each rank keeps 1/N "
+                              "of the weights and gathers a block's weights one block ahead of use (fits models "
+                              "larger than one device). sequence = over the ulysses x ring ranks; all = over every "
+                              "rank. Not with tensor parallel or PipeFusion."}),
         }}
 
     @staticmethod

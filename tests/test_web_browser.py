@@ -256,7 +256,10 @@ def _shape(prompt: dict) -> list:
 
 def test_ui_workflows_are_the_api_prompts(page):
     """examples/workflows/*.json (drag-and-drop UI format) turn into exactly examples/api/*.json in the real
-    frontend. HP_UPDATE_EXAMPLES=1 regenerates them from the API prompts with the frontend's own loader."""
+    frontend. HP_UPDATE_EXAMPLES=1 regenerates them from the API prompts with the frontend's own loader.
+    The Flux/SD3.5/PixArt/Wan 2.1 UI files were saved before Parallel Config gained `shard_weights` and are kept
+    so: they must still load with every saved widget value in its place (saved workflows store widget values
+    by position, so new widgets go last)."""
     app = "const app = window.comfyAPI.app.app;"
     names = sorted(p.stem for p in API_DIR.glob("*.json"))
     assert names, "no API prompts in examples/api"
