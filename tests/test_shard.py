@@ -24,10 +24,12 @@ CASES = [
     ({"ring_degree": 2, "shard_weights": "sequence"}, [("sd3", "fp16"), ("wan", "fp8_e4m3fn")]),
     ({"cfg_degree": 2, "shard_weights": "all"}, [("sd3", "fp32"), ("pixart", "fp8_e4m3fn")]),
     ({"cfg_degree": 2, "ulysses_degree": 2, "shard_weights": "sequence"}, [("sd3", "fp8_e4m3fn")]),
+    # DistriFusion's own asynchronous K/V exchange on the same ranks (its synchronous step: equal to serial)
+    ({"ulysses_degree": 2, "method": "distrifusion", "shard_weights": "sequence"}, [("sd3", "fp8_e4m3fn")]),
 ]
 
 
-@pytest.mark.parametrize("degrees, cases", CASES, ids=["u2", "r2", "cfg2-all", "cfg2u2"])
+@pytest.mark.parametrize("degrees, cases", CASES, ids=["u2", "r2", "cfg2-all", "cfg2u2", "distrifusion2"])
 def test_sharded_forward_equals_comfyui(comfy, cpu_pool, degrees, cases):  # noqa: F811
     from comfyui_hybrid_parallel.parallel import ParallelConfig
     config = ParallelConfig(**degrees)
@@ -42,6 +44,14 @@ def test_sharded_forward_equals_comfyui(comfy, cpu_pool, degrees, cases):  # noq
             print(f"{config.describe()} {family} {precision} {'odd' if odd else 'even'}: rel {err:.2e}")
             if out.shape != ref.shape or err > tolerance(base):
                 failures.append((family, precision, odd, err))
+            if config.method == "distrifusion":  # a stale step too (same inputs: its stale K/V are the fresh ones)
+                key = f"shard:{config.describe()}:{family}:{precision}"
+                for step in (0, 1):
+                    out = cpu_pool.submit(config, "forward", {"key": key, "call_index": step,
+                                                              "structure": {"transformer_options": {}}},
+                                          dict(inp)).tensors["out"]
+                    if rel(out, ref) > tolerance(base):
+                        failures.append((family, precision, odd, f"distrifusion step {step}", rel(out, ref)))
     assert not failures, failures
 
 
