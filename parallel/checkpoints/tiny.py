@@ -95,6 +95,21 @@ def write_flux(path: Path, *, guidance: bool = True, depth: int = 1, depth_singl
     return _save(make, path, seed, dtype)
 
 
+def write_flux2(path: Path, *, seed: int = 0, dtype: torch.dtype = torch.float8_e4m3fn) -> dict[str, torch.Tensor]:
+    """Flux.2: detection fixes 48 heads x 128 (hidden 6144), mlp ratio 3, gated SiLU MLPs and global modulation;
+    one double and one single block are 2.2B parameters (saved fp8 by default: 2.2 GB)."""
+    from comfy.ldm.flux.model import Flux
+
+    def make():
+        return Flux(image_model="flux2", in_channels=128, out_channels=128, vec_in_dim=None,
+                    context_in_dim=TINY_CONTEXT_DIM, hidden_size=6144, mlp_ratio=3.0, num_heads=48, depth=1,
+                    depth_single_blocks=1, axes_dim=[32, 32, 32, 32], theta=2000, patch_size=1, qkv_bias=False,
+                    guidance_embed=True, global_modulation=True, mlp_silu_act=True, ops_bias=False,
+                    default_ref_method="index", ref_index_scale=10.0, operations=_ops(), device="meta")
+
+    return _save(make, path, seed, dtype)
+
+
 def write_sd3(path: Path, *, depth: int = 2, pos_embed_max_size: int = 16, seed: int = 0,
               dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
     """SD3-medium-style MMDiT (no qk norm, no dual attention): hidden = 64 * depth."""
