@@ -110,6 +110,21 @@ def write_flux2(path: Path, *, seed: int = 0, dtype: torch.dtype = torch.float8_
     return _save(make, path, seed, dtype)
 
 
+def write_chroma(path: Path, *, seed: int = 0, dtype: torch.dtype = torch.float8_e4m3fn) -> dict[str, torch.Tensor]:
+    """Chroma: Flux's blocks without per-block modulation plus a distilled guidance network; detection fixes 24
+    heads x 128 (hidden 3072) and the 5120-wide, 5-layer approximator: ~0.8B parameters with one block of each
+    kind (saved fp8 by default)."""
+    from comfy.ldm.chroma.model import Chroma
+
+    def make():
+        return Chroma(image_model="chroma", in_channels=64, out_channels=64, context_in_dim=TINY_CONTEXT_DIM,
+                      hidden_size=3072, mlp_ratio=4.0, num_heads=24, depth=1, depth_single_blocks=1,
+                      axes_dim=[16, 56, 56], theta=10000, patch_size=2, qkv_bias=True, in_dim=64, out_dim=3072,
+                      hidden_dim=5120, n_layers=5, operations=_ops(), device="meta")
+
+    return _save(make, path, seed, dtype)
+
+
 def write_sd3(path: Path, *, depth: int = 2, pos_embed_max_size: int = 16, seed: int = 0,
               dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
     """SD3-medium-style MMDiT (no qk norm, no dual attention): hidden = 64 * depth."""
