@@ -107,7 +107,7 @@ def child(args) -> dict:
 def _idle_overhead(ranks: int) -> int:
     """PSS of N workers that imported torch + ComfyUI and ran a 4 MB model: the pool's own footprint,
     independent of the model's size (measured with a tiny SD3, its weights subtracted)."""
-    from comfyui_hybrid_parallel.parallel.checkpoints import tiny as tc
+    from comfyui_hybrid_parallel.doctor import tiny_checkpoints as tc
     from comfy_env import setup_comfy
     setup_comfy()
     path = os.path.join(ROOT, "build", "bench-ckpt", "tiny_sd3.safetensors")
@@ -141,7 +141,7 @@ rt.stop()
 
 
 def _checkpoint(size: str) -> str:
-    from comfyui_hybrid_parallel.parallel.checkpoints import tiny as tc
+    from comfyui_hybrid_parallel.doctor import tiny_checkpoints as tc
     from comfy_env import setup_comfy
     setup_comfy()
     path = os.path.join(ROOT, "build", "bench-ckpt", f"flux_{size}.safetensors")

@@ -7,7 +7,7 @@ Config, both running ComfyUI's own sampling, so the difference also includes
 the input/output conversions of the APPLY_MODEL proxy. Target: <= 1.02x.
 
 Both sides use the same weights: a random SD3 checkpoint in ComfyUI's own
-format (parallel/checkpoints/tiny.py), converted by the pack's converter for the
+format (doctor/tiny_checkpoints.py), converted by the pack's converter for the
 diffusers side. "tiny" is the test model; "medium" (hidden 256, 4 layers,
 64x64 latent = 1024 tokens) is chosen so that one step takes >= 100 ms on one
 CPU thread. The worker of a degree-1 world gets all the machine's threads;
@@ -40,7 +40,7 @@ MODELS = {  # name: (ComfyUI SD3 depth -> hidden 64*depth, heads depth; latent h
 
 
 def _checkpoint(name: str, tmp: str):
-    from comfyui_hybrid_parallel.parallel.checkpoints import tiny as tc
+    from comfyui_hybrid_parallel.doctor import tiny_checkpoints as tc
     depth, h, w, _ = MODELS[name]
     path = os.path.join(tmp, f"sd3_{name}.safetensors")
     sd = tc.write_sd3(path, depth=depth, pos_embed_max_size=max(h, w) // 2)
@@ -118,7 +118,7 @@ def comfy_pair(runtime, name, path, steps, reps, threads):
     comfy_env.setup_comfy()
     import comfy.sd
     import nodes as comfy_nodes  # ComfyUI's top-level module (bench/ is sys.path[0], not the pack)
-    from comfyui_hybrid_parallel.parallel.checkpoints import tiny as tc
+    from comfyui_hybrid_parallel.doctor import tiny_checkpoints as tc
     from comfyui_hybrid_parallel.nodes import HybridSampler
     from comfyui_hybrid_parallel.nodes.config_node import HybridParallelConfig
     from comfyui_hybrid_parallel.parallel import ParallelConfig

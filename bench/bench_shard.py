@@ -22,7 +22,7 @@ CONFIGS = [("ulysses 2", {"ulysses_degree": 2}, "sequence"), ("cfg 2", {"cfg_deg
 
 
 def _inputs(base, size, seed=0):
-    from comfyui_hybrid_parallel.parallel.checkpoints.tiny import TINY_CONTEXT_DIM, TINY_POOLED_DIM
+    from comfyui_hybrid_parallel.doctor.tiny_checkpoints import TINY_CONTEXT_DIM, TINY_POOLED_DIM
     g = torch.Generator().manual_seed(seed)
     dtype = base.manual_cast_dtype or base.diffusion_model.dtype
     d = {"x": torch.randn(2, 16, size, size, generator=g), "context": torch.randn(2, 77, TINY_CONTEXT_DIM, generator=g),
@@ -41,7 +41,7 @@ def main():
     import comfy.sd
     from comfyui_hybrid_parallel.nodes.native import native_spec
     from comfyui_hybrid_parallel.parallel import ParallelConfig
-    from comfyui_hybrid_parallel.parallel.checkpoints import tiny
+    from comfyui_hybrid_parallel.doctor import tiny_checkpoints as tiny
     from comfyui_hybrid_parallel.workers.pool import WorkerPool
 
     repeats = 3 if args.quick else 7

@@ -85,7 +85,7 @@ def _load(path, precision: str):
 
 def _inputs(base, seed: int, size, batch: int = 2) -> dict:
     """SD3 inputs as BaseModel._apply_model hands them to the diffusion model ([cond, uncond] batch)."""
-    from ..parallel.checkpoints.tiny import TINY_CONTEXT_DIM, TINY_POOLED_DIM
+    from .tiny_checkpoints import TINY_CONTEXT_DIM, TINY_POOLED_DIM
     g = torch.Generator().manual_seed(seed)
     dtype = base.manual_cast_dtype or base.diffusion_model.dtype
     d = {"x": torch.randn(batch, 16, *size, generator=g), "context": torch.randn(batch, 7, TINY_CONTEXT_DIM, generator=g),
@@ -203,7 +203,7 @@ def check_methods(plan, precisions, tmp, progress=print) -> list:
     """Run every (mesh, device) of `plan` in every precision; one row each (ok, rel, bound, timings, error)."""
     from ..nodes.native import check_native_pipefusion, check_native_tp
     from ..parallel import ParallelConfig
-    from ..parallel.checkpoints import tiny
+    from . import tiny_checkpoints as tiny
     from ..workers.pool import WorkerPool
     path = tmp / "doctor_sd3.safetensors"
     tiny.write_sd3(path, depth=4, pos_embed_max_size=32, seed=31)

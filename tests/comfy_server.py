@@ -171,7 +171,7 @@ FAMILIES = {  # the tiny checkpoints each family's workflow loads, and the shape
 
 
 def write_flux_checkpoint(base: Path) -> None:
-    from comfyui_hybrid_parallel.parallel.checkpoints import tiny as tc
+    from comfyui_hybrid_parallel.doctor import tiny_checkpoints as tc
     path = base / "models" / "diffusion_models" / FAMILIES["flux"]["unet"]
     if not path.exists():
         tc.write_flux(path, guidance=True, seed=11)
@@ -179,7 +179,7 @@ def write_flux_checkpoint(base: Path) -> None:
 
 def write_checkpoints(base: Path, families=("sd3",)) -> None:
     """Tiny random-init checkpoints in ComfyUI's own format into base/models (needs `import comfy`)."""
-    from comfyui_hybrid_parallel.parallel.checkpoints import tiny as tc
+    from comfyui_hybrid_parallel.doctor import tiny_checkpoints as tc
 
     unet, vae = base / "models" / "diffusion_models", base / "models" / "vae"
     if "sd3" in families:

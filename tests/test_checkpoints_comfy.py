@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import load_file
 
 import comfy_env
-from comfyui_hybrid_parallel.parallel.checkpoints import tiny as tc
+from comfyui_hybrid_parallel.doctor import tiny_checkpoints as tc
 
 comfy_env.setup_comfy()  # before anything imports comfy.model_management (forces --cpu)
 

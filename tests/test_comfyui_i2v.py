@@ -18,7 +18,7 @@ W, H, FRAMES = 104, 72, 5
 
 @pytest.fixture(scope="module")
 def i2v_model(server):
-    from comfyui_hybrid_parallel.parallel.checkpoints import tiny
+    from comfyui_hybrid_parallel.doctor import tiny_checkpoints as tiny
     name = "tiny_wan22_i2v.safetensors"
     tiny.write_wan(server.base / "models" / "diffusion_models" / name, dim=256, ffn_dim=256, seed=17, in_dim=36)
     return name

@@ -16,7 +16,7 @@ W, H = 104, 72
 
 @pytest.fixture(scope="module")
 def qwen(server):
-    from comfyui_hybrid_parallel.parallel.checkpoints import tiny
+    from comfyui_hybrid_parallel.doctor import tiny_checkpoints as tiny
     path = server.base / "models" / "diffusion_models" / "tiny_qwen_image.safetensors"
     if not path.exists():
         tiny.write_qwen_image(path, seed=19)

@@ -15,7 +15,7 @@ def test_chroma_equals_comfyui(comfy, cpu_pool, tmp_path):  # noqa: F811
     from comfy.sd import load_diffusion_model
     from comfyui_hybrid_parallel.nodes.native import family_adapter
     from comfyui_hybrid_parallel.parallel import ParallelConfig
-    from comfyui_hybrid_parallel.parallel.checkpoints import tiny
+    from comfyui_hybrid_parallel.doctor import tiny_checkpoints as tiny
     path = tmp_path / "chroma.safetensors"
     tiny.write_chroma(path, seed=61)
     base = load_diffusion_model(str(path), model_options={"dtype": torch.float8_e4m3fn}).model

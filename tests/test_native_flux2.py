@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.comfy, pytest.mark.slow]
 def test_flux2_equals_comfyui(comfy, cpu_pool, tmp_path):  # noqa: F811
     from comfy.sd import load_diffusion_model
     from comfyui_hybrid_parallel.parallel import ParallelConfig
-    from comfyui_hybrid_parallel.parallel.checkpoints import tiny
+    from comfyui_hybrid_parallel.doctor import tiny_checkpoints as tiny
     path = tmp_path / "flux2.safetensors"
     tiny.write_flux2(path, seed=51)
     base = load_diffusion_model(str(path), model_options={"dtype": torch.float8_e4m3fn}).model

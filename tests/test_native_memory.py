@@ -68,7 +68,7 @@ def big(tmp_path_factory):
     from comfy_env import setup_comfy
     setup_comfy()
     import comfy.sd
-    from comfyui_hybrid_parallel.parallel.checkpoints import tiny as tc
+    from comfyui_hybrid_parallel.doctor import tiny_checkpoints as tc
     tmp = tmp_path_factory.mktemp("mem_ckpt")
     path = tmp / "medium_sd3.safetensors"
     tc.write_sd3(path, depth=10, pos_embed_max_size=16, seed=41)

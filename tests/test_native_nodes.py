@@ -22,7 +22,7 @@ def comfy(tmp_path_factory):
         sys.modules["nodes"] = module
         spec.loader.exec_module(module)
     import comfy.sd
-    from comfyui_hybrid_parallel.parallel.checkpoints import tiny as tc
+    from comfyui_hybrid_parallel.doctor import tiny_checkpoints as tc
     path = tmp_path_factory.mktemp("nodes_ckpt") / "sd3.safetensors"
     tc.write_sd3(path, depth=2, pos_embed_max_size=32, seed=31)
     return lambda **opts: comfy.sd.load_diffusion_model(str(path), model_options=opts)
@@ -120,7 +120,7 @@ def test_model_without_adapter_refused_before_workers(comfy):
 def test_fp8_on_the_diffusers_path_refused_before_workers(comfy, tmp_path):
     """PixArt's tensor parallel still runs a diffusers conversion, which cannot compute with fp8 weights."""
     import comfy.sd
-    from comfyui_hybrid_parallel.parallel.checkpoints import tiny as tc
+    from comfyui_hybrid_parallel.doctor import tiny_checkpoints as tc
     path = tmp_path / "pixart.safetensors"
     tc.write_pixart(path, seed=32)
     model = comfy.sd.load_diffusion_model(str(path), model_options={"dtype": torch.float8_e4m3fn})

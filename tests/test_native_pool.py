@@ -63,7 +63,7 @@ _CKPT_ARGS = {
 def load_model(tmp, family: str, precision: str):
     """A ComfyUI ModelPatcher for the family's tiny checkpoint in `precision`, as UNETLoader would load it."""
     import comfy.sd
-    from comfyui_hybrid_parallel.parallel.checkpoints import tiny as tc
+    from comfyui_hybrid_parallel.doctor import tiny_checkpoints as tc
     from safetensors.torch import load_file, save_file
 
     path = tmp / f"{family}.safetensors"

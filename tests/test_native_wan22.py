@@ -18,7 +18,7 @@ pytestmark = pytest.mark.comfy
 @pytest.fixture(scope="module")
 def wan22(comfy):  # noqa: F811  (the fixture: ComfyUI imported, a temp folder)
     from comfy.sd import load_diffusion_model
-    from comfyui_hybrid_parallel.parallel.checkpoints import tiny
+    from comfyui_hybrid_parallel.doctor import tiny_checkpoints as tiny
     path = comfy / "wan22_ti2v.safetensors"
     tiny.write_wan(path, dim=256, ffn_dim=256, seed=41, in_dim=48, out_dim=48)
     models = {p: load_diffusion_model(str(path), model_options=o).model

@@ -9,9 +9,6 @@ also has `comfy_to_diffusers_inputs` / `diffusers_to_comfy_output`, the input/ou
 conventions under which diffusers' forward equals ComfyUI's diffusion-model forward.
 
 Families: flux, sd3, pixart, wan (diffusion models), vae_kl, vae_wan (VAEs).
-
-`tiny` (not imported here) is the other direction: the pack's embedded default model, tiny random
-checkpoints written in ComfyUI's own format from ComfyUI's own classes (it needs ComfyUI importable).
 """
 from __future__ import annotations
 
