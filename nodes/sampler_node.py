@@ -46,19 +46,11 @@ class PoolDiffusionModel(torch.nn.Module):
         st.update(family=family, config=config, resident=True)
 
     def _native_forward(self, x, timestep, context, transformer_options, extra):
-        """ComfyUI's own model on the workers: its call's tensors go as they are, its output comes back as is.
-        Lists of tensors (reference latents of Flux Kontext / Qwen-Image edit) travel as numbered tensors under
-        a list placeholder; plain values (the reference method) travel in the JSON structure."""
-        lists, plain, extra = _lists_and_plain(extra)
-        control = extra.pop("control", None)
-        tensors = {"x": x, "timestep": timestep, **_conditioning(context, extra)}  # refusals before the load
-        for name, items in lists.items():
-            tensors.update({f"{name}.{i}": t for i, t in enumerate(items)})
-        structure = {"transformer_options": portable_options(transformer_options), **plain,
-                     **{name: [None] * len(items) for name, items in lists.items()}}
-        if control is not None:  # ControlNet residuals ComfyUI computed: {input/middle/output: [tensor | None]}
-            structure["control"], found = _encode_nested(control, "control")
-            tensors.update(found)
+        """ComfyUI's own model on the workers: its call's arguments go as they are (call_payload), its output
+        comes back as is."""
+        tensors, structure = call_payload(context, extra)  # refusals before the load
+        tensors.update(x=x, timestep=timestep)
+        structure["transformer_options"] = portable_options(transformer_options)
         values = {"key": self.state["key"], "call_index": self.state["calls"], "structure": structure}
         self._ensure_resident()
         self.state["calls"] += 1
@@ -74,11 +66,10 @@ class PoolDiffusionModel(torch.nn.Module):
             extra = dict(extra, control=control)
         if self.state.get("native"):
             if self.state.get("capture"):  # loop mode: hand ComfyUI's own conditioning over, compute nothing
-                lists, plain, _ = _lists_and_plain(extra)
-                if lists or plain:
-                    raise NotCarried(f"loop mode cannot carry {sorted([*lists, *plain])} (reference latents) yet; "
+                cond, structure = call_payload(context, extra)
+                if structure:
+                    raise NotCarried(f"loop mode cannot carry {sorted(structure)} (reference latents) yet; "
                                      f"set Parallel Config's sampling_mode to step (or use Parallel Model)")
-                cond = _conditioning(context, extra)
                 self._ensure_resident()
                 raise Captured(cond, list((transformer_options or {}).get("cond_or_uncond") or [0]), x.shape)
             return self._native_forward(x, timestep, context, transformer_options, extra)
@@ -132,30 +123,22 @@ def _encode_nested(value, path: str):
     raise NotCarried(f"Hybrid Sampler cannot send {path} ({type(value).__name__}) to the workers")
 
 
-def _lists_and_plain(extra: dict):
-    """Split a call's extra arguments into lists of tensors, JSON scalars and the rest (left for _conditioning)."""
-    lists, plain, rest = {}, {}, {}
-    for k, v in extra.items():
-        if isinstance(v, (list, tuple)) and v and all(isinstance(t, torch.Tensor) for t in v):
-            lists[k] = list(v)
-        elif isinstance(v, (str, int, float, bool)) and not isinstance(v, torch.Tensor):
-            plain[k] = v
-        else:
-            rest[k] = v
-    return lists, plain, rest
-
-
-def _conditioning(context, extra: dict) -> dict:
-    """The diffusion model call's conditioning tensors, as ComfyUI passes them; anything else is refused."""
-    out = {} if context is None else {"context": context}
+def call_payload(context, extra: dict):
+    """(tensors, JSON structure) of a diffusion-model call's arguments beyond x and timestep: tensors go as
+    they are; nested ones (reference latent lists, ControlNet residual dicts) travel as dotted tensor paths
+    under a JSON skeleton, plain values (the reference method) in the JSON; workers/jobs.py _inputs rebuilds
+    them. Anything else is refused (NotCarried)."""
+    tensors = {} if context is None else {"context": context}
+    structure = {}
     for k, v in extra.items():
         if v is None:
             continue
-        if not isinstance(v, torch.Tensor):
-            raise NotCarried(f"Hybrid Sampler cannot pass {k!r} ({type(v).__name__}) to the workers yet; supported "
-                             f"conditioning: tensors (text context, pooled output, guidance, size conditioning)")
-        out[k] = v
-    return out
+        if isinstance(v, torch.Tensor):
+            tensors[k] = v
+        else:
+            structure[k], found = _encode_nested(v, k)
+            tensors.update(found)
+    return tensors, structure
 
 
 class ComfyInterrupt:

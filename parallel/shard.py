@@ -47,7 +47,7 @@ class _Unit:
     entries: list
     size: int                             # padded bytes of the full flat buffer (a multiple of the axis size)
     full: Optional[torch.Tensor] = None   # the gathered buffer while the unit is in use
-    pending: Optional[object] = None      # the all-gather in flight (prefetch)
+    pending: Optional[object] = None      # the asynchronous all-gather in flight (prefetch), until waited
     hooks: list = field(default_factory=list)
 
     @property
@@ -140,14 +140,17 @@ class WeightSharding:
         self.gathered_bytes += unit.size
         self.peak_gathered_bytes = max(self.peak_gathered_bytes, self.gathered_bytes)
 
+    @staticmethod
+    def _wait(unit: _Unit) -> None:
+        if unit.pending is not None:  # an asynchronous gather in flight (a synchronous one returned None)
+            unit.pending.wait()
+            unit.pending = None
+
     def _materialize(self, unit: _Unit) -> None:
         """Wait for the unit's gather and point its tensors at views of the full buffer."""
         if unit.full is None:
             self._start(unit, async_op=False)
-        if unit.pending is not None and unit.pending is not True:
-            if hasattr(unit.pending, "wait"):
-                unit.pending.wait()
-        unit.pending = True  # materialized
+        self._wait(unit)
         for e in unit.entries:
             view = unit.full[e.offset:e.offset + e.nbytes].view(e.dtype).view(e.shape)
             self._set(e, view)
@@ -155,8 +158,7 @@ class WeightSharding:
     def _release(self, unit: _Unit) -> None:
         if unit.full is None:
             return
-        if unit.pending is not None and unit.pending is not True and hasattr(unit.pending, "wait"):
-            unit.pending.wait()  # never free a buffer a collective still writes
+        self._wait(unit)  # never free a buffer a collective still writes
         for e in unit.entries:
             self._set(e, torch.empty(0, dtype=e.dtype, device=unit.full.device))
         self.gathered_bytes -= unit.size

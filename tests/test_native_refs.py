@@ -26,21 +26,14 @@ pytestmark = pytest.mark.comfy
 def _send(pool, config, key, base, inp):
     """What PoolDiffusionModel._native_forward sends for this call (its encoding of lists and plain values)."""
     from comfyui_hybrid_parallel.nodes.native import family_adapter, native_spec, portable_options
-    from comfyui_hybrid_parallel.nodes.sampler_node import _conditioning, _encode_nested, _lists_and_plain
+    from comfyui_hybrid_parallel.nodes.sampler_node import call_payload
     dm = base.diffusion_model
     pool.ensure_model(config, key, family_adapter(dm).family, {}, native=native_spec(base),
                       state_dict=lambda: dict(dm.state_dict()))
-    extra = {k: v for k, v in inp.items() if k not in ("x", "timestep", "context")}
-    lists, plain, extra = _lists_and_plain(extra)
-    control = extra.pop("control", None)
-    tensors = {"x": inp["x"], "timestep": inp["timestep"], **_conditioning(inp["context"], extra)}
-    for name, items in lists.items():
-        tensors.update({f"{name}.{i}": t for i, t in enumerate(items)})
-    structure = {"transformer_options": portable_options({}), **plain,
-                 **{name: [None] * len(items) for name, items in lists.items()}}
-    if control is not None:
-        structure["control"], found = _encode_nested(control, "control")
-        tensors.update(found)
+    tensors, structure = call_payload(inp["context"], {k: v for k, v in inp.items()
+                                                       if k not in ("x", "timestep", "context")})
+    tensors.update(x=inp["x"], timestep=inp["timestep"])
+    structure["transformer_options"] = portable_options({})
     return pool.submit(config, "forward", {"key": key, "structure": structure}, tensors).tensors["out"]
 
 
