@@ -1,5 +1,13 @@
-"""VAEs: ComfyUI (LDM-layout) KL VAE -> diffusers AutoencoderKL, Wan 2.1 VAE -> AutoencoderKLWan,
-and the decode conventions that make diffusers' decode equal ComfyUI's `VAE.decode`.
+"""VAEs: ComfyUI (LDM-layout) KL VAE -> diffusers AutoencoderKL, Wan 2.1 and Wan 2.2 VAEs ->
+AutoencoderKLWan, and the decode conventions that make diffusers' decode equal ComfyUI's `VAE.decode`.
+
+The Wan 2.2 VAE (comfy/ldm/wan/vae2_2.py: 48 latent channels, 16x spatial) is diffusers'
+AutoencoderKLWan with `is_residual=True` and `patch_size=2`: residual down/up blocks whose
+shortcuts average (AvgDown3D) or duplicate (DupUp3D) pixels, and 2x2 pixels folded into 12
+channels at the encoder's input / unfolded at the decoder's output. Its blocks nest one level
+deeper in ComfyUI (`decoder.upsamples.{i}.upsamples.{j}`) than in diffusers
+(`decoder.up_blocks.{i}.resnets.{j}` / `.upsampler`), which diffusers' single-file converter
+(Wan 2.1 only) does not map: `_wan22_block_key` does.
 
 Both sides decode raw VAE latents (ComfyUI's latent_format scaling happens in the sampler, the
 diffusers pipeline's scaling_factor outside `decode`), so the latent passes through unchanged.
@@ -7,6 +15,8 @@ ComfyUI's VAE.decode maps the decoder output x to images clamp((x + 1) / 2, 0, 1
 diffusers' Wan VAE already clamps x to [-1, 1] inside decode, which that mapping makes harmless.
 """
 from __future__ import annotations
+
+import re
 
 import torch
 from diffusers.loaders.single_file_utils import convert_ldm_vae_checkpoint, convert_wan_vae_to_diffusers
@@ -20,6 +30,8 @@ KL_NORM_GROUPS = 32  # ComfyUI's (and LDM's) Normalize() in comfy/ldm/modules/di
 WAN_DIM_MULT = [1, 2, 4, 4]
 WAN_NUM_RES_BLOCKS = 2
 WAN_TEMPORAL_DOWNSAMPLE = [False, True, True]
+WAN22_PATCH = 2  # the Wan 2.2 VAE folds 2x2 pixels into channels: 3 colours -> 12 channels
+WAN22_PATCH_CHANNELS = 3 * WAN22_PATCH * WAN22_PATCH
 
 
 def is_kl_vae(sd) -> bool:
@@ -68,9 +80,14 @@ def convert_kl(sd) -> tuple[str, dict, dict]:
     return KL_CLASS_NAME, config, convert_ldm_vae_checkpoint(dict(sd), config)
 
 
+def is_wan22_vae(sd) -> bool:
+    """ComfyUI's own test (comfy/sd.py): the residual up blocks nest their resnets one level deeper."""
+    return "decoder.upsamples.0.upsamples.0.residual.2.weight" in sd
+
+
 def wan_config_from_state_dict(sd) -> dict:
-    if "decoder.upsamples.0.upsamples.0.residual.2.weight" in sd:
-        raise CheckpointError("this is a Wan 2.2 VAE (48 latent channels); only the Wan 2.1 VAE is supported")
+    if is_wan22_vae(sd):
+        return wan22_config_from_state_dict(sd)
     dim = int(need(sd, "decoder.head.0.gamma", "vae_wan").shape[0])
     z = int(need(sd, "conv2.weight", "vae_wan").shape[0])
     return {
@@ -84,9 +101,63 @@ def wan_config_from_state_dict(sd) -> dict:
     }
 
 
+def wan22_config_from_state_dict(sd) -> dict:
+    """ComfyUI fixes the Wan 2.2 VAE (dim 160, decoder width 256, z 48); the widths are read from the weights
+    anyway, so a smaller model built from ComfyUI's own class converts the same way (the tests use one)."""
+    z = int(need(sd, "conv2.weight", "vae_wan").shape[0])
+    return {
+        "base_dim": int(need(sd, "encoder.conv1.weight", "vae_wan").shape[0]),
+        "decoder_base_dim": int(need(sd, "decoder.head.0.gamma", "vae_wan").shape[0]),
+        "z_dim": z,
+        "dim_mult": list(WAN_DIM_MULT),
+        "num_res_blocks": WAN_NUM_RES_BLOCKS,
+        "attn_scales": [],
+        "temperal_downsample": list(WAN_TEMPORAL_DOWNSAMPLE),
+        "dropout": 0.0,
+        "is_residual": True,
+        "in_channels": WAN22_PATCH_CHANNELS,
+        "out_channels": WAN22_PATCH_CHANNELS,
+        "patch_size": WAN22_PATCH,
+        "scale_factor_spatial": 16,
+        # the latent's scaling lives in ComfyUI's latent format (applied by the sampler), not in the VAE: neutral
+        # values of the right length instead of diffusers' 16-channel Wan 2.1 defaults
+        "latents_mean": [0.0] * z,
+        "latents_std": [1.0] * z,
+    }
+
+
+_WAN22_RESNET = {"residual.0.gamma": "norm1.gamma", "residual.2.weight": "conv1.weight",
+                 "residual.2.bias": "conv1.bias", "residual.3.gamma": "norm2.gamma",
+                 "residual.6.weight": "conv2.weight", "residual.6.bias": "conv2.bias",
+                 "shortcut.weight": "conv_shortcut.weight", "shortcut.bias": "conv_shortcut.bias"}
+_WAN22_BLOCK = re.compile(r"^(encoder|decoder)\.(?:downsamples|upsamples)\.(\d+)\.(?:downsamples|upsamples)\.(\d+)\.(.+)$")
+
+
+def _wan22_block_key(key: str):
+    """diffusers' name for a key inside one of the Wan 2.2 VAE's residual down/up blocks (None for other keys):
+    a ResidualBlock's weights go to `resnets.{j}`, the block's Resample (its last entry) to `downsampler` /
+    `upsampler`; the avg/dup shortcuts have no weights."""
+    m = _WAN22_BLOCK.match(key)
+    if m is None:
+        return None
+    side, i, j, rest = m.groups()
+    blocks, resample = ("down_blocks", "downsampler") if side == "encoder" else ("up_blocks", "upsampler")
+    if rest in _WAN22_RESNET:
+        return f"{side}.{blocks}.{i}.resnets.{j}.{_WAN22_RESNET[rest]}"
+    if rest.startswith(("resample.", "time_conv.")):
+        return f"{side}.{blocks}.{i}.{resample}.{rest}"
+    raise CheckpointError(f"Wan 2.2 VAE weight {key!r} is not one the converter knows; this variant is not supported")
+
+
 def convert_wan(sd) -> tuple[str, dict, dict]:
     config = wan_config_from_state_dict(sd)
-    return WAN_CLASS_NAME, config, convert_wan_vae_to_diffusers(dict(sd))
+    if not config.get("is_residual"):
+        return WAN_CLASS_NAME, config, convert_wan_vae_to_diffusers(dict(sd))
+    blocks = {k: _wan22_block_key(k) for k in sd}
+    out = {new: sd[k] for k, new in blocks.items() if new is not None}
+    # the stem, middle blocks, heads and quant convs have the same names as in Wan 2.1: diffusers' converter
+    out.update(convert_wan_vae_to_diffusers({k: v for k, v in sd.items() if blocks[k] is None}))
+    return WAN_CLASS_NAME, config, out
 
 
 def decode(model, latent: torch.Tensor) -> torch.Tensor:
