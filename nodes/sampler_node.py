@@ -59,9 +59,14 @@ class PoolDiffusionModel(torch.nn.Module):
 
     def forward(self, x, timestep, context=None, control=None, transformer_options=None, **extra):
         if control is not None and (not self.state.get("native") or self.state.get("capture")):
-            raise ValueError("ControlNet runs on the workers in step mode on ComfyUI's own model; this config uses "
-                             + ("loop mode: set sampling_mode to step" if self.state.get("native") else
-                                "the diffusers path (tensor parallel / PipeFusion): use ulysses/ring/cfg degrees"))
+            if not self.state.get("native"):
+                how = "the diffusers path (tensor parallel / PipeFusion): use ulysses/ring/cfg degrees"
+            elif self.hp.config.pp_degree > 1:  # sampling_mode step alone is refused with PipeFusion
+                how = "PipeFusion, which always loops in the workers: set pp_degree to 1 (sampling_mode auto or step)"
+            else:
+                how = "loop mode: set sampling_mode to step"
+            raise ValueError(f"ControlNet runs on the workers in step mode on ComfyUI's own model; this config "
+                             f"uses {how}")
         if control is not None:
             extra = dict(extra, control=control)
         if self.state.get("native"):
