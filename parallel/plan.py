@@ -56,6 +56,9 @@ class SplitInput:
     # the argument holds [replicated prefix, image sequence] along `dim`, the prefix as long as argument
     # `prefix_from` along its dim 1 (Qwen-Image's RoPE table over [text, image]): only the image part is split
     prefix_from: Optional[str] = None
+    # the same layout, the prefix being whatever the argument holds beyond the image sequence already split
+    # (Lumina 2's RoPE table over [caption, image], handed to single-stream blocks with no text argument)
+    after_prefix: bool = False
 
 
 @dataclass(frozen=True)
@@ -66,8 +69,11 @@ class SplitOutput:
 
 @dataclass(frozen=True)
 class GatherOutput:
-    """Gather a module's sequence-sharded output back to the full sequence."""
+    """Gather a module's sequence-sharded output back to the full sequence. `after_prefix`: the output is
+    [replicated prefix, local shard] (a single-stream model's final layer over [caption, image]): the prefix
+    is kept once in front of the gathered image sequence."""
     dim: int
+    after_prefix: bool = False
 
 
 @dataclass(frozen=True)
@@ -212,6 +218,15 @@ def _split_input_hook(applied, path, specs):
                     args, kwargs = _set_arg(args, kwargs, where, _shard_after_prefix(
                         value, s.dim, prefix.shape[1], applied, f"{path}:{s.name}"))
                 continue
+            if s.after_prefix:
+                full = applied.state.seq_len
+                if full is None:
+                    raise RuntimeError(f"{path}:{s.name} splits after a prefix before the image sequence was split: "
+                                       f"the family plan is inconsistent")
+                n = value.shape[s.dim % value.ndim]
+                args, kwargs = _set_arg(args, kwargs, where, _shard_after_prefix(
+                    value, s.dim, n - full, applied, f"{path}:{s.name}"))
+                continue
             n, full = value.shape[s.dim % value.ndim], applied.state.seq_len
             if s.only_full and n != full:
                 if s.per_group and full and 1 < n < full and full % n == 0:
@@ -235,7 +250,13 @@ def _gather_output_hook(applied, path, spec):
         sizes = applied.state.seq_sizes
         if sizes is None:
             raise RuntimeError(f"{path!r} gathers a sequence that was never split: the family plan is inconsistent")
-        return all_gather_uneven(output.contiguous(), spec.dim % output.ndim, applied.ctx.sp, sizes=sizes)
+        dim = spec.dim % output.ndim
+        if spec.after_prefix:
+            prefix = output.shape[dim] - sizes[applied.ctx.sp.rank]
+            return torch.cat([output.narrow(dim, 0, prefix), all_gather_uneven(
+                output.narrow(dim, prefix, output.shape[dim] - prefix).contiguous(), dim, applied.ctx.sp,
+                sizes=sizes)], dim=dim)
+        return all_gather_uneven(output.contiguous(), dim, applied.ctx.sp, sizes=sizes)
     return hook
 
 

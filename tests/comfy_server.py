@@ -163,6 +163,10 @@ FAMILIES = {  # the tiny checkpoints each family's workflow loads, and the shape
     # on demand by its test, with the Wan 2.1 VAE it uses
     "qwen_image": dict(unet="tiny_qwen_image.safetensors", vae="tiny_wan_vae.safetensors",
                        latent="EmptySD3LatentImage", tokens=7, context_dim=3584, pooled_dim=0),
+    # Lumina 2 (NextDiT): detection maps width 2304 to 24 heads x 96, so one main layer (and the two refiner
+    # blocks of each kind it always has) is 0.42B parameters; written on demand by its test; Flux's VAE
+    "lumina2": dict(unet="tiny_lumina2.safetensors", vae="tiny_kl16.safetensors", latent="EmptySD3LatentImage",
+                    tokens=7, context_dim=32, pooled_dim=0),
     # Flux.1-dev: ComfyUI 0.3.75 fixes its width at 3072, so even one block of each kind is 531M parameters;
     # written on demand (write_flux_checkpoint), not with the others
     "flux": dict(unet="tiny_flux.safetensors", vae="tiny_kl16.safetensors", latent="EmptySD3LatentImage",

@@ -1,0 +1,67 @@
+"""Lumina 2 / Z-Image in a real ComfyUI: ComfyUI's NextDiT on the workers, against KSampler.
+
+ComfyUI's detection maps only Lumina 2's width (2304: 24 heads x 96, 8 KV heads) and Z-Image's (3840): the smallest
+Lumina 2 it detects has one main layer and 0.42B parameters (written bf16, loaded fp8 as most people run it).
+Odd 13 x 9 latent (ComfyUI pads it to the 2 x 2 patch grid): Parallel Model + KSampler with ulysses 2, ring 2,
+ulysses 2 x ring 2, Hybrid Sampler with cfg 2. Z-Image (0.90B, tokens padded to multiples of 32) is `slow`.
+"""
+import pytest
+
+from comfy_server import assert_ok, error_text, latent, parallel_config_node, parallel_model, rel, workflow
+
+pytestmark = pytest.mark.comfy
+
+W, H = 104, 72
+
+
+def _write(server, z_image):
+    from comfyui_hybrid_parallel.doctor import tiny_checkpoints as tiny
+    name = "tiny_zimage.safetensors" if z_image else "tiny_lumina2.safetensors"
+    path = server.base / "models" / "diffusion_models" / name
+    if not path.exists():
+        tiny.write_lumina2(path, z_image=z_image, seed=23 + z_image)
+    return name
+
+
+def _graph(unet, tag, degrees=None, node="model"):
+    g = workflow(None, tag, W, H, family="lumina2", weight_dtype="fp8_e4m3fn", steps=2)
+    g["1"]["inputs"]["unet_name"] = unet
+    for k in ("7", "8", "11"):
+        g.pop(k, None)
+    if degrees is not None:
+        if node == "model":
+            g["5"]["inputs"]["model"] = parallel_model(g, degrees)
+        else:
+            g["9"] = parallel_config_node(degrees)
+            g["5"] = {"class_type": "HybridSampler", "inputs": {**g["5"]["inputs"], "parallel_config": ["9", 0]}}
+    return g
+
+
+def _equal_ksampler(server, unet, tag, cases):
+    assert_ok(server, server.run(_graph(unet, f"{tag}_ref")))
+    ref = latent(server, f"{tag}_ref")
+    for name, degrees, node in cases:
+        assert_ok(server, server.run(_graph(unet, f"{tag}_{name}", degrees, node)))
+        err = rel(latent(server, f"{tag}_{name}"), ref)
+        print(f"{tag} {name}: latent relative error vs KSampler {err:.2e}")
+        assert err <= 1e-5, (name, err)  # fp8 weights are computed in fp32 on CPU (manual cast): exact bound
+
+
+CASES = [("u2", {"ulysses_degree": 2}, "model"), ("r2", {"ring_degree": 2}, "model"),
+         ("u2r2", {"ulysses_degree": 2, "ring_degree": 2}, "model"), ("cfg2", {"cfg_degree": 2}, "sampler")]
+
+
+def test_lumina2_equals_ksampler(server):
+    _equal_ksampler(server, _write(server, False), "lumina2", CASES)
+
+
+@pytest.mark.slow
+def test_z_image_equals_ksampler(server):
+    _equal_ksampler(server, _write(server, True), "zimage", CASES)
+
+
+def test_lumina2_tensor_parallel_is_refused_with_the_fix(server):
+    entry = server.run(_graph(_write(server, False), "lumina2_tp", {"tp_degree": 2}))
+    assert entry["status"]["status_str"] == "error"
+    msg = error_text(entry)
+    assert "Lumina 2" in msg and "ulysses/ring/cfg" in msg, msg

@@ -1,0 +1,64 @@
+"""Lumina 2 and Z-Image on the workers (ComfyUI's NextDiT), against ComfyUI's own forward.
+
+NextDiT refines the caption and the image apart, then runs one [caption, image] stream; the plan splits the image
+tokens at the first noise-refiner block and gathers [caption, image] behind one caption copy at the final layer.
+ComfyUI's detection maps only two widths: Lumina 2 (2304, 24 heads x 96 with 8 KV heads: 0.42B parameters with one
+main layer) and Z-Image (3840, 30 heads x 128, image and caption padded to multiples of 32: 0.90B). Fresh random
+inputs, odd and even latents (odd: ComfyUI pads to the patch grid, Z-Image then pads the tokens), ulysses 2,
+ring 2, ulysses 2 x ring 2 and cfg 2; Z-Image is `slow` (run before resolving).
+"""
+import pytest
+import torch
+
+from test_native_pool import comfy, comfy_forward, rel  # noqa: F401
+
+pytestmark = pytest.mark.comfy
+
+CASES = ({"ulysses_degree": 2}, {"ring_degree": 2}, {"ulysses_degree": 2, "ring_degree": 2}, {"cfg_degree": 2})
+
+
+def _pool_forward(pool, config, key, base, inp):
+    """pool_forward with NextDiT's plain-int `num_tokens` in the JSON part of the call, as the nodes send it."""
+    from comfyui_hybrid_parallel.nodes.native import family_adapter, native_spec
+    dm = base.diffusion_model
+    pool.ensure_model(config, key, family_adapter(dm).family, {}, native=native_spec(base),
+                      state_dict=lambda: dict(dm.state_dict()))
+    tensors = {k: v for k, v in inp.items() if isinstance(v, torch.Tensor)}
+    structure = {"transformer_options": {}, **{k: v for k, v in inp.items() if k not in tensors}}
+    return pool.submit(config, "forward", {"key": key, "structure": structure}, tensors).tensors["out"]
+
+
+def _check(cpu_pool, tmp_path, z_image: bool, cases, sizes):
+    from comfy.sd import load_diffusion_model
+    from comfyui_hybrid_parallel.nodes.native import family_adapter
+    from comfyui_hybrid_parallel.parallel import ParallelConfig
+    from comfyui_hybrid_parallel.doctor import tiny_checkpoints as tiny
+    name = "zimage" if z_image else "lumina2"
+    path = tmp_path / f"{name}.safetensors"
+    tiny.write_lumina2(path, z_image=z_image, seed=71 + z_image)
+    base = load_diffusion_model(str(path), model_options={"dtype": torch.float8_e4m3fn}).model
+    dm = base.diffusion_model
+    assert type(dm).__name__ == "NextDiT" and family_adapter(dm).family == "lumina2"
+    assert (dm.pad_tokens_multiple is not None) == z_image
+    dtype = base.manual_cast_dtype or dm.dtype
+    for degrees in cases:
+        config = ParallelConfig(**degrees)
+        for h, w in sizes:
+            g = torch.Generator().manual_seed(72 + h)
+            inp = {"x": torch.randn(2, 16, h, w, generator=g).to(dtype),
+                   "context": torch.randn(2, 5, 32, generator=g).to(dtype),
+                   "num_tokens": 5, "timestep": torch.rand(2, generator=g)}
+            ref = comfy_forward(base, inp)
+            out = _pool_forward(cpu_pool, config, f"{name}:{config.describe()}", base, inp)
+            err = rel(out, ref)
+            print(f"{name} {config.describe()} {h}x{w}: rel {err:.2e}")
+            assert out.shape == ref.shape and err <= 1e-5, (degrees, h, w, err)
+
+
+def test_lumina2_equals_comfyui(comfy, cpu_pool, tmp_path):  # noqa: F811
+    _check(cpu_pool, tmp_path, False, CASES, [(9, 13), (8, 12)])
+
+
+@pytest.mark.slow
+def test_z_image_equals_comfyui(comfy, cpu_pool, tmp_path):  # noqa: F811
+    _check(cpu_pool, tmp_path, True, CASES, [(9, 13), (8, 16)])
