@@ -190,6 +190,29 @@ def write_qwen_image(path: Path, *, num_layers: int = 1, seed: int = 0,
     return _save(make, path, seed, dtype)
 
 
+def write_lumina2(path: Path, *, z_image: bool = False, num_layers: int = 1, seed: int = 0,
+                  dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
+    """Lumina 2 (NextDiT): detection reads the width and caption width from `cap_embedder.1` and maps only two
+    widths to a consistent head layout: 2304 (Lumina 2: 24 heads x 96, 8 KV heads) and 3840 (Z-Image: 30 heads
+    x 128, padding tokens to a multiple of 32). Two refiner blocks of each kind are fixed, so one main layer gives
+    0.42B (Lumina 2) or 0.90B (Z-Image) parameters. The caption width is ours (TINY_CONTEXT_DIM)."""
+    from comfy.ldm.lumina.model import NextDiT
+
+    if z_image:
+        kw = dict(dim=3840, n_heads=30, n_kv_heads=30, axes_dims=[32, 48, 48], axes_lens=[1536, 512, 512],
+                  rope_theta=256.0, ffn_dim_multiplier=8.0 / 3.0, z_image_modulation=True, time_scale=1000.0,
+                  pad_tokens_multiple=32)
+    else:
+        kw = dict(dim=2304, n_heads=24, n_kv_heads=8, axes_dims=[32, 32, 32], axes_lens=[300, 512, 512],
+                  rope_theta=10000.0, ffn_dim_multiplier=4.0)
+
+    def make():
+        return NextDiT(patch_size=2, in_channels=16, n_layers=num_layers, qk_norm=True,
+                       cap_feat_dim=TINY_CONTEXT_DIM, operations=_ops(), device="meta", **kw)
+
+    return _save(make, path, seed, dtype)
+
+
 def write_kl_vae(path: Path, *, style: str = "sd", seed: int = 0,
                  dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
     """The SD ("sd": 4 latent channels, quant convs) or Flux ("flux": 16 channels, none) KL VAE."""
