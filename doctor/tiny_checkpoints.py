@@ -246,3 +246,27 @@ def write_wan_vae(path: Path, *, dim: int = 8, seed: int = 0,
                       temperal_downsample=[False, True, True], dropout=0.0)
 
     return _save(make, path, seed, dtype, meta_context=True)
+
+
+WAN22_VAE_DIM, WAN22_VAE_DEC_DIM = 160, 256  # what comfy/sd.py builds for any Wan 2.2 VAE it detects
+
+
+def wan22_vae(dim: int = WAN22_VAE_DIM, dec_dim: int = WAN22_VAE_DEC_DIM, device: str = "meta") -> torch.nn.Module:
+    """ComfyUI's own Wan 2.2 VAE class (comfy/ldm/wan/vae2_2.py: 48 latent channels, residual blocks with
+    averaging / duplicating shortcuts, 2x2 pixels folded into 12 channels) with these widths; the fixed parts
+    (dim_mult 1,2,4,4, two res blocks, temporal down [F, T, T]) as comfy/sd.py sets them."""
+    from comfy.ldm.wan.vae2_2 import WanVAE
+
+    with torch.device(device):
+        return WanVAE(dim=dim, dec_dim=dec_dim, z_dim=48, dim_mult=[1, 2, 4, 4], num_res_blocks=2, attn_scales=[],
+                      temperal_downsample=[False, True, True], dropout=0.0)
+
+
+def write_wan22_vae(path: Path, *, dim: int = WAN22_VAE_DIM, dec_dim: int = WAN22_VAE_DEC_DIM, seed: int = 0,
+                    dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
+    """The Wan 2.2 VAE. comfy.sd.VAE detects it by its nested up-block keys and then builds dim 160 / decoder width
+    256 whatever the file holds, loading with strict=False (a missing weight would stay uninitialised memory): the
+    smallest file VAELoader takes and decodes deterministically is the full 705M-parameter model (bf16 by default:
+    1.4 GB; ComfyUI casts it to its VAE dtype, float32 on CPU). Other widths are for tests that build ComfyUI's
+    class directly (`wan22_vae`) and convert it; VAELoader would reject their shapes."""
+    return _save(lambda: wan22_vae(dim, dec_dim), path, seed, dtype)  # built on the meta device: no memory

@@ -7,6 +7,7 @@ builds each model once (fixed seed), decodes serially and in parallel, and
 compares; the serial decode is repeated after the parallel one to prove the
 VAE was restored.
 """
+import copy
 import functools
 
 import pytest
@@ -233,3 +234,172 @@ def test_group_norm_dtypes_match_native(dtype, tol):
     with torch.no_grad():
         norm.weight.normal_()
         assert _rel(PatchGroupNorm(norm, ax)(x).double(), norm(x).double()) <= tol
+
+
+# ---- ComfyUI's own VAEs: what Patch VAE Decode splits (the Wan 2.2 VAE) and what it refuses, before any worker ----
+# ComfyUI runs in the test process only (the ranks get the converted diffusers twin as plain tensors, so they never
+# import ComfyUI). The Wan 2.2 VAE is ComfyUI's class at small widths (dim 8, decoder 16, z 48): VAELoader only takes
+# the 705M-parameter size (doctor/tiny_checkpoints.write_wan22_vae), which tests/test_comfyui_ti2v.py decodes.
+
+
+@pytest.fixture(scope="module")
+def comfy_wan22(tmp_path_factory):
+    """(ComfyUI's Wan 2.2 VAE with random weights, the diffusers (class, config, state dict) Patch VAE Decode makes
+    of it), through the same file and converter as the node: doctor.write_wan22_vae -> nodes.runtime.to_diffusers."""
+    from comfy_env import setup_comfy
+    setup_comfy()
+    from safetensors.torch import load_file
+
+    from comfyui_hybrid_parallel.doctor import tiny_checkpoints as tc
+    from comfyui_hybrid_parallel.nodes.runtime import to_diffusers
+    path = tmp_path_factory.mktemp("wan22_vae") / "wan22_vae_small.safetensors"
+    tc.write_wan22_vae(path, dim=8, dec_dim=16, seed=22, dtype=torch.float32)
+    vae = tc.wan22_vae(8, 16, device="cpu")
+    vae.load_state_dict(load_file(str(path)), strict=True)
+    family, config, dsd = to_diffusers(vae.eval(), "vae_wan")
+    assert family == "vae_wan" and config["is_residual"] and config["patch_size"] == 2 and config["z_dim"] == 48
+    return vae, ("AutoencoderKLWan", config, dsd)
+
+
+def _comfy_images(vae, latent, dtype):
+    """What ComfyUI's VAEDecode returns for this VAE (comfy.sd.VAE.decode: decode in the VAE dtype, .float(),
+    clamp((x + 1) / 2, 0, 1), channels last), before it folds frames into the batch; and the raw decode."""
+    model = vae if dtype == torch.float32 else copy.deepcopy(vae).to(dtype)  # the fp32 weights stay untouched
+    with torch.no_grad():
+        raw = model.decode(latent.to(dtype)).float()
+    return torch.clamp((raw + 1.0) / 2.0, 0.0, 1.0).movedim(1, -1), raw
+
+
+def _twin_body(n, twin, latent, dtype_name):
+    from comfyui_hybrid_parallel.parallel.checkpoints import build_model
+    from comfyui_hybrid_parallel.parallel.checkpoints.vae import diffusers_to_comfy_images
+    ctx = context_for(ParallelConfig(ulysses_degree=n))
+    model = build_model(*twin, dtype=getattr(torch, dtype_name))
+    out = patch_decode(model, latent, world_axis(ctx))
+    assert out.dtype == getattr(torch, dtype_name)  # decoded in the VAE's dtype, as ComfyUI does
+    return diffusers_to_comfy_images(out) if ctx.rank == 0 else None
+
+
+WAN22_CASES = [  # (ranks, latent (B, 48, T, H, W)): heights that split evenly and heights that do not
+    (2, (1, 48, 2, 4, 3)),
+    (2, (1, 48, 3, 5, 4)),
+    (4, (1, 48, 2, 8, 3)),
+    (4, (1, 48, 1, 7, 5)),
+]
+
+
+@pytest.mark.comfy
+@pytest.mark.parametrize("n, shape", WAN22_CASES)
+def test_wan22_vae_patch_decode_equals_comfyui(dist_pools, comfy_wan22, n, shape):
+    """ComfyUI's Wan 2.2 VAE decode (residual up blocks with DupUp3D shortcuts, causal caches, the 2x2 unpatchify)
+    split over n ranks by rows equals ComfyUI's serial VAEDecode images: fp32 <= 1e-5 relative."""
+    vae, twin = comfy_wan22
+    latent = torch.randn(*shape, generator=torch.Generator().manual_seed(sum(shape) + n))
+    ref, raw = _comfy_images(vae, latent, torch.float32)
+    assert raw.shape[2:] == (4 * shape[2] - 3, 16 * shape[3], 16 * shape[4])
+    inside = ((raw > -1) & (raw < 1)).float().mean().item()
+    assert 0.2 < inside < 1.0, f"the random VAE's output should be mostly inside [-1, 1] and clamp somewhere: {inside}"
+    got = dist_pools(n).run(_twin_body, n, twin, latent, "float32", timeout=240)[0]
+    err = _rel(got, ref)
+    print(f"Wan 2.2 VAE {shape} over {n} ranks: images relative error vs ComfyUI {err:.2e}")
+    assert err <= TOL, err
+
+
+@pytest.mark.comfy
+def test_wan22_vae_patch_decode_bf16(dist_pools, comfy_wan22):
+    """A bf16 VAE (ComfyUI's choice on GPUs) decodes in bf16 on the ranks, a float32 latent cast as ComfyUI casts it;
+    the split costs no more than bf16 itself: its error vs ComfyUI's bf16 decode stays within twice ComfyUI's own
+    bf16-vs-fp32 difference."""
+    vae, twin = comfy_wan22
+    latent = torch.randn(1, 48, 2, 5, 3, generator=torch.Generator().manual_seed(16))
+    ref_bf16, _ = _comfy_images(vae, latent, torch.bfloat16)
+    ref_fp32, _ = _comfy_images(vae, latent, torch.float32)
+    own = _rel(ref_bf16, ref_fp32)
+    got = dist_pools(2).run(_twin_body, 2, twin, latent, "bfloat16", timeout=240)[0]
+    err = _rel(got, ref_bf16)
+    print(f"Wan 2.2 VAE bf16 over 2 ranks: {err:.2e} vs ComfyUI bf16 (ComfyUI bf16 vs fp32: {own:.2e})")
+    assert 0 < own < 5e-2 and err <= 2 * own, (err, own)
+
+
+class _NoPool:
+    def __call__(self, device):
+        raise AssertionError("a worker pool was started for a decode that must be refused first")
+
+
+def _refuse(first_stage_model, latent, ranks=2):
+    """Run Patch VAE Decode on a VAE whose pool would raise if anything started: the node's error message."""
+    import types
+
+    from comfyui_hybrid_parallel.nodes.config_node import HybridParallelConfig
+    from comfyui_hybrid_parallel.nodes.runtime import Runtime
+    from comfyui_hybrid_parallel.nodes.vae_node import PatchVAEDecode
+    node = PatchVAEDecode()
+    node.runtime = Runtime(make_pool=_NoPool())
+    hp = HybridParallelConfig(ParallelConfig(ulysses_degree=ranks), device="cpu")
+    with pytest.raises(ValueError) as e:
+        node.decode({"samples": latent}, types.SimpleNamespace(first_stage_model=first_stage_model), hp)
+    return str(e.value)
+
+
+def _comfy_first_stage(decoder_target, encoder_target, ddconfig, regularizer="DiagonalGaussianRegularizer"):
+    """A ComfyUI AutoencodingEngine built as comfy/sd.py builds it, on the meta device (no memory, no weights)."""
+    from comfy.ldm.models.autoencoder import AutoencodingEngine
+    with torch.device("meta"):
+        return AutoencodingEngine(regularizer_config={"target": f"comfy.ldm.models.autoencoder.{regularizer}"},
+                                  encoder_config={"target": encoder_target, "params": ddconfig},
+                                  decoder_config={"target": decoder_target, "params": ddconfig})
+
+
+@pytest.mark.comfy
+def test_vaes_without_a_split_are_refused_before_any_worker(comfy_wan22):
+    """HunyuanVideo 1.5's VAE (32 channels, comfy/sd.py's ddconfig) and HunyuanVideo 1.0's 3-D KL VAE (the KL
+    Decoder class with conv3d=True) are refused by class, naming it and VAE Decode; so is a latent that does not
+    fit the VAE (a 16-channel Wan 2.1 latent into the Wan 2.2 VAE). None of them starts a pool."""
+    from comfyui_hybrid_parallel.doctor import tiny_checkpoints as tc
+    from comfyui_hybrid_parallel.nodes.vae_node import check_vae
+
+    hv15 = {"block_out_channels": [128, 256, 512, 1024, 1024], "in_channels": 3, "out_channels": 3,
+            "num_res_blocks": 2, "ffactor_spatial": 16, "ffactor_temporal": 4, "downsample_match_channel": True,
+            "upsample_match_channel": True, "refiner_vae": False, "z_channels": 32}
+    first = _comfy_first_stage("comfy.ldm.hunyuan_video.vae_refiner.Decoder",
+                               "comfy.ldm.hunyuan_video.vae_refiner.Encoder", hv15)
+    msg = _refuse(first, torch.zeros(1, 32, 2, 4, 4))
+    assert "AutoencodingEngine with decoder comfy.ldm.hunyuan_video.vae_refiner.Decoder" in msg, msg
+    assert "VAE Decode" in msg and "VAE Decode (Tiled)" in msg, msg
+
+    from comfy.ldm.models.autoencoder import AutoencoderKL
+    dd3 = {"double_z": True, "z_channels": 16, "resolution": 256, "in_channels": 3, "out_ch": 3, "ch": 128,
+           "ch_mult": [1, 2, 4, 4], "num_res_blocks": 2, "attn_resolutions": [], "dropout": 0.0, "conv3d": True,
+           "time_compress": 4}
+    with torch.device("meta"):
+        hv10 = AutoencoderKL(ddconfig=dd3, embed_dim=16)
+    msg = _refuse(hv10, torch.zeros(1, 16, 2, 4, 4))
+    assert "AutoencoderKL with decoder comfy.ldm.modules.diffusionmodules.model.Decoder" in msg, msg
+
+    wan22 = tc.wan22_vae()  # the size VAELoader builds, on the meta device
+    assert check_vae(wan22, torch.zeros(1, 48, 2, 3, 5)) == "vae_wan"
+    msg = _refuse(wan22, torch.zeros(1, 16, 2, 3, 5))
+    assert "48 channels" in msg and "(1, 16, 2, 3, 5)" in msg, msg
+
+
+@pytest.mark.comfy
+def test_kl_vae_of_lumina2_and_z_image_is_split():
+    """Lumina 2 and Z-Image decode with Flux.1's KL VAE (AutoencodingEngine, 16 channels, no quant convs): Patch VAE
+    Decode takes it as 'vae_kl', the family test_comfyui_e2e decodes with Patch VAE Decode vs VAE Decode (its
+    tiny_kl16 is this VAE); the SD-style AutoencoderKL (quant convs) too; Flux.2's batch-norm latent is refused."""
+    from comfyui_hybrid_parallel.nodes.vae_node import check_vae
+    dd = {"double_z": True, "z_channels": 16, "resolution": 256, "in_channels": 3, "out_ch": 3, "ch": 128,
+          "ch_mult": [1, 2, 4, 4], "num_res_blocks": 2, "attn_resolutions": [], "dropout": 0.0}
+    flux_ae = _comfy_first_stage("comfy.ldm.modules.diffusionmodules.model.Decoder",
+                                 "comfy.ldm.modules.diffusionmodules.model.Encoder", dd)
+    assert check_vae(flux_ae, torch.zeros(1, 16, 8, 8)) == "vae_kl"
+    msg = _refuse(flux_ae, torch.zeros(1, 16, 2, 8, 8))
+    assert "image (B, C, H, W) latents with 16 channels" in msg, msg
+
+    from comfy.ldm.models.autoencoder import AutoencoderKL
+    with torch.device("meta"):
+        sd_vae = AutoencoderKL(ddconfig={**dd, "z_channels": 4}, embed_dim=4)
+        flux2_vae = AutoencoderKL(ddconfig={**dd, "z_channels": 32, "batch_norm_latent": True}, embed_dim=32)
+    assert check_vae(sd_vae, torch.zeros(1, 4, 8, 8)) == "vae_kl"
+    msg = _refuse(flux2_vae, torch.zeros(1, 128, 8, 8))
+    assert "batch-norm latent" in msg and "VAE Decode" in msg, msg

@@ -90,6 +90,11 @@ def patch_decode(vae, latent: torch.Tensor, ax, block_size: Optional[int] = None
             f"for this latent, or decode it serially")
     if unscale:
         latent = _unscale(vae, latent)
+    # The decode runs in the VAE's own dtype, as ComfyUI's VAE.decode casts its samples to vae_dtype (a bf16 VAE
+    # on GPUs): a float32 latent into bf16 convolutions would fail.
+    weight = next(vae.parameters(), None)
+    if weight is not None and weight.dtype != latent.dtype:
+        latent = latent.to(weight.dtype)
     if ax.size == 1:
         with torch.no_grad():
             out = vae.decode(latent).sample
