@@ -6,6 +6,11 @@ non-square widths, 1/2/5 latent frames, with and without `block_size`. Each rank
 builds each model once (fixed seed), decodes serially and in parallel, and
 compares; the serial decode is repeated after the parallel one to prove the
 VAE was restored.
+
+The last part runs ComfyUI's own Wan 2.2 VAE (comfy/ldm/wan/vae2_2.py) through
+the node's converter and compares the split decode with ComfyUI's decode (fp32
+and bf16), and checks which ComfyUI VAEs Patch VAE Decode refuses, before any
+worker starts.
 """
 import copy
 import functools
