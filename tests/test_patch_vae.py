@@ -248,11 +248,16 @@ def test_group_norm_dtypes_match_native(dtype, tol):
 
 
 @pytest.fixture(scope="module")
-def comfy_wan22(tmp_path_factory):
+def comfy():
+    """ComfyUI importable in this process (CPU); never in the ranks."""
+    from comfy_env import setup_comfy
+    return setup_comfy()
+
+
+@pytest.fixture(scope="module")
+def comfy_wan22(comfy, tmp_path_factory):
     """(ComfyUI's Wan 2.2 VAE with random weights, the diffusers (class, config, state dict) Patch VAE Decode makes
     of it), through the same file and converter as the node: doctor.write_wan22_vae -> nodes.runtime.to_diffusers."""
-    from comfy_env import setup_comfy
-    setup_comfy()
     from safetensors.torch import load_file
 
     from comfyui_hybrid_parallel.doctor import tiny_checkpoints as tc
@@ -356,10 +361,11 @@ def _comfy_first_stage(decoder_target, encoder_target, ddconfig, regularizer="Di
 
 
 @pytest.mark.comfy
-def test_vaes_without_a_split_are_refused_before_any_worker(comfy_wan22):
-    """HunyuanVideo 1.5's VAE (32 channels, comfy/sd.py's ddconfig) and HunyuanVideo 1.0's 3-D KL VAE (the KL
-    Decoder class with conv3d=True) are refused by class, naming it and VAE Decode; so is a latent that does not
-    fit the VAE (a 16-channel Wan 2.1 latent into the Wan 2.2 VAE). None of them starts a pool."""
+def test_vaes_without_a_split_are_refused_before_any_worker(comfy):
+    """HunyuanVideo 1.5's VAE (32 channels, comfy/sd.py's ddconfig), HunyuanVideo 1.0's 3-D KL VAE (the KL Decoder
+    class with conv3d=True) and Wan 2.2's tiny preview VAE (TAEHV) are refused by class, naming it and VAE Decode;
+    so is a latent that does not fit the VAE (a 16-channel Wan 2.1 latent into the Wan 2.2 VAE). None of them
+    starts a pool."""
     from comfyui_hybrid_parallel.doctor import tiny_checkpoints as tc
     from comfyui_hybrid_parallel.nodes.vae_node import check_vae
 
@@ -381,6 +387,12 @@ def test_vaes_without_a_split_are_refused_before_any_worker(comfy_wan22):
     msg = _refuse(hv10, torch.zeros(1, 16, 2, 4, 4))
     assert "AutoencoderKL with decoder comfy.ldm.modules.diffusionmodules.model.Decoder" in msg, msg
 
+    from comfy.taesd.taehv import TAEHV
+    with torch.device("meta"):
+        taew22 = TAEHV(latent_channels=48, latent_format=None)  # the tiny preview VAE of Wan 2.2 (taew2_2)
+    msg = _refuse(taew22, torch.zeros(1, 48, 2, 3, 5))
+    assert "comfy.taesd.taehv.TAEHV with decoder torch.nn.modules.container.Sequential" in msg, msg
+
     wan22 = tc.wan22_vae()  # the size VAELoader builds, on the meta device
     assert check_vae(wan22, torch.zeros(1, 48, 2, 3, 5)) == "vae_wan"
     msg = _refuse(wan22, torch.zeros(1, 16, 2, 3, 5))
@@ -388,7 +400,7 @@ def test_vaes_without_a_split_are_refused_before_any_worker(comfy_wan22):
 
 
 @pytest.mark.comfy
-def test_kl_vae_of_lumina2_and_z_image_is_split():
+def test_kl_vae_of_lumina2_and_z_image_is_split(comfy):
     """Lumina 2 and Z-Image decode with Flux.1's KL VAE (AutoencodingEngine, 16 channels, no quant convs): Patch VAE
     Decode takes it as 'vae_kl', the family test_comfyui_e2e decodes with Patch VAE Decode vs VAE Decode (its
     tiny_kl16 is this VAE); the SD-style AutoencoderKL (quant convs) too; Flux.2's batch-norm latent is refused."""
