@@ -124,6 +124,9 @@ class FamilyPlan:
     comfy: bool = False        # a ComfyUI module: forward(x, timestep, context, ..., transformer_options)
     pipeline: Optional[PipelinePlan] = None  # PipeFusion's stages (None: refused with pipeline_refusal)
     pipeline_refusal: str = ""
+    # forward inputs the sequence split cannot carry (name -> why, and what to do instead): a call that passes
+    # one (not None) under ulysses/ring is refused with that text rather than computed wrong
+    sequence_refusals: dict = field(default_factory=dict)
 
     def tp_layout(self) -> Optional[dict]:
         """The tensor-parallel layout; `tp` may be a function returning it (read lazily: Flux's comes from
@@ -439,6 +442,10 @@ def _root_wrapper(applied):
                 kwargs = {k: _slice_batch(v, B, start, n) if k in plan.batch_inputs else v
                           for k, v in kwargs.items()}
             if ctx.sp.size > 1:
+                carried = sorted(n for n in plan.sequence_refusals if kwargs.get(n) is not None)
+                if carried:
+                    raise ValueError(f"{plan.model_class} under ulysses/ring: " +
+                                     "; ".join(plan.sequence_refusals[n] for n in carried))
                 args_, kwargs = _split_input_hook(applied, "", plan.sequence.get("", []))(None, (), kwargs)
                 if plan.comfy and isinstance(kwargs.get("control"), dict):  # ControlNet residuals: per rank
                     kwargs["control"] = {k: _ShardedResiduals(v, applied) if isinstance(v, (list, tuple)) else v

@@ -167,6 +167,9 @@ FAMILIES = {  # the tiny checkpoints each family's workflow loads, and the shape
     # blocks of each kind it always has) is 0.42B parameters; written on demand by its test; Flux's VAE
     "lumina2": dict(unet="tiny_lumina2.safetensors", vae="tiny_kl16.safetensors", latent="EmptySD3LatentImage",
                     tokens=7, context_dim=32, pooled_dim=0),
+    # HunyuanVideo 1.5: small (heads = hidden / 128); 32-channel latents at 16x; written on demand by its test
+    "hunyuan_video15": dict(unet="tiny_hunyuan_video15.safetensors", vae=None, latent="EmptyHunyuanVideo15Latent",
+                            tokens=7, context_dim=32, pooled_dim=4),  # encode_adm reads a pooled output (unused by 1.5)
     # Flux.1-dev: ComfyUI 0.3.75 fixes its width at 3072, so even one block of each kind is 531M parameters;
     # written on demand (write_flux_checkpoint), not with the others
     "flux": dict(unet="tiny_flux.safetensors", vae="tiny_kl16.safetensors", latent="EmptySD3LatentImage",
@@ -250,7 +253,7 @@ def workflow(degrees, tag: str, width: int, height: int, steps: int = 3, cfg: fl
             "seed": seed, "tokens": f["tokens"], "context_dim": f["context_dim"], "pooled_dim": f["pooled_dim"],
             "guidance": f.get("guidance", -1.0)}}
     latent = {"width": width, "height": height, "batch_size": batch}
-    if family == "wan":
+    if family in ("wan", "hunyuan_video15"):
         latent["length"] = length
     g = {
         "1": {"class_type": "UNETLoader", "inputs": {"unet_name": f["unet"], "weight_dtype": weight_dtype}},

@@ -1,0 +1,79 @@
+"""HunyuanVideo 1.5 and 1.0 on the workers (ComfyUI's HunyuanVideo class), against ComfyUI's own forward.
+
+The image tokens are split at the patch embedding, their RoPE ids at forward_orig, the joint attention has the
+replicated text *last*, the final layer is gathered. 1.5: 65 input channels (the start image's latent and mask of
+image-to-video ride along as channels), CLIP-vision tokens and ByT5 glyph tokens join the text. 1.0: pooled CLIP
+vector and guidance. Fresh random inputs, token counts that divide by the ranks and that do not; ulysses 2,
+ring 2, ulysses 2 x ring 2, cfg 2. The inputs that address the whole sequence (a text attention mask, 1.0's guiding
+frame) are refused under ulysses/ring naming what works, and the pool stays usable.
+"""
+import pytest
+import torch
+
+from test_native_pool import comfy, comfy_forward, pool_forward, rel  # noqa: F401
+
+pytestmark = pytest.mark.comfy
+
+CASES = ({"ulysses_degree": 2}, {"ring_degree": 2}, {"ulysses_degree": 2, "ring_degree": 2}, {"cfg_degree": 2})
+
+
+def _model(tmp_path, version):
+    from comfy.sd import load_diffusion_model
+    from comfyui_hybrid_parallel.nodes.native import family_adapter
+    from comfyui_hybrid_parallel.doctor import tiny_checkpoints as tiny
+    path = tmp_path / f"hunyuan_video_{version}.safetensors"
+    tiny.write_hunyuan_video(path, version=version, seed=81)
+    base = load_diffusion_model(str(path)).model
+    want = "HunyuanVideo15" if version == "1.5" else "HunyuanVideo"
+    assert type(base).__name__ == want and family_adapter(base.diffusion_model).family == "hunyuan_video"
+    return base
+
+
+def _inputs(version, frames, h, w, seed):
+    g = torch.Generator().manual_seed(seed)
+    if version == "1.5":
+        return {"x": torch.randn(2, 65, frames, h, w, generator=g), "timestep": torch.rand(2, generator=g),
+                "context": torch.randn(2, 6, 32, generator=g), "clip_fea": torch.randn(2, 3, 1152, generator=g),
+                "txt_byt5": torch.randn(2, 4, 1472, generator=g)}
+    return {"x": torch.randn(2, 16, frames, h, w, generator=g), "timestep": torch.rand(2, generator=g),
+            "context": torch.randn(2, 6, 32, generator=g), "y": torch.randn(2, 768, generator=g),
+            "guidance": torch.full((2,), 6.0)}
+
+
+@pytest.mark.parametrize("version", ["1.5", "1.0"])
+def test_hunyuan_video_equals_comfyui(comfy, cpu_pool, tmp_path, version):  # noqa: F811
+    from comfyui_hybrid_parallel.parallel import ParallelConfig
+    base = _model(tmp_path, version)
+    # 1.5 (1x1x1 patches): 2x5x7 = 70 and 3x4x4 = 48 tokens; 1.0 (1x2x2; ComfyUI itself needs even sizes there):
+    # 2x3x4 = 24 and 3x2x3 = 18 tokens
+    sizes = [(2, 5, 7), (3, 4, 4)] if version == "1.5" else [(2, 6, 8), (3, 4, 6)]
+    for degrees in CASES:
+        config = ParallelConfig(**degrees)
+        for frames, h, w in sizes:
+            inp = _inputs(version, frames, h, w, seed=82 + h)
+            ref = comfy_forward(base, inp)
+            out = pool_forward(cpu_pool, config, f"hyv{version}:{config.describe()}", base, inp)
+            err = rel(out, ref)
+            print(f"HunyuanVideo {version} {config.describe()} {frames}x{h}x{w}: rel {err:.2e}")
+            assert out.shape == ref.shape and err <= 1e-5, (degrees, frames, h, w, err)
+
+
+def test_hunyuan_video_whole_sequence_inputs_are_refused(comfy, cpu_pool, tmp_path):  # noqa: F811
+    from comfyui_hybrid_parallel.parallel import ParallelConfig
+    from comfyui_hybrid_parallel.workers.pool import PoolError
+    base = _model(tmp_path, "1.5")
+    config = ParallelConfig(ulysses_degree=2)
+    # ComfyUI's own forward applies a text mask only to one sample without vision / glyph tokens
+    inp = {k: v[:1] for k, v in _inputs("1.5", 2, 4, 4, seed=90).items() if k not in ("clip_fea", "txt_byt5")}
+    mask = torch.ones(1, 6)
+    mask[:, -2:] = 0
+    with pytest.raises(PoolError) as e:
+        pool_forward(cpu_pool, config, "hyv1.5:mask", base, dict(inp, attention_mask=mask))
+    assert "attention mask" in str(e.value) and "cfg/dp degrees" in str(e.value), str(e.value)
+    # the pool stays usable, and the same mask without a sequence split equals ComfyUI's forward
+    cfg = ParallelConfig(cfg_degree=2)
+    ref = comfy_forward(base, dict(inp, attention_mask=mask))
+    out = pool_forward(cpu_pool, cfg, "hyv1.5:mask_cfg", base, dict(inp, attention_mask=mask))
+    assert rel(out, ref) <= 1e-5
+    out = pool_forward(cpu_pool, config, "hyv1.5:mask", base, inp)
+    assert rel(out, comfy_forward(base, inp)) <= 1e-5
