@@ -56,6 +56,12 @@ def _check(cpu_pool, tmp_path, z_image: bool, cases, sizes):
 
 
 def test_lumina2_equals_comfyui(comfy, cpu_pool, tmp_path):  # noqa: F811
+    """ulysses 2 x ring 2 (both splits at once) here; every degree in the real-ComfyUI test and the slow one."""
+    _check(cpu_pool, tmp_path, False, CASES[2:3], [(9, 13), (8, 12)])
+
+
+@pytest.mark.slow
+def test_lumina2_every_degree_equals_comfyui(comfy, cpu_pool, tmp_path):  # noqa: F811
     _check(cpu_pool, tmp_path, False, CASES, [(9, 13), (8, 12)])
 
 
