@@ -77,3 +77,29 @@ def test_hunyuan_video_whole_sequence_inputs_are_refused(comfy, cpu_pool, tmp_pa
     assert rel(out, ref) <= 1e-5
     out = pool_forward(cpu_pool, config, "hyv1.5:mask", base, inp)
     assert rel(out, comfy_forward(base, inp)) <= 1e-5
+
+
+def distrifusion_and_sharded(pool, key, base, inp, forward, ref):
+    """DistriFusion (step 0 synchronous; step 1 stale, on the same inputs equal to it) and sharded weights under
+    ulysses 2: each equals ComfyUI's forward `ref`. `forward(pool, config, key, base, inp)` loads and runs."""
+    from comfyui_hybrid_parallel.parallel import ParallelConfig
+    errs = {}
+    df = ParallelConfig(ulysses_degree=2, method="distrifusion", warmup_steps=1)
+    forward(pool, df, f"{key}:df", base, inp)
+    tensors = {k: v for k, v in inp.items() if isinstance(v, torch.Tensor)}
+    structure = {"transformer_options": {}, **{k: v for k, v in inp.items() if k not in tensors}}
+    for step in (0, 1):
+        out = pool.submit(df, "forward", {"key": f"{key}:df", "call_index": step, "structure": structure},
+                          dict(tensors)).tensors["out"]
+        errs[f"distrifusion step {step}"] = rel(out, ref)
+    sharded = ParallelConfig(ulysses_degree=2, shard_weights="sequence")
+    errs["sharded u2"] = rel(forward(pool, sharded, f"{key}:shard", base, inp), ref)
+    return errs
+
+
+def test_hunyuan_video_distrifusion_and_sharded_weights(comfy, cpu_pool, tmp_path):  # noqa: F811
+    base = _model(tmp_path, "1.5")
+    inp = _inputs("1.5", 2, 5, 7, seed=91)
+    errs = distrifusion_and_sharded(cpu_pool, "hyv1.5", base, inp, pool_forward, comfy_forward(base, inp))
+    print(f"HunyuanVideo 1.5: {errs}")
+    assert all(e <= 1e-5 for e in errs.values()), errs

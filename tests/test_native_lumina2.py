@@ -68,3 +68,19 @@ def test_lumina2_every_degree_equals_comfyui(comfy, cpu_pool, tmp_path):  # noqa
 @pytest.mark.slow
 def test_z_image_equals_comfyui(comfy, cpu_pool, tmp_path):  # noqa: F811
     _check(cpu_pool, tmp_path, True, CASES, [(9, 13), (8, 16)])
+
+
+@pytest.mark.slow
+def test_lumina2_distrifusion_and_sharded_weights(comfy, cpu_pool, tmp_path):  # noqa: F811
+    from comfy.sd import load_diffusion_model
+    from comfyui_hybrid_parallel.doctor import tiny_checkpoints as tiny
+    from test_native_hunyuan_video import distrifusion_and_sharded
+    path = tmp_path / "lumina2.safetensors"
+    tiny.write_lumina2(path, seed=75)
+    base = load_diffusion_model(str(path), model_options={"dtype": torch.float8_e4m3fn}).model
+    g = torch.Generator().manual_seed(76)
+    inp = {"x": torch.randn(2, 16, 9, 13, generator=g), "context": torch.randn(2, 5, 32, generator=g),
+           "num_tokens": 5, "timestep": torch.rand(2, generator=g)}
+    errs = distrifusion_and_sharded(cpu_pool, "lumina2", base, inp, _pool_forward, comfy_forward(base, inp))
+    print(f"Lumina 2: {errs}")
+    assert all(e <= 1e-5 for e in errs.values()), errs
