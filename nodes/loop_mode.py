@@ -63,12 +63,14 @@ def _previews_enabled() -> bool:
     return args.preview_method != LatentPreviewMethod.NoPreviews
 
 
-def make_loop_sampler(runtime, hp, state: dict, sampler_name: str, cfg: float, model_sampling, family_of_state):
+def make_loop_sampler(runtime, hp, state: dict, sampler_name: str, cfg: float, model_sampling, family_of_state,
+                      base_model=None):
     """A ComfyUI KSAMPLER whose function runs the loop (PipeFusion, or one parallel forward per step) on the workers."""
     import comfy.model_management
     import comfy.samplers
     import comfy.utils
 
+    from .native import loop_step_cache
     from .sampler_node import _flatten, _structure
 
     def sample(model_k, x, sigmas, extra_args=None, callback=None, disable=None):
@@ -105,6 +107,11 @@ def make_loop_sampler(runtime, hp, state: dict, sampler_name: str, cfg: float, m
         values = {"key": state["key"], "structure": _structure(inputs), "sampler": sampler_name,
                   "cfg_scale": float(cfg) if has_uncond else None, "convention": convention,
                   "resolution": list(x.shape[-2:])}
+        model_options = extra_args.get("model_options")
+        step_cache = loop_step_cache(model_options, base_model, cap.cond_or_uncond, has_uncond,
+                                     concat=cap.x_shape[1] != x.shape[1])
+        if step_cache is not None:
+            values["step_cache"] = step_cache
         tensors = {**_flatten(inputs), "noise": x.float().contiguous(), "sigmas": sigmas.float().cpu()}
         pbar = comfy.utils.ProgressBar(len(sigmas) - 1)
         preview = None
@@ -128,6 +135,11 @@ def make_loop_sampler(runtime, hp, state: dict, sampler_name: str, cfg: float, m
         except JobCancelled:
             comfy.model_management.throw_exception_if_processing_interrupted()
             raise
+        report = res.values.get("step_cache")
+        if step_cache is not None and report:  # so ComfyUI's own "EasyCache - skipped k/N steps" line is right
+            # PipeFusion skips per patch: k counts whole steps' worth of patches
+            model_options["transformer_options"]["easycache"].total_steps_skipped = \
+                report["skipped"] / max(1, report.get("patches", 1))
         return res.tensors["out"].to(x.device, x.dtype)
 
     return comfy.samplers.KSAMPLER(sample)

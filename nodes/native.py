@@ -132,6 +132,63 @@ def portable_options(transformer_options: dict | None) -> dict:
     return out
 
 
+# ComfyUI runs DIFFUSION_MODEL wrappers inside the diffusion model's forward, which on the pool is the workers'.
+# These keys only read the call's x and transformer_options and either call the model or return a cached output
+# (ComfyUI's EasyCache: skip a step whose predicted output change is small). In step mode the driver runs them
+# around the pool call, so a skipped step is skipped on every rank at once; in loop mode and PipeFusion the
+# workers apply the same rule (parallel/stepcache.py). Any other such wrapper would act on a model the workers
+# do not run: refused rather than silently left out.
+DRIVER_WRAPPERS = ("easycache",)
+
+
+def runs_diffusion_wrappers(diffusion_model) -> bool:
+    """Whether ComfyUI's class runs DIFFUSION_MODEL wrappers around its forward at all (Flux, Wan, Qwen-Image,
+    Lumina 2, HunyuanVideo, Chroma... do; SD3's MMDiT and PixArt do not, so EasyCache is a no-op on them in
+    ComfyUI itself). Read from the class's own forward, so it follows the installed ComfyUI."""
+    import inspect
+    try:
+        return "DIFFUSION_MODEL" in inspect.getsource(type(diffusion_model).forward)
+    except (OSError, TypeError):
+        return False
+
+
+def diffusion_wrappers(wrappers: dict | None) -> dict:
+    """{key: [functions]} of the non-empty DIFFUSION_MODEL wrappers in a ModelPatcher's or a call's `wrappers`."""
+    import comfy.patcher_extension as ext
+    return {k: v for k, v in ((wrappers or {}).get(ext.WrappersMP.DIFFUSION_MODEL) or {}).items() if v}
+
+
+def check_diffusion_wrappers(wrappers: dict | None) -> None:
+    """Refuse, before any worker starts, diffusion-model wrappers the pool cannot honour (see DRIVER_WRAPPERS)."""
+    foreign = sorted(k for k in diffusion_wrappers(wrappers) if k not in DRIVER_WRAPPERS)
+    if foreign:
+        raise NotCarried(f"this MODEL carries diffusion-model wrappers {foreign} from another node; they run inside "
+                         f"ComfyUI's diffusion model, which runs on the workers - remove that node or use KSampler")
+
+
+def loop_step_cache(model_options: dict | None, base_model, cond_or_uncond: list, has_uncond: bool,
+                    concat: bool) -> dict | None:
+    """ComfyUI's EasyCache settings for the workers' loop (parallel/stepcache.py StepCacheSpec), from the holder its
+    OUTER_SAMPLE wrapper prepared for this run (start/end percent already turned into sigmas); None without one, or
+    when ComfyUI's class would not run it (then KSampler ignores it too). The statistics slice is ComfyUI's first
+    chunk in the call: cond (0) or uncond (1) in the loop's [cond, uncond]."""
+    holder = ((model_options or {}).get("transformer_options") or {}).get("easycache")
+    if holder is None or type(holder).__name__ != "EasyCacheHolder" or \
+            not runs_diffusion_wrappers(base_model.diffusion_model):
+        return None
+    # ComfyUI's model input is the sampler's batch itself when calculate_input returns it unchanged (flow models)
+    # and neither concat channels nor a dtype cast copy it: then EasyCache's in-place add shifts that batch
+    probe = torch.zeros(1)
+    compute_dtype = base_model.manual_cast_dtype or base_model.get_dtype()
+    shift = (base_model.model_sampling.calculate_input(torch.ones(1), probe) is probe and not concat
+             and compute_dtype == torch.float32)
+    return {"threshold": float(holder.reuse_threshold), "start_sigma": float(holder.start_t),
+            "end_sigma": float(holder.end_t), "subsample": int(holder.subsample_factor),
+            "channels": None if holder.output_channels is None else int(holder.output_channels),
+            "first": int(cond_or_uncond[0]) if has_uncond else 0, "chunks": 2 if has_uncond else 1,
+            "shift_input": bool(shift)}
+
+
 def native_supported(config, diffusion_model=None) -> bool:
     """Whether a parallel config runs on ComfyUI's own model: USP (Ulysses/Ring), CFG, DP and DistriFusion do;
     tensor parallel and PipeFusion where the family's ComfyUI plan declares a shard layout / pipeline stages
@@ -185,5 +242,5 @@ def check_diffusers_path(diffusion_model, config) -> None:
                          f"ComfyUI's own fp8 ops), or load the model with weight_dtype 'default'")
 
 
-__all__ = ["NotCarried", "check_diffusers_path", "check_native_pipefusion", "check_native_tp", "check_weights",
+__all__ = ["DRIVER_WRAPPERS", "NotCarried", "check_diffusers_path", "check_diffusion_wrappers", "diffusion_wrappers", "loop_step_cache", "runs_diffusion_wrappers", "check_native_pipefusion", "check_native_tp", "check_weights",
            "comfy_runtime", "encode_value", "family_adapter", "native_spec", "native_supported", "portable_options"]

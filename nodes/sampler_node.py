@@ -15,8 +15,9 @@ import torch
 from ..parallel.checkpoints import family_module
 from ..parallel.models import adapter
 from .loop_mode import Captured, check_loop_mode, make_loop_sampler, uses_loop_mode
-from .native import (NotCarried, check_diffusers_path, check_native_pipefusion, check_native_tp, check_weights,
-                     native_spec, native_supported, portable_options)
+from .native import (NotCarried, check_diffusers_path, check_diffusion_wrappers, check_native_pipefusion,
+                     check_native_tp, check_weights, diffusion_wrappers, native_spec, native_supported,
+                     portable_options, runs_diffusion_wrappers)
 from .runtime import to_diffusers, weights_key
 
 WRAPPER_KEY = "comfyui_hybrid_parallel"
@@ -58,6 +59,18 @@ class PoolDiffusionModel(torch.nn.Module):
         return res.tensors["out"].to(x.device)
 
     def forward(self, x, timestep, context=None, control=None, transformer_options=None, **extra):
+        """ComfyUI's diffusion model runs its DIFFUSION_MODEL wrappers around its forward; the ones that can run in
+        the driver (EasyCache) run here, around the pool call, exactly as ComfyUI's class would run them."""
+        found = diffusion_wrappers((transformer_options or {}).get("wrappers"))
+        if not found or self.state.get("capture") or not runs_diffusion_wrappers(self._original[0]):
+            # none; loop mode (the workers apply EasyCache's rule themselves); or a class that ignores them
+            return self._call(x, timestep, context, control, transformer_options, **extra)
+        check_diffusion_wrappers((transformer_options or {}).get("wrappers"))
+        import comfy.patcher_extension as ext
+        return ext.WrapperExecutor.new_class_executor(self._call, self, [f for v in found.values() for f in v]) \
+            .execute(x, timestep, context, control, transformer_options, **extra)
+
+    def _call(self, x, timestep, context=None, control=None, transformer_options=None, **extra):
         if control is not None and (not self.state.get("native") or self.state.get("capture")):
             if not self.state.get("native"):
                 how = "the diffusers path (tensor parallel / PipeFusion): use ulysses/ring/cfg degrees"
@@ -234,6 +247,7 @@ def pool_state(model, hp) -> dict:
         state["key"] = "native:" + state["key"]
     else:
         check_diffusers_path(model.model.diffusion_model, hp.config)
+    check_diffusion_wrappers(model.wrappers)  # EasyCache: the driver (step mode) or the workers (loop) apply it
     return state
 
 
@@ -310,7 +324,8 @@ class HybridSampler:
         sigmas = comfy.samplers.KSampler(m, steps=steps, device=m.load_device, sampler=sampler_name,
                                          scheduler=scheduler, denoise=denoise, model_options=m.model_options).sigmas
         sampler = make_loop_sampler(self.runtime, hp, state, sampler_name, cfg,
-                                    m.get_model_object("model_sampling"), lambda: state["family"])
+                                    m.get_model_object("model_sampling"), lambda: state["family"],
+                                    base_model=m.model)
         import latent_preview  # ComfyUI's: its callback renders previews (when enabled) and moves the bar
         callback = latent_preview.prepare_callback(m, sigmas.shape[-1] - 1)
         samples = comfy.sample.sample_custom(m, noise, cfg, sampler, sigmas, positive, negative, latent_image,

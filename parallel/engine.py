@@ -33,6 +33,16 @@ def _convention(spec: dict, sigmas: torch.Tensor):
     return eps(lambda sigma: table[float(sigma)])
 
 
+def _agree_compute(want: bool, ctx) -> bool:
+    """A step cache's decision, common to the whole world: compute when any rank wants to (one 1-element
+    all-reduce; every rank holds the same latent in loop mode, so they agree anyway - this makes it certain)."""
+    from .comm import all_reduce
+    from .vae import world_axis
+    import torch.distributed as dist
+    t = torch.tensor([1.0 if want else 0.0], device=ctx.device)
+    return bool(all_reduce(t, world_axis(ctx), op=dist.ReduceOp.MAX).item() > 0)
+
+
 def to_device(model: torch.nn.Module, device: torch.device) -> None:
     """Move a model to `device` tensor by tensor, after sharding: a rank copies only its shard (TP) or stage
     (PipeFusion) and drops the host mapping as it goes, so no full copy ever lands on one GPU."""
@@ -140,15 +150,21 @@ class Engine:
 
     def loop(self, key: str, ctx, inputs: dict, sigmas, noise, *, convention: dict, sampler: str, cfg_scale=None,
              resolution=None, model_config: Optional[dict] = None, before_step: Optional[Callable] = None,
-             callback: Optional[Callable] = None, cancel: Optional[Callable] = None) -> torch.Tensor:
+             callback: Optional[Callable] = None, cancel: Optional[Callable] = None,
+             step_cache: Optional[dict] = None, cache_report: Optional[dict] = None) -> torch.Tensor:
         """Loop mode: the whole denoising loop; every rank returns the final latent.
 
         pp_degree > 1: PipeFusion's patch pipeline (latent in the model's layout). Otherwise one parallel forward
         per step with the latent in ComfyUI's layout: ComfyUI's own model takes it as it is, a diffusers model
         gets it converted on every step as ComfyUI's model would (padding, packing). callback(i, n, denoised)
         after each step; before_step(i, n) before each forward; cancel() polled by PipeFusion.
+        step_cache: ComfyUI's EasyCache rule (StepCacheSpec fields), decided alike on every rank; cache_report
+        gets how many steps (PipeFusion: patch steps) it skipped.
         """
         from .pipefusion import run_pipefusion_loop
+        from .stepcache import StepCacheSpec
+        cache_spec = StepCacheSpec.from_json(step_cache)
+        cache_kw = {} if cache_spec is None else dict(step_cache=cache_spec, cache_report=cache_report)
         r = self.get(key)
         self._retarget(r, resolution)
         sigmas = sigmas.float().cpu()
@@ -159,7 +175,7 @@ class Engine:
             with torch.no_grad():
                 return run_pipefusion_loop(r.model, ctx, inputs, sigmas, noise, convention=conv, sampler=sampler,
                                            cfg_scale=cfg_scale, callback=lambda i, n: callback(i, n, None),
-                                           cancel=cancel, **native)
+                                           cancel=cancel, **native, **cache_kw)
         from .loop import run_loop
         distri = None
         if ctx.config.method == "distrifusion" and ctx.world_size > 1:
@@ -182,9 +198,11 @@ class Engine:
             config = model_config or dict(getattr(r.model, "config", {}) or {})
             loop_kw = dict(to_model=lambda h: fm.latent_to_hidden_states(h, config),
                            from_model=fm.diffusers_to_comfy_output)
+        if cache_spec is not None:
+            cache_kw["agree"] = lambda want: _agree_compute(want, ctx)
         with torch.no_grad():
             return run_loop(r.model, inputs, sigmas, noise, convention=conv, sampler=sampler, cfg_scale=cfg_scale,
-                            before_step=step_start, callback=callback, **loop_kw)
+                            before_step=step_start, callback=callback, **loop_kw, **cache_kw)
 
     def decode(self, key: str, ctx, latent: torch.Tensor, *, axis: str = "world", block_size=None,
                before: Optional[Callable] = None) -> torch.Tensor:

@@ -24,13 +24,16 @@ import torch
 
 from .config import ConfigError
 from .pipefusion.sampling import Convention, check_cfg_batch, check_sigmas, denoise, get_sampler, model_latent
+from .stepcache import StepCache, StepCacheSpec, cached_step
 
 
 def run_loop(model, inputs: dict, sigmas, noise: torch.Tensor, *, convention: Convention, sampler: str = "euler",
              cfg_scale: Optional[float] = None, to_model: Optional[Callable] = None,
              from_model: Optional[Callable] = None, before_step: Optional[Callable] = None,
              callback: Optional[Callable] = None, forward: Optional[Callable] = None,
-             dtype: Optional[torch.dtype] = None, timestep_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+             dtype: Optional[torch.dtype] = None, timestep_dtype: Optional[torch.dtype] = None,
+             step_cache: Optional[StepCacheSpec] = None, agree: Optional[Callable] = None,
+             cache_report: Optional[dict] = None) -> torch.Tensor:
     """Sample `noise` (the latent at sigmas[0]) down the sigmas; returns the final latent.
 
     inputs: the model's conditioning kwargs (not hidden_states / timestep); with cfg_scale they hold
@@ -41,6 +44,8 @@ def run_loop(model, inputs: dict, sigmas, noise: torch.Tensor, *, convention: Co
     (ComfyUI's own model: forward(x, timestep, context=...)); `dtype` is the dtype the model takes its
     latent in (ComfyUI's manual-cast dtype for fp8 weights) and `timestep_dtype` its timestep's
     (ComfyUI passes float32); both default to the model's parameter dtype.
+    step_cache: ComfyUI's EasyCache rule around each model call (parallel/stepcache.py); `agree(wants_compute)`
+    makes its decision common to every rank; cache_report gets {"skipped": steps skipped, "steps": n}.
     """
     sigmas = check_sigmas(sigmas)
     samp = get_sampler(sampler)
@@ -54,21 +59,33 @@ def run_loop(model, inputs: dict, sigmas, noise: torch.Tensor, *, convention: Co
     timestep_dtype = timestep_dtype or dtype
     channel_dim = -1 if x.ndim == 3 else 1
     n = len(sigmas) - 1
+    cache = None if step_cache is None else StepCache(step_cache)
     for i in range(n):
         if before_step is not None:
             before_step(i, n)
         h = model_latent(convention, x, sigmas[i], dtype, cfg_scale)
         hs = h if to_model is None else to_model(h)
         t = convention.timestep(sigmas[i], h.shape[0], timestep_dtype)
-        with torch.no_grad():
-            if forward is not None:
-                out = forward(hs, t, inputs)
-            else:
-                out = model(**inputs, hidden_states=hs, timestep=t, return_dict=False)[0]
-        if from_model is not None:
-            out = from_model(out, h.shape)
-        den = denoise(convention, x, sigmas[i], out, channel_dim, cfg_scale)
+
+        def compute():
+            with torch.no_grad():
+                if forward is not None:
+                    o = forward(hs, t, inputs)
+                else:
+                    o = model(**inputs, hidden_states=hs, timestep=t, return_dict=False)[0]
+            return o if from_model is None else from_model(o, h.shape)
+        out = cached_step(cache, sigmas[i], h, compute, agree)
+        if cache is not None and cache.last_skipped and cache.spec.shift_input:
+            # ComfyUI's EasyCache shifted its model input in place by the cached difference: that input (= out)
+            # is what the denoised is computed from, per cond/uncond half
+            d = convention.denoised(out.float(), sigmas[i], out, channel_dim)
+            cond, uncond = (d, None) if cfg_scale is None else d.chunk(2)
+            den = cond if cfg_scale is None else uncond + (cond - uncond) * cfg_scale
+        else:
+            den = denoise(convention, x, sigmas[i], out, channel_dim, cfg_scale)
         x = samp.step(i, sigmas, x, den, state)
         if callback is not None:
             callback(i, n, den)
+    if cache_report is not None and cache is not None:
+        cache_report.update(skipped=cache.skipped, steps=n)
     return x

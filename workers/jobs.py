@@ -208,16 +208,18 @@ def job_loop(state: WorkerState, ctx, payload: dict) -> dict:
             desc = state.preview_arenas[i % 2].write({"p": denoised.float().cpu()})["p"]
         state.run.progress(i + 1, n_steps, preview=desc)
 
+    report = {}
     try:
         out = state.engine.loop(payload["key"], ctx, inputs, sigmas, payload["noise"].to(state.device),
                                 convention=payload["convention"], sampler=payload["sampler"],
                                 cfg_scale=payload.get("cfg_scale"), resolution=payload.get("resolution"),
                                 model_config=payload.get("model_config"),
                                 before_step=lambda i, n: state.stop_point(ctx), callback=progress,
-                                cancel=lambda: state.run.cancel_requested)
+                                cancel=lambda: state.run.cancel_requested, step_cache=payload.get("step_cache"),
+                                cache_report=report)
     except PipelineCancelled as e:
         raise Cancelled(str(e)) from None
-    return {"out": out}
+    return {"out": out, **({"step_cache": report} if report else {})}
 
 
 def job_vae_decode(state: WorkerState, ctx, payload: dict) -> dict:

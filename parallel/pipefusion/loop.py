@@ -21,6 +21,8 @@ waiting); with cfg/dp replicas the stage 0s first agree on the decision
 """
 from __future__ import annotations
 
+import dataclasses
+import math
 from typing import Callable, Optional
 
 import torch
@@ -33,7 +35,8 @@ from ..models import plan_for
 from .batch import gather_cfg, gather_dp, share_batch
 from .plans import latent_layout, pipeline_plan_for, stage_ranges
 from .sampling import Convention, check_cfg_batch, check_sigmas, denoise, get_sampler, model_latent
-from .stage import TAG_LATENT, Channel, PipelineCancelled, Run, Stage
+from .stage import SKIPPED, TAG_LATENT, Channel, PipelineCancelled, Run, Stage
+from ..stepcache import StepCache, StepCacheSpec
 
 
 def _poll_cancel(cancel, ctx) -> bool:
@@ -52,13 +55,28 @@ def _poll_cancel(cancel, ctx) -> bool:
     return bool(t.item() > 0)
 
 
+def _agree_last(want: bool, ctx) -> bool:
+    """A step-cache decision common to the last stages that meet in per-patch collectives: the sp ranks of the
+    last stage and the last stages of the (cfg, dp) replicas (compute when any of them wants to)."""
+    if ctx is None:
+        return want
+    axes = [ax for ax in (ctx.sp, ctx.axis("batch")) if ax.size > 1]
+    if not axes:
+        return want
+    t = torch.tensor([1.0 if want else 0.0], device=ctx.device)
+    for ax in axes:
+        t = all_reduce(t, ax, op=dist.ReduceOp.MAX)
+    return bool(t.item() > 0)
+
+
 def run_pipefusion_loop(transformer, ctx, inputs: dict, sigmas, noise: torch.Tensor, *,
                         convention: Convention, sampler: str = "euler", cfg_scale: Optional[float] = None,
                         callback: Optional[Callable] = None,
                         cancel: Optional[Callable] = None, num_patches: Optional[int] = None,
                         warmup_steps: Optional[int] = None, timeout_s: Optional[float] = None,
                         native_call: Optional[Callable] = None, dtype: Optional[torch.dtype] = None,
-                        timestep_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+                        timestep_dtype: Optional[torch.dtype] = None, step_cache: Optional[StepCacheSpec] = None,
+                        cache_report: Optional[dict] = None) -> torch.Tensor:
     """Sample with PipeFusion and return the final latent (whole batch) on every rank.
 
     inputs: the transformer's conditioning kwargs (everything except hidden_states and timestep),
@@ -75,6 +93,12 @@ def run_pipefusion_loop(transformer, ctx, inputs: dict, sigmas, noise: torch.Ten
     native_call(model, inputs): ComfyUI's own model, called with its signature (x, timestep, context, ...);
     dtype: the dtype its latent goes in (ComfyUI's compute dtype: fp8 weights compute in another),
     timestep_dtype: the timestep's (fp32 for ComfyUI's models). Default: a diffusers model, in its weights' dtype.
+    step_cache: ComfyUI's EasyCache rule (parallel/stepcache.py): one cache over the latent in full steps (EasyCache
+    itself), one per patch in patch steps. The last stage decides for the next step (or the same patch of the next
+    step) as soon as it has updated those rows, agrees with the other last stages, and sends the decision back with
+    the rows; stage 0 then starts a skipped forward that stops at each stage's first block (no block runs, the K/V
+    buffers keep older values) and the last stage applies the sampler step to the cached output. cache_report (on
+    the last stage) gets {"skipped": patch steps skipped (a skipped full step counts P), "patches": P, "steps": N}.
     """
     # ---- validate everything before any work ----
     S = 1 if ctx is None else ctx.pp.size
@@ -93,6 +117,8 @@ def run_pipefusion_loop(transformer, ctx, inputs: dict, sigmas, noise: torch.Ten
     samp = get_sampler(sampler)
     check_cfg_batch(inputs, noise.shape[0], cfg_scale)
     share, inputs, noise = share_batch(ctx, fplan.batch_inputs, inputs, noise, cfg_scale)
+    if step_cache is not None and share.cfg_split:  # each pipeline holds one half: its own statistics
+        step_cache = dataclasses.replace(step_cache, first=0, chunks=1)
     in_pipeline_cfg = None if share.cfg_split else cfg_scale  # CFG halves batched inside this pipeline
     layout = latent_layout(transformer, pplan, noise, inputs, P)
     bands = layout.patch_rows(P)
@@ -117,17 +143,60 @@ def run_pipefusion_loop(transformer, ctx, inputs: dict, sigmas, noise: torch.Ten
 
     x = noise.detach().clone().float()
     state = {k: torch.zeros_like(x) for k in samp.state_keys}
+    full_cache = None if step_cache is None else StepCache(step_cache)
+    patch_caches = [] if step_cache is None else [StepCache(step_cache) for _ in range(P)]
+    skip_next = {}  # (step, patch or None) -> the last stage's agreed decision (this process, S == 1 or last)
+
+    def h_of(i, rows=None):
+        """The model input of step i (rows [r0, r1) of it) as the last stage computes it from its x."""
+        xr = x if rows is None else layout.latent_rows(x, *rows)
+        return model_latent(convention, xr, sigmas[i], dtype, in_pipeline_cfg)
+
+    def decide(i, p, rows):
+        """Last stage, after updating these rows of x: does step i (patch p, or the full step) skip?"""
+        if step_cache is None or i >= N:
+            return False
+        cache = full_cache if p is None else patch_caches[p]
+        if p is not None and i == W:
+            return False  # patch caches start at the first patch step
+        skip = not _agree_last(cache.wants_compute(sigmas[i], h_of(i, rows)), ctx)
+        skip_next[(i, p)] = skip
+        return skip
+
+    def send_rows(rows_t, skip):
+        channel.send(torch.cat([rows_t.reshape(-1), rows_t.new_full((1,), 1.0 if skip else 0.0)]), 0, TAG_LATENT,
+                     "pp_latent")
+
+    def recv_rows(shape):
+        return channel.recv(torch.empty(math.prod(shape) + 1, device=x.device), S - 1, TAG_LATENT)
+
+    def take_rows(buf, into):
+        """Copy a received rows message into `into`; the decision it carries."""
+        into.copy_(buf[:-1].view(into.shape))
+        return bool(buf[-1] != 0)
+
+    def model_out(i, out, p, r0, r1):
+        """Last stage: this forward's output rows, from the cache when it was skipped; the cache learns otherwise."""
+        cache = None if step_cache is None else full_cache if p is None else patch_caches[p]
+        rows = None if p is None else (r0, r1)
+        if out is SKIPPED or (cache is not None and skip_next.get((i, p))):
+            return cache.reuse(h_of(i, rows))
+        out_rows = layout.latent_rows(out, r0, r1)
+        if cache is not None:
+            h = h_of(i, rows)
+            cache.remember(sigmas[i], h, out_rows if out_rows.shape[1] == h.shape[1] else out_rows[:, :h.shape[1]])
+        return out_rows
 
     def model_kwargs(i):
         sigma = sigmas[i]
         h = model_latent(convention, x, sigma, dtype, in_pipeline_cfg)
         return {**inputs, latent_key: h, "timestep": convention.timestep(sigma, h.shape[0], timestep_dtype)}
 
-    def finish(i, out, r0, r1):
-        """Last stage: sampler step on rows [r0, r1) of x (all rows in full mode)."""
+    def finish(i, out_rows, r0, r1):
+        """Last stage: sampler step on rows [r0, r1) of x (all rows in full mode), given the output's rows."""
         rows = lambda t: layout.latent_rows(t, r0, r1)  # noqa: E731
         xr = rows(x)
-        den = denoise(convention, xr, sigmas[i], gather_cfg(rows(out), ctx, share), channel_dim, cfg_scale)
+        den = denoise(convention, xr, sigmas[i], gather_cfg(out_rows, ctx, share), channel_dim, cfg_scale)
         xr.copy_(samp.step(i, sigmas, xr, den, {k: rows(v) for k, v in state.items()}))
 
     sp = None if ctx is None else ctx.sp
@@ -140,6 +209,7 @@ def run_pipefusion_loop(transformer, ctx, inputs: dict, sigmas, noise: torch.Ten
     stage = Stage(transformer, fplan, pplan, stage_i, S, start, stop, channel, sp=sp,
                   **({"call": native_call} if native_call is not None else {}))
     pending_rows = {}
+    skip_now = {}  # stage 0: (step, patch or None) -> skip, from the last stage's messages
     try:
         for i in range(N):
             patch_mode = P > 1 and i >= W
@@ -148,28 +218,38 @@ def run_pipefusion_loop(transformer, ctx, inputs: dict, sigmas, noise: torch.Ten
                 for p in range(P):  # drain the rows the last stage already sent for this step
                     channel.wait(pending_rows.pop(p), "latent rows from the last stage")
             if not patch_mode:
-                out = stage.forward(model_kwargs(i), Run("full", 0, n_tokens, n_tokens, cancelled))
+                skip = bool(skip_now.pop((i, None), False) if S > 1 else skip_next.get((i, None)))
+                out = None
+                if not (skip and S == 1):
+                    out = stage.forward(model_kwargs(i), Run("full", 0, n_tokens, n_tokens, cancelled,
+                                                             skip=skip and first and not cancelled))
                 if last:
-                    finish(i, out, 0, layout.rows)
+                    finish(i, model_out(i, SKIPPED if skip and S == 1 else out, None, 0, layout.rows), 0, layout.rows)
+                    # the next full step is decided now; the first patch step computes (fresh patch caches)
+                    nxt = False if P > 1 and i + 1 >= W else decide(i + 1, None, None)
                     if S > 1 and i + 1 < N:
-                        channel.send(x.clone(), 0, TAG_LATENT, "pp_latent")
+                        send_rows(x.clone(), nxt)
                 if first and S > 1 and i + 1 < N:
-                    x.copy_(channel.wait(channel.recv(torch.empty(x.shape, device=x.device), S - 1, TAG_LATENT),
-                                         "the latent from the last stage"))
+                    buf = channel.wait(recv_rows(x.shape), "the latent from the last stage")
+                    skip_now[(i + 1, None)] = take_rows(buf, x)
             else:
                 for p, (r0, r1) in enumerate(bands):
                     if first and S > 1 and i > W and not cancelled:
-                        layout.latent_rows(x, r0, r1).copy_(channel.wait(pending_rows.pop(p),
-                                                                         "latent rows from the last stage"))
+                        skip_now[(i, p)] = take_rows(channel.wait(pending_rows.pop(p), "latent rows from the last "
+                                                                  "stage"), layout.latent_rows(x, r0, r1))
+                    skip = bool(skip_now.pop((i, p), False) if S > 1 else skip_next.get((i, p)))
                     t0, t1 = layout.tokens(r0, r1)
-                    out = stage.forward(model_kwargs(i), Run("patch", t0, t1, n_tokens, cancelled and p == 0))
+                    out = None
+                    if not (skip and S == 1):
+                        out = stage.forward(model_kwargs(i), Run("patch", t0, t1, n_tokens, cancelled and p == 0,
+                                                                 skip=skip and first and not cancelled))
                     if last:
-                        finish(i, out, r0, r1)
+                        finish(i, model_out(i, SKIPPED if skip and S == 1 else out, p, r0, r1), r0, r1)
+                        nxt = decide(i + 1, p, (r0, r1))
                         if S > 1 and i + 1 < N:
-                            channel.send(layout.latent_rows(x, r0, r1).clone(), 0, TAG_LATENT, "pp_latent")
+                            send_rows(layout.latent_rows(x, r0, r1).clone(), nxt)
                     if first and S > 1 and i + 1 < N:  # post the receive of this patch's next rows early
-                        pending_rows[p] = channel.recv(torch.empty(layout.latent_rows(x, r0, r1).shape, device=x.device),
-                                                       S - 1, TAG_LATENT)
+                        pending_rows[p] = recv_rows(layout.latent_rows(x, r0, r1).shape)
             if callback is not None:
                 callback(i, N)
         if channel is not None:
@@ -180,6 +260,8 @@ def run_pipefusion_loop(transformer, ctx, inputs: dict, sigmas, noise: torch.Ten
         raise
     finally:
         stage.remove()
+    if cache_report is not None and last and full_cache is not None:
+        cache_report.update(skipped=full_cache.skipped * P + sum(c.skipped for c in patch_caches), patches=P, steps=N)
     if S > 1:
         broadcast(x, ctx.pp, src_axis_rank=S - 1)
     return gather_dp(x, ctx, share)

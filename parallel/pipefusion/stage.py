@@ -12,7 +12,8 @@ by the family plans decide what actually happens:
   latent and sliced, which is exact because patch embedding is per token;
 * blocks before this stage's first block pass their streams through; the first
   block takes its streams from the previous stage instead (one message per
-  patch, the streams concatenated plus one control element, cancel = 1); the
+  patch, the streams concatenated plus one control element: cancel = 1, skip = 2 - a forward the step
+  cache skips runs no block on any stage); the
   last block sends its streams on and stops the forward (`_StageDone`), so
   norm_out / proj_out / unpatchify only run on the last stage, where the
   patch output is scattered into a zero full-size sequence before unpatchify;
@@ -61,6 +62,14 @@ class _StageDone(Exception):
     """Raised by this stage's last block: the rest of the forward belongs to later stages."""
 
 
+class _StageSkipped(Exception):
+    """Raised by this stage's first block when the step cache skips this forward (passed down the pipeline)."""
+
+
+SKIPPED = "skipped"  # what Stage.forward returns on the last stage for a forward the step cache skipped
+_FLAG_NONE, _FLAG_CANCEL, _FLAG_SKIP = 0.0, 1.0, 2.0
+
+
 class PipelineCancelled(RuntimeError):
     """The run was cancelled; every rank of the pipeline raises it at the same step."""
 
@@ -73,6 +82,7 @@ class Run:
     t1: int = 0
     n_tokens: int = 0
     cancel: bool = False
+    skip: bool = False  # the step cache skips this forward: no block runs on any stage, the K/V buffers stay
     pieces: tuple = ()  # with sp > 1: the sp ranks' token counts within [t0, t1)
     s0: int = 0         # this rank's piece [s0, s1)
     s1: int = 0
@@ -341,12 +351,16 @@ class Stage:
                             args, kwargs = _set_arg(args, kwargs, at[n], got[n])
                     if self.run.cancel:
                         if not self.last:
-                            self._send(got, names, cancel=True)
+                            self._send(got, names, flag=_FLAG_CANCEL)
                         raise PipelineCancelled("cancelled")
+                    if self.run.skip:
+                        if not self.last:
+                            self._send(got, names, flag=_FLAG_SKIP)
+                        raise _StageSkipped
                 out = old(*args, **kwargs)
                 if j == self.stop - 1 and not self.last:
                     got = dict(zip(spec.returns, out if isinstance(out, tuple) else (out,)))
-                    self._send(got, nxt_names, cancel=False)
+                    self._send(got, nxt_names, flag=_FLAG_NONE)
                     raise _StageDone
                 return out
             return forward
@@ -357,17 +371,18 @@ class Stage:
         like = [current[n] for n in names]
         buf = torch.empty(sum(t.numel() for t in like) + 1, dtype=like[0].dtype, device=like[0].device)
         buf = self.channel.wait(self.channel.recv(buf, self.index - 1, TAG_ACT), "activations from the previous stage")
-        if bool(buf[-1] != 0):
-            self.run.cancel = True
+        flag = float(buf[-1])
+        self.run.cancel = self.run.cancel or flag == _FLAG_CANCEL
+        self.run.skip = flag == _FLAG_SKIP
         off, out = 0, {}
         for n, t in zip(names, like):
             out[n] = buf[off:off + t.numel()].view(t.shape)
             off += t.numel()
         return out
 
-    def _send(self, tensors: dict, streams, cancel: bool):
+    def _send(self, tensors: dict, streams, flag: float):
         parts = [tensors[n].reshape(-1) for n in streams]
-        flag = parts[0].new_full((1,), 1.0 if cancel else 0.0)
+        flag = parts[0].new_full((1,), flag)
         self.channel.send(torch.cat(parts + [flag]), self.index + 1, TAG_ACT, "pp_activations")
 
     # ---- attention ----
@@ -388,7 +403,8 @@ class Stage:
 
     # ---- one forward ----
     def forward(self, kwargs: dict, run: Run):
-        """The model output on the last stage, None on the others (their part went to the next stage)."""
+        """The model output on the last stage (SKIPPED when the step cache skipped it), None on the others (their
+        part went to the next stage)."""
         run.s0, run.s1, run.pieces = run.t0, run.t1, ()
         if self.sp is not None:
             run.pieces = tuple(split_sizes(run.t1 - run.t0, self.sp.size))
@@ -400,3 +416,5 @@ class Stage:
                 return self.call(self.model, kwargs)
         except _StageDone:
             return None
+        except _StageSkipped:
+            return SKIPPED if self.last else None
