@@ -20,11 +20,14 @@ class HybridParallelConfig:
     attention: str = "auto"
     mode: str = "auto"            # "auto" (loop for PipeFusion, else step) | "step" | "loop"
     cluster: object = None        # a NodeCluster (cluster_node.py): the world spans machines
+    step_cache: float = 0.0       # EasyCache's threshold for the workers' loop (loop mode, PipeFusion); 0 = off
 
     def describe(self) -> str:
         mode = "loop" if self.config.pp_degree > 1 or self.mode == "loop" else "step"
         where = f" over {self.cluster.cluster.nnodes} machines" if self.cluster is not None else ""
-        return f"{self.config.describe()} on {self.config.world_size} {self.device} worker(s){where}, {mode} mode"
+        cache = f", step cache {self.step_cache:g}" if self.step_cache else ""
+        return (f"{self.config.describe()} on {self.config.world_size} {self.device} worker(s){where}, {mode} mode"
+                f"{cache}")
 
 
 def max_cpu_workers() -> int:
@@ -126,12 +129,16 @@ class ParallelConfigNode:
                               "of the weights and gathers a block's weights one block ahead of use (fits models "
                               "larger than one device). sequence = over the ulysses x ring ranks; all = over every "
                               "rank. Not with tensor parallel or PipeFusion."}),
+            "step_cache": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 3.0, "step": 0.01, "tooltip": "Step "
+                           "caching where the denoising loop runs in the workers (loop mode, PipeFusion): EasyCache's "
+                           "rule with this threshold (0 = off; 0.2 is EasyCache's default), decided alike on every "
+                           "rank; PipeFusion keeps one cache per patch. In step mode use ComfyUI's EasyCache node."}),
         }}
 
     @staticmethod
     def configure(dp_degree, cfg_degree, ulysses_degree, ring_degree, pp_degree, num_pipeline_patch, warmup_steps,
                   tp_degree, method, device, attention, devices="", sampling_mode="auto",
-                  cluster=None, shard_weights="none") -> HybridParallelConfig:
+                  cluster=None, shard_weights="none", step_cache=0.0) -> HybridParallelConfig:
         """The validated config of these widget values (ValueError naming the fix); places nothing."""
         try:
             config = ParallelConfig(
@@ -151,17 +158,25 @@ class ParallelConfigNode:
                 cluster.cluster.check_world(config)
             except ValueError as e:
                 raise ValueError(f"Parallel Config: {e}") from None
-        return HybridParallelConfig(config, device=device, attention=attention, mode=sampling_mode, cluster=cluster)
+        step_cache = float(step_cache or 0.0)
+        if not 0.0 <= step_cache <= 3.0:
+            raise ValueError(f"Parallel Config: step_cache is EasyCache's threshold, 0 (off) to 3; got {step_cache}")
+        if step_cache and pp_degree == 1 and sampling_mode != "loop":
+            raise ValueError("Parallel Config: step_cache applies where the denoising loop runs in the workers; set "
+                             "sampling_mode to loop (or use PipeFusion), or set step_cache to 0 and put ComfyUI's "
+                             "EasyCache node on the MODEL (step mode runs it)")
+        return HybridParallelConfig(config, device=device, attention=attention, mode=sampling_mode, cluster=cluster,
+                                    step_cache=step_cache)
 
     async def build_async(self, **widgets):
         return self.build(**widgets)
 
     def build(self, dp_degree, cfg_degree, ulysses_degree, ring_degree, pp_degree, num_pipeline_patch,
               warmup_steps, tp_degree, method, device, attention, devices="", sampling_mode="auto", cluster=None,
-              shard_weights="none"):
+              shard_weights="none", step_cache=0.0):
         hp = self.configure(dp_degree, cfg_degree, ulysses_degree, ring_degree, pp_degree, num_pipeline_patch,
                             warmup_steps, tp_degree, method, device, attention, devices, sampling_mode, cluster,
-                            shard_weights)
+                            shard_weights, step_cache)
         check_placement(hp.config, device, cluster)  # this machine must be able to run it: before any worker starts
         if self.runtime is not None:  # in a ComfyUI server: start the workers while the model loads
             self.runtime.prestart(hp)

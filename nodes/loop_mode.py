@@ -13,6 +13,8 @@ the converted diffusers inputs at the diffusion model (instead of computing), th
 """
 from __future__ import annotations
 
+import logging
+
 import torch
 
 SUPPORTED_SAMPLERS = ("euler", "dpmpp_2m")
@@ -110,6 +112,13 @@ def make_loop_sampler(runtime, hp, state: dict, sampler_name: str, cfg: float, m
         model_options = extra_args.get("model_options")
         step_cache = loop_step_cache(model_options, base_model, cap.cond_or_uncond, has_uncond,
                                      concat=cap.x_shape[1] != x.shape[1])
+        if hp.step_cache:  # Parallel Config's own: EasyCache's rule and default window, no ComfyUI quirks to mirror
+            if step_cache is not None:
+                raise ValueError("this MODEL carries ComfyUI's EasyCache and Parallel Config sets step_cache: use one "
+                                 "of them (set step_cache to 0, or remove the EasyCache node)")
+            step_cache = {"threshold": hp.step_cache, "start_sigma": float(model_sampling.percent_to_sigma(0.15)),
+                          "end_sigma": float(model_sampling.percent_to_sigma(0.95)), "subsample": 8,
+                          "channels": int(x.shape[1]), "first": 0, "chunks": 2 if has_uncond else 1}
         if step_cache is not None:
             values["step_cache"] = step_cache
         tensors = {**_flatten(inputs), "noise": x.float().contiguous(), "sigmas": sigmas.float().cpu()}
@@ -135,11 +144,14 @@ def make_loop_sampler(runtime, hp, state: dict, sampler_name: str, cfg: float, m
         except JobCancelled:
             comfy.model_management.throw_exception_if_processing_interrupted()
             raise
-        report = res.values.get("step_cache")
-        if step_cache is not None and report:  # so ComfyUI's own "EasyCache - skipped k/N steps" line is right
-            # PipeFusion skips per patch: k counts whole steps' worth of patches
-            model_options["transformer_options"]["easycache"].total_steps_skipped = \
-                report["skipped"] / max(1, report.get("patches", 1))
+        report = next((v["step_cache"] for v in res.per_rank if v.get("step_cache")), None)
+        if step_cache is not None and report:
+            skipped = report["skipped"] / max(1, report.get("patches", 1))  # PipeFusion: patch steps, in steps' worth
+            if hp.step_cache:
+                logging.info(f"Hybrid Sampler step cache - skipped {skipped:g}/{report['steps']} steps "
+                             f"(threshold {hp.step_cache:g})")
+            else:  # so ComfyUI's own "EasyCache - skipped k/N steps" line is right
+                model_options["transformer_options"]["easycache"].total_steps_skipped = skipped
         return res.tensors["out"].to(x.device, x.dtype)
 
     return comfy.samplers.KSAMPLER(sample)

@@ -17,15 +17,15 @@ import re
 
 import pytest
 
-from comfy_server import assert_ok, latent, parallel_config_node, parallel_model, rel, workflow
+from comfy_server import assert_ok, error_text, latent, parallel_config_node, parallel_model, rel, workflow
 
 pytestmark = pytest.mark.comfy
 
 W, H, STEPS = 104, 72, 10
 
 
-def _graph(tag, degrees=None, node="model", cache=True, order="before", mode="auto", family="wan"):
-    g = workflow(None, tag, W, H, steps=STEPS, family=family, length=5)
+def _graph(tag, degrees=None, node="model", cache=True, order="before", mode="auto", family="wan", size=(W, H)):
+    g = workflow(None, tag, *size, steps=STEPS, family=family, length=5)
     for k in ("7", "8", "11"):
         g.pop(k, None)
     model = ["1", 0]
@@ -91,6 +91,38 @@ def test_easycache_is_a_no_op_where_comfyui_ignores_it(server):
                                       ("loop_u2", {"ulysses_degree": 2}, "sampler", "loop")):
         assert_ok(server, server.run(_graph(f"ecs_{name}", degrees, node, mode=mode, family="sd3")))
         assert rel(latent(server, f"ecs_{name}"), ref) <= 1e-5, name
+
+
+def _hp_skipped(server, before: str) -> list:
+    return [float(k) for k in re.findall(r"Hybrid Sampler step cache - skipped ([\d.]+)/\d+ steps",
+                                         _log(server)[len(before):])]
+
+
+def test_parallel_config_step_cache_with_pipefusion(server):
+    """Parallel Config's step_cache (SD3 ignores ComfyUI's EasyCache node): PipeFusion with warmup = all steps makes
+    the same decisions as loop mode (one cache over the latent) and equals it; with stale patch steps (one cache per
+    patch) it skips patch steps and its error vs the cached loop is measured. Step mode refuses the knob."""
+    size, t = (112, 80), 1.5  # PipeFusion needs an even latent (14 x 10)
+    lat = {}
+    for name, degrees in (("plain", {"ulysses_degree": 2, "sampling_mode": "loop"}),
+                          ("loop", {"ulysses_degree": 2, "sampling_mode": "loop", "step_cache": t}),
+                          ("pp_sync", {"pp_degree": 2, "num_pipeline_patch": 2, "warmup_steps": STEPS, "step_cache": t}),
+                          ("pp_stale", {"pp_degree": 2, "num_pipeline_patch": 2, "warmup_steps": 2, "step_cache": t}),
+                          ("pp_stale_plain", {"pp_degree": 2, "num_pipeline_patch": 2, "warmup_steps": 2})):
+        mark = _log(server)
+        mode = degrees.pop("sampling_mode", "auto")
+        assert_ok(server, server.run(_graph(f"hpc_{name}", degrees, "sampler", cache=False, mode=mode, family="sd3",
+                                            size=size)))
+        lat[name] = (latent(server, f"hpc_{name}"), _hp_skipped(server, mark))
+    print({k: v[1] for k, v in lat.items()})
+    (loop, k_loop), (sync, k_sync), (stale, k_stale) = lat["loop"], lat["pp_sync"], lat["pp_stale"]
+    assert k_loop and k_loop[-1] > 0 and rel(loop, lat["plain"][0]) > 1e-3, (k_loop, rel(loop, lat["plain"][0]))
+    assert k_sync == k_loop and rel(sync, loop) <= 1e-5, (k_sync, rel(sync, loop))
+    assert k_stale and k_stale[-1] > 0, k_stale
+    print(f"PipeFusion stale + step cache: skipped {k_stale[-1]} steps' worth of patches; rel vs the cached loop "
+          f"{rel(stale, loop):.2e}, vs stale PipeFusion without the cache {rel(stale, lat['pp_stale_plain'][0]):.2e}")
+    entry = server.run(_graph("hpc_step", {"ulysses_degree": 2, "step_cache": t}, "sampler", cache=False, family="sd3"))
+    assert entry["status"]["status_str"] == "error" and "sampling_mode to loop" in error_text(entry), error_text(entry)
 
 
 def test_other_diffusion_model_wrappers_are_refused():
