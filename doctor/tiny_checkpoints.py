@@ -157,19 +157,21 @@ def write_pixart(path: Path, *, depth: int = 1, model_max_length: int = 8, seed:
 
 
 def write_wan(path: Path, *, dim: int = 128, ffn_dim: int = 256, num_layers: int = 1, seed: int = 0,
-              dtype: torch.dtype = torch.float32, in_dim: int = 16, out_dim: int = 16) -> dict[str, torch.Tensor]:
+              dtype: torch.dtype = torch.float32, in_dim: int = 16, out_dim: int = 16,
+              model_type: str = "t2v") -> dict[str, torch.Tensor]:
     """Wan 2.1 T2V: heads = dim / 128 (detection), text_dim 4096 (not read by detection). in_dim 36 is the
     Wan 2.2 14B image-to-video layout (latent + 4 mask channels + the start image's latent, no CLIP vision):
     ComfyUI detects it as a t2v-type model and joins WanImageToVideo's concat latent to x itself.
     in_dim = out_dim = 48 is Wan 2.2 TI2V 5B's layout (48-channel latents; ComfyUI's WAN22 model class, whose
-    noise mask becomes per-frame timesteps)."""
+    noise mask becomes per-frame timesteps). model_type "i2v" with in_dim 36 is Wan 2.1 image-to-video: the
+    CLIP-vision projection (img_emb) and the image key/value projections of every cross-attention."""
     from comfy.ldm.wan.model import WanModel
 
     if dim % 128:
         raise ValueError(f"Wan dim must be a multiple of 128 (ComfyUI uses heads = dim/128), got {dim}")
 
     def make():
-        return WanModel(model_type="t2v", patch_size=(1, 2, 2), text_len=512, in_dim=in_dim, dim=dim,
+        return WanModel(model_type=model_type, patch_size=(1, 2, 2), text_len=512, in_dim=in_dim, dim=dim,
                         ffn_dim=ffn_dim, freq_dim=256, text_dim=4096, out_dim=out_dim, num_heads=dim // 128,
                         num_layers=num_layers, window_size=(-1, -1), qk_norm=True, cross_attn_norm=True,
                         eps=1e-6, operations=_ops(), device="meta")

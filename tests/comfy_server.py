@@ -170,6 +170,12 @@ FAMILIES = {  # the tiny checkpoints each family's workflow loads, and the shape
     # HunyuanVideo 1.5: small (heads = hidden / 128); 32-channel latents at 16x; written on demand by its test
     "hunyuan_video15": dict(unet="tiny_hunyuan_video15.safetensors", vae=None, latent="EmptyHunyuanVideo15Latent",
                             tokens=7, context_dim=32, pooled_dim=4),  # encode_adm reads a pooled output (unused by 1.5)
+    # Chroma (0.8B) and Flux.2 (2.2B, 128-channel latents at 16x): forced sizes, written on demand by slow tests
+    # (Flux's encode_adm reads a pooled output, unused by both)
+    "chroma": dict(unet="tiny_chroma.safetensors", vae=None, latent="EmptySD3LatentImage", tokens=7,
+                   context_dim=32, pooled_dim=4),
+    "flux2": dict(unet="tiny_flux2.safetensors", vae=None, latent="EmptyFlux2LatentImage", tokens=7,
+                  context_dim=32, pooled_dim=4, guidance=3.5),
     # Flux.1-dev: ComfyUI 0.3.75 fixes its width at 3072, so even one block of each kind is 531M parameters;
     # written on demand (write_flux_checkpoint), not with the others
     "flux": dict(unet="tiny_flux.safetensors", vae="tiny_kl16.safetensors", latent="EmptySD3LatentImage",
