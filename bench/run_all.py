@@ -36,6 +36,7 @@ SECTIONS = {
     "native": ("bench_native.py", ["native"], [], 3600),
     "reliability": ("bench_reliability.py", ["reliability"], [], 900),
     "shard": ("bench_shard.py", ["shard"], [], 900),
+    "stepcache": ("bench_stepcache.py", ["stepcache"], [], 1500),
 }
 TITLES = {
     "comm": "Communication volume per diffusion step (counters vs analytic)",
@@ -47,6 +48,7 @@ TITLES = {
     "native": "ComfyUI's own model on the workers: host memory and cold first prompt vs KSampler",
     "reliability": "Pool reliability in a real ComfyUI: interrupt, hung and killed ranks, stop, soak",
     "shard": "Weight sharding: per-rank weights, peak gathered, time per step vs unsharded",
+    "stepcache": "Step caching across ranks (EasyCache's rule in the workers' loop): speedup and error vs no cache",
 }
 
 
@@ -165,6 +167,13 @@ def _headline(data: dict) -> list:
                 add(f"shard_weights={r['shard_weights']}, {r['config']}, {r['precision']}: weights per rank / time "
                     f"per step vs unsharded", f"{r['per_rank_MiB'] / r['weights_MiB']:.2f} / "
                     f"{r['ms_per_step'] / unsharded['ms_per_step']:.2f}×", "≤ 1/N + two blocks / –", d)
+    d = data.get("stepcache")
+    if d:
+        for r in d["rows"]:
+            if r["threshold"]:
+                add(f"step cache {r['threshold']}, {r['config']}: steps skipped / speedup / rel. error vs uncached",
+                    f"{r['skipped_steps']:g} of {r['steps']} / {r['speedup']:.2f}× / {r['rel_err_vs_uncached']:.1e}",
+                    "measured (random weights)", d)
     return out
 
 

@@ -223,6 +223,17 @@ def parallel_model(g: dict, degrees: dict, model=("1", 0), node_id="40") -> list
     return [node_id, 0]
 
 
+def on_pool(g: dict, degrees: dict, node: str = "model") -> dict:
+    """Graph `g` (a `workflow(None, ...)` KSampler graph, sampler node "5") with its diffusion model on the pool:
+    node "model" puts a Parallel Model on the KSampler's MODEL, "sampler" swaps KSampler for Hybrid Sampler."""
+    if node == "model":
+        g["5"]["inputs"]["model"] = parallel_model(g, degrees, model=tuple(g["5"]["inputs"]["model"]))
+    else:
+        g["9"] = parallel_config_node(degrees)
+        g["5"] = {"class_type": "HybridSampler", "inputs": {**g["5"]["inputs"], "parallel_config": ["9", 0]}}
+    return g
+
+
 def assert_ok(server, entry) -> None:
     assert "rejected" not in entry, entry
     assert entry["status"]["status_str"] == "success", (entry["status"], server.tail())

@@ -7,7 +7,7 @@ joins an all-zero start-image latent and mask for text-to-video). Latent 5 x 7 x
 """
 import pytest
 
-from comfy_server import assert_ok, error_text, latent, parallel_config_node, parallel_model, rel, workflow
+from comfy_server import assert_ok, error_text, latent, on_pool, rel, workflow
 
 pytestmark = pytest.mark.comfy
 
@@ -27,13 +27,7 @@ def _graph(tag, degrees=None, node="model"):
     g = workflow(None, tag, W, H, family="hunyuan_video15", length=FRAMES, steps=3)
     for k in ("6", "7", "8", "11"):
         g.pop(k, None)
-    if degrees is not None:
-        if node == "model":
-            g["5"]["inputs"]["model"] = parallel_model(g, degrees)
-        else:
-            g["9"] = parallel_config_node(degrees)
-            g["5"] = {"class_type": "HybridSampler", "inputs": {**g["5"]["inputs"], "parallel_config": ["9", 0]}}
-    return g
+    return g if degrees is None else on_pool(g, degrees, node)
 
 
 def test_hunyuan_video15_equals_ksampler(server, hunyuan):

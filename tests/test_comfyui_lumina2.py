@@ -7,7 +7,7 @@ ulysses 2 x ring 2, Hybrid Sampler with cfg 2. Z-Image (0.90B, tokens padded to 
 """
 import pytest
 
-from comfy_server import assert_ok, error_text, latent, parallel_config_node, parallel_model, rel, workflow
+from comfy_server import assert_ok, error_text, latent, on_pool, rel, workflow
 
 pytestmark = pytest.mark.comfy
 
@@ -28,13 +28,7 @@ def _graph(unet, tag, degrees=None, node="model"):
     g["1"]["inputs"]["unet_name"] = unet
     for k in ("7", "8", "11"):
         g.pop(k, None)
-    if degrees is not None:
-        if node == "model":
-            g["5"]["inputs"]["model"] = parallel_model(g, degrees)
-        else:
-            g["9"] = parallel_config_node(degrees)
-            g["5"] = {"class_type": "HybridSampler", "inputs": {**g["5"]["inputs"], "parallel_config": ["9", 0]}}
-    return g
+    return g if degrees is None else on_pool(g, degrees, node)
 
 
 def _equal_ksampler(server, unet, tag, cases):

@@ -7,7 +7,7 @@ the output is gathered before unpatchify. Odd 13 x 9 latent (ComfyUI pads it to 
 """
 import pytest
 
-from comfy_server import assert_ok, error_text, latent, parallel_config_node, parallel_model, rel, workflow
+from comfy_server import assert_ok, error_text, latent, on_pool, rel, workflow
 
 pytestmark = pytest.mark.comfy
 
@@ -27,13 +27,7 @@ def _graph(tag, degrees=None, weight_dtype="fp8_e4m3fn", node="model"):
     g = workflow(None, tag, W, H, family="qwen_image", weight_dtype=weight_dtype, steps=2)
     for k in ("7", "8", "11"):
         g.pop(k, None)
-    if degrees is not None:
-        if node == "model":
-            g["5"]["inputs"]["model"] = parallel_model(g, degrees)
-        else:
-            g["9"] = parallel_config_node(degrees)
-            g["5"] = {"class_type": "HybridSampler", "inputs": {**g["5"]["inputs"], "parallel_config": ["9", 0]}}
-    return g
+    return g if degrees is None else on_pool(g, degrees, node)
 
 
 @pytest.mark.parametrize("weight_dtype", ["fp8_e4m3fn", "default"])

@@ -39,11 +39,10 @@ from .stage import SKIPPED, TAG_LATENT, Channel, PipelineCancelled, Run, Stage
 from ..stepcache import StepCache, StepCacheSpec
 
 
-def _poll_cancel(cancel, ctx) -> bool:
-    """Stage 0's cancel decision, agreed by all stage-0 ranks: the sp ranks of a pipeline (their pieces
-    meet in every attention) and the stage 0s of all (cfg, dp) replicas (their last stages meet in
-    per-patch collectives), so every rank stops at the same step."""
-    flag = cancel is not None and bool(cancel())
+def _any_in_stage(flag: bool, ctx) -> bool:
+    """True when `flag` is set on any rank that meets this one in a stage's collectives: the sp ranks of the stage
+    (their pieces meet in every attention) and the same stage of the other (cfg, dp) replicas (their last stages
+    meet in per-patch collectives). One 1-element all-reduce per axis."""
     if ctx is None:
         return flag
     axes = [ax for ax in (ctx.sp, ctx.axis("batch")) if ax.size > 1]
@@ -55,18 +54,14 @@ def _poll_cancel(cancel, ctx) -> bool:
     return bool(t.item() > 0)
 
 
+def _poll_cancel(cancel, ctx) -> bool:
+    """Stage 0's cancel decision, agreed by all stage-0 ranks, so every rank stops at the same step."""
+    return _any_in_stage(cancel is not None and bool(cancel()), ctx)
+
+
 def _agree_last(want: bool, ctx) -> bool:
-    """A step-cache decision common to the last stages that meet in per-patch collectives: the sp ranks of the
-    last stage and the last stages of the (cfg, dp) replicas (compute when any of them wants to)."""
-    if ctx is None:
-        return want
-    axes = [ax for ax in (ctx.sp, ctx.axis("batch")) if ax.size > 1]
-    if not axes:
-        return want
-    t = torch.tensor([1.0 if want else 0.0], device=ctx.device)
-    for ax in axes:
-        t = all_reduce(t, ax, op=dist.ReduceOp.MAX)
-    return bool(t.item() > 0)
+    """A step-cache decision common to the last stages (compute when any of them wants to)."""
+    return _any_in_stage(want, ctx)
 
 
 def run_pipefusion_loop(transformer, ctx, inputs: dict, sigmas, noise: torch.Tensor, *,
