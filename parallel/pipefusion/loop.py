@@ -158,17 +158,21 @@ def run_pipefusion_loop(transformer, ctx, inputs: dict, sigmas, noise: torch.Ten
         skip_next[(i, p)] = skip
         return skip
 
+    flag = 0 if step_cache is None else 1  # with a step cache the rows carry the next decision in one element
+
     def send_rows(rows_t, skip):
-        channel.send(torch.cat([rows_t.reshape(-1), rows_t.new_full((1,), 1.0 if skip else 0.0)]), 0, TAG_LATENT,
-                     "pp_latent")
+        msg = rows_t.reshape(-1)
+        if flag:
+            msg = torch.cat([msg, msg.new_full((1,), 1.0 if skip else 0.0)])
+        channel.send(msg, 0, TAG_LATENT, "pp_latent")
 
     def recv_rows(shape):
-        return channel.recv(torch.empty(math.prod(shape) + 1, device=x.device), S - 1, TAG_LATENT)
+        return channel.recv(torch.empty(math.prod(shape) + flag, device=x.device), S - 1, TAG_LATENT)
 
     def take_rows(buf, into):
-        """Copy a received rows message into `into`; the decision it carries."""
-        into.copy_(buf[:-1].view(into.shape))
-        return bool(buf[-1] != 0)
+        """Copy a received rows message into `into`; the decision it carries (False without a cache)."""
+        into.copy_(buf[:buf.numel() - flag].view(into.shape))
+        return bool(flag and buf[-1] != 0)
 
     def model_out(i, out, p, r0, r1):
         """Last stage: this forward's output rows, from the cache when it was skipped; the cache learns otherwise."""
