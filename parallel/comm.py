@@ -124,6 +124,18 @@ def all_reduce(x: torch.Tensor, ax, op=dist.ReduceOp.SUM) -> torch.Tensor:
     return x
 
 
+def any_rank(flag: bool, axes, device) -> bool:
+    """True when `flag` is set on any rank of `axes` (a decision every rank must share: cancel, skip a step):
+    one 1-element MAX all-reduce per axis with more than one rank."""
+    axes = [ax for ax in axes if ax.size > 1]
+    if not axes:
+        return flag
+    t = torch.tensor([1.0 if flag else 0.0], device=device)
+    for ax in axes:
+        t = all_reduce(t, ax, op=dist.ReduceOp.MAX)
+    return bool(t.item() > 0)
+
+
 def broadcast(x: torch.Tensor, ax, src_axis_rank: int = 0) -> torch.Tensor:
     """In-place broadcast from the axis rank `src_axis_rank`."""
     if ax.size == 1:

@@ -34,13 +34,11 @@ def _convention(spec: dict, sigmas: torch.Tensor):
 
 
 def _agree_compute(want: bool, ctx) -> bool:
-    """A step cache's decision, common to the whole world: compute when any rank wants to (one 1-element
-    all-reduce; every rank holds the same latent in loop mode, so they agree anyway - this makes it certain)."""
-    from .comm import all_reduce
+    """A step cache's decision, common to the whole world: compute when any rank wants to (every rank holds the
+    same latent in loop mode, so they agree anyway - this makes it certain)."""
+    from .comm import any_rank
     from .vae import world_axis
-    import torch.distributed as dist
-    t = torch.tensor([1.0 if want else 0.0], device=ctx.device)
-    return bool(all_reduce(t, world_axis(ctx), op=dist.ReduceOp.MAX).item() > 0)
+    return any_rank(want, (world_axis(ctx),), ctx.device)
 
 
 def to_device(model: torch.nn.Module, device: torch.device) -> None:

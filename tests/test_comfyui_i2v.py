@@ -9,7 +9,7 @@ Parallel Model + KSampler with ulysses 2, ring 2, cfg 2 and ulysses 2 x ring 2, 
 """
 import pytest
 
-from comfy_server import assert_ok, latent, parallel_config_node, parallel_model, rel, workflow
+from comfy_server import assert_ok, latent, on_pool, rel, workflow
 
 pytestmark = pytest.mark.comfy
 
@@ -35,18 +35,9 @@ def _graph(model_name, tag, degrees=None, node="model"):
         "batch_size": 1, "start_image": ["20", 0]}}
     common = {"seed": 5, "steps": 3, "cfg": 4.0, "sampler_name": "euler", "scheduler": "normal",
               "positive": ["21", 0], "negative": ["21", 1], "latent_image": ["21", 2], "denoise": 1.0}
-    model = ["1", 0]
-    if degrees is not None:
-        if node == "model":
-            model = parallel_model(g, degrees)
-        else:
-            g["9"] = parallel_config_node(degrees)
-    if degrees is not None and node == "sampler":
-        g["5"] = {"class_type": "HybridSampler", "inputs": {"model": model, "parallel_config": ["9", 0], **common}}
-    else:
-        g["5"] = {"class_type": "KSampler", "inputs": {"model": model, **common}}
+    g["5"] = {"class_type": "KSampler", "inputs": {"model": ["1", 0], **common}}
     g["10"] = {"class_type": "HPSaveLatentTensor", "inputs": {"samples": ["5", 0], "filename": f"lat_{tag}"}}
-    return g
+    return g if degrees is None else on_pool(g, degrees, node)
 
 
 def test_wan_image_to_video_equals_ksampler(server, i2v_model):

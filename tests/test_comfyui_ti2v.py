@@ -14,7 +14,7 @@ latent decoded by Patch VAE Decode over 2 workers against VAE Decode.
 import pytest
 from safetensors.torch import load_file
 
-from comfy_server import assert_ok, latent, parallel_config_node, parallel_model, rel, workflow
+from comfy_server import assert_ok, latent, on_pool, parallel_config_node, rel, workflow
 
 pytestmark = pytest.mark.comfy
 
@@ -41,18 +41,9 @@ def _graph(files, tag, degrees=None, node="model"):
         "vae": ["6", 0], "width": W, "height": H, "length": FRAMES, "batch_size": 1, "start_image": ["20", 0]}}
     common = {"seed": 5, "steps": 3, "cfg": 4.0, "sampler_name": "euler", "scheduler": "normal",
               "positive": ["2", 0], "negative": ["3", 0], "latent_image": ["21", 0], "denoise": 1.0}
-    model = ["1", 0]
-    if degrees is not None:
-        if node == "model":
-            model = parallel_model(g, degrees)
-        else:
-            g["9"] = parallel_config_node(degrees)
-    if degrees is not None and node == "sampler":
-        g["5"] = {"class_type": "HybridSampler", "inputs": {"model": model, "parallel_config": ["9", 0], **common}}
-    else:
-        g["5"] = {"class_type": "KSampler", "inputs": {"model": model, **common}}
+    g["5"] = {"class_type": "KSampler", "inputs": {"model": ["1", 0], **common}}
     g["10"] = {"class_type": "HPSaveLatentTensor", "inputs": {"samples": ["5", 0], "filename": f"lat_{tag}"}}
-    return g
+    return g if degrees is None else on_pool(g, degrees, node)
 
 
 def _image(server, name):

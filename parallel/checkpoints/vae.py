@@ -88,11 +88,13 @@ def is_wan22_vae(sd) -> bool:
 def wan_config_from_state_dict(sd) -> dict:
     if is_wan22_vae(sd):
         return wan22_config_from_state_dict(sd)
-    dim = int(need(sd, "decoder.head.0.gamma", "vae_wan").shape[0])
-    z = int(need(sd, "conv2.weight", "vae_wan").shape[0])
+    return {"base_dim": int(need(sd, "decoder.head.0.gamma", "vae_wan").shape[0]), **_wan_fixed(sd)}
+
+
+def _wan_fixed(sd) -> dict:
+    """What the Wan 2.1 and 2.2 VAE configs share: the latent width from the weights, the rest fixed by ComfyUI."""
     return {
-        "base_dim": dim,
-        "z_dim": z,
+        "z_dim": int(need(sd, "conv2.weight", "vae_wan").shape[0]),
         "dim_mult": list(WAN_DIM_MULT),
         "num_res_blocks": WAN_NUM_RES_BLOCKS,
         "attn_scales": [],
@@ -104,16 +106,12 @@ def wan_config_from_state_dict(sd) -> dict:
 def wan22_config_from_state_dict(sd) -> dict:
     """ComfyUI fixes the Wan 2.2 VAE (dim 160, decoder width 256, z 48); the widths are read from the weights
     anyway, so a smaller model built from ComfyUI's own class converts the same way (the tests use one)."""
-    z = int(need(sd, "conv2.weight", "vae_wan").shape[0])
+    fixed = _wan_fixed(sd)
+    z = fixed["z_dim"]
     return {
         "base_dim": int(need(sd, "encoder.conv1.weight", "vae_wan").shape[0]),
         "decoder_base_dim": int(need(sd, "decoder.head.0.gamma", "vae_wan").shape[0]),
-        "z_dim": z,
-        "dim_mult": list(WAN_DIM_MULT),
-        "num_res_blocks": WAN_NUM_RES_BLOCKS,
-        "attn_scales": [],
-        "temperal_downsample": list(WAN_TEMPORAL_DOWNSAMPLE),
-        "dropout": 0.0,
+        **fixed,
         "is_residual": True,
         "in_channels": WAN22_PATCH_CHANNELS,
         "out_channels": WAN22_PATCH_CHANNELS,

@@ -27,9 +27,7 @@ from typing import Callable, Optional
 
 import torch
 
-import torch.distributed as dist
-
-from ..comm import all_reduce, broadcast
+from ..comm import any_rank, broadcast
 from ..config import ConfigError
 from ..models import plan_for
 from .batch import gather_cfg, gather_dp, share_batch
@@ -42,16 +40,8 @@ from ..stepcache import StepCache, StepCacheSpec
 def _any_in_stage(flag: bool, ctx) -> bool:
     """True when `flag` is set on any rank that meets this one in a stage's collectives: the sp ranks of the stage
     (their pieces meet in every attention) and the same stage of the other (cfg, dp) replicas (their last stages
-    meet in per-patch collectives). One 1-element all-reduce per axis."""
-    if ctx is None:
-        return flag
-    axes = [ax for ax in (ctx.sp, ctx.axis("batch")) if ax.size > 1]
-    if not axes:
-        return flag
-    t = torch.tensor([1.0 if flag else 0.0], device=ctx.device)
-    for ax in axes:
-        t = all_reduce(t, ax, op=dist.ReduceOp.MAX)
-    return bool(t.item() > 0)
+    meet in per-patch collectives)."""
+    return flag if ctx is None else any_rank(flag, (ctx.sp, ctx.axis("batch")), ctx.device)
 
 
 def _poll_cancel(cancel, ctx) -> bool:
