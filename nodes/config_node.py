@@ -10,6 +10,7 @@ from ..parallel.mesh import rank_groups
 SAMPLING_MODES = ["auto", "step", "loop"]
 MAX_LISTED_RANKS = 256  # larger worlds are described by their degrees only (listing them costs seconds)
 ATTENTION_CHOICES = ["auto", "cpu_flash", "cuda_flash", "cuda_efficient", "flash_attn", "math"]
+DEGREE_CHOICES = ["manual", "auto"]
 
 
 @dataclass(frozen=True)
@@ -21,11 +22,38 @@ class HybridParallelConfig:
     mode: str = "auto"            # "auto" (loop for PipeFusion, else step) | "step" | "loop"
     cluster: object = None        # a NodeCluster (cluster_node.py): the world spans machines
     step_cache: float = 0.0       # EasyCache's threshold for the workers' loop (loop mode, PipeFusion); 0 = off
+    # degrees "auto": how many devices Hybrid Sampler may use (0 = off: the config's degrees are the user's), and
+    # the listed devices it places the chosen ranks on (empty: the first world_size); nodes/auto.py resolves it
+    auto_devices: int = 0
+    device_list: tuple = ()
+
+    def __post_init__(self) -> None:
+        if isinstance(self.auto_devices, bool) or not isinstance(self.auto_devices, int) or self.auto_devices < 0:
+            raise ConfigError(f"auto_devices must be an integer >= 0 (0 = degrees set by hand), got {self.auto_devices!r}")
+        if not self.auto_devices:
+            if self.device_list:
+                raise ConfigError("device_list is for degrees 'auto' only; list the devices in the ParallelConfig")
+            return
+        c = self.config
+        if c.world_size > 1:
+            raise ConfigError(f"degrees 'auto' picks the dp, cfg, ulysses and ring degrees itself, but this config sets "
+                              f"{c.describe()}: set every degree to 1, or set degrees to 'manual'")
+        if c.method != "usp" or c.shard_weights != "none":
+            raise ConfigError("degrees 'auto' chooses among ulysses / ring / cfg / dp with method 'usp' and no weight "
+                              "sharding: set method to 'usp' and shard_weights to 'none', or set degrees to 'manual'")
+        if self.cluster is not None:
+            raise ConfigError("degrees 'auto' places ranks on this machine only; with a cluster the world is fixed by "
+                              "its machines: set degrees to 'manual' and give the degrees")
+        if self.device_list and len(self.device_list) != self.auto_devices:
+            raise ConfigError(f"auto_devices is {self.auto_devices} but {len(self.device_list)} devices are listed")
 
     def describe(self) -> str:
         mode = "loop" if self.config.pp_degree > 1 or self.mode == "loop" else "step"
         where = f" over {self.cluster.cluster.nnodes} machines" if self.cluster is not None else ""
         cache = f", step cache {self.step_cache:g}" if self.step_cache else ""
+        if self.auto_devices:
+            return (f"auto degrees (up to {self.auto_devices} {self.device} worker(s), chosen by Hybrid Sampler from "
+                    f"the model, latent and cfg), {mode} mode{cache}")
         return (f"{self.config.describe()} on {self.config.world_size} {self.device} worker(s){where}, {mode} mode"
                 f"{cache}")
 
@@ -76,6 +104,16 @@ def check_placement(config: ParallelConfig, device: str, cluster=None) -> None:
         raise ValueError(f"Parallel Config: {config.describe()} is {n} CPU worker processes, more than this "
                          f"machine's limit of {limit} ({os.cpu_count()} cores x 2); lower the degrees, or set "
                          f"HP_MAX_CPU_WORKERS to raise the limit")
+
+
+def auto_device_count(device: str) -> int:
+    """The devices degrees 'auto' may use on this machine: the visible GPUs (device cuda / auto with CUDA), else the
+    CPU cores - more CPU ranks than cores only share them (workers/launch.worker_threads)."""
+    import torch
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if device == "cuda" or (device == "auto" and gpus):
+        return max(1, gpus)
+    return max(1, min(os.cpu_count() or 1, max_cpu_workers()))
 
 
 def _int(default, lo, hi, tip):
@@ -133,19 +171,29 @@ class ParallelConfigNode:
                            "caching where the denoising loop runs in the workers (loop mode, PipeFusion): EasyCache's "
                            "rule with this threshold (0 = off; 0.2 is EasyCache's default), decided alike on every "
                            "rank; PipeFusion keeps one cache per patch. In step mode use ComfyUI's EasyCache node."}),
+            "degrees": (DEGREE_CHOICES, {"default": "manual", "tooltip": "manual: the degrees above. auto: Hybrid "
+                        "Sampler picks dp / cfg / ulysses / ring from the model, the latent size, whether CFG is on and "
+                        "the devices (this machine's GPUs, or CPU cores; the devices list if given), with a cost model "
+                        "(parallel/costmodel.py), and stays at one rank unless more are predicted >= 10 % faster. "
+                        "Leave every degree at 1."}),
         }}
 
     @staticmethod
     def configure(dp_degree, cfg_degree, ulysses_degree, ring_degree, pp_degree, num_pipeline_patch, warmup_steps,
                   tp_degree, method, device, attention, devices="", sampling_mode="auto",
-                  cluster=None, shard_weights="none", step_cache=0.0) -> HybridParallelConfig:
+                  cluster=None, shard_weights="none", step_cache=0.0, degrees="manual") -> HybridParallelConfig:
         """The validated config of these widget values (ValueError naming the fix); places nothing."""
+        if degrees not in DEGREE_CHOICES:
+            raise ValueError(f"Parallel Config: degrees must be one of {DEGREE_CHOICES}, got {degrees!r}")
+        listed = tuple(d.strip() for d in devices.split(",") if d.strip())
+        auto = degrees == "auto"
         try:
             config = ParallelConfig(
                 dp_degree=dp_degree, cfg_degree=cfg_degree, ulysses_degree=ulysses_degree, ring_degree=ring_degree,
                 pp_degree=pp_degree, num_pipeline_patch=num_pipeline_patch or None, tp_degree=tp_degree,
-                warmup_steps=warmup_steps, method=method, shard_weights=shard_weights,
-                devices=tuple(d.strip() for d in devices.split(",") if d.strip()))
+                warmup_steps=warmup_steps, method=method, shard_weights=shard_weights, devices=() if auto else listed)
+            auto_fields = dict(auto_devices=len(listed) or auto_device_count(device), device_list=listed) if auto else {}
+            HybridParallelConfig(config, cluster=cluster, **auto_fields)  # auto's refusals, before anything else
         except ConfigError as e:
             raise ValueError(f"Parallel Config: {e}") from None
         if sampling_mode == "step" and pp_degree > 1:
@@ -166,19 +214,22 @@ class ParallelConfigNode:
                              "sampling_mode to loop (or use PipeFusion), or set step_cache to 0 and put ComfyUI's "
                              "EasyCache node on the MODEL (step mode runs it)")
         return HybridParallelConfig(config, device=device, attention=attention, mode=sampling_mode, cluster=cluster,
-                                    step_cache=step_cache)
+                                    step_cache=step_cache, **auto_fields)
 
     async def build_async(self, **widgets):
         return self.build(**widgets)
 
     def build(self, dp_degree, cfg_degree, ulysses_degree, ring_degree, pp_degree, num_pipeline_patch,
               warmup_steps, tp_degree, method, device, attention, devices="", sampling_mode="auto", cluster=None,
-              shard_weights="none", step_cache=0.0):
+              shard_weights="none", step_cache=0.0, degrees="manual"):
         hp = self.configure(dp_degree, cfg_degree, ulysses_degree, ring_degree, pp_degree, num_pipeline_patch,
                             warmup_steps, tp_degree, method, device, attention, devices, sampling_mode, cluster,
-                            shard_weights, step_cache)
+                            shard_weights, step_cache, degrees)
         check_placement(hp.config, device, cluster)  # this machine must be able to run it: before any worker starts
-        if self.runtime is not None:  # in a ComfyUI server: start the workers while the model loads
+        if hp.device_list:
+            check_placement(ParallelConfig(dp_degree=len(hp.device_list), devices=hp.device_list), device)
+        # in a ComfyUI server: start the workers while the model loads (auto: the world is chosen at the sampler)
+        if self.runtime is not None and not hp.auto_devices:
             self.runtime.prestart(hp)
         return {"ui": {"text": summary(hp)}, "result": (hp,)}
 
@@ -186,6 +237,9 @@ class ParallelConfigNode:
 def summary(hp: HybridParallelConfig) -> list:
     """The node's text: the config and its communication groups (for worlds small enough to list)."""
     text = [hp.describe()]
+    if hp.auto_devices:
+        return text + [f"auto: {len(hp.device_list) or hp.auto_devices} device(s) "
+                       f"{', '.join(hp.device_list)}".rstrip()]
     if hp.config.world_size <= MAX_LISTED_RANKS:
         groups = {k: v for k, v in rank_groups(hp.config).items() if len(v[0]) > 1}
         text += [f"{k}: {v}" for k, v in groups.items()]

@@ -284,7 +284,8 @@ class HybridSampler:
                parallel_config, denoise=1.0):
         import comfy.patcher_extension
 
-        hp = parallel_config
+        from .auto import resolve_auto  # degrees "auto": chosen here, where the model, latent and cfg are known
+        hp = resolve_auto(parallel_config, model, tuple(latent_image["samples"].shape), cfg, negative, positive)
         loop = uses_loop_mode(hp)
         if loop:
             check_loop_mode(sampler_name)  # before any work
