@@ -17,7 +17,9 @@ stays home). Per rank and per forward (= one step in step mode):
 * Ulysses (U ranks), per layer: all-to-all of q,k,v: 3·B·D·s_r·(H - h_r)
   and of the output back: B·h_r·D·(p - s_r), with h = split_sizes(H, U);
   even: 4·B·p·hs·(U-1)/U² = xDiT's (4/N)·p·hs · (N-1)/N. MMDiT: the text
-  output is all-gathered over heads: B·max(h)·T·D·(U-1).
+  output is all-gathered over heads: B·h_r·T·D·(U-1) (it rides in the return
+  all-to-all, so uneven head shards are not padded to max(h) as gloo's
+  all_gather required; counted as "all_gather").
 * Ring (R ranks), per layer: K and V blocks (padded to the largest) rotate
   R-1 times: 2·B·H·max(s)·D·(R-1); even: 2·p·hs·(N-1)/N = xDiT · (N-1)/N.
   Text K/V never travel.
@@ -119,7 +121,7 @@ def analytic(method, deg, f, B, rank_coords, steps=None, step=None, family=None,
                 out["all_to_all"] = out.get("all_to_all", 0) + E * B * D * (
                     3 * s[me] * (H - hu[u]) + hu[u] * (block[rho] - s[me]))
                 if has_text and T:
-                    out["all_gather"] = out.get("all_gather", 0) + E * B * max(hu) * T * D * (U - 1)
+                    out["all_gather"] = out.get("all_gather", 0) + E * B * hu[u] * T * D * (U - 1)
             if R > 1:
                 out["ring_p2p"] = out.get("ring_p2p", 0) + E * 2 * B * h_loc * max(block) * D * (R - 1)
         out["all_gather"] = out.get("all_gather", 0) + E * B * max(s) * f["c_out"] * (N - 1)

@@ -37,6 +37,7 @@ SECTIONS = {
     "reliability": ("bench_reliability.py", ["reliability"], [], 900),
     "shard": ("bench_shard.py", ["shard"], [], 900),
     "stepcache": ("bench_stepcache.py", ["stepcache"], [], 1500),
+    "peer": ("bench_ulysses_peer.py", ["ulysses_peer"], [], 600),
 }
 TITLES = {
     "comm": "Communication volume per diffusion step (counters vs analytic)",
@@ -49,6 +50,7 @@ TITLES = {
     "reliability": "Pool reliability in a real ComfyUI: interrupt, hung and killed ranks, stop, soak",
     "shard": "Weight sharding: per-rank weights, peak gathered, time per step vs unsharded",
     "stepcache": "Step caching across ranks (EasyCache's rule in the workers' loop): speedup and error vs no cache",
+    "peer": "Ulysses vs diffusers' own context parallelism (Flux-like, 2 ranks × 1 thread)",
 }
 
 

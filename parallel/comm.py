@@ -48,14 +48,43 @@ def split_sizes(n: int, parts: int) -> list:
     return [base + (1 if i < extra else 0) for i in range(parts)]
 
 
+def all_to_all_buffers(send: torch.Tensor, recv: torch.Tensor, send_counts: Sequence[int],
+                       recv_counts: Sequence[int], ax, counted: Optional[dict] = None) -> None:
+    """One all-to-all between flat, contiguous buffers whose chunks are in *axis* order.
+
+    Chunk j of `send` (send_counts[j] elements) goes to axis rank j; chunk j of `recv` (recv_counts[j])
+    arrives from axis rank j, written in place - so a caller that lays `recv` out as (a slice of) the tensor
+    it wants next, and fills `send` with one strided copy per piece, pays no cat on either side.
+    `counted` (op name -> elements per destination) says under which counter names the bytes this rank sends
+    to the others are recorded (default: all of them as "all_to_all"); a rank's own chunk is never counted.
+    """
+    send_counts, recv_counts = [int(c) for c in send_counts], [int(c) for c in recv_counts]
+    order = ax.group_order
+    if order == sorted(order):
+        dist.all_to_all_single(recv, send, output_split_sizes=recv_counts, input_split_sizes=send_counts,
+                               group=ax.group)
+    else:  # torch lays chunks out in process-group rank order: reorder both sides around the call
+        by_group = sorted(range(ax.size), key=lambda j: order[j])
+        sends, recvs = send.split(send_counts), recv.split(recv_counts)
+        tmp = torch.empty_like(recv)
+        dist.all_to_all_single(tmp, torch.cat([sends[j] for j in by_group]),
+                               output_split_sizes=[recv_counts[j] for j in by_group],
+                               input_split_sizes=[send_counts[j] for j in by_group], group=ax.group)
+        for j, piece in zip(by_group, tmp.split([recv_counts[j] for j in by_group])):
+            recvs[j].copy_(piece)
+    for op, counts in (counted or {"all_to_all": send_counts}).items():
+        ax.stats.record(op, send.element_size() * sum(c for j, c in enumerate(counts) if j != ax.rank))
+
+
 def all_to_all(x: torch.Tensor, scatter_dim: int, gather_dim: int, ax,
                gather_sizes: Optional[Sequence[int]] = None,
                scatter_sizes: Optional[Sequence[int]] = None) -> torch.Tensor:
     """Scatter `x` along `scatter_dim` to the ranks of `ax`, gather their pieces along `gather_dim`.
 
-    The Ulysses sequence<->heads exchange. Chunks along `scatter_dim` follow
-    `scatter_sizes` (default `split_sizes`), so uneven splits work. `gather_sizes[j]` is rank j's size of
-    `gather_dim`; by default every rank is assumed to hold as many as this one.
+    The general sequence<->heads exchange (USP attention uses the cat-free `all_to_all_buffers` directly).
+    Chunks along `scatter_dim` follow `scatter_sizes` (default `split_sizes`), so uneven splits work.
+    `gather_sizes[j]` is rank j's size of `gather_dim`; by default every rank is assumed to hold as many as
+    this one.
     """
     if ax.size == 1:
         return x
@@ -65,25 +94,20 @@ def all_to_all(x: torch.Tensor, scatter_dim: int, gather_dim: int, ax,
     if gather_sizes is None:
         gather_sizes = [x.shape[gather_dim]] * ax.size
     inputs = torch.split(x, scatter_sizes, dim=scatter_dim)
+    send_counts = [c.numel() for c in inputs]
+    send = torch.empty(sum(send_counts), dtype=x.dtype, device=x.device)
+    for piece, slot in zip(inputs, send.split(send_counts)):
+        slot.view(piece.shape).copy_(piece)
     out_shapes = []
     for j in range(ax.size):
         shape = list(x.shape)
         shape[scatter_dim] = scatter_sizes[ax.rank]
         shape[gather_dim] = gather_sizes[j]
         out_shapes.append(shape)
-    # gloo's list all_to_all needs equal shapes; all_to_all_single on flat buffers takes uneven splits.
-    # Pieces are laid out in process-group rank order, which may differ from axis order.
-    order = ax.group_order
-    by_group = sorted(range(ax.size), key=lambda j: order[j])  # axis ranks in group-rank order
-    send = torch.cat([inputs[j].reshape(-1) for j in by_group])
-    out_numels = [int(torch.Size(s).numel()) for s in out_shapes]
-    recv = torch.empty(sum(out_numels), dtype=x.dtype, device=x.device)
-    dist.all_to_all_single(recv, send, output_split_sizes=[out_numels[j] for j in by_group],
-                           input_split_sizes=[inputs[j].numel() for j in by_group], group=ax.group)
-    ax.stats.record("all_to_all", sum(_nbytes(c) for j, c in enumerate(inputs) if j != ax.rank))
-    pieces = dict(zip(by_group, recv.split([out_numels[j] for j in by_group])))
-    outputs = [pieces[j].view(out_shapes[j]) for j in range(ax.size)]
-    return torch.cat(outputs, dim=gather_dim)
+    recv_counts = [int(torch.Size(s).numel()) for s in out_shapes]
+    recv = torch.empty(sum(recv_counts), dtype=x.dtype, device=x.device)
+    all_to_all_buffers(send, recv, send_counts, recv_counts, ax)
+    return torch.cat([p.view(s) for p, s in zip(recv.split(recv_counts), out_shapes)], dim=gather_dim)
 
 
 def all_gather_uneven(x: torch.Tensor, dim: int, ax, sizes: Optional[Sequence[int]] = None) -> torch.Tensor:

@@ -5,14 +5,21 @@ shards follow `split_sizes(S, sp)`, so any token count works) and, for MMDiT
 models, the *whole* text sequence (replicated). Strategy for joint text+image
 attention (as xDiT's "front/rear" joint strategy):
 
-* Ulysses: image q/k/v go through an all-to-all (sequence-sharded, all heads ->
-  block-of-sequence, head-sharded); the replicated text q/k/v are simply sliced
-  to this rank's heads. After attention the image output goes back through the
-  reverse all-to-all and the text output is all-gathered over heads, so every
-  rank again holds the full text stream.
+* Ulysses: one all-to-all carries image q, k and v together (sequence-sharded, all
+  heads -> block-of-sequence, head-sharded); the replicated text q/k/v are sliced
+  to this rank's heads and copied into the same buffer, in front of (or behind) the
+  received image rows, so attention reads text+image without a cat. Back, one
+  all-to-all returns every rank its image rows for all heads *and* this rank's text
+  heads (the text output's all-gather over heads, counted as such), received straight
+  into the output tensor.
 * Ring: every rank's queries (its text + its image block) visit every ring
   rank's image K/V block; the text K/V join the rank's own block only, so they
   are counted exactly once. Partial results merge with their log-sum-exp.
+
+Buffers are laid out so that each collective's chunks are contiguous slices of the
+tensor needed next: (tokens, q|k|v, B, heads, D) on the way in (one source rank =
+a run of tokens), (heads, B, tokens, D) on the way out (one source rank = a run of
+heads). Attention then reads strided (B, H, L, D) views of them.
 
 Head counts that do not divide the Ulysses degree give uneven head shards
 (exact, at the cost of balance); ring blocks of different sizes are padded for
@@ -23,23 +30,21 @@ from __future__ import annotations
 import torch
 
 from .attention import attention_with_lse, merge_attention
-from .comm import RingExchange, all_gather_uneven, all_to_all, split_sizes
+from .comm import RingExchange, all_to_all_buffers, split_sizes
 
 
-def _ring_attention(q, k, v, scale, ring, block_sizes, backend, extra_kv=None):
-    """q (B,H,Lq,D) against the image K/V blocks of all ring ranks (+ extra_kv on the own block)."""
+def _ring_attention(q, k, v, image, scale, ring, block_sizes, backend):
+    """q (B,H,Lq,D) against the K/V blocks of all ring ranks: this rank's own k/v whole (text + image),
+    the other ranks' image rows only (`image`: (start, length) of the image rows in k/v)."""
     out = lse = None
-    own_k, own_v = k, v
-    if extra_kv is not None:
-        own_k, own_v = torch.cat([extra_kv[0], k], dim=2), torch.cat([extra_kv[1], v], dim=2)
     if ring.size == 1:
-        return attention_with_lse(q, own_k, own_v, scale, backend)
-    biggest = max(block_sizes)
-    pad = biggest - k.shape[2]
-    send_k = torch.nn.functional.pad(k, (0, 0, 0, pad)) if pad else k
-    send_v = torch.nn.functional.pad(v, (0, 0, 0, pad)) if pad else v
+        return attention_with_lse(q, k, v, scale, backend)
+    k_img, v_img = k.narrow(2, *image), v.narrow(2, *image)
+    pad = max(block_sizes) - k_img.shape[2]
+    send_k = torch.nn.functional.pad(k_img, (0, 0, 0, pad)) if pad else k_img
+    send_v = torch.nn.functional.pad(v_img, (0, 0, 0, pad)) if pad else v_img
     pending = RingExchange([send_k, send_v], ring)
-    o, l = attention_with_lse(q, own_k, own_v, scale, backend)  # overlaps the first transfer
+    o, l = attention_with_lse(q, k, v, scale, backend)  # overlaps the first transfer
     out, lse = merge_attention(out, lse, o, l)
     for step in range(1, ring.size):
         blk_k, blk_v = pending.wait()
@@ -52,52 +57,119 @@ def _ring_attention(q, k, v, scale, ring, block_sizes, backend, extra_kv=None):
     return out.to(q.dtype), lse
 
 
+def _offsets(sizes):
+    """Start of each chunk of `sizes` laid end to end."""
+    out, at = [], 0
+    for n in sizes:
+        out.append(at)
+        at += n
+    return out
+
+
+def _own_chunk_stays(me, n):
+    """Whether this rank's own chunk is copied straight into place instead of travelling through the
+    all-to-all. torch packs the received chunks back to back, so a zero-length own chunk is only possible
+    where it sits at an end of the receive buffer: the first or last rank (every rank at degree 2). Elsewhere
+    it goes through the collective, which copies it locally."""
+    return me == 0 or me == n - 1
+
+
+def _received(start, length, own, me, stays):
+    """(start, length) of the part of a receive region the collective writes: all of it, or all but this
+    rank's own chunk at its front (rank 0) or back (last rank) when that chunk stays home."""
+    if not stays:
+        return start, length
+    return (start + own, length - own) if me == 0 else (start, length - own)
+
+
+def _heads_to_tokens(q, k, v, ax, head_sizes, shards, text_len, text_first):
+    """Ulysses in: (B, H, T + S_me, D) x3 -> (B, H_me, T + S_block, D) x3, one all-to-all for q, k and v.
+
+    The receive buffer is (T + S_block, 3, B, H_me, D): source rank j's image rows for q|k|v are one
+    contiguous run of tokens, so the all-to-all writes them in place; the replicated text, sliced to this
+    rank's heads, is copied into its rows next to them. The send buffer holds, per destination j,
+    (S_me, 3, B, H_j, D), filled by one strided copy per tensor (see `_own_chunk_stays` for this rank's own).
+    """
+    me, (B, H, _, D) = ax.rank, q.shape
+    S_me, T, S_block = shards[me], text_len, sum(shards)
+    img_in, txt_in = (T, 0) if text_first else (0, S_me)        # where image / text rows start in q
+    img_out, txt_out = (T, 0) if text_first else (0, S_block)   # ... and in the block layout
+    h_off, row_off = _offsets(head_sizes), _offsets(shards)
+    stays = _own_chunk_stays(me, ax.size)
+    recv = torch.empty((T + S_block, 3, B, head_sizes[me], D), dtype=q.dtype, device=q.device)
+    send_counts = [0 if j == me and stays else S_me * 3 * B * h * D for j, h in enumerate(head_sizes)]
+    send = torch.empty(sum(send_counts), dtype=q.dtype, device=q.device)
+    slots = send.split(send_counts)
+    for t, x in enumerate((q, k, v)):
+        img = x.narrow(2, img_in, S_me)
+        for j, h in enumerate(head_sizes):
+            dst = recv.narrow(0, img_out + row_off[me], S_me) if j == me and stays else \
+                slots[j].view(S_me, 3, B, h, D)
+            dst[:, t].copy_(img.narrow(1, h_off[j], h).permute(2, 0, 1, 3))
+        if T:
+            recv[txt_out:txt_out + T, t].copy_(x.narrow(2, txt_in, T).narrow(1, h_off[me], head_sizes[me])
+                                               .permute(2, 0, 1, 3))
+    recv_counts = [0 if j == me and stays else s * 3 * B * head_sizes[me] * D for j, s in enumerate(shards)]
+    rows = _received(img_out, S_block, S_me, me, stays)
+    all_to_all_buffers(send, recv.narrow(0, *rows).view(-1), send_counts, recv_counts, ax)
+    return tuple(recv[:, t].permute(1, 2, 0, 3) for t in range(3))
+
+
+def _tokens_to_heads(out, ax, head_sizes, shards, text_len, text_first):
+    """Ulysses out: (B, H_me, T + S_block, D) -> (B, H, T + S_me, D), text and image in one all-to-all.
+
+    The result is received straight into a (H, B, T + S_me, D) tensor (source rank j's heads are one
+    contiguous run) and returned as a (B, H, L, D) view of it. What goes to rank j is this rank's heads for
+    j's image rows plus all text rows: the image part is the Ulysses return trip ("all_to_all" bytes), the
+    text part is the all-gather of the text output over heads ("all_gather" bytes), riding along.
+    """
+    me, (B, H_me, _, D) = ax.rank, out.shape
+    T, S_me = text_len, shards[me]
+    H = sum(head_sizes)
+    img_blk = T if text_first else 0
+    h_off, row_off = _offsets(head_sizes), _offsets(shards)
+    stays = _own_chunk_stays(me, ax.size)
+    result = torch.empty((H, B, T + S_me, D), dtype=out.dtype, device=out.device)
+    send_counts = [0 if j == me and stays else H_me * B * (T + s) * D for j, s in enumerate(shards)]
+    send = torch.empty(sum(send_counts), dtype=out.dtype, device=out.device)
+    slots = send.split(send_counts)
+    text = out.narrow(2, 0 if text_first else out.shape[2] - T, T).transpose(0, 1)
+    for j, s in enumerate(shards):
+        dst = result.narrow(0, h_off[me], H_me) if j == me and stays else slots[j].view(H_me, B, T + s, D)
+        img_at, txt_at = (T, 0) if text_first else (0, s)
+        dst.narrow(2, img_at, s).copy_(out.narrow(2, img_blk + row_off[j], s).transpose(0, 1))
+        if T:
+            dst.narrow(2, txt_at, T).copy_(text)
+    recv_counts = [0 if j == me and stays else h * B * (T + S_me) * D for j, h in enumerate(head_sizes)]
+    counted = {"all_to_all": [0 if j == me else H_me * B * s * D for j, s in enumerate(shards)]}
+    if T:
+        counted["all_gather"] = [0 if j == me else H_me * B * T * D for j in range(ax.size)]
+    all_to_all_buffers(send, result.narrow(0, *_received(0, H, H_me, me, stays)).view(-1), send_counts,
+                       recv_counts, ax, counted=counted)
+    return result.transpose(0, 1)
+
+
 def usp_attention(q, k, v, *, ctx, seq_sizes, text_len=0, text_first=True, scale=None, backend="auto"):
     """Drop-in for F.scaled_dot_product_attention on sequence-sharded inputs.
 
     q, k, v: (B, H, text_len + S_local, D), text at the front (`text_first`) or
     the back; `seq_sizes[i]` is the image shard length of sp rank i.
-    Returns the attention output in the same layout as the inputs.
+    Returns the attention output in the same layout as the inputs (possibly a strided view).
     """
     ulysses, ring = ctx.ulysses, ctx.ring
-    n_heads = q.shape[1]
-
-    def split_text(x):
-        if text_len == 0:
-            return None, x
-        return (x[:, :, :text_len], x[:, :, text_len:]) if text_first else (x[:, :, -text_len:], x[:, :, :-text_len])
-
-    (qt, qi), (kt, ki), (vt, vi) = split_text(q), split_text(k), split_text(v)
     # sp rank = ring_rank * U + ulysses_rank: my Ulysses group holds ring block `ring.rank`.
     U = ulysses.size
     block_shards = [[seq_sizes[r * U + u] for u in range(U)] for r in range(ring.size)]
     block_sizes = [sum(b) for b in block_shards]
-    head_sizes = split_sizes(n_heads, U)
-    h0 = sum(head_sizes[: ulysses.rank])
-    h1 = h0 + head_sizes[ulysses.rank]
-
-    if U > 1:  # (B, H, S_loc, D) -> (B, H_u, S_block, D)
-        my_shards = block_shards[ring.rank]
-        qi, ki, vi = (all_to_all(x, scatter_dim=1, gather_dim=2, ax=ulysses, gather_sizes=my_shards)
-                      for x in (qi, ki, vi))
-        if text_len:
-            qt, kt, vt = qt[:, h0:h1], kt[:, h0:h1], vt[:, h0:h1]
-
-    queries = qi if text_len == 0 else (torch.cat([qt, qi], dim=2))
-    extra = None if text_len == 0 else (kt, vt)
+    my_shards = block_shards[ring.rank]
+    head_sizes = split_sizes(q.shape[1], U)
+    if U > 1:  # (B, H, T + S_loc, D) -> (B, H_u, T + S_block, D)
+        q, k, v = _heads_to_tokens(q, k, v, ulysses, head_sizes, my_shards, text_len, text_first)
+    image = (text_len if text_first else 0, block_sizes[ring.rank])  # image rows of the block in q/k/v
     if ring.size == 1 and backend == "auto":
-        keys = ki if extra is None else torch.cat([kt, ki], dim=2)
-        vals = vi if extra is None else torch.cat([vt, vi], dim=2)
-        out = torch.nn.functional.scaled_dot_product_attention(queries, keys, vals, scale=scale)
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale)
     else:
-        out, _ = _ring_attention(queries, ki, vi, scale, ring, block_sizes, backend, extra)
-    out_t, out_i = (None, out) if text_len == 0 else (out[:, :, :text_len], out[:, :, text_len:])
-
-    if U > 1:  # back: (B, H_u, S_block, D) -> (B, H, S_loc, D)
-        out_i = all_to_all(out_i, scatter_dim=2, gather_dim=1, ax=ulysses, gather_sizes=head_sizes,
-                           scatter_sizes=block_shards[ring.rank])
-        if text_len:
-            out_t = all_gather_uneven(out_t.contiguous(), dim=1, ax=ulysses, sizes=head_sizes)
-    if text_len == 0:
-        return out_i
-    return torch.cat([out_t, out_i], dim=2) if text_first else torch.cat([out_i, out_t], dim=2)
+        out, _ = _ring_attention(q, k, v, image, scale, ring, block_sizes, backend)
+    if U > 1:  # back: (B, H_u, T + S_block, D) -> (B, H, T + S_loc, D)
+        out = _tokens_to_heads(out, ulysses, head_sizes, my_shards, text_len, text_first)
+    return out

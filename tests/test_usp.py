@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from comfyui_hybrid_parallel.parallel import ParallelConfig, parallelize, unparallelize
+from comfyui_hybrid_parallel.parallel import ParallelConfig, parallelize, split_sizes, unparallelize
 from dist_harness import context_for
 import tiny_models as tm
 
@@ -102,3 +102,49 @@ def test_degree_one_is_a_no_op():
     before = tm.forward(model, kw)
     assert parallelize(model, ctx) is model and "forward" not in model.__dict__
     assert torch.equal(tm.forward(model, kw), before)
+
+
+def _usp_attention_body(cfg_kwargs, heads, seq, text, text_first, batch, seed):
+    """usp_attention alone against serial SDPA, inputs as diffusers hands them ((B,H,L,D) views of (B,L,H,D))."""
+    import torch.nn.functional as F
+    from comfyui_hybrid_parallel.parallel.usp import usp_attention
+
+    ctx = context_for(ParallelConfig(**cfg_kwargs))
+    g = torch.Generator().manual_seed(seed)
+    img = [torch.randn(batch, heads, seq, 8, generator=g) for _ in range(3)]
+    txt = [torch.randn(batch, heads, text, 8, generator=g) for _ in range(3)]
+
+    def join(t, i):
+        return torch.cat([t, i], 2) if text_first else torch.cat([i, t], 2)
+
+    sizes, r = split_sizes(seq, ctx.sp.size), ctx.sp.rank
+    start = sum(sizes[:r])
+    ref = F.scaled_dot_product_attention(*(join(t, i) for t, i in zip(txt, img)))
+    ref_t, ref_i = (ref[:, :, :text], ref[:, :, text:]) if text_first else (ref[:, :, seq:], ref[:, :, :seq])
+    expect = join(ref_t, ref_i.narrow(2, start, sizes[r]))
+    q, k, v = (join(t, i.narrow(2, start, sizes[r])).transpose(1, 2).contiguous().transpose(1, 2)
+               for t, i in zip(txt, img))
+    out = usp_attention(q, k, v, ctx=ctx, seq_sizes=sizes, text_len=text, text_first=text_first)
+    assert out.shape == expect.shape
+    return float((out - expect).abs().max()), ctx.stats.snapshot()
+
+
+@pytest.mark.parametrize("degrees, heads, seq, text", [
+    (dict(ulysses_degree=3), 5, 11, 7),                 # a middle rank: its own chunk travels too; uneven heads
+    (dict(ulysses_degree=4), 3, 10, 5),                 # one rank holds no head
+    (dict(ulysses_degree=2), 4, 3, 0),                  # image-only self-attention
+    (dict(ulysses_degree=2, ring_degree=2), 3, 9, 6),   # Ulysses inside ring blocks of different sizes
+    (dict(ulysses_degree=3), 6, 2, 4),                  # fewer tokens than ranks: an empty shard
+], ids=lambda x: ParallelConfig(**x).describe() if isinstance(x, dict) else str(x))
+@pytest.mark.parametrize("text_first", [True, False], ids=["text_first", "text_last"])
+def test_usp_attention_stacked_exchange_equals_serial(dist_pools, degrees, heads, seq, text, text_first):
+    """The one-all-to-all q/k/v exchange and the text-carrying return trip, against serial attention:
+    uneven heads and shards, text in front or behind, batch 2; the text bytes count as the all-gather they
+    replace (this rank's heads, unpadded, to every other Ulysses rank)."""
+    U = degrees.get("ulysses_degree", 1)
+    res = dist_pools(_world(degrees)).run(_usp_attention_body, degrees, heads, seq, text, text_first, 2, seq + heads)
+    assert max(e for e, _ in res) <= 1e-5, res
+    for i, (_, snap) in enumerate(res):
+        h_me = split_sizes(heads, U)[i % U]
+        assert snap.get("all_gather", {}).get("bytes", 0) == 4 * 2 * h_me * text * 8 * (U - 1)
+

@@ -1,0 +1,230 @@
+"""Ulysses side by side with diffusers' own context parallelism, on one Flux-like model, and where the time goes.
+
+Why this script: "Ulysses at least as fast as diffusers' own" is a claim about a peer implementation that
+lives in the same venv, so it is measured here, in one world, interleaved, rather than quoted. The model is a
+random-init diffusers FluxTransformer2DModel (8 heads x 64 head dim, 4 double-stream + 4 single-stream
+blocks, 1024 image tokens from a 64x64 latent packed 2x2, 64 text tokens), built with the same seed on every
+rank; forward only, fp32, one thread per rank (see _worlds.py: on CPU the question is 2 workers x 1 thread vs
+1 worker x 1 thread). Interleaved per repeat: serial (rank 0, rank 1 idles), diffusers'
+`enable_parallelism(ContextParallelConfig(ulysses_degree=2))` (its `_cp_plan` splits image *and* text tokens),
+ours Ulysses 2 and ours Ring 2 (`parallelize(model, ctx)`: image tokens split, text replicated). Every
+parallel output is compared with the serial one (max relative error).
+
+Where the time goes: one extra forward per method under torch.profiler counts `aten::cat` calls and sums the
+wall time spent inside the collectives (gloo all-to-all / all-gather / send-recv and the functional
+collectives' wait), per forward, on rank 0.
+
+    python bench/bench_ulysses_peer.py [--quick]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+from collections import Counter
+import sys
+import time
+
+import torch
+
+from _worlds import DistPool, bench_device, context_for, sync, write_results
+
+HEADS, HEAD_DIM, DOUBLE, SINGLE = 8, 64, 4, 4
+LATENT = 32          # packed 2x2 latent side: 32 x 32 = 1024 image tokens
+TEXT, TEXT_DIM, POOLED = 64, 64, 32
+OURS = {"ours Ulysses 2": dict(ulysses_degree=2), "ours Ring 2": dict(ring_degree=2)}
+DIFFUSERS = "diffusers Ulysses 2"
+_cache: dict = {}
+
+
+def build():
+    """The Flux-like model, identical on every rank (same seed)."""
+    from diffusers import FluxTransformer2DModel
+
+    torch.manual_seed(0)
+    return FluxTransformer2DModel(patch_size=1, in_channels=64, num_layers=DOUBLE, num_single_layers=SINGLE,
+                                  attention_head_dim=HEAD_DIM, num_attention_heads=HEADS,
+                                  joint_attention_dim=TEXT_DIM, pooled_projection_dim=POOLED,
+                                  guidance_embeds=False, axes_dims_rope=(16, 24, 24)).eval().to(bench_device())
+
+
+def inputs():
+    g = torch.Generator().manual_seed(1)
+    dev = bench_device()
+    ys, xs = torch.meshgrid(torch.arange(LATENT), torch.arange(LATENT), indexing="ij")
+    img_ids = torch.stack([torch.zeros_like(ys), ys, xs], dim=-1).reshape(-1, 3).float()
+    return dict(hidden_states=torch.randn(1, LATENT * LATENT, 64, generator=g).to(dev),
+                encoder_hidden_states=torch.randn(1, TEXT, TEXT_DIM, generator=g).to(dev),
+                pooled_projections=torch.randn(1, POOLED, generator=g).to(dev),
+                timestep=torch.full((1,), 0.5).to(dev), img_ids=img_ids.to(dev),
+                txt_ids=torch.zeros(TEXT, 3).to(dev))
+
+
+def _model(key="plain"):
+    """One model per use: "plain" serves serial and ours (hooks come and go), "diffusers" keeps diffusers'
+    context-parallel hooks for good (they cannot be removed)."""
+    if key not in _cache:
+        _cache[key] = build()
+        if key == "diffusers":
+            _enable_diffusers_cp(_cache[key])
+    return _cache[key]
+
+
+def _enable_diffusers_cp(model):
+    """diffusers' own Ulysses 2. Its mesh set-up picks the device as `rank % torch.accelerator.device_count()`,
+    which divides by zero on a CPU-only machine: there, for this call only, one "accelerator" is reported so
+    the device resolves to cpu:0 (the mesh itself is built on the gloo world as usual)."""
+    from unittest import mock
+
+    from diffusers import ContextParallelConfig
+
+    cfg = ContextParallelConfig(ulysses_degree=2)
+    if torch.accelerator.device_count() > 0:
+        model.enable_parallelism(config=cfg)
+        return
+    with mock.patch.object(torch.accelerator, "device_count", lambda: 1):
+        model.enable_parallelism(config=cfg)
+
+
+def _forward(model, kw):
+    with torch.no_grad():
+        return model(**kw, return_dict=False)[0]
+
+
+def _timed(model, kw, n):
+    dev = bench_device()
+    times, out = [], None
+    for _ in range(n):
+        sync(dev)
+        t = time.perf_counter()
+        out = _forward(model, kw)
+        sync(dev)
+        times.append(time.perf_counter() - t)
+    return times, out
+
+
+def _rel_err(a, b):
+    return float((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-30))
+
+
+COLLECTIVE_KEYS = ("all_to_all", "alltoall", "all_gather", "allgather", "wait_tensor", "send", "recv",
+                   "broadcast", "all_reduce", "allreduce")
+
+
+def _profile(model, kw):
+    """(aten::cat calls, ms inside collectives) of one forward. Collectives are timed on the forward's own
+    thread only (gloo's worker threads record the transfer itself, which may overlap compute), as the union
+    of their events so nested records (c10d op -> functional wrapper) are not summed twice: for ours the
+    blocking all-to-all calls, for diffusers its functional collectives plus their waits."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        _forward(model, kw)
+    events = prof.events()
+    cats = sum(1 for e in events if e.name == "aten::cat")
+    main = Counter(e.thread for e in events if e.name.startswith("aten::")).most_common(1)[0][0]
+    spans = sorted((e.time_range.start, e.time_range.end) for e in events
+                   if e.thread == main and any(k in e.name.lower() for k in COLLECTIVE_KEYS)
+                   and not e.name.startswith("aten::"))
+    total, last_end = 0.0, -1.0
+    for s, e in spans:  # union of intervals: nested or overlapping events count once
+        if e <= last_end:
+            continue
+        total += e - max(s, last_end)
+        last_end = e
+    return cats, total / 1e3
+
+
+def serial_body(n):
+    """Rank 0 runs the serial model `n` times (rank 1 idles); returns (times, output) on rank 0."""
+    torch.set_num_threads(1)
+    if torch.distributed.get_rank() != 0:
+        return None
+    times, out = _timed(_model(), inputs(), n)
+    _cache["serial_out"] = out
+    return times, out
+
+
+def diffusers_body(n, profile=False):
+    torch.set_num_threads(1)
+    model, kw = _model("diffusers"), inputs()
+    if profile:
+        return _profile(model, kw)
+    return _timed(model, kw, n)
+
+
+def ours_body(method, n, profile=False):
+    from comfyui_hybrid_parallel.parallel import ParallelConfig, parallelize, unparallelize
+
+    torch.set_num_threads(1)
+    ctx = context_for(ParallelConfig(**OURS[method]))
+    model, kw = _model(), inputs()
+    parallelize(model, ctx)
+    try:
+        return _profile(model, kw) if profile else _timed(model, kw, n)
+    finally:
+        unparallelize(model)
+
+
+def run(quick: bool):
+    reps, n = (2, 1) if quick else (5, 2)
+    methods = ["serial", DIFFUSERS] + list(OURS)
+    times = {m: [] for m in methods}
+    errs = {m: 0.0 for m in methods}
+    pool = DistPool(2)
+    try:
+        def once(m, k, profile=False):
+            if m == "serial":
+                return pool.run(serial_body, k, timeout=600)
+            if m == DIFFUSERS:
+                return pool.run(diffusers_body, k, profile, timeout=600)
+            return pool.run(ours_body, m, k, profile, timeout=600)
+
+        for m in methods:  # warm-up: builds, groups, meshes, kernels
+            once(m, 1)
+        ref = once("serial", 1)[0][1]
+        for _ in range(reps):
+            for m in methods:
+                res = once(m, n)
+                per_rank = [r for r in res if r is not None]
+                times[m].extend(max(r[0][i] for r in per_rank) for i in range(n))
+                errs[m] = max([errs[m]] + [_rel_err(r[1], ref) for r in per_rank])
+        prof = {m: once(m, 1, True)[0] for m in methods if m != "serial"}
+    finally:
+        pool.close()
+    d_min, d_med = min(times[DIFFUSERS]), statistics.median(times[DIFFUSERS])
+    rows = []
+    for m in methods:
+        t = times[m]
+        rows.append(dict(method=m, min_ms=1e3 * min(t), median_ms=1e3 * statistics.median(t), forwards=len(t),
+                         vs_diffusers_min=min(t) / d_min, vs_diffusers_median=statistics.median(t) / d_med,
+                         max_rel_err=errs[m], cat_calls=prof[m][0] if m in prof else None,
+                         collective_ms=prof[m][1] if m in prof else None))
+        print(f"{m}: min {1e3 * min(t):.0f} ms, median {1e3 * statistics.median(t):.0f} ms, "
+              f"rel err {errs[m]:.1e}", flush=True)
+    return rows
+
+
+def markdown(rows):
+    md = ["| method | min ms | median ms | vs diffusers (min / median) | max rel err vs serial | "
+          "torch.cat per forward | ms in collectives per forward (rank 0) |",
+          "|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        cats = "–" if r["cat_calls"] is None else str(r["cat_calls"])
+        coll = "–" if r["collective_ms"] is None else f"{r['collective_ms']:.0f}"
+        md.append(f"| {r['method']} | {r['min_ms']:.0f} | {r['median_ms']:.0f} | {r['vs_diffusers_min']:.3f}× / "
+                  f"{r['vs_diffusers_median']:.3f}× | {r['max_rel_err']:.1e} | {cats} | {coll} |")
+    return "\n".join(md)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="2 repeats of 1 forward instead of 5 of 2")
+    a = ap.parse_args(argv)
+    rows = run(a.quick)
+    write_results("ulysses_peer_quick" if a.quick else "ulysses_peer", rows, markdown(rows),
+                  {"model": f"diffusers FluxTransformer2DModel random init, {HEADS} heads x {HEAD_DIM}, {DOUBLE} double + "
+                            f"{SINGLE} single blocks, {LATENT * LATENT} image + {TEXT} text tokens, fp32, forward only",
+                   "setup": "2-rank world, 1 thread per rank, interleaved serial / diffusers / ours per repeat"})
+
+
+if __name__ == "__main__":
+    sys.exit(main())
