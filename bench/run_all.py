@@ -38,6 +38,8 @@ SECTIONS = {
     "shard": ("bench_shard.py", ["shard"], [], 900),
     "stepcache": ("bench_stepcache.py", ["stepcache"], [], 1500),
     "peer": ("bench_ulysses_peer.py", ["ulysses_peer"], [], 600),
+    "costmodel": ("bench_costmodel.py", ["costmodel"], [], 300),
+    "auto": ("bench_auto.py", ["auto"], [], 1200),
 }
 TITLES = {
     "comm": "Communication volume per diffusion step (counters vs analytic)",
@@ -51,6 +53,8 @@ TITLES = {
     "shard": "Weight sharding: per-rank weights, peak gathered, time per step vs unsharded",
     "stepcache": "Step caching across ranks (EasyCache's rule in the workers' loop): speedup and error vs no cache",
     "peer": "Ulysses vs diffusers' own context parallelism (Flux-like, 2 ranks × 1 thread)",
+    "costmodel": "Cost model: CPU calibration, predicted vs measured here, PREDICTED s/step for Flux / Wan on 1-8 H100s",
+    "auto": "Parallel Config degrees auto vs degree 1 through the nodes and pool: never slower?",
 }
 
 

@@ -159,20 +159,23 @@ class DeviceCost:
 # CPU: calibrated on this project's machine (AMD EPYC VM, 2 vCPUs, torch 2.13 CPU, gloo), bench/bench_costmodel.py
 # --calibrate: fp32 matmul 88-93 GFLOP/s on one thread, CPU flash SDPA 68 GFLOP/s, times a model efficiency of
 # 0.63 fitted to the medium SD3 step (238 ms on 1 thread, bench/results/scaling.md); 2 threads 1.66x one
-# (143 ms, bench/results/overhead.md); gloo between 2 processes: ~0.6 ms per collective, ~1 GB/s.
+# (143 ms, bench/results/overhead.md); two ranks each run at 0.86 of a lone one (scaling.md's CFG row); gloo
+# between 2 processes: 0.34-0.44 ms per collective, 0.7-0.8 GB/s (probe); the fixed costs from the tiny model.
 CPU_EPYC_2 = DeviceCost(name="cpu (EPYC VM, measured)", flops=90e9 * 0.63, attn_flops=68e9 * 0.63,
-                        link=Link(bandwidth_Bps=1.0e9, latency_s=0.8e-3, overlap=0.0), cores=2,
+                        link=Link(bandwidth_Bps=0.8e9, latency_s=0.4e-3, overlap=0.0), cores=2,
                         thread_speedup=(1.0, 1.66), rank_efficiency=0.86, block_s=0.4e-3, forward_s=5e-3,
                         step_s=1.5e-3, rank_s=2.0e-3)
-# H100 SXM: 989 TFLOP/s bf16 dense; we assume 50 % of it in the DiT's matmuls and 40 % in attention (FlashAttention
-# reaches 50-70 % of peak forward on H100; ComfyUI's kernels less). NVLink 4: 450 GB/s per direction, NCCL
-# all-to-all ~15 us; PCIe 4 x16: ~25 GB/s, ~30 us; ring transfers overlap the attention (P2P on its own stream).
+# H100 SXM: 989 TFLOP/s bf16 dense. Efficiency 35 % of it for the whole step's matmuls and attention: xDiT's
+# published serial Flux.1-dev step at 1024^2 (6.71 s / 28 steps = 0.240 s, torch.compile) is ~33 % of peak, and
+# FlashAttention-2 reaches ~35 % on H100 (FA3 more). NVLink 4: 450 GB/s per direction, an NCCL collective ~15 us;
+# PCIe 4 x16: ~25 GB/s, ~30 us; ring K/V transfers overlap the attention (P2P on their own stream) - we assume
+# 70 % of it hides (the blockwise kernels and the LSE merges are not free).
 H100_PEAK = 989e12
-H100_EFF, H100_ATTN_EFF = 0.50, 0.40
+H100_EFF, H100_ATTN_EFF = 0.35, 0.35
 H100_NVLINK = DeviceCost(name="H100 SXM, NVLink", flops=H100_PEAK * H100_EFF, attn_flops=H100_PEAK * H100_ATTN_EFF,
-                         link=Link(bandwidth_Bps=450e9, latency_s=15e-6, overlap=1.0), block_s=20e-6,
+                         link=Link(bandwidth_Bps=450e9, latency_s=15e-6, overlap=0.7), block_s=20e-6,
                          step_s=1.0e-3, rank_s=0.1e-3)
-H100_PCIE = replace(H100_NVLINK, name="H100, PCIe 4", link=Link(bandwidth_Bps=25e9, latency_s=30e-6, overlap=1.0))
+H100_PCIE = replace(H100_NVLINK, name="H100, PCIe 4", link=Link(bandwidth_Bps=25e9, latency_s=30e-6, overlap=0.7))
 PRESETS = {"cpu": CPU_EPYC_2, "h100-nvlink": H100_NVLINK, "h100-pcie": H100_PCIE}
 
 
