@@ -50,7 +50,7 @@ class ParallelModel:
             patcher = executor.class_obj.model_patcher  # the patcher sampling now (maybe LoRA'd after this node)
             state.clear()
             state.update(pool_state(patcher, hp))
-            with runtime.track("sample"):
+            with runtime.track("sample"), runtime.quiet_driver(hp):
                 return executor(*args, **kwargs)
 
         m.add_wrapper_with_key(ext.WrappersMP.OUTER_SAMPLE, WRAPPER_KEY, outer_sample)

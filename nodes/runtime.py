@@ -35,6 +35,24 @@ class Runtime:
         self.last_job = None   # the previous one, with ok / error / elapsed_s
         self.prestarted = None  # the last prestart: {mesh, started}
         self.last_started = {}  # node kind -> when its latest run started (the panel's timeline)
+        self.driver_threads = torch.get_num_threads()  # what KSampler computes with in this process
+
+    @contextmanager
+    def quiet_driver(self, hp):
+        """One intra-op thread in this process while a sampling run drives CPU workers on this machine.
+
+        Why: the workers were given every core; this process's own small ops between model calls (the sampler's
+        update, CFG) would wake its thread pool, whose threads then spin beside the workers (~4.5 % of a degree-1
+        step here). The ops it runs meanwhile are elementwise (same result on any thread count)."""
+        if not cpu_workers_here(hp):
+            yield
+            return
+        before = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(before)
 
     def remember(self, key: str, info) -> None:
         self.model_info[key] = info
@@ -51,6 +69,8 @@ class Runtime:
                 self._pool = (self._make_pool(hp.device) if cluster is None else
                               WorkerPool(device=hp.device, cluster=cluster.cluster,
                                          start_timeout_s=cluster.join_timeout_s))
+                self._pool.split_kernel_worlds = not driver_attention_is_pytorch()
+                self._pool.lone_worker_threads = self.driver_threads
                 self._pool_cluster = cluster
             return self._pool
 
@@ -203,6 +223,26 @@ class Runtime:
         info = self.model_info.get(key)
         family = info[0] if info else ("vae" if ":vae" in key else "model")
         return f"{family} {key.split(':')[0][:8]}"
+
+
+def cpu_workers_here(hp) -> bool:
+    """Whether `hp` runs its workers on this machine's CPU cores (they share the cores with this process)."""
+    if getattr(hp, "cluster", None) is not None:
+        return False
+    devices = hp.config.devices
+    if devices:
+        return all(str(d).startswith("cpu") for d in devices)
+    return hp.device == "cpu" or (hp.device == "auto" and not torch.cuda.is_available())
+
+
+def driver_attention_is_pytorch() -> bool:
+    """Whether this process's ComfyUI computes attention with its pytorch kernel: then workers that intercept
+    attention (sequence / pipeline parallel) import ComfyUI exactly as those that do not, and a config change
+    between them keeps the workers (workers/pool.py split_kernel_worlds). False without ComfyUI."""
+    import sys
+    attention = sys.modules.get("comfy.ldm.modules.attention")
+    kernel = getattr(attention, "optimized_attention", None)
+    return kernel is not None and kernel is getattr(attention, "attention_pytorch", None)
 
 
 def _is_pool_error(e: BaseException) -> bool:

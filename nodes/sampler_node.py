@@ -55,7 +55,7 @@ class PoolDiffusionModel(torch.nn.Module):
         values = {"key": self.state["key"], "call_index": self.state["calls"], "structure": structure}
         self._ensure_resident()
         self.state["calls"] += 1
-        res = submit_interruptible(self.runtime.pool(self.hp), self.hp.config, "forward", values, tensors)
+        res = submit_once(self.runtime.pool(self.hp), self.hp.config, values, tensors, self.state, ("x", "timestep"))
         return res.tensors["out"].to(x.device)
 
     def forward(self, x, timestep, context=None, control=None, transformer_options=None, **extra):
@@ -114,7 +114,8 @@ class PoolDiffusionModel(torch.nn.Module):
         self.state["calls"] += 1
         if family == "pixart":
             values["resolution"] = list(x.shape[-2:])
-        res = submit_interruptible(self.runtime.pool(self.hp), self.hp.config, "forward", values, tensors)
+        res = submit_once(self.runtime.pool(self.hp), self.hp.config, values, tensors, self.state,
+                          ("hidden_states", "timestep"))
         return fm.diffusers_to_comfy_output(res.tensors["out"].to(x.device), x.shape)
 
 
@@ -176,6 +177,35 @@ def submit_interruptible(pool, config, kind, values, tensors):
         import comfy.model_management
         comfy.model_management.throw_exception_if_processing_interrupted()
         raise
+
+
+def submit_once(pool, config, values: dict, tensors: dict, state: dict, changing: tuple):
+    """A step-mode forward whose inputs that did not change since this run's previous call stay on the workers.
+
+    Why: the conditioning (text, pooled, guidance, reference latents) is the same at every step of a run, yet
+    ComfyUI hands it over as new tensors each call (it concatenates cond and uncond per call); sent every step it
+    was most of the payload (9 MiB of a Flux 1024² step). A tensor equal to the one of the previous call is named
+    in `reuse` and the workers take their copy of it (workers/jobs.py job_forward). `changing` (latent, timestep)
+    is always sent. The previous call is identified by the run's id and call index, so a worker never reuses
+    tensors of another run; a failed call sends everything again next time."""
+    import uuid
+    last = state.get("sent")
+    run = state.setdefault("run", uuid.uuid4().hex)
+    reuse = []
+    if last is not None:
+        for name, t in list(tensors.items()):
+            prev = last["tensors"].get(name)
+            if name not in changing and prev is not None and prev.shape == t.shape and prev.dtype == t.dtype \
+                    and prev.device == t.device and (prev is t or torch.equal(prev, t)):
+                reuse.append(name)
+                del tensors[name]
+    values = dict(values, run=run, previous_call=None if last is None else last["call"], reuse=reuse)
+    state["sent"] = None  # until this call succeeds
+    res = submit_interruptible(pool, config, "forward", values, tensors)
+    kept = {n: t for n, t in tensors.items() if n not in changing}
+    kept.update({n: last["tensors"][n] for n in reuse})
+    state["sent"] = {"call": values["call_index"], "tensors": kept}
+    return res
 
 
 def _flatten(inputs: dict) -> dict:
@@ -301,7 +331,7 @@ class HybridSampler:
             check_native_pipefusion(model.model.diffusion_model, hp.config, tuple(latent_image["samples"].shape))
         m.add_wrapper_with_key(comfy.patcher_extension.WrappersMP.APPLY_MODEL, WRAPPER_KEY,
                                make_apply_model_wrapper(self.runtime, hp, state))
-        with self.runtime.track("sample", total=steps):  # the worker panel's busy state and step
+        with self.runtime.track("sample", total=steps), self.runtime.quiet_driver(hp):  # panel state; no spinning
             return self._run(m, hp, state, loop, seed, steps, cfg, sampler_name, scheduler, positive, negative,
                              latent_image, denoise)
 

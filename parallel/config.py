@@ -129,8 +129,21 @@ class ParallelConfig:
             parts.append(f"shard:{self.shard_weights}")
         return "·".join(parts) or "serial"
 
+    @property
+    def intercepts_attention(self) -> bool:
+        """Whether the workers need attention calls they can intercept (sequence or pipeline parallel): they then
+        import ComfyUI with its pytorch kernel (workers/comfy_native.py import_comfy)."""
+        return self.sp_degree > 1 or self.pp_degree > 1
+
+    def world_key(self, split_kernel: bool = True) -> tuple:
+        """What the worker processes depend on: a config change that keeps this key reuses the running workers
+        (their torch.distributed world and the ComfyUI imported in them); each rank builds the process groups of
+        a new mesh_key in place. `split_kernel`: keep worlds that intercept attention apart from those that do not
+        (ComfyUI picks its attention kernel once, at import; moot where the driver's kernel is pytorch's anyway)."""
+        return (self.world_size, self.devices, self.intercepts_attention if split_kernel else None)
+
     def mesh_key(self) -> tuple:
-        """What a running world depends on: two configs with the same key can share one pool."""
+        """What the process groups and a resident model's layout depend on: configs with the same key share them."""
         return (self.dp_degree, self.cfg_degree, self.pp_degree, self.ring_degree,
                 self.ulysses_degree, self.tp_degree, self.devices, self.shard_weights)
 

@@ -53,6 +53,9 @@ def to_device(model: torch.nn.Module, device: torch.device) -> None:
                 mod._buffers[name] = b.to(device)
 
 
+MESH_SEP = "@mesh="
+
+
 class Engine:
     """One rank's resident models (LRU) and the operations on them."""
 
@@ -62,21 +65,41 @@ class Engine:
         self.loads = 0
 
     # ---- residency ----
-    def resident(self) -> list:
-        return list(self.models)
+    # A DiT is parallelized for one mesh (its hooks hold that mesh's groups, TP / PipeFusion / sharding cut its
+    # weights), and a world outlives a config change that keeps its size: such a model is kept under its key
+    # scoped by the mesh. The same weights under another mesh are dropped when it loads (one copy per rank).
+    @staticmethod
+    def _scoped(key: str, ctx) -> str:
+        return f"{key}{MESH_SEP}{'-'.join(map(str, ctx.config.mesh_key()))}"
 
-    def touch(self, key: str) -> bool:
-        if key in self.models:
-            self.models.move_to_end(key)
+    def _slot(self, key: str, ctx) -> str:
+        if ctx is not None and self._scoped(key, ctx) in self.models:
+            return self._scoped(key, ctx)
+        return key
+
+    def resident(self) -> list:
+        """The keys of the resident models (as the driver named them, whatever mesh they were built for)."""
+        return list(dict.fromkeys(k.partition(MESH_SEP)[0] for k in self.models))
+
+    def touch(self, key: str, ctx=None) -> bool:
+        slot = self._slot(key, ctx)
+        if slot in self.models:
+            self.models.move_to_end(slot)
             return True
         return False
 
-    def get(self, key: str, rank: int = 0) -> Resident:
-        if key not in self.models:
-            raise KeyError(f"model {key!r} is not resident on rank {rank} (resident: {list(self.models)}); "
-                           f"call ensure_model first")
-        self.models.move_to_end(key)
-        return self.models[key]
+    def drop_other_meshes(self, key: str) -> None:
+        """Forget `key` built for other meshes (called before building it for this one)."""
+        for k in [k for k in self.models if k.partition(MESH_SEP)[0] == key]:
+            del self.models[k]
+
+    def get(self, key: str, ctx=None, rank: int = 0) -> Resident:
+        slot = self._slot(key, ctx)
+        if slot not in self.models:
+            raise KeyError(f"model {key!r} is not resident on rank {rank} for this mesh (resident: "
+                           f"{list(self.models)}); call ensure_model first")
+        self.models.move_to_end(slot)
+        return self.models[slot]
 
     def add(self, key: str, family: str, model: torch.nn.Module, ctx, *, native_call=None,
             compute_dtype=None, device: Optional[torch.device] = None) -> Resident:
@@ -86,6 +109,9 @@ class Engine:
         from . import parallelize
         from .models import ADAPTERS, plan_for
         parallelized = family in ADAPTERS
+        self.drop_other_meshes(key)
+        if parallelized:
+            key = self._scoped(key, ctx)
         if parallelized:
             model = parallelize(model, ctx) or model
             if ctx.config.pp_degree > 1 and plan_for(model).pipeline is not None:
@@ -102,9 +128,9 @@ class Engine:
             self.models.popitem(last=False)
         return r
 
-    def weight_bytes(self, key: str) -> dict:
+    def weight_bytes(self, key: str, ctx=None) -> dict:
         """Bytes (total and per dtype) of a resident model's parameters and buffers on this rank."""
-        r = self.get(key)
+        r = self.get(key, ctx)
         seen, total, dtypes = set(), 0, {}
         for t in list(r.model.parameters()) + list(r.model.buffers()):
             if id(t) in seen or t.is_meta:
@@ -130,7 +156,7 @@ class Engine:
     def forward(self, key: str, ctx, kwargs: dict, *, call_index=None, resolution=None,
                 before: Optional[Callable] = None) -> torch.Tensor:
         """Step mode: the model on the full inputs; every rank returns the full output."""
-        r = self.get(key)
+        r = self.get(key, ctx)
         if ctx.config.pp_degree > 1:
             raise ValueError("PipeFusion (pp_degree > 1) runs the whole denoising loop in the workers "
                              "(job 'loop'), not one forward per step")
@@ -163,7 +189,7 @@ class Engine:
         from .stepcache import StepCacheSpec
         cache_spec = StepCacheSpec.from_json(step_cache)
         cache_kw = {} if cache_spec is None else dict(step_cache=cache_spec, cache_report=cache_report)
-        r = self.get(key)
+        r = self.get(key, ctx)
         self._retarget(r, resolution)
         sigmas = sigmas.float().cpu()
         conv = _convention(convention, sigmas)
@@ -206,7 +232,7 @@ class Engine:
                before: Optional[Callable] = None) -> torch.Tensor:
         """Patch-parallel VAE decode over `axis` (every rank of the world by default); the full image."""
         from .vae import patch_decode, world_axis
-        vae = self.get(key).model
+        vae = self.get(key, ctx).model
         ax = world_axis(ctx) if axis == "world" else ctx.axis(axis)
         if before is not None:
             before()

@@ -383,3 +383,78 @@ def test_clean_stop_exits_the_workers_without_a_kill(comfy):
         assert took < STOP_GRACE_S
     finally:
         p.close()
+
+
+def test_config_change_keeps_the_workers(comfy):
+    """A config change that keeps the world size keeps the worker processes (no restart, ComfyUI stays imported):
+    each rank builds the new mesh's process groups and the model's layout for it from the weights sent again, and
+    drops the layout of the old mesh (one copy of the weights per rank). Every mesh still equals ComfyUI's forward,
+    and going back to an earlier mesh works (its groups are kept)."""
+    from comfyui_hybrid_parallel.parallel import ParallelConfig
+    from comfyui_hybrid_parallel.workers.pool import WorkerPool
+    base = load_model(comfy, "sd3", "fp32").model
+    want = sum(v.numel() * v.element_size() for v in base.diffusion_model.state_dict().values())
+    with WorkerPool(device="cpu") as pool:
+        pool.split_kernel_worlds = False  # as when ComfyUI's own kernel is pytorch's: cfg/dp share the workers too
+        pids = gen = None
+        for i, mesh in enumerate(("u2", "r2", "cfg2", "u2", "sharded")):
+            config = (ParallelConfig(ulysses_degree=2, shard_weights="all") if mesh == "sharded"
+                      else ParallelConfig(**MESHES[mesh]))
+            inp = inputs("sd3", base, seed=300 + i)
+            err = rel(pool_forward(pool, config, "switch", base, inp), comfy_forward(base, inp))
+            print(f"config change -> {mesh}: rel {err:.2e}, world generation {pool.generation}")
+            assert err <= 1e-5, (mesh, err)
+            health = pool.health()
+            assert all(h["resident"] == ["switch"] and h["layouts"] == 1 for h in health), health
+            if pids is None:
+                pids, gen = [h["pid"] for h in health], pool.generation
+            assert pool.generation == gen and [h["pid"] for h in health] == pids, mesh
+            held = pool.submit(config, "model_bytes", {"key": "switch"}).per_rank
+            if mesh == "sharded":
+                assert all(r["bytes"] < want for r in held), held
+            else:
+                assert all(r["bytes"] == want for r in held), (held, want)
+
+
+def test_step_inputs_cross_once_per_run(comfy):
+    """Step mode sends a run's unchanged conditioning once: later calls carry the latent and timestep only (the
+    workers reuse their copy), and the output equals a call that sends everything. Changed conditioning is sent
+    again; a call naming a previous call the workers do not hold fails clearly and the pool stays usable."""
+    from comfyui_hybrid_parallel.nodes.sampler_node import submit_once
+    from comfyui_hybrid_parallel.parallel import ParallelConfig
+    from comfyui_hybrid_parallel.workers.pool import WorkerError, WorkerPool
+    base = load_model(comfy, "flux", "fp8_e4m3fn").model
+    config = ParallelConfig(ulysses_degree=2)
+    with WorkerPool(device="cpu") as pool:
+        sent = []
+        submit = pool.submit
+
+        def recording(config, kind, values=None, tensors=None, **kw):
+            if kind == "forward":
+                sent.append(sorted(tensors or {}))
+            return submit(config, kind, values, tensors, **kw)
+        pool.submit = recording
+        state, calls, outs = {}, [], []
+        first = inputs("flux", base, seed=400)
+        pool_forward(pool, config, "once", base, first)  # resident
+        sent.clear()
+        for call in range(4):
+            inp = inputs("flux", base, seed=410 + call)  # a new latent and timestep every step
+            cond = {k: (v if call < 3 else v + 1).clone() for k, v in first.items() if k not in ("x", "timestep")}
+            inp.update(cond)  # the same conditioning in new tensors (as ComfyUI hands it), changed at call 3
+            values = {"key": "once", "call_index": call, "structure": {"transformer_options": {}}}
+            outs.append(submit_once(pool, config, values, dict(inp), state, ("x", "timestep")).tensors["out"])
+            calls.append((values, inp))
+        once = list(sent)
+        for out, (values, inp) in zip(outs, calls):  # every tensor sent, after the run
+            assert torch.equal(out, pool.submit(config, "forward", values, dict(inp)).tensors["out"])
+            assert rel(out, comfy_forward(base, inp)) <= 1e-5
+        print("sent per call:", once)
+        assert once[0] == sorted(first) and once[1] == once[2] == ["timestep", "x"], once
+        assert set(once[3]) == set(first), once  # changed conditioning travels again
+        with pytest.raises(WorkerError, match="does not hold"):
+            submit(config, "forward", {"key": "once", "call_index": 9, "run": "other", "previous_call": 8,
+                                       "reuse": ["context"], "structure": {"transformer_options": {}}},
+                   {"x": first["x"], "timestep": first["timestep"]})
+        assert torch.equal(submit(config, "forward", {"key": "once", "structure": {"transformer_options": {}}},
+                                  dict(first)).tensors["out"], pool_forward(pool, config, "once", base, first))

@@ -36,6 +36,7 @@ class WorkerState:
         from comfyui_hybrid_parallel.parallel.engine import Engine
         self.engine = Engine(max_models)  # the resident models and what computes with them
         self.run: JobRun | None = None
+        self.call_inputs: dict | None = None  # the latest step-mode call's inputs that a run may reuse
 
     def stop_point(self, ctx) -> None:
         """Agree over the whole world whether the job was cancelled; raise Cancelled on every rank if so.
@@ -61,6 +62,7 @@ def _rss_bytes() -> int | None:
 def job_health(state: WorkerState, ctx, payload: dict) -> dict:
     import sys
     return {"pid": os.getpid(), "device": str(state.device), "resident": state.engine.resident(),
+            "layouts": len(state.engine.models),  # resident models counting each mesh's layout of one key
             "loads": state.engine.loads, "rss_bytes": _rss_bytes(), "comfy_imported": "comfy.model_management" in sys.modules}
 
 
@@ -129,7 +131,7 @@ def _build_model(family: str, config: dict, weights: dict):
 def job_load_model(state: WorkerState, ctx, payload: dict) -> dict:
     """Make `key` resident (build from config + weights), or just touch it if it already is."""
     key, engine = payload["key"], state.engine
-    if engine.touch(key):
+    if engine.touch(key, ctx):
         return {"loaded": False, "loads": engine.loads, "resident": engine.resident()}
     weights = {k[len(WEIGHT_PREFIX):]: v for k, v in payload.items() if k.startswith(WEIGHT_PREFIX)}
     if not weights and not payload.get("path"):
@@ -141,7 +143,7 @@ def job_load_model(state: WorkerState, ctx, payload: dict) -> dict:
     if native:  # ComfyUI's own class, ops and weights (workers/comfy_native.py)
         from .comfy_native import build_native, call_native, compute_dtype
         # sequence or pipeline parallel: attention must be interceptable (ComfyUI's pytorch kernel)
-        model = build_native(native, weights, state.device, sequence_parallel=ctx.sp.size > 1 or ctx.pp.size > 1)
+        model = build_native(native, weights, state.device, sequence_parallel=ctx.config.intercepts_attention)
         extra = dict(native_call=call_native, compute_dtype=compute_dtype(native))
     else:
         # assign=True keeps the (copy-on-write mapped) tensors: ranks share the pages until someone writes.
@@ -185,6 +187,25 @@ def json_copy(value):
     return [json_copy(v) for v in value] if isinstance(value, list) else value
 
 
+def _reuse_inputs(state: WorkerState, key: str, payload: dict) -> None:
+    """Step mode sends a run's unchanged inputs (its conditioning) once (nodes/sampler_node.py submit_once): put
+    back the tensors the previous call of the same run had, then remember this call's. Only the latest call is
+    kept (one run's conditioning per worker); a gap in the run's calls is an error, never a stale input."""
+    run, reuse = payload.get("run"), payload.get("reuse") or []
+    held = state.call_inputs
+    if reuse:
+        if held is None or held["key"] != key or held["run"] != run or held["call"] != payload.get("previous_call"):
+            raise RuntimeError(f"forward {payload.get('call_index')} reuses {reuse} from call "
+                               f"{payload.get('previous_call')} of its run, which this worker does not hold")
+        payload.update({n: held["tensors"][n] for n in reuse})
+    state.call_inputs = None
+    if run is not None:
+        kept = {n: v.to(state.device) for n, v in payload.items()
+                if isinstance(v, torch.Tensor) and n not in ("x", "timestep", "hidden_states")}
+        payload.update(kept)  # on the device once per run
+        state.call_inputs = {"key": key, "run": run, "call": payload.get("call_index"), "tensors": kept}
+
+
 def job_forward(state: WorkerState, ctx, payload: dict) -> dict:
     """Step mode: the resident model on the full inputs; every rank returns the full output.
 
@@ -192,10 +213,11 @@ def job_forward(state: WorkerState, ctx, payload: dict) -> dict:
     `call_index` is the sampler's model call (DistriFusion's warmup / stale decision).
     """
     key = payload["key"]
+    _reuse_inputs(state, key, payload)
     kwargs = _inputs(state, payload)
     out = state.engine.forward(key, ctx, kwargs, call_index=payload.get("call_index"),
                                resolution=payload.get("resolution"), before=lambda: state.stop_point(ctx))
-    return {"out": out, "parallelized": state.engine.get(key).parallelized}
+    return {"out": out, "parallelized": state.engine.get(key, ctx).parallelized}
 
 
 def job_loop(state: WorkerState, ctx, payload: dict) -> dict:
@@ -245,13 +267,13 @@ def job_prepare(state: WorkerState, ctx, payload: dict) -> dict:
     """Import ComfyUI as the driver's ComfyUI is configured (nodes/native.py: comfy_runtime), ahead of the first
     model: the pack starts the workers and this import while ComfyUI is still loading the model."""
     from .comfy_native import import_comfy
-    import_comfy(payload.get("comfy") or {}, sequence_parallel=ctx.sp.size > 1)
+    import_comfy(payload.get("comfy") or {}, sequence_parallel=ctx.config.intercepts_attention)
     return {"prepared": True}
 
 
 def job_model_bytes(state: WorkerState, ctx, payload: dict) -> dict:
     """Diagnostic: the bytes (and bytes per dtype) of a resident model's parameters and buffers on this rank."""
-    return state.engine.weight_bytes(payload["key"])
+    return state.engine.weight_bytes(payload["key"], ctx)
 
 
 def job_echo(state: WorkerState, ctx, payload: dict) -> dict:
@@ -292,8 +314,24 @@ def _broadcast_tensors(state: WorkerState, descs: dict) -> dict:
     return out
 
 
-def make_executor(state: WorkerState, ctx):
-    """The `execute(msg, run)` that serve() calls: map tensors in, run the handler, write tensors out."""
+def context_for(contexts: dict, config):
+    """The ParallelContext of `config` on this rank: a config of a known mesh shares its groups; a new mesh (a config
+    change that kept the world size) builds its process groups now - every rank runs the same job, so every rank
+    creates them in the same order (new_group is collective). `contexts`: mesh_key -> context, kept per world."""
+    key = config.mesh_key()
+    base = contexts.get(key)
+    if base is None:
+        from comfyui_hybrid_parallel.parallel import ParallelContext
+        any_ctx = next(iter(contexts.values()))
+        base = contexts[key] = ParallelContext(config, device=any_ctx.device, timeout_s=any_ctx.timeout_s)
+        base.attention_backend = any_ctx.attention_backend
+    return base if config == base.config else base.with_config(config)
+
+
+def make_executor(state: WorkerState, ctx, contexts: dict | None = None):
+    """The `execute(msg, run)` that serve() calls: map tensors in, run the handler, write tensors out.
+    `contexts` (mesh_key -> ParallelContext, starting with `ctx`) collects the meshes this world has run."""
+    contexts = {ctx.config.mesh_key(): ctx} if contexts is None else contexts
 
     def execute(msg: dict, run: JobRun) -> dict:
         kind = msg["kind"]
@@ -302,8 +340,7 @@ def make_executor(state: WorkerState, ctx):
         job_ctx = ctx
         if msg.get("config"):
             from comfyui_hybrid_parallel.parallel import ParallelConfig
-            cfg = ParallelConfig.from_dict(msg["config"])
-            job_ctx = ctx if cfg == ctx.config else ctx.with_config(cfg)
+            job_ctx = context_for(contexts, ParallelConfig.from_dict(msg["config"]))
         payload = dict(msg.get("values") or {})
         if state.broadcast_tensors:
             payload.update(_broadcast_tensors(state, msg.get("tensors") or {}))

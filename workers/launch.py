@@ -57,14 +57,15 @@ BOOTSTRAP = ("import runpy, sys, types; root = sys.argv.pop(1); module = sys.arg
 REAP_INTERVAL_S = 0.5
 
 
-def worker_threads(per_machine: int) -> int:
+def worker_threads(per_machine: int, lone: int | None = None) -> int:
     """Intra-op threads per worker: the cores shared out over this machine's workers - except a lone worker,
-    which takes the driver's own count. CPU kernels (GEMM splits) round differently with another thread
-    count, so only then is degree 1 bitwise equal to KSampler in ComfyUI's process (a batch-1 forward on
-    1 vs 2 threads differed by 1e-6 here)."""
+    which takes the driver's own count (`lone`: that count as the driver's runtime recorded it, since the driver
+    drops to one thread while a pool run is in flight; else the current one). CPU kernels (GEMM splits) round
+    differently with another thread count, so only then is degree 1 bitwise equal to KSampler in ComfyUI's process
+    (a batch-1 forward on 1 vs 2 threads differed by 1e-6 here)."""
     if per_machine == 1:
         import torch
-        return max(1, torch.get_num_threads())
+        return max(1, int(lone) if lone else torch.get_num_threads())
     return max(1, (os.cpu_count() or 1) // per_machine)
 
 
@@ -73,8 +74,10 @@ class World:
 
     def __init__(self, config, *, tmpdir: str, generation: int, shm_prefix: str, fake: str | None,
                  device_kind: str, max_models: int, collective_timeout_s: float, env: dict | None = None,
-                 cluster=None):
-        self.config, self.mesh_key = config, config.mesh_key()
+                 cluster=None, world_key: tuple | None = None, lone_threads: int | None = None):
+        self.config = config  # the config of the latest job (the pool updates it when a job reuses the world)
+        self.world_key = config.world_key() if world_key is None else world_key
+        self.lone_threads = lone_threads
         self.world_size = config.world_size
         self.tmpdir, self.generation, self.shm_prefix = tmpdir, generation, shm_prefix
         self.fake, self.device_kind, self.max_models = fake, device_kind, max_models
@@ -120,7 +123,7 @@ class World:
     def start(self, timeout_s: float) -> None:
         self.devices = self._devices()
         per_machine = self.cluster.nproc_per_node if self.cluster is not None else self.world_size
-        threads = worker_threads(per_machine)
+        threads = worker_threads(per_machine, self.lone_threads)
         authkey = self.cluster.authkey() if self.cluster is not None else new_authkey()
         listener = self._listen()
         try:

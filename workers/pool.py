@@ -1,8 +1,9 @@
 """WorkerPool: the driver's handle on a persistent world of workers.
 
 The caller owns the pool (no global singleton): it starts a world for a
-ParallelConfig on first use, reuses it while `config.mesh_key()` is unchanged,
-restarts it when the mesh changes or after a fault, and stops it on `stop()`,
+ParallelConfig on first use, reuses it while `config.world_key()` (world size, devices) is unchanged -
+the ranks build a new mesh's process groups in place - restarts it when the world changes or after a
+fault, and stops it on `stop()`,
 on garbage collection and at interpreter exit (weakref.finalize).
 
 One job at a time (a lock); `cancel()` and `health()` may be called from other
@@ -131,6 +132,10 @@ class WorkerPool:
         self._cancel = threading.Event()
         self._next_job = 0
         self.generation = 0  # worlds started so far
+        # ParallelConfig.world_key: False where the driver's ComfyUI uses the pytorch attention kernel anyway, so a
+        # sequence-parallel and a cfg/dp config can share the workers (nodes/runtime.py sets it)
+        self.split_kernel_worlds = True
+        self.lone_worker_threads = None  # a degree-1 CPU worker's threads (launch.worker_threads); runtime sets it
 
     # ---- lifecycle ----
     @property
@@ -176,7 +181,8 @@ class WorkerPool:
             raise TypeError(f"config must be a ParallelConfig, got {type(config).__name__}")
         with self._lock:
             w = self.world
-            if w is not None and w.mesh_key == config.mesh_key() and w.alive():
+            if w is not None and w.world_key == config.world_key(self.split_kernel_worlds) and w.alive():
+                w.config = config  # the mesh it runs now (messages); each rank builds its groups (jobs.py)
                 return w
             if self.cluster is not None:
                 self.cluster.check_world(config)
@@ -184,6 +190,7 @@ class WorkerPool:
             self._teardown(graceful=True)
             self.generation += 1
             w = World(config, tmpdir=self._holder.tmpdir, generation=self.generation, shm_prefix=self.shm_prefix,
+                      world_key=config.world_key(self.split_kernel_worlds), lone_threads=self.lone_worker_threads,
                       fake=self.fake, device_kind=kind, max_models=self.max_models,
                       collective_timeout_s=self.collective_timeout_s, env=self.env, cluster=self.cluster)
             w.start(self.start_timeout_s)
@@ -238,7 +245,8 @@ class WorkerPool:
         return kind
 
     def submit(self, config, kind: str, values: dict | None = None, tensors: dict | None = None, *,
-               progress=None, timeout_s: float | None = None, cancel=None, preview=None) -> JobResult:
+               progress=None, timeout_s: float | None = None, cancel=None, preview=None,
+               written: dict | None = None) -> JobResult:
         """Run one job on every rank and return rank 0's result.
 
         progress(step, total) is called on this thread for every step rank 0
@@ -246,6 +254,8 @@ class WorkerPool:
         and that exception propagates. `cancel` is any object with is_set().
         preview(step, total, tensor) receives the tensors a job attaches to its progress (loop mode's
         denoised latent, for ComfyUI's previews); the job is told to send them only when it is given.
+        `written`: {name: descriptor} of tensors already in shared-memory files (weights written ahead); they
+        travel with the job and are removed with its other files.
         """
         values, tensors = dict(values or {}), dict(tensors or {})
         self._validate(kind, values, tensors)
@@ -264,7 +274,7 @@ class WorkerPool:
             self._cancel.clear()
             self._next_job += 1
             job_id = self._next_job
-            descs = {}
+            descs = dict(written or {})
             try:
                 for name, t in tensors.items():
                     if name.startswith(WEIGHT_PREFIX):  # mapped copy-on-write by every rank: a file of its own
@@ -476,8 +486,22 @@ class WorkerPool:
         base = {"key": key, "family": family, "config": dict(diffusers_config)}
         if native is not None:
             base["native"] = native
+        written = {}
+        w = self.world
+        if state_dict is not None and (w is None or key not in w.resident or w.config.mesh_key() != config.mesh_key()):
+            # the weights will travel: write them now, before taking the pool - while Parallel Config's prestart may
+            # still be starting the world (the copy overlaps it) - and send them with the first load_model job
+            sd = state_dict() if callable(state_dict) else state_dict
+            written = self._write_weights(sd)
+        try:
+            return self._load(config, key, base, state_dict, path, timeout_s, written)
+        finally:
+            for d in written.values():  # normally removed by the job that carried them; not if it never started
+                unlink(d, self.shm_prefix)
+
+    def _load(self, config, key, base, state_dict, path, timeout_s, written) -> dict:
         with self._lock:
-            res = self.submit(config, "load_model", base, timeout_s=timeout_s)
+            res = self.submit(config, "load_model", base, timeout_s=timeout_s, written=written)
             if res.values.get("need_weights"):
                 if path is not None:
                     res = self.submit(config, "load_model", {**base, "path": os.path.abspath(path)},
@@ -487,6 +511,21 @@ class WorkerPool:
                     res = self.submit(config, "load_model", base, {f"{WEIGHT_PREFIX}{k}": v for k, v in sd.items()},
                                       timeout_s=timeout_s)
             return res.values
+
+    def _write_weights(self, sd: dict) -> dict:
+        """{WEIGHT_PREFIX + name: descriptor} of `sd` written into shared-memory files (a few threads: os.write
+        releases the GIL, so a large model's copy spreads over the cores). The files belong to the next submit."""
+        from concurrent.futures import ThreadPoolExecutor, wait
+        with ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1))) as ex:
+            futures = {f"{WEIGHT_PREFIX}{k}": ex.submit(write_tensor, v, self.shm_prefix) for k, v in sd.items()}
+            wait(list(futures.values()))
+        failed = next((f.exception() for f in futures.values() if f.exception() is not None), None)
+        if failed is not None:  # e.g. shared memory full: remove what was written, report the first failure
+            for f in futures.values():
+                if f.exception() is None:
+                    unlink(f.result(), self.shm_prefix)
+            raise failed
+        return {name: f.result() for name, f in futures.items()}
 
     def forward(self, config, key: str, inputs: dict, kwargs: dict | None = None, **submit_kw):
         """Step mode: the resident model `key` on the full `inputs` (tensors) and JSON `kwargs`; the output."""

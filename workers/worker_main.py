@@ -96,16 +96,18 @@ def main(argv=None) -> int:
 
     state = WorkerState(args.rank, device, init["shm_prefix"], init.get("max_models", 2),
                         broadcast_tensors=bool(init.get("broadcast_tensors")))
-    serve(channel, args.rank, make_executor(state, ctx), watch)
-    release(state, ctx, channel)
+    contexts = {ctx.config.mesh_key(): ctx}  # one per mesh this world runs (a config change keeps the workers)
+    serve(channel, args.rank, make_executor(state, ctx, contexts), watch)
+    release(state, contexts, channel)
     return 0
 
 
-def release(state, ctx, channel) -> None:
+def release(state, contexts: dict, channel) -> None:
     """What a clean stop releases before the process ends: the resident models (their shared-memory
-    mappings), the process group, the control channel."""
+    mappings), the process groups, the control channel."""
     state.engine.models.clear()
-    ctx.destroy()
+    for ctx in contexts.values():
+        ctx.destroy()
     import torch.distributed as dist
     if dist.is_initialized():
         dist.destroy_process_group()
