@@ -5,7 +5,7 @@ degrees auto against Hybrid Sampler at degree 1, same MODEL, latent, conditionin
 models are ComfyUI's own MMDiT (SD3 family, the joint text+image attention Flux also has) from random weights:
 "tiny" (hidden 128, 2 blocks, 14 x 20 latent = 70 image tokens) and "medium" (hidden 256, 4 blocks, 64 x 64
 latent = 1024 tokens), 77 text tokens, each with cfg 1 (ComfyUI skips the negative: batch 1) and cfg 4 (batch 2).
-Each side has its own pool (a pool holds one world; interleaving degree 1 and 2 on one pool would restart the
+Each config has its own pool (a pool holds one world; interleaving degree 1 and 2 on one pool would restart the
 workers every run), warmed up once; then runs alternate (1, auto, 2 ranks, 1, auto, 2 ranks ...) so that other
 load on this shared machine hits all alike; time per step = run time / steps; min and median of the reps. Where
 auto picks degree 1, both sides run the same config and their ratio is the noise of the measurement - so a third
@@ -53,10 +53,10 @@ def run(quick: bool = False):
     import comfyui_hybrid_parallel.nodes.auto as auto_mod
 
     comfy.utils.PROGRESS_BAR_ENABLED = False
-    reps = 1 if quick else 3
+    reps = 1 if quick else 5
     tmp = tempfile.mkdtemp(prefix="hp-bench-auto-")
     rows, tables = [], {}
-    runtimes = {"degree 1": Runtime(), "auto": Runtime(), "best 2-rank": Runtime()}
+    runtimes = {}  # one pool per config, whose world never changes (see sample())
     try:
         for name, (depth, h, w) in MODELS.items():
             path = os.path.join(tmp, f"sd3_{name}.safetensors")
@@ -88,12 +88,17 @@ def run(quick: bool = False):
                 multi = next(r for r in table if r["world"] == 2)
                 hps = {"degree 1": _hp(False), "auto": _hp(True), "best 2-rank": _hp(False, multi["parallel_config"])}
 
+                configs = {"degree 1": "serial", "auto": picked.describe(), "best 2-rank": multi["config"]}
+
                 def sample(side):
-                    HybridSampler.runtime = runtimes[side]
+                    # a pool per config: a pool holds one world, so sides sharing one would restart workers each run
+                    # (and a world switch right after load_model wrote the weights lost them: WorkerError, no file)
+                    HybridSampler.runtime = runtimes.setdefault(configs[side], Runtime())
                     t = time.perf_counter()
                     out = HybridSampler().sample(model, 3, steps, cfg, "euler", "simple", pos, neg, latent, hps[side])
                     return (time.perf_counter() - t) * 1000 / steps, out[0]["samples"]
 
+                load = os.getloadavg()[0]  # foreign load: a 2-thread lone worker suffers most from it
                 first = {side: sample(side)[1] for side in hps}  # warm-up: worlds, model load, kernels
                 diff = float((first["degree 1"] - first["auto"]).abs().max())
                 times = {side: [] for side in hps}
@@ -110,7 +115,7 @@ def run(quick: bool = False):
                                  predicted_auto_ms=pred.get(picked.describe()), max_abs_diff=diff, steps=steps,
                                  two_rank_config=multi["config"], two_rank_ms_median=statistics.median(two),
                                  two_rank_ms_min=min(two), predicted_two_rank_ms=multi["total_s"] * 1000,
-                                 reps=reps, predictions=pred))
+                                 reps=reps, load_avg_1m=load, predictions=pred))
                 print(f"{key}: auto {picked.describe()}  degree 1 {statistics.median(d1):.1f} ms/step  "
                       f"auto {statistics.median(au):.1f} ms/step  {multi['config']} {statistics.median(two):.1f} ms/step",
                       flush=True)
@@ -124,8 +129,8 @@ def run(quick: bool = False):
 def markdown(rows, tables):
     md = ["| model | image tokens | cfg (batch) | auto picked | degree 1 ms/step (median / min) | auto ms/step "
           "(median / min) | auto speedup (median / min) | predicted degree 1 / auto ms | never slower? | best 2-rank "
-          "candidate: ms/step (median / min), predicted ms |",
-          "|---|---:|---|---|---:|---:|---:|---:|---|---|"]
+          "candidate: ms/step (median / min), predicted ms | load avg |",
+          "|---|---:|---|---|---:|---:|---:|---:|---|---|---:|"]
     for r in rows:
         same = r["auto_config"] == "serial"
         ok = "yes (same config: noise)" if same else ("yes" if r["speedup_median"] >= 0.98 else "NO")
@@ -133,7 +138,8 @@ def markdown(rows, tables):
                   f"{r['degree1_ms_median']:.1f} / {r['degree1_ms_min']:.1f} | {r['auto_ms_median']:.1f} / "
                   f"{r['auto_ms_min']:.1f} | {r['speedup_median']:.2f}× / {r['speedup_min']:.2f}× | "
                   f"{r['predicted_degree1_ms']:.1f} / {r['predicted_auto_ms']:.1f} | {ok} | {r['two_rank_config']}: "
-                  f"{r['two_rank_ms_median']:.1f} / {r['two_rank_ms_min']:.1f}, {r['predicted_two_rank_ms']:.1f} |")
+                  f"{r['two_rank_ms_median']:.1f} / {r['two_rank_ms_min']:.1f}, {r['predicted_two_rank_ms']:.1f} | "
+                  f"{r['load_avg_1m']:.1f} |")
     md.append("\nThe cost model's candidate table per case (what the sampler logs):")
     for key, table in tables.items():
         md += [f"\n**{key}**\n", table]
