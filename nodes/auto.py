@@ -46,7 +46,11 @@ def resolve_auto(hp, model_patcher, latent_shape, cfg: float, negative, positive
     picks for this model, latent and cfg on hp.auto_devices devices (degree 1 unless more is predicted faster)."""
     if not getattr(hp, "auto_devices", 0):
         return hp
-    shape = shape_from_module(model_patcher.model.diffusion_model)
+    try:
+        shape = shape_from_module(model_patcher.model.diffusion_model)
+    except ValueError as e:  # a model no family adapter knows: one rank; the sampler's own checks report the rest
+        log.warning("Parallel Config degrees auto: %s; running on one rank", e)
+        return replace(hp, auto_devices=0, device_list=())
     active = cfg_active(cfg, negative)
     batch = int(latent_shape[0]) * (2 if active else 1)
     tokens = shape.tokens(latent_shape)

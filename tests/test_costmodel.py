@@ -215,6 +215,12 @@ def test_resolve_auto(comfy_models, monkeypatch):
     assert out.config.cfg_degree == 2 and out.config.devices == ("cpu", "cpu")
     assert seen == dict(tokens=1024, batch=2, active=True, n=2, text=7)
 
+    class Unknown(torch.nn.Module):  # no adapter: one rank, and the sampler's checks name the problem later
+        pass
+    patcher = type("P", (), {"model": type("M", (), {"diffusion_model": Unknown()})()})()
+    out = auto.resolve_auto(hp, patcher, (1, 16, 64, 64), 4.0, cond, cond)
+    assert out.config.world_size == 1 and out.auto_devices == 0
+
 
 @pytest.mark.comfy
 def test_hybrid_sampler_auto_end_to_end(comfy_models):
