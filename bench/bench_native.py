@@ -71,8 +71,11 @@ def child(args) -> dict:
     dtype = {"bf16": torch.bfloat16, "fp8_e4m3fn": torch.float8_e4m3fn}[args.precision]
     workers, prefix, runtime = [], None, None
     t0 = time.perf_counter()
+    events = _record_pool_phases(t0) if args.ranks else []
+    change_s = None
     if args.ranks == 0:
         model = comfy.sd.load_diffusion_model(args.ckpt, model_options={"dtype": dtype})
+        events.append(("load", 0.0, time.perf_counter() - t0))
         out = comfy_nodes.common_ksampler(model, 1, 2, 1.0, "euler", "simple", cond, cond, latent)[0]
     else:
         from comfyui_hybrid_parallel.nodes.config_node import ParallelConfigNode
@@ -88,20 +91,60 @@ def child(args) -> dict:
                                         pp_degree=1, num_pipeline_patch=0, warmup_steps=1, tp_degree=1,
                                         method="usp", device="cpu", attention="auto")["result"][0]
         model = comfy.sd.load_diffusion_model(args.ckpt, model_options={"dtype": dtype})
+        events.append(("load", 0.0, time.perf_counter() - t0))
         out = HybridSampler().sample(model, 1, 2, 1.0, "euler", "simple", cond, cond, latent, hp)[0]
         pool = runtime._pool
         workers, prefix = [p.pid for p in pool.world.procs], pool.shm_prefix
     weight_bytes = sum(v.numel() * v.element_size() for v in model.model.diffusion_model.state_dict().values())
     first_s = time.perf_counter() - t0
+    if args.ranks > 1:  # the same prompt after a config change that keeps the world size (ulysses -> ring)
+        other = ParallelConfigNode().build(dp_degree=1, cfg_degree=1, ulysses_degree=1, ring_degree=args.ranks,
+                                           pp_degree=1, num_pipeline_patch=0, warmup_steps=1, tp_degree=1,
+                                           method="usp", device="cpu", attention="auto")["result"][0]
+        generation = runtime._pool.generation
+        t1 = time.perf_counter()
+        HybridSampler().sample(model, 1, 2, 1.0, "euler", "simple", cond, cond, latent, other)
+        change_s = time.perf_counter() - t1
+        assert runtime._pool.generation == generation, "the config change restarted the workers"
+    t1 = time.perf_counter()  # and warm: the same prompt again
+    if args.ranks == 0:
+        comfy_nodes.common_ksampler(model, 1, 2, 1.0, "euler", "simple", cond, cond, latent)
+    else:
+        HybridSampler().sample(model, 1, 2, 1.0, "euler", "simple", cond, cond, latent, other if args.ranks > 1 else hp)
+    warm_s = time.perf_counter() - t1
     worker_pss = sum(_pss(p) for p in workers)
     host = _pss(os.getpid()) - base_pss + worker_pss + (_shm_bytes(prefix) if prefix else 0)
     if runtime is not None:
         runtime.stop()
     row = {"size": args.size, "precision": args.precision, "ranks": args.ranks, "first_s": round(first_s, 2),
+           "change_s": None if change_s is None else round(change_s, 2), "warm_s": round(warm_s, 2),
+           "phases": [(n, round(a, 2), round(b, 2)) for n, a, b in events],
            "host_bytes": host, "worker_pss": worker_pss, "weight_bytes": weight_bytes,
            "finite": bool(out["samples"].isfinite().all())}
     print("ROW " + json.dumps(row), flush=True)
     return row
+
+
+def _record_pool_phases(t0: float) -> list:
+    """[(phase, start s, end s)] since t0 of the pool's world start, model load and jobs (the first prompt's
+    breakdown; the world start runs in Parallel Config's background thread, overlapping the checkpoint load)."""
+    from comfyui_hybrid_parallel.workers.pool import WorkerPool
+    events = []
+
+    def timed(name):
+        orig = getattr(WorkerPool, name)
+
+        def run(self, *args, **kwargs):
+            start = time.perf_counter() - t0
+            try:
+                return orig(self, *args, **kwargs)
+            finally:
+                label = name if name != "submit" else f"job {args[1] if len(args) > 1 else kwargs.get('kind')}"
+                events.append((label, start, time.perf_counter() - t0))
+        setattr(WorkerPool, name, run)
+    for name in ("ensure_world", "ensure_model", "submit"):
+        timed(name)
+    return events
 
 
 def _idle_overhead(ranks: int) -> int:
@@ -202,14 +245,22 @@ def main(argv=None):
              "Targets: extra <= 1.1x for any N; first prompt <= 1.5x KSampler's at N = 2. The workers' own "
              "runtime (torch + ComfyUI imported, a 4 MB model run) is measured separately per N and shown apart: it "
              "does not grow with the model; 'weights extra' is what remains, the part that scales with the model.", "",
-             "| model | weights | sampler | first prompt s | ratio | host MiB | extra (x weights) | "
-             "pool runtime MiB | weights extra (x weights) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| model | weights | sampler | first prompt s | ratio | config change s | warm s | host MiB | "
+             "extra (x weights) | pool runtime MiB | weights extra (x weights) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
+        change = "" if r.get("change_s") is None else f"{r['change_s']:.2f}"
         lines.append(f"| Flux {r['size']} | {r['precision']} ({r['weight_bytes'] / 2**20:.0f} MiB) | {r['sampler']} | "
-                     f"{r['first_s']:.1f} | {r.get('first_ratio', 1.0):.2f} | {r['host_bytes'] / 2**20:.0f} | "
+                     f"{r['first_s']:.1f} | {r.get('first_ratio', 1.0):.2f} | {change} | {r['warm_s']:.2f} | "
+                     f"{r['host_bytes'] / 2**20:.0f} | "
                      f"{r.get('extra_x_weights', 0.0):.2f} | {r.get('pool_runtime_bytes', 0) / 2**20:.0f} | "
                      f"{r.get('weights_extra_x', 0.0):.2f} |")
+    lines += ["", "config change: the same prompt right after, with ring N instead of ulysses N (same model, same "
+              "world size: the workers are kept). Phases of each first prompt (s since the start; the world starts "
+              "in Parallel Config's background thread while the checkpoint loads):", ""]
+    for r in rows:
+        phases = ", ".join(f"{n} {a:.1f}-{b:.1f}" for n, a, b in r.get("phases") or [] if b - a >= 0.05)
+        lines.append(f"- Flux {r['size']} {r['precision']} {r['sampler']}: {phases}")
     name = "native" + ("_sequential" if args.sequential else "") + ("_quick" if args.quick else "")
     write_results(name, rows, "\n".join(lines))
     _plot(rows, os.path.join(HERE, "results", name + ".png"))

@@ -48,9 +48,9 @@ def _checkpoint(name: str, tmp: str):
 
 
 def _interleave(fns: dict, reps: int, steps: int) -> tuple:
-    """({name: [ms per step, one per rep]}, max |difference| of the warm-up results)."""
+    """({name: [ms per step, one per rep]}, max |difference| of each warm-up result from the first one's)."""
     first = [f() for f in fns.values()]
-    err = float((first[0] - first[1]).abs().max())
+    err = max(float((first[0] - other).abs().max()) for other in first[1:])
     out = {k: [] for k in fns}
     for _ in range(reps):
         for k, f in fns.items():
@@ -136,19 +136,32 @@ def comfy_pair(runtime, name, path, steps, reps, threads):
     latent = {"samples": torch.zeros(1, 16, h, w)}
     HybridSampler.runtime = runtime
     hp = HybridParallelConfig(ParallelConfig(), device="auto")
+    hp_loop = HybridParallelConfig(ParallelConfig(), device="auto", mode="loop")
 
     def ksampler():
         torch.set_num_threads(threads)
         return comfy_nodes.common_ksampler(patcher, 7, steps, 1.0, "euler", "simple", pos, neg, latent)[0]["samples"]
 
-    def hybrid():
-        return HybridSampler().sample(patcher, 7, steps, 1.0, "euler", "simple", pos, neg, latent, hp)[0]["samples"]
+    def hybrid(config):
+        return lambda: HybridSampler().sample(patcher, 7, steps, 1.0, "euler", "simple", pos, neg, latent,
+                                              config)[0]["samples"]
 
-    times, err = _interleave({"KSampler": ksampler, "Hybrid Sampler (degree 1)": hybrid}, reps, steps)
-    return _row(name, "ComfyUI", times, "KSampler", "Hybrid Sampler (degree 1)", f"max |diff| {err:.1e}")
+    step, loop = "Hybrid Sampler step mode (degree 1)", "Hybrid Sampler loop mode (degree 1)"
+    times, err = _interleave({"KSampler": ksampler, step: hybrid(hp), loop: hybrid(hp_loop)}, reps, steps)
+    kernel = attention_kernel()
+    note = f"max |diff| {err:.1e}; attention: {kernel} on both sides"
+    return [_row(name, "ComfyUI, step mode", times, "KSampler", step, note),
+            _row(name, "ComfyUI, loop mode", times, "KSampler", loop, note)]
 
 
-def run(quick: bool = False):
+def attention_kernel() -> str:
+    """The attention function ComfyUI picked in this process (a degree-1 worker imports ComfyUI with the same
+    flags, so it picks the same one)."""
+    import comfy.ldm.modules.attention as attention
+    return attention.optimized_attention.__name__
+
+
+def run(quick: bool = False, pytorch_attention: bool = True):
     from comfyui_hybrid_parallel.workers import WorkerPool
     import comfy_env
 
@@ -161,6 +174,10 @@ def run(quick: bool = False):
     if comfy_env.comfyui_dir() is None:
         notes.append("ComfyUI is not installed here: the KSampler / Hybrid Sampler pair was skipped")
         return rows, notes
+    if pytorch_attention:  # ComfyUI's --use-pytorch-cross-attention (on --cpu it picks sub-quadratic otherwise)
+        sys.path.append(str(comfy_env.comfyui_dir()))
+        import comfy.cli_args
+        comfy.cli_args.args.use_pytorch_cross_attention = True
     comfy_env.setup_comfy()  # before the tiny checkpoints: it builds from ComfyUI's classes
     from comfyui_hybrid_parallel.nodes import Runtime
     tmp = tempfile.mkdtemp(prefix="hp-bench-")
@@ -168,7 +185,7 @@ def run(quick: bool = False):
     try:
         for name in MODELS:
             path, _ = _checkpoint(name, tmp)
-            rows.append(comfy_pair(runtime, name, path, steps, reps, threads))
+            rows.extend(comfy_pair(runtime, name, path, steps, reps, threads))
     finally:
         runtime.stop()
     return rows, notes
@@ -186,8 +203,10 @@ def markdown(rows, notes):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--comfy-default-attention", action="store_true",
+                    help="keep ComfyUI's default kernel (sub-quadratic on --cpu) instead of its pytorch one")
     a = ap.parse_args(argv)
-    rows, notes = run(a.quick)
+    rows, notes = run(a.quick, not a.comfy_default_attention)
     write_results("overhead_quick" if a.quick else "overhead", rows, markdown(rows, notes),
                   {"threads": os.cpu_count(), "models": MODELS, "notes": notes})
 

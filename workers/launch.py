@@ -74,10 +74,12 @@ class World:
 
     def __init__(self, config, *, tmpdir: str, generation: int, shm_prefix: str, fake: str | None,
                  device_kind: str, max_models: int, collective_timeout_s: float, env: dict | None = None,
-                 cluster=None, world_key: tuple | None = None, lone_threads: int | None = None):
+                 cluster=None, world_key: tuple | None = None, lone_threads: int | None = None,
+                 keep_files=None):
         self.config = config  # the config of the latest job (the pool updates it when a job reuses the world)
         self.world_key = config.world_key() if world_key is None else world_key
         self.lone_threads = lone_threads
+        self.keep_files = keep_files or (lambda: ())  # the pool's files written for its next job (kept at teardown)
         self.world_size = config.world_size
         self.tmpdir, self.generation, self.shm_prefix = tmpdir, generation, shm_prefix
         self.fake, self.device_kind, self.max_models = fake, device_kind, max_models
@@ -339,7 +341,7 @@ class World:
                 ch.close()
         self.channels = []
         self.state = "dead"
-        cleanup_prefix(self.shm_prefix)
+        cleanup_prefix(self.shm_prefix, keep=self.keep_files())
         try:
             os.unlink(os.path.join(self.tmpdir, f"store-{self.generation}"))
         except FileNotFoundError:

@@ -136,6 +136,7 @@ class WorkerPool:
         # sequence-parallel and a cfg/dp config can share the workers (nodes/runtime.py sets it)
         self.split_kernel_worlds = True
         self.lone_worker_threads = None  # a degree-1 CPU worker's threads (launch.worker_threads); runtime sets it
+        self._written: set = set()  # names of weight files written ahead of their load_model job (ensure_model)
 
     # ---- lifecycle ----
     @property
@@ -191,6 +192,7 @@ class WorkerPool:
             self.generation += 1
             w = World(config, tmpdir=self._holder.tmpdir, generation=self.generation, shm_prefix=self.shm_prefix,
                       world_key=config.world_key(self.split_kernel_worlds), lone_threads=self.lone_worker_threads,
+                      keep_files=lambda: set(self._written),
                       fake=self.fake, device_kind=kind, max_models=self.max_models,
                       collective_timeout_s=self.collective_timeout_s, env=self.env, cluster=self.cluster)
             w.start(self.start_timeout_s)
@@ -498,6 +500,7 @@ class WorkerPool:
         finally:
             for d in written.values():  # normally removed by the job that carried them; not if it never started
                 unlink(d, self.shm_prefix)
+            self._written.difference_update(d["name"] for d in written.values())
 
     def _load(self, config, key, base, state_dict, path, timeout_s, written) -> dict:
         with self._lock:
@@ -516,14 +519,20 @@ class WorkerPool:
         """{WEIGHT_PREFIX + name: descriptor} of `sd` written into shared-memory files (a few threads: os.write
         releases the GIL, so a large model's copy spreads over the cores). The files belong to the next submit."""
         from concurrent.futures import ThreadPoolExecutor, wait
+
+        def write(t):  # registered before the world can be torn down (a restart keeps these files)
+            desc = write_tensor(t, self.shm_prefix)
+            self._written.add(desc["name"])
+            return desc
         with ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1))) as ex:
-            futures = {f"{WEIGHT_PREFIX}{k}": ex.submit(write_tensor, v, self.shm_prefix) for k, v in sd.items()}
+            futures = {f"{WEIGHT_PREFIX}{k}": ex.submit(write, v) for k, v in sd.items()}
             wait(list(futures.values()))
         failed = next((f.exception() for f in futures.values() if f.exception() is not None), None)
         if failed is not None:  # e.g. shared memory full: remove what was written, report the first failure
             for f in futures.values():
                 if f.exception() is None:
                     unlink(f.result(), self.shm_prefix)
+                    self._written.discard(f.result()["name"])
             raise failed
         return {name: f.result() for name, f in futures.items()}
 

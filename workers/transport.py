@@ -360,10 +360,13 @@ def list_prefix(prefix: str) -> list:
     return sorted(p for d in _dirs() for p in glob.glob(os.path.join(glob.escape(d), glob.escape(prefix) + "*")))
 
 
-def cleanup_prefix(prefix: str) -> int:
-    """Remove every file this pool (or one of its dead workers) left behind; returns how many."""
+def cleanup_prefix(prefix: str, keep=()) -> int:
+    """Remove every file this pool (or one of its dead workers) left behind, but the names in `keep` (files written
+    for a job that has not run yet); returns how many."""
     n = 0
     for p in list_prefix(prefix):
+        if os.path.basename(p) in keep:
+            continue
         try:
             os.unlink(p)
             n += 1
