@@ -16,7 +16,8 @@ HERE = Path(__file__).resolve().parent
 
 PARALLEL = {"dp_degree": 1, "cfg_degree": 2, "ulysses_degree": 2, "ring_degree": 1, "pp_degree": 1,
             "num_pipeline_patch": 0, "warmup_steps": 1, "tp_degree": 1, "method": "usp", "device": "auto",
-            "attention": "auto", "devices": "", "sampling_mode": "auto", "shard_weights": "none", "step_cache": 0.0}
+            "attention": "auto", "devices": "", "sampling_mode": "auto", "shard_weights": "none", "step_cache": 0.0,
+            "degrees": "manual"}
 
 
 def prompt(unet, clip_node, latent_node, vae, steps, cfg, sampler, scheduler, prefix, parallel=None,

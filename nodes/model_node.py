@@ -32,14 +32,18 @@ class ParallelModel:
         }}
 
     def patch(self, model, parallel_config):
-        import comfy.patcher_extension as ext
         hp = parallel_config
         if hp.config.pp_degree > 1:
             raise ValueError(f"Parallel Model: PipeFusion (pp_degree={hp.config.pp_degree}) runs the whole denoising "
                              f"loop in the workers, which a model patch cannot; use Hybrid Sampler, or pp_degree 1")
+        if getattr(hp, "auto_devices", 0):
+            raise ValueError("Parallel Model: degrees 'auto' is chosen by Hybrid Sampler, which sees the latent and the "
+                             "cfg; with Parallel Model set Parallel Config's degrees to 'manual' and give them, or use "
+                             "Hybrid Sampler")
         if hp.mode == "loop":
             raise ValueError("Parallel Model runs each model call on the workers (step mode); sampling_mode 'loop' "
                              "needs Hybrid Sampler - set sampling_mode to auto or step")
+        import comfy.patcher_extension as ext
         check_not_on_pool(model, "Parallel Model")
         state = pool_state(model, hp)  # refusals now, before any worker starts
         m = model.clone()
