@@ -451,3 +451,24 @@ def test_a_job_cancelled_before_it_starts_is_not_sent(pool):
         pool.submit(SP2, "steps", {"n": 50, "sleep_s": 0.1}, cancel=cancel)
     assert time.monotonic() - t0 < 0.5 and pool._next_job == jobs_before
     assert pool.submit(SP2, "steps", {"n": 1}).values["steps"] == 1
+
+
+def test_weights_written_ahead_survive_a_world_restart(pool, monkeypatch):
+    """ensure_model writes the weights before it takes the pool (overlapping Parallel Config's prestart); a world
+    torn down meanwhile (another world size) must keep those files for the job that carries them, and nothing is
+    left behind once it ran."""
+    from comfyui_hybrid_parallel.workers.launch import World
+    from comfyui_hybrid_parallel.workers.transport import shm_dir
+    pool.submit(SP2, "steps", {"n": 1})
+    kept = []
+    teardown = World.teardown
+
+    def checked(self, graceful=True):
+        names = set(pool._written)
+        teardown(self, graceful)
+        kept.append((len(names), all(os.path.exists(os.path.join(shm_dir(), n)) for n in names)))
+    monkeypatch.setattr(World, "teardown", checked)
+    sd = {f"w{i}": torch.full((1000,), float(i)) for i in range(20)}
+    res = pool.ensure_model(ParallelConfig(ulysses_degree=2, cfg_degree=2), "ahead", "sd3", {}, state_dict=sd)
+    assert res["loaded"] and kept and kept[0] == (20, True), kept
+    assert not pool._written and set(list_prefix(pool.shm_prefix)) <= pool.arena_files()

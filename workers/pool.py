@@ -27,7 +27,7 @@ from multiprocessing.connection import wait as wait_conns
 
 from .launch import PoolError, StartupError, World
 from .protocol import MODEL_FAMILIES, ProtocolError
-from .transport import (WEIGHT_PREFIX, Arena, cleanup_prefix, new_prefix, read_tensor, shm_dir, sweep_stale, unlink,
+from .transport import (WEIGHT_PREFIX, Arena, cleanup_prefix, new_name, new_prefix, read_tensor, shm_dir, sweep_stale, unlink,
                         write_tensor)
 
 JOB_KINDS = ("health", "echo", "model_bytes", "prepare", "steps", "load_model", "forward", "vae_decode", "loop", "pipefusion_loop")
@@ -520,10 +520,10 @@ class WorkerPool:
         releases the GIL, so a large model's copy spreads over the cores). The files belong to the next submit."""
         from concurrent.futures import ThreadPoolExecutor, wait
 
-        def write(t):  # registered before the world can be torn down (a restart keeps these files)
-            desc = write_tensor(t, self.shm_prefix)
-            self._written.add(desc["name"])
-            return desc
+        def write(t):  # named and registered before the file exists: a world restarting meanwhile keeps it
+            name = new_name(self.shm_prefix)
+            self._written.add(name)
+            return write_tensor(t, self.shm_prefix, name=name)
         with ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1))) as ex:
             futures = {f"{WEIGHT_PREFIX}{k}": ex.submit(write, v) for k, v in sd.items()}
             wait(list(futures.values()))

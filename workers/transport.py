@@ -117,10 +117,15 @@ def tensor_dtype(name: str):
     return getattr(torch, name)
 
 
-def _create(prefix: str, nbytes: int, reserve: bool = False, start: int = 0) -> tuple:
+def new_name(prefix: str) -> str:
+    return f"{prefix}{uuid.uuid4().hex}"
+
+
+def _create(prefix: str, nbytes: int, reserve: bool = False, start: int = 0, name: str | None = None) -> tuple:
     """A new private file of `nbytes`: (name, fd). `reserve`: allocate the pages now (a file that is written
-    through a mapping must be, or a full tmpfs kills the writer with SIGBUS). `start`: the first directory to try."""
-    name = f"{prefix}{uuid.uuid4().hex}"
+    through a mapping must be, or a full tmpfs kills the writer with SIGBUS). `start`: the first directory to try.
+    `name`: chosen by the caller (new_name), e.g. to protect it from a concurrent cleanup before it exists."""
+    name = name or new_name(prefix)
     dirs = _dirs()
     for i in range(start, len(dirs)):
         path = os.path.join(dirs[i], name)
@@ -152,7 +157,7 @@ def _bytes_view(t):
     return memoryview(_tensor_bytes(t)).cast("B")
 
 
-def write_tensor(t, prefix: str) -> dict:
+def write_tensor(t, prefix: str, name: str | None = None) -> dict:
     """Copy `t` into a new shared-memory file; returns its descriptor (the caller owns the file).
 
     os.write rather than writing through a mapping: the kernel copies straight
@@ -170,7 +175,7 @@ def write_tensor(t, prefix: str) -> dict:
     nbytes = t.numel() * t.element_size()
     view = _bytes_view(t.contiguous())
     for start in range(len(_dirs())):
-        name, fd = _create(prefix, nbytes, start=start)
+        name, fd = _create(prefix, nbytes, start=start, name=name)
         try:
             done = 0
             while done < len(view):
