@@ -49,7 +49,7 @@ def split_sizes(n: int, parts: int) -> list:
 
 
 def all_to_all_buffers(send: torch.Tensor, recv: torch.Tensor, send_counts: Sequence[int],
-                       recv_counts: Sequence[int], ax, counted: Optional[dict] = None) -> None:
+                       recv_counts: Sequence[int], ax, counted: Optional[dict] = None, async_op: bool = False):
     """One all-to-all between flat, contiguous buffers whose chunks are in *axis* order.
 
     Chunk j of `send` (send_counts[j] elements) goes to axis rank j; chunk j of `recv` (recv_counts[j])
@@ -57,23 +57,27 @@ def all_to_all_buffers(send: torch.Tensor, recv: torch.Tensor, send_counts: Sequ
     it wants next, and fills `send` with one strided copy per piece, pays no cat on either side.
     `counted` (op name -> elements per destination) says under which counter names the bytes this rank sends
     to the others are recorded (default: all of them as "all_to_all"); a rank's own chunk is never counted.
+    `async_op`: return a function that completes the exchange (call it before reading `recv` or reusing
+    `send`), so the caller can compute meanwhile; otherwise complete it here and return None.
     """
     send_counts, recv_counts = [int(c) for c in send_counts], [int(c) for c in recv_counts]
-    order = ax.group_order
-    if order == sorted(order):
-        dist.all_to_all_single(recv, send, output_split_sizes=recv_counts, input_split_sizes=send_counts,
-                               group=ax.group)
-    else:  # torch lays chunks out in process-group rank order: reorder both sides around the call
-        by_group = sorted(range(ax.size), key=lambda j: order[j])
-        sends, recvs = send.split(send_counts), recv.split(recv_counts)
-        tmp = torch.empty_like(recv)
-        dist.all_to_all_single(tmp, torch.cat([sends[j] for j in by_group]),
-                               output_split_sizes=[recv_counts[j] for j in by_group],
-                               input_split_sizes=[send_counts[j] for j in by_group], group=ax.group)
-        for j, piece in zip(by_group, tmp.split([recv_counts[j] for j in by_group])):
-            recvs[j].copy_(piece)
     for op, counts in (counted or {"all_to_all": send_counts}).items():
         ax.stats.record(op, send.element_size() * sum(c for j, c in enumerate(counts) if j != ax.rank))
+    order = ax.group_order
+    if order == sorted(order):
+        work = dist.all_to_all_single(recv, send, output_split_sizes=recv_counts, input_split_sizes=send_counts,
+                                      group=ax.group, async_op=async_op)
+        return work.wait if async_op else None
+    # torch lays chunks out in process-group rank order: reorder both sides around the call (synchronously)
+    by_group = sorted(range(ax.size), key=lambda j: order[j])
+    sends, recvs = send.split(send_counts), recv.split(recv_counts)
+    tmp = torch.empty_like(recv)
+    dist.all_to_all_single(tmp, torch.cat([sends[j] for j in by_group]),
+                           output_split_sizes=[recv_counts[j] for j in by_group],
+                           input_split_sizes=[send_counts[j] for j in by_group], group=ax.group)
+    for j, piece in zip(by_group, tmp.split([recv_counts[j] for j in by_group])):
+        recvs[j].copy_(piece)
+    return (lambda: None) if async_op else None
 
 
 def all_to_all(x: torch.Tensor, scatter_dim: int, gather_dim: int, ax,

@@ -115,37 +115,48 @@ def _heads_to_tokens(q, k, v, ax, head_sizes, shards, text_len, text_first):
     return tuple(recv[:, t].permute(1, 2, 0, 3) for t in range(3))
 
 
-def _tokens_to_heads(out, ax, head_sizes, shards, text_len, text_first):
-    """Ulysses out: (B, H_me, T + S_block, D) -> (B, H, T + S_me, D), text and image in one all-to-all.
+def _attend_and_return(attend, ax, head_sizes, shards, text_len, text_first, B, D, like):
+    """Ulysses out: attention rows of the (B, H_me, T + S_block, D) block -> (B, H, T + S_me, D), text and
+    image in one all-to-all, overlapped with this rank's own rows.
 
-    The result is received straight into a (H, B, T + S_me, D) tensor (source rank j's heads are one
-    contiguous run) and returned as a (B, H, L, D) view of it. What goes to rank j is this rank's heads for
-    j's image rows plus all text rows: the image part is the Ulysses return trip ("all_to_all" bytes), the
-    text part is the all-gather of the text output over heads ("all_gather" bytes), riding along.
+    `attend(start, n)` gives the block's output rows [start, start + n) (B, H_me, n, D) - computed on demand
+    (plain attention: query rows are independent) or sliced from a finished output (ring). The rows that
+    leave this rank - the text and the other ranks' image shards - are computed first and sent
+    asynchronously; this rank's own image rows are computed while they travel (when its own chunk stays
+    home, see `_own_chunk_stays`). The result is received straight into a (H, B, T + S_me, D) tensor
+    (source rank j's heads are one contiguous run) and returned as a (B, H, L, D) view of it. What goes to
+    rank j is this rank's heads for j's image rows plus all text rows: the image part is the Ulysses return
+    trip ("all_to_all" bytes), the text part the all-gather of the text output over heads ("all_gather").
     """
-    me, (B, H_me, _, D) = ax.rank, out.shape
-    T, S_me = text_len, shards[me]
-    H = sum(head_sizes)
-    img_blk = T if text_first else 0
+    me, U = ax.rank, ax.size
+    T, S_me, H_me, H = text_len, shards[me], head_sizes[me], sum(head_sizes)
+    img_blk, txt_blk = (T, 0) if text_first else (0, sum(shards))
     h_off, row_off = _offsets(head_sizes), _offsets(shards)
-    stays = _own_chunk_stays(me, ax.size)
-    result = torch.empty((H, B, T + S_me, D), dtype=out.dtype, device=out.device)
+    stays = _own_chunk_stays(me, U)
+    result = torch.empty((H, B, T + S_me, D), dtype=like.dtype, device=like.device)
     send_counts = [0 if j == me and stays else H_me * B * (T + s) * D for j, s in enumerate(shards)]
-    send = torch.empty(sum(send_counts), dtype=out.dtype, device=out.device)
+    send = torch.empty(sum(send_counts), dtype=like.dtype, device=like.device)
     slots = send.split(send_counts)
-    text = out.narrow(2, 0 if text_first else out.shape[2] - T, T).transpose(0, 1)
-    for j, s in enumerate(shards):
-        dst = result.narrow(0, h_off[me], H_me) if j == me and stays else slots[j].view(H_me, B, T + s, D)
-        img_at, txt_at = (T, 0) if text_first else (0, s)
-        dst.narrow(2, img_at, s).copy_(out.narrow(2, img_blk + row_off[j], s).transpose(0, 1))
+    text = attend(txt_blk, T).transpose(0, 1) if T else None
+
+    def place(j, dst):
+        img_at, txt_at = (T, 0) if text_first else (0, shards[j])
+        dst.narrow(2, img_at, shards[j]).copy_(attend(img_blk + row_off[j], shards[j]).transpose(0, 1))
         if T:
             dst.narrow(2, txt_at, T).copy_(text)
+
+    for j, s in enumerate(shards):
+        if not (j == me and stays):
+            place(j, slots[j].view(H_me, B, T + s, D))
     recv_counts = [0 if j == me and stays else h * B * (T + S_me) * D for j, h in enumerate(head_sizes)]
     counted = {"all_to_all": [0 if j == me else H_me * B * s * D for j, s in enumerate(shards)]}
     if T:
-        counted["all_gather"] = [0 if j == me else H_me * B * T * D for j in range(ax.size)]
-    all_to_all_buffers(send, result.narrow(0, *_received(0, H, H_me, me, stays)).view(-1), send_counts,
-                       recv_counts, ax, counted=counted)
+        counted["all_gather"] = [0 if j == me else H_me * B * T * D for j in range(U)]
+    finish = all_to_all_buffers(send, result.narrow(0, *_received(0, H, H_me, me, stays)).view(-1), send_counts,
+                                recv_counts, ax, counted=counted, async_op=True)
+    if stays:
+        place(me, result.narrow(0, h_off[me], H_me))
+    finish()
     return result.transpose(0, 1)
 
 
@@ -166,10 +177,20 @@ def usp_attention(q, k, v, *, ctx, seq_sizes, text_len=0, text_first=True, scale
     if U > 1:  # (B, H, T + S_loc, D) -> (B, H_u, T + S_block, D)
         q, k, v = _heads_to_tokens(q, k, v, ulysses, head_sizes, my_shards, text_len, text_first)
     image = (text_len if text_first else 0, block_sizes[ring.rank])  # image rows of the block in q/k/v
-    if ring.size == 1 and backend == "auto":
-        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale)
+    plain = ring.size == 1 and backend == "auto"
+    if plain and U > 1:  # query rows are computed as the return trip needs them, overlapping it
+        def attend(start, n):
+            return torch.nn.functional.scaled_dot_product_attention(q.narrow(2, start, n), k, v, scale=scale)
     else:
-        out, _ = _ring_attention(q, k, v, image, scale, ring, block_sizes, backend)
-    if U > 1:  # back: (B, H_u, T + S_block, D) -> (B, H, T + S_loc, D)
-        out = _tokens_to_heads(out, ulysses, head_sizes, my_shards, text_len, text_first)
-    return out
+        if plain:
+            out = torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale)
+        else:
+            out, _ = _ring_attention(q, k, v, image, scale, ring, block_sizes, backend)
+        if U == 1:
+            return out
+
+        def attend(start, n):
+            return out.narrow(2, start, n)
+    # back: (B, H_u, T + S_block, D) -> (B, H, T + S_loc, D)
+    return _attend_and_return(attend, ulysses, head_sizes, my_shards, text_len, text_first, q.shape[0],
+                              q.shape[3], q)
