@@ -160,12 +160,14 @@ def _attend_and_return(attend, ax, head_sizes, shards, text_len, text_first, B, 
     return result.transpose(0, 1)
 
 
-def usp_attention(q, k, v, *, ctx, seq_sizes, text_len=0, text_first=True, scale=None, backend="auto"):
+def usp_attention(q, k, v, *, ctx, seq_sizes, text_len=0, text_first=True, scale=None, backend="auto",
+                  overlap=None):
     """Drop-in for F.scaled_dot_product_attention on sequence-sharded inputs.
 
     q, k, v: (B, H, text_len + S_local, D), text at the front (`text_first`) or
     the back; `seq_sizes[i]` is the image shard length of sp rank i.
     Returns the attention output in the same layout as the inputs (possibly a strided view).
+    `overlap`: split the attention by query rows to overlap the return all-to-all (default: on CUDA only).
     """
     ulysses, ring = ctx.ulysses, ctx.ring
     # sp rank = ring_rank * U + ulysses_rank: my Ulysses group holds ring block `ring.rank`.
@@ -178,7 +180,10 @@ def usp_attention(q, k, v, *, ctx, seq_sizes, text_len=0, text_first=True, scale
         q, k, v = _heads_to_tokens(q, k, v, ulysses, head_sizes, my_shards, text_len, text_first)
     image = (text_len if text_first else 0, block_sizes[ring.rank])  # image rows of the block in q/k/v
     plain = ring.size == 1 and backend == "auto"
-    if plain and U > 1:  # query rows are computed as the return trip needs them, overlapping it
+    # Overlap (GPU): query rows computed as the return trip needs them, the collective running meanwhile on its
+    # own stream. On a CPU the collective and the kernel share the cores and three smaller attention calls cost
+    # more than they hide (~10 ms per Flux-like forward here, bench_ulysses_peer): one call.
+    if plain and U > 1 and (q.is_cuda if overlap is None else overlap):
         def attend(start, n):
             return torch.nn.functional.scaled_dot_product_attention(q.narrow(2, start, n), k, v, scale=scale)
     else:

@@ -104,7 +104,7 @@ def test_degree_one_is_a_no_op():
     assert torch.equal(tm.forward(model, kw), before)
 
 
-def _usp_attention_body(cfg_kwargs, heads, seq, text, text_first, batch, seed):
+def _usp_attention_body(cfg_kwargs, heads, seq, text, text_first, batch, seed, overlap=None):
     """usp_attention alone against serial SDPA, inputs as diffusers hands them ((B,H,L,D) views of (B,L,H,D))."""
     import torch.nn.functional as F
     from comfyui_hybrid_parallel.parallel.usp import usp_attention
@@ -124,7 +124,7 @@ def _usp_attention_body(cfg_kwargs, heads, seq, text, text_first, batch, seed):
     expect = join(ref_t, ref_i.narrow(2, start, sizes[r]))
     q, k, v = (join(t, i.narrow(2, start, sizes[r])).transpose(1, 2).contiguous().transpose(1, 2)
                for t, i in zip(txt, img))
-    out = usp_attention(q, k, v, ctx=ctx, seq_sizes=sizes, text_len=text, text_first=text_first)
+    out = usp_attention(q, k, v, ctx=ctx, seq_sizes=sizes, text_len=text, text_first=text_first, overlap=overlap)
     assert out.shape == expect.shape
     return float((out - expect).abs().max()), ctx.stats.snapshot()
 
@@ -137,12 +137,15 @@ def _usp_attention_body(cfg_kwargs, heads, seq, text, text_first, batch, seed):
     (dict(ulysses_degree=3), 6, 2, 4),                  # fewer tokens than ranks: an empty shard
 ], ids=lambda x: ParallelConfig(**x).describe() if isinstance(x, dict) else str(x))
 @pytest.mark.parametrize("text_first", [True, False], ids=["text_first", "text_last"])
-def test_usp_attention_stacked_exchange_equals_serial(dist_pools, degrees, heads, seq, text, text_first):
+@pytest.mark.parametrize("overlap", [None, True], ids=["one_call", "overlapped"])
+def test_usp_attention_stacked_exchange_equals_serial(dist_pools, degrees, heads, seq, text, text_first, overlap):
     """The one-all-to-all q/k/v exchange and the text-carrying return trip, against serial attention:
     uneven heads and shards, text in front or behind, batch 2; the text bytes count as the all-gather they
-    replace (this rank's heads, unpadded, to every other Ulysses rank)."""
+    replace (this rank's heads, unpadded, to every other Ulysses rank). Both return trips: one attention call
+    (CPU default) and query rows split to overlap the collective (the CUDA default)."""
     U = degrees.get("ulysses_degree", 1)
-    res = dist_pools(_world(degrees)).run(_usp_attention_body, degrees, heads, seq, text, text_first, 2, seq + heads)
+    res = dist_pools(_world(degrees)).run(_usp_attention_body, degrees, heads, seq, text, text_first, 2, seq + heads,
+                                          overlap)
     assert max(e for e, _ in res) <= 1e-5, res
     for i, (_, snap) in enumerate(res):
         h_me = split_sizes(heads, U)[i % U]
