@@ -12,7 +12,8 @@ Host memory is PSS (shared pages split between the processes mapping them) of th
 workers and the pool's shared-memory files, minus the process's own PSS before the model was
 loaded. "extra" = Hybrid's host memory minus KSampler's, in units of the weight bytes.
 Models: Flux.1-dev in ComfyUI's format (ComfyUI fixes its width at 3072): 1+1 blocks (531M) and
-3+3 blocks (1.5B); weight_dtype bf16 (storage) and fp8_e4m3fn; 2 steps on a 32x32 latent.
+3+3 blocks (1.5B); weight_dtype fp32 (ComfyUI's default on a CPU), bf16 and fp8_e4m3fn (stored so, computed in
+fp32 on a CPU: every weight is cast at every call); 2 steps on a 32x32 latent.
 
     python bench/bench_native.py [--quick]      (quick: 531M only, N = 1, 2)
 """
@@ -32,7 +33,7 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 sys.path.insert(0, HERE)
 
 SIZES = {"531M": (1, 1), "1.5B": (3, 3)}
-PRECISIONS = {"bf16": "bf16", "fp8": "fp8_e4m3fn"}
+PRECISIONS = {"fp32": "fp32", "bf16": "bf16", "fp8": "fp8_e4m3fn"}  # fp32: UNETLoader's default on a CPU
 
 
 def _pss(pid: int) -> int:
@@ -68,7 +69,7 @@ def child(args) -> dict:
     g = torch.Generator().manual_seed(0)
     cond = [[torch.randn(1, 7, 32, generator=g), {"pooled_output": torch.randn(1, 24, generator=g), "guidance": 3.5}]]
     latent = {"samples": torch.zeros(1, 16, 32, 32)}
-    dtype = {"bf16": torch.bfloat16, "fp8_e4m3fn": torch.float8_e4m3fn}[args.precision]
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp8_e4m3fn": torch.float8_e4m3fn}[args.precision]
     workers, prefix, runtime = [], None, None
     t0 = time.perf_counter()
     events = _record_pool_phases(t0) if args.ranks else []
