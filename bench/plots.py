@@ -103,6 +103,65 @@ def memory(plt, mem, vae, path):
     return True
 
 
+def performance(plt, data: dict, path: str) -> bool:
+    """The speed issue's targets in one figure: cold first prompt and config change vs KSampler (native), degree-1
+    overhead (overhead), Ulysses vs diffusers' own (peer), and the many-GPU PREDICTION beside xDiT's Flux number."""
+    native, over, peer, cost = (data.get(k) for k in ("native", "overhead", "peer", "costmodel"))
+    if not any((native, over, peer, cost)):
+        return False
+    fig, axes = plt.subplots(1, 4, figsize=(21, 4.4))
+    ax = axes[0]
+    if native:
+        rows = [r for r in native["rows"] if r.get("ranks")]
+        labels = [f"{r['precision']} {r['sampler'].replace('Hybrid ', '')}" for r in rows]
+        ax.bar(labels, [r["first_ratio"] for r in rows], color="tab:blue", label="first prompt / KSampler's")
+        for i, r in enumerate(rows):
+            if r.get("change_s") is not None:
+                ax.annotate(f"change {r['change_s']:.1f} s", (i, r["first_ratio"]), ha="center", va="bottom",
+                            fontsize=8)
+        ax.axhline(1.5, ls="--", c="gray", label="target 1.5x")
+        ax.tick_params(axis="x", rotation=45)
+        ax.set(ylabel="ratio", title="Cold first prompt vs KSampler (Flux 531M)")
+        ax.legend(fontsize=8)
+    ax = axes[1]
+    if over:
+        rows = over["rows"]
+        labels = [f"{r['model']}\n{r['comparison'].replace('ComfyUI, ', 'KSampler, ')}" for r in rows]
+        ax.bar(range(len(rows)), [r["ratio_median"] for r in rows], color="tab:orange", label="median")
+        ax.plot(range(len(rows)), [r["ratio_min"] for r in rows], "kx", label="min")
+        ax.set_xticks(range(len(rows)), labels, fontsize=7, rotation=45, ha="right")
+        ax.axhline(1.02, ls="--", c="gray", label="target 1.02x")
+        ax.set(ylabel="pool / in-process time per step", title="Degree-1 overhead")
+        ax.legend(fontsize=8)
+    ax = axes[2]
+    if peer:
+        rows = peer["rows"]
+        ax.bar([r["method"].replace(" Ulysses", "\nUlysses").replace(" Ring", "\nRing") for r in rows],
+               [r["median_ms"] for r in rows], color="tab:green", label="median")
+        ax.plot(range(len(rows)), [r["min_ms"] for r in rows], "kx", label="min")
+        ax.set(ylabel="ms per forward", title="Ulysses vs diffusers' own (2 ranks x 1 thread)")
+        ax.legend(fontsize=8)
+    ax = axes[3]
+    if cost:
+        for (model, link), style in zip(sorted({(r["model"], r["link"]) for r in cost["rows"]}), ("o-", "s--", "^-", "v--")):
+            best = {}
+            for r in cost["rows"]:
+                if (r["model"], r["link"]) == (model, link):
+                    best[r["n"]] = min(best.get(r["n"], 1e9), r["step_s"])
+            ns = sorted(best)
+            ax.plot(ns, [best[1] / best[n] for n in ns], style, label=f"{model}, {link}")
+        x = cost.get("xdit_flux") or {}
+        if x.get("serial_s") and x.get("ulysses4_s"):
+            ax.plot([4], [x["serial_s"] / x["ulysses4_s"]], "r*", ms=12, label="xDiT published, Flux Ulysses-4 (compiled)")
+        ax.plot([1, 8], [1, 8], ":", c="gray")
+        ax.set(xlabel="GPUs", ylabel="speedup per step", title="PREDICTION on H100s (cost model)")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
 def make_all(data: dict, outdir: str, suffix: str = "") -> list:
     plt = _plt()
     if plt is None:
@@ -118,5 +177,8 @@ def make_all(data: dict, outdir: str, suffix: str = "") -> list:
         out.append(p)
     p = os.path.join(outdir, f"memory{suffix}.png")
     if memory(plt, data.get("memory"), data.get("vae"), p):
+        out.append(p)
+    p = os.path.join(outdir, f"performance{suffix}.png")
+    if performance(plt, data, p):
         out.append(p)
     return out

@@ -23,6 +23,7 @@ class Resident:
     parallelized: bool = False
     native_call: Optional[Callable] = None      # (model, inputs) -> output for ComfyUI's own model
     compute_dtype: Optional[torch.dtype] = None  # the dtype ComfyUI hands that model its latent in
+    source: Optional[dict] = None               # the weights it was built from, where another mesh may reuse them
 
 
 def _convention(spec: dict, sigmas: torch.Tensor):
@@ -88,6 +89,14 @@ class Engine:
             return True
         return False
 
+    def source_weights(self, key: str) -> Optional[dict]:
+        """The weights `key` was built from under another mesh, if they were kept (a config change that keeps the
+        world rebuilds from them instead of receiving them again); None otherwise."""
+        for k, r in self.models.items():
+            if k.partition(MESH_SEP)[0] == key and r.source is not None:
+                return r.source
+        return None
+
     def drop_other_meshes(self, key: str) -> None:
         """Forget `key` built for other meshes (called before building it for this one)."""
         for k in [k for k in self.models if k.partition(MESH_SEP)[0] == key]:
@@ -102,7 +111,7 @@ class Engine:
         return self.models[slot]
 
     def add(self, key: str, family: str, model: torch.nn.Module, ctx, *, native_call=None,
-            compute_dtype=None, device: Optional[torch.device] = None) -> Resident:
+            compute_dtype=None, device: Optional[torch.device] = None, source: Optional[dict] = None) -> Resident:
         """Make a built host model resident: parallelize it for ctx (DiT families), keep a PipeFusion stage's
         own blocks only, then move what this rank holds to `device`; evict the least recently used beyond
         max_models."""
@@ -121,7 +130,7 @@ class Engine:
             apply_weight_sharding(model, ctx)  # a rank keeps 1/N of every weight (shard_weights)
         if device is not None and torch.device(device).type != "cpu":
             to_device(model, torch.device(device))
-        r = Resident(family, model, parallelized, native_call, compute_dtype)
+        r = Resident(family, model, parallelized, native_call, compute_dtype, source)
         self.models[key] = r
         self.loads += 1
         while len(self.models) > self.max_models:

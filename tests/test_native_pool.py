@@ -387,8 +387,8 @@ def test_clean_stop_exits_the_workers_without_a_kill(comfy):
 
 def test_config_change_keeps_the_workers(comfy):
     """A config change that keeps the world size keeps the worker processes (no restart, ComfyUI stays imported):
-    each rank builds the new mesh's process groups and the model's layout for it from the weights sent again, and
-    drops the layout of the old mesh (one copy of the weights per rank). Every mesh still equals ComfyUI's forward,
+    each rank builds the new mesh's process groups and the model's layout for it from the weights it already holds
+    (nothing travels again), and drops the layout of the old mesh (one copy of the weights per rank). Every mesh still equals ComfyUI's forward,
     and going back to an earlier mesh works (its groups are kept)."""
     from comfyui_hybrid_parallel.parallel import ParallelConfig
     from comfyui_hybrid_parallel.workers.pool import WorkerPool
@@ -396,6 +396,14 @@ def test_config_change_keeps_the_workers(comfy):
     want = sum(v.numel() * v.element_size() for v in base.diffusion_model.state_dict().values())
     with WorkerPool(device="cpu") as pool:
         pool.split_kernel_worlds = False  # as when ComfyUI's own kernel is pytorch's: cfg/dp share the workers too
+        carried = []  # per load_model job: did weights travel?
+        submit = pool.submit
+
+        def recording(config, kind, values=None, tensors=None, **kw):
+            if kind == "load_model":
+                carried.append(bool(tensors or kw.get("written")))
+            return submit(config, kind, values, tensors, **kw)
+        pool.submit = recording
         pids = gen = None
         for i, mesh in enumerate(("u2", "r2", "cfg2", "u2", "sharded")):
             config = (ParallelConfig(ulysses_degree=2, shard_weights="all") if mesh == "sharded"
@@ -414,6 +422,8 @@ def test_config_change_keeps_the_workers(comfy):
                 assert all(r["bytes"] < want for r in held), held
             else:
                 assert all(r["bytes"] == want for r in held), (held, want)
+        # the weights travelled once: each later mesh was built on the workers from the weights they held
+        assert carried[0] and not any(carried[1:]), carried
 
 
 def test_step_inputs_cross_once_per_run(comfy):

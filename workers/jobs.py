@@ -135,7 +135,9 @@ def job_load_model(state: WorkerState, ctx, payload: dict) -> dict:
         return {"loaded": False, "loads": engine.loads, "resident": engine.resident()}
     weights = {k[len(WEIGHT_PREFIX):]: v for k, v in payload.items() if k.startswith(WEIGHT_PREFIX)}
     if not weights and not payload.get("path"):
-        return {"need_weights": True, "loads": engine.loads, "resident": engine.resident()}
+        weights = engine.source_weights(key) if payload.get("native") else None  # a config change: no transfer
+        if weights is None:
+            return {"need_weights": True, "loads": engine.loads, "resident": engine.resident()}
     if payload.get("path"):
         from safetensors.torch import load_file
         weights = load_file(payload["path"])  # mmapped by safetensors
@@ -149,8 +151,12 @@ def job_load_model(state: WorkerState, ctx, payload: dict) -> dict:
         # assign=True keeps the (copy-on-write mapped) tensors: ranks share the pages until someone writes.
         model = _build_model(payload["family"], payload["config"], weights).eval().requires_grad_(False)
         extra = {}
+    # What a later mesh can rebuild from (ComfyUI's model on CPU, a layout that leaves the weights whole): these are
+    # the model's own parameters, so keeping them costs nothing
+    c = ctx.config
+    keep = native and state.device.type == "cpu" and c.tp_degree == 1 and c.pp_degree == 1 and c.shard_weights == "none"
+    engine.add(key, payload["family"], model, ctx, device=state.device, source=weights if keep else None, **extra)
     weights = None
-    engine.add(key, payload["family"], model, ctx, device=state.device, **extra)
     return {"loaded": True, "loads": engine.loads, "resident": engine.resident()}
 
 

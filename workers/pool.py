@@ -490,7 +490,7 @@ class WorkerPool:
             base["native"] = native
         written = {}
         w = self.world
-        if state_dict is not None and (w is None or key not in w.resident or w.config.mesh_key() != config.mesh_key()):
+        if state_dict is not None and (w is None or key not in w.resident):
             # the weights will travel: write them now, before taking the pool - while Parallel Config's prestart may
             # still be starting the world (the copy overlaps it) - and send them with the first load_model job
             sd = state_dict() if callable(state_dict) else state_dict
