@@ -98,6 +98,10 @@ def child(args) -> dict:
         workers, prefix = [p.pid for p in pool.world.procs], pool.shm_prefix
     weight_bytes = sum(v.numel() * v.element_size() for v in model.model.diffusion_model.state_dict().values())
     first_s = time.perf_counter() - t0
+    def host_bytes():
+        return _pss(os.getpid()) - base_pss + sum(_pss(p) for p in workers) + (_shm_bytes(prefix) if prefix else 0)
+    worker_pss = sum(_pss(p) for p in workers)
+    host = host_bytes()
     if args.ranks > 1:  # the same prompt after a config change that keeps the world size (ulysses -> ring)
         other = ParallelConfigNode().build(dp_degree=1, cfg_degree=1, ulysses_degree=1, ring_degree=args.ranks,
                                            pp_degree=1, num_pipeline_patch=0, warmup_steps=1, tp_degree=1,
@@ -113,12 +117,12 @@ def child(args) -> dict:
     else:
         HybridSampler().sample(model, 1, 2, 1.0, "euler", "simple", cond, cond, latent, other if args.ranks > 1 else hp)
     warm_s = time.perf_counter() - t1
-    worker_pss = sum(_pss(p) for p in workers)
-    host = _pss(os.getpid()) - base_pss + worker_pss + (_shm_bytes(prefix) if prefix else 0)
     if runtime is not None:
         runtime.stop()
+    host_after = host_bytes()
     row = {"size": args.size, "precision": args.precision, "ranks": args.ranks, "first_s": round(first_s, 2),
            "change_s": None if change_s is None else round(change_s, 2), "warm_s": round(warm_s, 2),
+           "host_after_bytes": host_after,
            "phases": [(n, round(a, 2), round(b, 2)) for n, a, b in events],
            "host_bytes": host, "worker_pss": worker_pss, "weight_bytes": weight_bytes,
            "finite": bool(out["samples"].isfinite().all())}
@@ -231,7 +235,7 @@ def main(argv=None):
             print(rows[-1], flush=True)
             for n in ranks:
                 r = _run_child(size, precision, n, ckpt, args.sequential)
-                r.update(precision=name, sampler=f"Hybrid u{n}" if n > 1 else "Hybrid d1",
+                r.update(precision=name, sampler=f"Hybrid u{n}" if n > 1 else "Hybrid d1", ref_host=ref["host_bytes"],
                          first_ratio=round(r["first_s"] / ref["first_s"], 2),
                          extra_x_weights=round((r["host_bytes"] - ref["host_bytes"]) / r["weight_bytes"], 2),
                          pool_runtime_bytes=idle[n],
@@ -250,7 +254,8 @@ def main(argv=None):
              "extra (x weights) | pool runtime MiB | weights extra (x weights) |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        change = "" if r.get("change_s") is None else f"{r['change_s']:.2f}"
+        change = "" if r.get("change_s") is None else (f"{r['change_s']:.2f} (extra x weights after: "
+                                                       f"{(r['host_after_bytes'] - r['ref_host']) / r['weight_bytes']:.2f})")
         lines.append(f"| Flux {r['size']} | {r['precision']} ({r['weight_bytes'] / 2**20:.0f} MiB) | {r['sampler']} | "
                      f"{r['first_s']:.1f} | {r.get('first_ratio', 1.0):.2f} | {change} | {r['warm_s']:.2f} | "
                      f"{r['host_bytes'] / 2**20:.0f} | "

@@ -99,8 +99,12 @@ class Engine:
 
     def drop_other_meshes(self, key: str) -> None:
         """Forget `key` built for other meshes (called before building it for this one)."""
-        for k in [k for k in self.models if k.partition(MESH_SEP)[0] == key]:
+        stale = [k for k in self.models if k.partition(MESH_SEP)[0] == key]
+        for k in stale:
             del self.models[k]
+        if stale:  # a parallelized model is a reference cycle (its hooks): free its weights now, not at the next gc
+            import gc
+            gc.collect()
 
     def get(self, key: str, ctx=None, rank: int = 0) -> Resident:
         slot = self._slot(key, ctx)
