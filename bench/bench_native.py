@@ -117,9 +117,9 @@ def child(args) -> dict:
     else:
         HybridSampler().sample(model, 1, 2, 1.0, "euler", "simple", cond, cond, latent, other if args.ranks > 1 else hp)
     warm_s = time.perf_counter() - t1
+    host_after = host_bytes()
     if runtime is not None:
         runtime.stop()
-    host_after = host_bytes()
     row = {"size": args.size, "precision": args.precision, "ranks": args.ranks, "first_s": round(first_s, 2),
            "change_s": None if change_s is None else round(change_s, 2), "warm_s": round(warm_s, 2),
            "host_after_bytes": host_after,
