@@ -33,6 +33,9 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 sys.path.insert(0, HERE)
 
 SIZES = {"531M": (1, 1), "1.5B": (3, 3)}
+# "+ spares" rows: the pack started its spare interpreters (workers/spares.py) this long before the prompt - less
+# than ComfyUI's own start-up takes, which is when a server starts them
+SPARES_HEAD_START_S = 5.0
 PRECISIONS = {"fp32": "fp32", "bf16": "bf16", "fp8": "fp8_e4m3fn"}  # fp32: UNETLoader's default on a CPU
 
 
@@ -71,6 +74,12 @@ def child(args) -> dict:
     latent = {"samples": torch.zeros(1, 16, 32, 32)}
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp8_e4m3fn": torch.float8_e4m3fn}[args.precision]
     workers, prefix, runtime = [], None, None
+    ready = None
+    if args.spares:  # ComfyUI's start-up: the pack starts spare interpreters (torch imported) before any prompt
+        from comfyui_hybrid_parallel.nodes.runtime import Runtime
+        ready = Runtime()
+        ready.keep_spares(args.ranks)
+        time.sleep(SPARES_HEAD_START_S)
     t0 = time.perf_counter()
     events = _record_pool_phases(t0) if args.ranks else []
     change_s = None
@@ -82,7 +91,7 @@ def child(args) -> dict:
         from comfyui_hybrid_parallel.nodes.config_node import ParallelConfigNode
         from comfyui_hybrid_parallel.nodes.runtime import Runtime
         from comfyui_hybrid_parallel.nodes.sampler_node import HybridSampler
-        runtime = Runtime()
+        runtime = ready or Runtime()
         HybridSampler.runtime = runtime
         # ComfyUI runs an available coroutine node first (comfy_execution/graph.py: ux_friendly_pick_node), and
         # Parallel Config is one with no inputs: it executes before the loader. In a server it prestarts the
@@ -199,9 +208,10 @@ def _checkpoint(size: str) -> str:
     return path
 
 
-def _run_child(size, precision, ranks, ckpt, sequential=False) -> dict:
+def _run_child(size, precision, ranks, ckpt, sequential=False, spares=False) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--child", "--size", size, "--precision", precision,
-           "--ranks", str(ranks), "--ckpt", ckpt] + (["--sequential"] if sequential else [])
+           "--ranks", str(ranks), "--ckpt", ckpt] + (["--sequential"] if sequential else []) + \
+        (["--spares"] if spares else [])
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     rows = [json.loads(line[4:]) for line in res.stdout.splitlines() if line.startswith("ROW ")]
     if res.returncode or not rows:
@@ -215,6 +225,7 @@ def main(argv=None):
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--size"), p.add_argument("--precision"), p.add_argument("--ckpt")
     p.add_argument("--ranks", type=int, default=0)
+    p.add_argument("--spares", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--sequential", action="store_true", help="no prestart: the pool starts when the sampler runs "
                    "(results in native_sequential)")
     args = p.parse_args(argv)
@@ -233,9 +244,10 @@ def main(argv=None):
             ref = _run_child(size, precision, 0, ckpt)
             rows.append({**ref, "precision": name, "sampler": "KSampler"})
             print(rows[-1], flush=True)
-            for n in ranks:
-                r = _run_child(size, precision, n, ckpt, args.sequential)
-                r.update(precision=name, sampler=f"Hybrid u{n}" if n > 1 else "Hybrid d1", ref_host=ref["host_bytes"],
+            for n, spares in [(n, spares) for n in ranks for spares in (False, True)]:
+                r = _run_child(size, precision, n, ckpt, args.sequential, spares)
+                label = f"Hybrid u{n}" if n > 1 else "Hybrid d1"
+                r.update(precision=name, sampler=label + (" + spares" if spares else ""), ref_host=ref["host_bytes"],
                          first_ratio=round(r["first_s"] / ref["first_s"], 2),
                          extra_x_weights=round((r["host_bytes"] - ref["host_bytes"]) / r["weight_bytes"], 2),
                          pool_runtime_bytes=idle[n],
@@ -279,8 +291,12 @@ def _plot(rows, path):
         return
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for (size, prec) in sorted({(r["size"], r["precision"]) for r in rows}):
-        sel = sorted((r for r in rows if (r["size"], r["precision"]) == (size, prec) and r["ranks"]),
-                     key=lambda r: r["ranks"])
+        mine = [r for r in rows if (r["size"], r["precision"]) == (size, prec) and r["ranks"]]
+        sel = sorted((r for r in mine if "spares" not in r["sampler"]), key=lambda r: r["ranks"])
+        warm = sorted((r for r in mine if "spares" in r["sampler"]), key=lambda r: r["ranks"])
+        if warm:
+            axes[1].plot([r["ranks"] for r in warm], [r["first_ratio"] for r in warm], "s--",
+                         label=f"Flux {size} {prec} + spares")
         label = f"Flux {size} {prec}"
         axes[0].plot([r["ranks"] for r in sel], [r["extra_x_weights"] for r in sel], "o-", label=label)
         axes[0].plot([r["ranks"] for r in sel], [r["weights_extra_x"] for r in sel], "x:", label=label + " (weights)")

@@ -20,6 +20,12 @@ if _prompt_server is not None:
     from .routes import register as _register_routes
     _register_routes(_prompt_server, RUNTIME)
     ParallelConfigNode.runtime = RUNTIME  # only in a server: Parallel Config starts the workers early
+    try:  # and interpreters with torch imported, ready before the first prompt (HP_SPARE_WORKERS=0: none)
+        from ..workers.spares import default_count
+        RUNTIME.keep_spares(default_count())
+    except Exception as _e:  # noqa: BLE001 - a convenience: never stop ComfyUI from loading the pack
+        import logging
+        logging.getLogger(__name__).warning("hybrid parallel: no spare workers: %s", _e)
 
 NODE_CLASS_MAPPINGS = {
     "HybridParallelConfig": ParallelConfigNode,

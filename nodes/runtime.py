@@ -7,6 +7,7 @@ restarts itself when a prompt asks for a different mesh.
 """
 from __future__ import annotations
 
+import os
 import threading
 import time
 import uuid
@@ -36,6 +37,24 @@ class Runtime:
         self.prestarted = None  # the last prestart: {mesh, started}
         self.last_started = {}  # node kind -> when its latest run started (the panel's timeline)
         self.driver_threads = torch.get_num_threads()  # what KSampler computes with in this process
+        self._spares = None  # workers/spares.py: interpreters with torch imported, for the first world
+
+    def keep_spares(self, n: int) -> None:
+        """Start `n` spare worker interpreters now (ComfyUI's start-up), so the first prompt's world does not wait
+        for each rank's `import torch`; they are handed to the pools this runtime makes."""
+        if n <= 0:
+            return
+        if self._spares is None:
+            import shutil
+            import tempfile
+            import weakref
+            from ..workers.spares import Spares
+            cwd = tempfile.mkdtemp(prefix=f"chp-spares-{os.getpid()}-")
+            self._spares = Spares(cwd)
+            weakref.finalize(self, _close_spares, self._spares, cwd, shutil.rmtree)
+        self._spares.fill(n)
+        if self._pool is not None:
+            self._pool.spares = self._spares
 
     @contextmanager
     def quiet_driver(self, hp):
@@ -71,6 +90,7 @@ class Runtime:
                                          start_timeout_s=cluster.join_timeout_s))
                 self._pool.split_kernel_worlds = not driver_attention_is_pytorch()
                 self._pool.lone_worker_threads = self.driver_threads
+                self._pool.spares = self._spares
                 self._pool_cluster = cluster
             return self._pool
 
@@ -223,6 +243,11 @@ class Runtime:
         info = self.model_info.get(key)
         family = info[0] if info else ("vae" if ":vae" in key else "model")
         return f"{family} {key.split(':')[0][:8]}"
+
+
+def _close_spares(spares, cwd, rmtree) -> None:
+    spares.close()
+    rmtree(cwd, ignore_errors=True)
 
 
 def cpu_workers_here(hp) -> bool:

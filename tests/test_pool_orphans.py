@@ -59,3 +59,41 @@ def test_normal_driver_exit_stops_workers_and_cleans_up():
     pids, tmpdir, prefix = json.loads(out.stdout.splitlines()[0])
     assert not any(_alive(p) for p in pids)  # stopped by the pool's finalizer at interpreter exit
     assert list_prefix(prefix) == [] and not os.path.exists(tmpdir)
+
+
+SPARES_DRIVER = textwrap.dedent("""
+    import json, sys, tempfile, time
+    from comfyui_hybrid_parallel.parallel import ParallelConfig
+    from comfyui_hybrid_parallel.workers import WorkerPool
+    from comfyui_hybrid_parallel.workers.spares import Spares
+    spares = Spares(tempfile.mkdtemp())
+    spares.fill(3)
+    unused = [p.pid for p in spares._procs]
+    pool = WorkerPool(device="cpu")
+    pool.spares = spares
+    r = pool.submit(ParallelConfig(ulysses_degree=2), "steps", {"n": 2})
+    used = [h["pid"] for h in pool.health()]
+    print(json.dumps([unused, used, [v["value"] for v in r.per_rank], spares.count()]), flush=True)
+    time.sleep(600)
+""")
+
+
+def test_spare_interpreters_become_workers_and_die_with_the_driver():
+    """Interpreters started ahead (torch imported) are taken by the next world instead of new processes: the
+    workers' pids are the spares' and the job is computed by them; the unused spare and the workers exit when
+    the driver is SIGKILLed (stdin EOF / the parent watch)."""
+    driver = subprocess.Popen([sys.executable, "-c", SPARES_DRIVER], stdout=subprocess.PIPE, text=True, cwd="/tmp")
+    try:
+        unused, used, values, left = json.loads(driver.stdout.readline())
+        assert sorted(used) == sorted(unused[:2]) and left == 1, (unused, used, left)
+        assert values == [6.0, 6.0]  # step 2 * (1 + 2), all-reduced over the two former spares
+    finally:
+        os.kill(driver.pid, signal.SIGKILL)
+        driver.wait(10)
+    deadline = time.monotonic() + 10.0
+    while any(_alive(p) for p in unused) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    survivors = [p for p in unused if _alive(p)]
+    for p in survivors:
+        os.kill(p, signal.SIGKILL)
+    assert survivors == [], f"{survivors} outlived their SIGKILLed driver by 10 s"

@@ -75,11 +75,12 @@ class World:
     def __init__(self, config, *, tmpdir: str, generation: int, shm_prefix: str, fake: str | None,
                  device_kind: str, max_models: int, collective_timeout_s: float, env: dict | None = None,
                  cluster=None, world_key: tuple | None = None, lone_threads: int | None = None,
-                 keep_files=None):
+                 keep_files=None, spares=None):
         self.config = config  # the config of the latest job (the pool updates it when a job reuses the world)
         self.world_key = config.world_key() if world_key is None else world_key
         self.lone_threads = lone_threads
         self.keep_files = keep_files or (lambda: ())  # the pool's files written for its next job (kept at teardown)
+        self.spares = spares  # spares.Spares: interpreters with torch imported, taken before spawning new ones
         self.world_size = config.world_size
         self.tmpdir, self.generation, self.shm_prefix = tmpdir, generation, shm_prefix
         self.fake, self.device_kind, self.max_models = fake, device_kind, max_models
@@ -193,6 +194,13 @@ class World:
                                           stdin=subprocess.DEVNULL, close_fds=True, cwd=self.tmpdir)
             return
         for rank in range(self.world_size):
+            spare = self.spares.take() if self.spares is not None and not self.fake else None
+            if spare is not None:  # torch already imported: its role, then the key, on stdin
+                from .spares import hand_over
+                self.procs.append(spare)
+                hand_over(spare, self._command(rank)[5:], {k: v for k, v in env.items() if os.environ.get(k) != v},
+                          authkey)
+                continue
             # cwd = the private dir: `python -m` puts the cwd first on sys.path, and ComfyUI's cwd
             # holds modules (nodes.py, ...) that must not shadow anything in the worker.
             p = subprocess.Popen(self._command(rank), stdin=subprocess.PIPE, env=env, close_fds=True,

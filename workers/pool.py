@@ -137,6 +137,7 @@ class WorkerPool:
         self.split_kernel_worlds = True
         self.lone_worker_threads = None  # a degree-1 CPU worker's threads (launch.worker_threads); runtime sets it
         self._written: set = set()  # names of weight files written ahead of their load_model job (ensure_model)
+        self.spares = None  # spares.Spares the next world takes interpreters from (the runtime's, in ComfyUI)
 
     # ---- lifecycle ----
     @property
@@ -192,7 +193,7 @@ class WorkerPool:
             self.generation += 1
             w = World(config, tmpdir=self._holder.tmpdir, generation=self.generation, shm_prefix=self.shm_prefix,
                       world_key=config.world_key(self.split_kernel_worlds), lone_threads=self.lone_worker_threads,
-                      keep_files=lambda: set(self._written),
+                      keep_files=lambda: set(self._written), spares=self.spares,
                       fake=self.fake, device_kind=kind, max_models=self.max_models,
                       collective_timeout_s=self.collective_timeout_s, env=self.env, cluster=self.cluster)
             w.start(self.start_timeout_s)

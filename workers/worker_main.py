@@ -115,7 +115,11 @@ def release(state, contexts: dict, channel) -> None:
 
 
 if __name__ == "__main__":
-    code = main()
+    if "--spare" in sys.argv[1:]:  # started ahead of any world (spares.py): torch first, the role later on stdin
+        from comfyui_hybrid_parallel.workers.spares import spare_main
+        code = spare_main()
+    else:
+        code = main()
     # Everything this worker owns is released; skip the interpreter's finalisation (torch and ComfyUI
     # modules tearing down, OpenMP pools joining), which took seconds and ended in the pool's SIGKILL.
     sys.stdout.flush()
