@@ -28,8 +28,11 @@ def _free_port() -> int:
 
 
 class ComfyServer:
-    def __init__(self, comfy_dir: Path, base: Path):
+    def __init__(self, comfy_dir: Path, base: Path, spares: int = 0):
         self.comfy_dir, self.base = Path(comfy_dir), Path(base)
+        # the pack's spare interpreters (workers/spares.py): none by default, so that the tests that count worker
+        # processes see exactly the pool's; tests/test_comfyui_spares.py starts a server with some
+        self.spares = spares
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = None
@@ -57,7 +60,7 @@ class ComfyServer:
 
     def _start_once(self, timeout_s: float) -> "ComfyServer":
         self.log = open(self.base / "comfyui.log", "w")
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", HP_SPARE_WORKERS=str(self.spares))
         self.proc = subprocess.Popen(
             [sys.executable, "main.py", "--cpu", "--listen", "127.0.0.1", "--port", str(self.port),
              "--base-directory", str(self.base), "--disable-auto-launch", "--database-url", "sqlite:///:memory:",
@@ -123,8 +126,9 @@ class ComfyServer:
             time.sleep(0.02)
         raise TimeoutError(self.tail())
 
-    def worker_pids(self) -> list:
-        """Our pool's worker processes: children of this server running the worker module (sorted)."""
+    def worker_pids(self, spares: bool = False) -> list:
+        """Our pool's worker processes: children of this server running the worker module (sorted); `spares`:
+        (pid, started as a spare interpreter) pairs."""
         out = []
         for d in os.listdir("/proc"):
             if not d.isdigit():
@@ -135,7 +139,7 @@ class ComfyServer:
             except (OSError, ValueError, IndexError):
                 continue
             if ppid == self.proc.pid and "worker_main" in cmd:
-                out.append(int(d))
+                out.append((int(d), "--spare" in cmd) if spares else int(d))
         return sorted(out)
 
     def output(self, name: str) -> Path:

@@ -1,0 +1,46 @@
+"""A ComfyUI server with the pack's spare interpreters (workers/spares.py): started at the pack's load, taken by
+the first prompt's world instead of new processes, and the prompt's result equals KSampler's."""
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from comfy_server import ComfyServer, workflow, write_checkpoints
+
+pytestmark = pytest.mark.comfy
+
+
+def test_the_first_world_takes_the_spares(tmp_path):
+    from comfy_env import setup_comfy
+    srv = ComfyServer(setup_comfy(), tmp_path, spares=2)
+    write_checkpoints(tmp_path, ("sd3",))
+    srv.start()
+    try:
+        deadline = time.monotonic() + 60
+        while len(srv.worker_pids(spares=True)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        spares = srv.worker_pids(spares=True)
+        assert len(spares) == 2 and all(is_spare for _, is_spare in spares), spares
+        assert srv.get("/hybrid_parallel/pool")["state"] == "none"  # nothing started: they are not a world
+        for degrees, tag in ((None, "ref"), ({"ulysses_degree": 2}, "u2")):
+            entry = srv.run(workflow(degrees, tag, 104, 72))
+            assert entry["status"]["status_str"] == "success", (entry["status"], srv.tail())
+        workers = sorted(w["pid"] for w in srv.get("/hybrid_parallel/pool")["workers"])
+        assert workers == [pid for pid, _ in spares], (workers, spares)  # no new process was spawned
+        ref, got = (load_file(str(srv.output(f"lat_{t}.safetensors")))["images"] for t in ("ref", "u2"))
+        assert ((got.double() - ref.double()).norm() / ref.double().norm()).item() <= 1e-4
+    finally:
+        srv.stop()
+    deadline = time.monotonic() + 10
+    while any(_alive(pid) for pid, _ in spares) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(pid) for pid, _ in spares)  # they went with the server
+
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return "\nState:\tZ" not in f.read()
+    except FileNotFoundError:
+        return False
