@@ -3,10 +3,10 @@ the first prompt's world instead of new processes, and the prompt's result equal
 import time
 
 import pytest
-import torch
 from safetensors.torch import load_file
 
 from comfy_server import ComfyServer, workflow, write_checkpoints
+from test_pool_orphans import _survivors
 
 pytestmark = pytest.mark.comfy
 
@@ -32,15 +32,4 @@ def test_the_first_world_takes_the_spares(tmp_path):
         assert ((got.double() - ref.double()).norm() / ref.double().norm()).item() <= 1e-4
     finally:
         srv.stop()
-    deadline = time.monotonic() + 10
-    while any(_alive(pid) for pid, _ in spares) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not any(_alive(pid) for pid, _ in spares)  # they went with the server
-
-
-def _alive(pid):
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            return "\nState:\tZ" not in f.read()
-    except FileNotFoundError:
-        return False
+    assert _survivors([pid for pid, _ in spares]) == []  # they went with the server

@@ -40,12 +40,7 @@ def test_sigkill_driver_leaves_no_workers(kind):
     finally:
         os.kill(driver.pid, signal.SIGKILL)
         driver.wait(10)
-    deadline = time.monotonic() + 10.0
-    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    survivors = [p for p in pids if _alive(p)]
-    for p in survivors:  # don't leave them behind even when the test fails
-        os.kill(p, signal.SIGKILL)
+    survivors = _survivors(pids)
     assert survivors == [], f"workers {survivors} outlived their SIGKILLed driver by 10 s"
     # the orphans cleaned up what the driver could not
     assert list_prefix(prefix) == [] and not os.path.exists(tmpdir)
@@ -90,10 +85,16 @@ def test_spare_interpreters_become_workers_and_die_with_the_driver():
     finally:
         os.kill(driver.pid, signal.SIGKILL)
         driver.wait(10)
-    deadline = time.monotonic() + 10.0
-    while any(_alive(p) for p in unused) and time.monotonic() < deadline:
+    survivors = _survivors(unused)
+    assert survivors == [], f"{survivors} outlived their SIGKILLed driver by 10 s"
+
+
+def _survivors(pids, wait_s: float = 10.0) -> list:
+    """The pids still alive after `wait_s`; killed, so that a failing test leaves nothing behind."""
+    deadline = time.monotonic() + wait_s
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
-    survivors = [p for p in unused if _alive(p)]
+    survivors = [p for p in pids if _alive(p)]
     for p in survivors:
         os.kill(p, signal.SIGKILL)
-    assert survivors == [], f"{survivors} outlived their SIGKILLed driver by 10 s"
+    return survivors
