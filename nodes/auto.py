@@ -41,9 +41,10 @@ def device_cost(device: str, n_devices: int) -> DeviceCost:
     return CPU_EPYC_2.with_cores(os.cpu_count() or 1)
 
 
-def resolve_auto(hp, model_patcher, latent_shape, cfg: float, negative, positive=None):
+def resolve_auto(hp, model_patcher, latent_shape, cfg: float, negative, positive=None, report: dict | None = None):
     """`hp` unchanged unless its degrees are "auto"; else a HybridParallelConfig with the degrees the cost model
-    picks for this model, latent and cfg on hp.auto_devices devices (degree 1 unless more is predicted faster)."""
+    picks for this model, latent and cfg on hp.auto_devices devices (degree 1 unless more is predicted faster).
+    `report` receives what the mesh picture shows: the predicted time per step of every candidate."""
     if not getattr(hp, "auto_devices", 0):
         return hp
     try:
@@ -65,4 +66,10 @@ def resolve_auto(hp, model_patcher, latent_shape, cfg: float, negative, positive
     log.info("Parallel Config degrees auto: %s for %s (%d image + %d text tokens, batch %d, cfg %s) on up to %d "
              "%s device(s) [%s]\n%s", config.describe(), shape.family, tokens, text, batch,
              "on" if active else "off", hp.auto_devices, hp.device, cost.name, format_table(table))
+    if report is not None:
+        report.update(model=shape.family, tokens=tokens, text_tokens=text, batch=batch, cfg=active,
+                      devices=hp.auto_devices, cost=cost.name, chosen=config.describe(),
+                      candidates=[{"config": r["config"], "ms": round(1e3 * r["total_s"], 2),
+                                   "speedup": round(r["speedup"], 3), "chosen": bool(r["chosen"])}
+                                  for i, r in enumerate(table) if i < 12 or r["chosen"]])
     return replace(hp, config=config, auto_devices=0, device_list=())

@@ -39,7 +39,7 @@ def _coerce(name: str, value: str, default):
     return value
 
 
-def mesh_payload(query: dict) -> dict:
+def mesh_payload(query: dict, runtime=None) -> dict:
     """What the mesh picture draws for these widget values: {ok, world_size, groups, ranks} or {ok: False, error}.
 
     Unknown widget names are ignored (a newer frontend workflow), missing ones take the node's defaults. A
@@ -66,6 +66,8 @@ def mesh_payload(query: dict) -> dict:
                "placement": placement,
                "degrees": {ax: getattr(config, f"{ax}_degree") for ax in AXES + ("sp",)},
                "device": hp.device, "picture": config.world_size <= MAX_PICTURE_RANKS}
+    if getattr(hp, "auto_devices", 0):  # degrees auto: the predicted time per step per choice of the latest run
+        payload["auto"] = getattr(runtime, "last_auto", None)
     if not payload["picture"]:
         payload["error_hint"] = (f"{config.world_size} ranks: too many to draw (the picture shows up to "
                                  f"{MAX_PICTURE_RANKS}); the degrees themselves are valid")
@@ -103,7 +105,7 @@ def register(server, runtime) -> None:
 
     @routes.get("/hybrid_parallel/mesh")
     async def mesh(request):
-        return web.json_response(mesh_payload(dict(request.rel_url.query)))
+        return web.json_response(mesh_payload(dict(request.rel_url.query), runtime))
 
     @routes.get("/hybrid_parallel/pool")
     async def pool(request):

@@ -315,7 +315,11 @@ class HybridSampler:
         import comfy.patcher_extension
 
         from .auto import resolve_auto  # degrees "auto": chosen here, where the model, latent and cfg are known
-        hp = resolve_auto(parallel_config, model, tuple(latent_image["samples"].shape), cfg, negative, positive)
+        report = {}
+        hp = resolve_auto(parallel_config, model, tuple(latent_image["samples"].shape), cfg, negative, positive,
+                          report=report)
+        if report:
+            self.runtime.last_auto = report  # the mesh picture shows it (nodes/routes.py)
         loop = uses_loop_mode(hp)
         if loop:
             check_loop_mode(sampler_name)  # before any work

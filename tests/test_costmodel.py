@@ -254,3 +254,12 @@ def test_hybrid_sampler_auto_end_to_end(comfy_models):
         runtime.stop()
         HybridSampler.runtime = None
     assert torch.equal(out, ref), (out - ref).abs().max()
+    # what the mesh picture shows for degrees auto: this run's predicted time per step per choice
+    from comfyui_hybrid_parallel.nodes.routes import mesh_payload
+    auto = mesh_payload({"degrees": "auto"}, runtime)["auto"]
+    assert auto["model"] == "sd3" and auto["tokens"] == 35 and auto["cfg"] is True and auto["chosen"] == "serial"
+    rows = {c["config"]: c for c in auto["candidates"]}
+    assert rows["serial"]["chosen"] and rows["serial"]["speedup"] == 1.0 and "cfg2" in rows and \
+        all(c["ms"] > 0 for c in rows.values()), rows
+    assert "auto" not in mesh_payload({"degrees": "manual"}, runtime)
+    assert mesh_payload({"degrees": "auto"}, None)["auto"] is None  # before any run: the picture says so

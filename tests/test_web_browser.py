@@ -281,3 +281,23 @@ def test_ui_workflows_are_the_api_prompts(page):
     finally:  # the other tests of this module expect the Hybrid Parallel test workflow
         page.execute_script("window.comfyAPI.app.app.loadApiJson(arguments[0], 'hybrid_parallel.json')",
                             workflow({}, "browser", W, H, steps=3))
+
+
+def test_degrees_auto_shows_the_predicted_time_per_choice(page):
+    """degrees auto: the picture says Hybrid Sampler picks the degrees, and lists the cost model's predicted time
+    per step of each choice once a run made one (the route's payload, nodes/routes.py)."""
+    got = _set(page, dp_degree=1, cfg_degree=1, ring_degree=1, ulysses_degree=1, pp_degree=1, tp_degree=1,
+               degrees="auto")
+    assert got["ok"] == "true" and got["worldSize"] == 1
+    text = page.execute_script(APP + "return node.widgets.find((w) => w.name === 'mesh_picture').element"
+                               ".querySelector('.hp-mesh-auto')?.textContent ?? null;")
+    payload = page.comfy.get(f"/hybrid_parallel/mesh?{got['query']}")
+    if payload["auto"] is None:
+        assert "shows here after a run" in text, text
+    else:
+        assert all(c["config"] in text for c in payload["auto"]["candidates"]), (text, payload["auto"])
+    _screenshot(page, "mesh_degrees_auto", crop_node=False)
+    manual = _set(page, degrees="manual")
+    assert manual["ok"] == "true" and page.execute_script(
+        APP + "return node.widgets.find((w) => w.name === 'mesh_picture').element.querySelector('.hp-mesh-auto');") \
+        is None

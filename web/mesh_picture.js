@@ -27,6 +27,8 @@ export const STYLE = `
 .hp-mesh { font: 11px/1.3 system-ui, sans-serif; color: var(--input-text, #ddd); overflow: hidden; }
 .hp-mesh-inner { display: inline-flex; flex-direction: column; align-items: flex-start; gap: 4px; padding: 2px; max-width: 420px; }
 .hp-mesh-summary { font-weight: 600; }
+.hp-auto-row { font-family: monospace; font-size: 11px; }
+.hp-auto-chosen { font-weight: 700; }
 .hp-mesh-legend { display: flex; flex-wrap: wrap; gap: 3px; align-items: center; }
 .hp-chip { border: 1px solid #666; border-radius: 9px; padding: 0 6px; cursor: pointer; background: transparent; color: inherit; font: inherit; }
 .hp-chip-active { background: #3b6fb6; border-color: #3b6fb6; color: #fff; }
@@ -122,6 +124,23 @@ function groupsLine(payload, axis) {
  * Draw `payload` into `root`. `colorBy` is the user's chosen axis (may be stale), `onColorBy(axis)` is
  * called when a chip is clicked. Returns the axis actually used.
  */
+// degrees "auto": what Hybrid Sampler's cost model predicted per step for each choice in its latest run
+function autoTable(auto) {
+  const box = el("div", { class: "hp-mesh-auto" });
+  if (!auto) {
+    box.append(el("div", { class: "hp-mesh-hint",
+      text: "degrees auto: Hybrid Sampler picks them from the model, latent and cfg; the predicted time per step of each choice shows here after a run" }));
+    return box;
+  }
+  box.append(el("div", { class: "hp-mesh-hint",
+    text: `latest run: ${auto.model}, ${auto.tokens} image + ${auto.text_tokens} text tokens, cfg ${auto.cfg ? "on" : "off"}, up to ${auto.devices} device(s) (${auto.cost}) - predicted per step:` }));
+  for (const c of auto.candidates) {
+    box.append(el("div", { class: `hp-auto-row${c.chosen ? " hp-auto-chosen" : ""}`, "data-config": c.config,
+      text: `${c.chosen ? "▶ " : ""}${c.config}: ${c.ms.toFixed(1)} ms (${c.speedup.toFixed(2)}× degree 1)` }));
+  }
+  return box;
+}
+
 export function renderMesh(root, payload, colorBy, onColorBy) {
   root.replaceChildren();
   const inner = el("div", { class: "hp-mesh-inner" });
@@ -142,6 +161,7 @@ export function renderMesh(root, payload, colorBy, onColorBy) {
   root.dataset.worldSize = String(payload.world_size);
   inner.append(el("div", { class: "hp-mesh-summary",
     text: `${payload.world_size} rank${payload.world_size === 1 ? "" : "s"} · ${payload.describe}` }));
+  if ("auto" in payload) inner.append(autoTable(payload.auto));
   if (payload.placement) {  // a valid plan this machine cannot run: drawn, with what a prompt would refuse
     inner.append(el("div", { class: "hp-mesh-error hp-mesh-placement", role: "status", text: payload.placement }));
   }
