@@ -103,6 +103,13 @@ def memory(plt, mem, vae, path):
     return True
 
 
+def _median_min_bars(ax, labels, median, minimum, color, tick_kw) -> None:
+    """Bars of the medians, crosses at the minima (the least disturbed runs on a shared machine)."""
+    ax.bar(range(len(labels)), median, color=color, label="median")
+    ax.plot(range(len(labels)), minimum, "kx", label="min")
+    ax.set_xticks(range(len(labels)), labels, **tick_kw)
+
+
 def performance(plt, data: dict, path: str) -> bool:
     """The speed issue's targets in one figure: cold first prompt and config change vs KSampler (native), degree-1
     overhead (overhead), Ulysses vs diffusers' own (peer), and the many-GPU PREDICTION beside xDiT's Flux number."""
@@ -129,19 +136,17 @@ def performance(plt, data: dict, path: str) -> bool:
     ax = axes[1]
     if over:
         rows = over["rows"]
-        labels = [f"{r['model']}\n{r['comparison'].replace('ComfyUI, ', 'KSampler, ')}" for r in rows]
-        ax.bar(range(len(rows)), [r["ratio_median"] for r in rows], color="tab:orange", label="median")
-        ax.plot(range(len(rows)), [r["ratio_min"] for r in rows], "kx", label="min")
-        ax.set_xticks(range(len(rows)), labels, fontsize=7, rotation=45, ha="right")
+        _median_min_bars(ax, [f"{r['model']}\n{r['comparison'].replace('ComfyUI, ', 'KSampler, ')}" for r in rows],
+                         [r["ratio_median"] for r in rows], [r["ratio_min"] for r in rows], "tab:orange",
+                         dict(fontsize=7, rotation=45, ha="right"))
         ax.axhline(1.02, ls="--", c="gray", label="target 1.02x")
         ax.set(ylabel="pool / in-process time per step", title="Degree-1 overhead")
         ax.legend(fontsize=8)
     ax = axes[2]
     if peer:
         rows = peer["rows"]
-        ax.bar([r["method"].replace(" Ulysses", "\nUlysses").replace(" Ring", "\nRing") for r in rows],
-               [r["median_ms"] for r in rows], color="tab:green", label="median")
-        ax.plot(range(len(rows)), [r["min_ms"] for r in rows], "kx", label="min")
+        _median_min_bars(ax, [r["method"].replace(" Ulysses", "\nUlysses").replace(" Ring", "\nRing") for r in rows],
+                         [r["median_ms"] for r in rows], [r["min_ms"] for r in rows], "tab:green", {})
         ax.set(ylabel="ms per forward", title="Ulysses vs diffusers' own (2 ranks x 1 thread)")
         ax.legend(fontsize=8)
     ax = axes[3]

@@ -199,7 +199,8 @@ def submit_once(pool, config, values: dict, tensors: dict, state: dict, changing
                     and prev.device == t.device and (prev is t or torch.equal(prev, t)):
                 reuse.append(name)
                 del tensors[name]
-    values = dict(values, run=run, previous_call=None if last is None else last["call"], reuse=reuse)
+    values = dict(values, run=run, previous_call=None if last is None else last["call"], reuse=reuse,
+                  changing=list(changing))
     state["sent"] = None  # until this call succeeds
     res = submit_interruptible(pool, config, "forward", values, tensors)
     kept = {n: t for n, t in tensors.items() if n not in changing}

@@ -92,14 +92,15 @@ class Engine:
     def source_weights(self, key: str) -> Optional[dict]:
         """The weights `key` was built from under another mesh, if they were kept (a config change that keeps the
         world rebuilds from them instead of receiving them again); None otherwise."""
-        for k, r in self.models.items():
-            if k.partition(MESH_SEP)[0] == key and r.source is not None:
-                return r.source
-        return None
+        return next((self.models[k].source for k in self._layouts(key) if self.models[k].source is not None), None)
+
+    def _layouts(self, key: str) -> list:
+        """The slots of `key`, one per mesh it was built for."""
+        return [k for k in self.models if k.partition(MESH_SEP)[0] == key]
 
     def drop_other_meshes(self, key: str) -> None:
         """Forget `key` built for other meshes (called before building it for this one)."""
-        stale = [k for k in self.models if k.partition(MESH_SEP)[0] == key]
+        stale = self._layouts(key)
         for k in stale:
             del self.models[k]
         if stale:  # a parallelized model is a reference cycle (its hooks): free its weights now, not at the next gc
@@ -125,7 +126,6 @@ class Engine:
         self.drop_other_meshes(key)
         if parallelized:
             key = self._scoped(key, ctx)
-        if parallelized:
             model = parallelize(model, ctx) or model
             if ctx.config.pp_degree > 1 and plan_for(model).pipeline is not None:
                 from .pipefusion.plans import keep_stage_blocks

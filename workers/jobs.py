@@ -206,8 +206,8 @@ def _reuse_inputs(state: WorkerState, key: str, payload: dict) -> None:
         payload.update({n: held["tensors"][n] for n in reuse})
     state.call_inputs = None
     if run is not None:
-        kept = {n: v.to(state.device) for n, v in payload.items()
-                if isinstance(v, torch.Tensor) and n not in ("x", "timestep", "hidden_states")}
+        changing = set(payload.get("changing") or ())  # the latent and timestep: new at every call
+        kept = {n: v.to(state.device) for n, v in payload.items() if isinstance(v, torch.Tensor) and n not in changing}
         payload.update(kept)  # on the device once per run
         state.call_inputs = {"key": key, "run": run, "call": payload.get("call_index"), "tensors": kept}
 
