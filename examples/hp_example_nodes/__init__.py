@@ -1,13 +1,16 @@
 """Example-only ComfyUI nodes for the pack's headless demo and tests.
 
-No text-encoder weights can be downloaded here, so these supply conditioning
-tensors of the right shapes (seeded random) and save IMAGE tensors losslessly
+No text-encoder weights can be downloaded here, so these supply conditioning: the demo
+model's own text encoder (demo_text.py), or tensors of the right shapes (seeded random)
+for the tiny random-init test models; and they save IMAGE tensors losslessly
 (safetensors) so a workflow's result can be compared exactly with a reference.
 Not needed to use the pack with real models.
 """
 import os
 
 import torch
+
+from . import demo_text
 
 
 class HPExampleConditioning:
@@ -34,6 +37,23 @@ class HPExampleConditioning:
         if guidance >= 0:
             extra["guidance"] = guidance
         return ([[torch.randn(1, tokens, context_dim, generator=g), extra]],)
+
+
+class HPDemoTextEncode:
+    CATEGORY = "hybrid parallel/examples"
+    RETURN_TYPES = ("CONDITIONING",)
+    FUNCTION = "encode"
+    DESCRIPTION = ("The demo model's text encoder (examples/demo_model): fixed pseudo-random word vectors, no "
+                   "weights. The demo model draws 'a <colour> <shape> on a <background> background'.")
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"text": ("STRING", {"default": "a red circle on a gray background",
+                                                 "tooltip": "Empty = the unconditional (negative) prompt."})}}
+
+    def encode(self, text):
+        context, pooled = demo_text.encode(text)
+        return ([[context, {"pooled_output": pooled}]],)
 
 
 class HPSaveImageTensor:
@@ -69,8 +89,10 @@ class HPSaveLatentTensor(HPSaveImageTensor):
         return super().save(samples["samples"], filename)
 
 
-NODE_CLASS_MAPPINGS = {"HPExampleConditioning": HPExampleConditioning, "HPSaveImageTensor": HPSaveImageTensor,
+NODE_CLASS_MAPPINGS = {"HPExampleConditioning": HPExampleConditioning, "HPDemoTextEncode": HPDemoTextEncode,
+                       "HPSaveImageTensor": HPSaveImageTensor,
                        "HPSaveLatentTensor": HPSaveLatentTensor}
 NODE_DISPLAY_NAME_MAPPINGS = {"HPExampleConditioning": "Example Conditioning (random)",
+                              "HPDemoTextEncode": "Demo Text Encode (demo model)",
                               "HPSaveImageTensor": "Save Image Tensor (lossless)",
                               "HPSaveLatentTensor": "Save Latent Tensor (lossless)"}

@@ -1,0 +1,156 @@
+"""A real ComfyUI server, headless, with this pack in its custom_nodes: the main job's and the tests'.
+
+Started once per run on a private base directory (models, outputs, log); the caller writes the model files
+into its models folders. The flags and the readiness poll are the ones measured in shared/examples; the
+example nodes (examples/hp_example_nodes) are copied in beside the pack.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ComfyServer:
+    def __init__(self, comfy_dir: Path, base: Path, spares: int = 0):
+        self.comfy_dir, self.base = Path(comfy_dir), Path(base)
+        # the pack's spare interpreters (workers/spares.py): none by default, so that the tests that count worker
+        # processes see exactly the pool's; tests/test_comfyui_spares.py starts a server with some
+        self.spares = spares
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = None
+        (self.base / "custom_nodes").mkdir(parents=True, exist_ok=True)
+        for sub in ("diffusion_models", "vae", "loras"):
+            (self.base / "models" / sub).mkdir(parents=True, exist_ok=True)
+        link = self.base / "custom_nodes" / "hybrid_parallel_under_test"
+        if not link.exists():
+            link.symlink_to(REPO, target_is_directory=True)
+        ex = self.base / "custom_nodes" / "hp_example_nodes"
+        if not ex.exists():
+            shutil.copytree(REPO / "examples" / "hp_example_nodes", ex)
+
+    def start(self, timeout_s: float = 180.0, tries: int = 3) -> "ComfyServer":
+        """Start and wait until our nodes are registered; a port taken meanwhile is retried on another."""
+        for attempt in range(tries):
+            try:
+                return self._start_once(timeout_s)
+            except RuntimeError as e:
+                if "address already in use" not in str(e) or attempt == tries - 1:
+                    raise
+                self.port = _free_port()
+                self.url = f"http://127.0.0.1:{self.port}"
+        raise AssertionError("unreachable")
+
+    def _start_once(self, timeout_s: float) -> "ComfyServer":
+        self.log = open(self.base / "comfyui.log", "w")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", HP_SPARE_WORKERS=str(self.spares))
+        self.proc = subprocess.Popen(
+            [sys.executable, "main.py", "--cpu", "--listen", "127.0.0.1", "--port", str(self.port),
+             "--base-directory", str(self.base), "--disable-auto-launch", "--database-url", "sqlite:///:memory:",
+             "--preview-method", "latent2rgb"],  # previews go only to a client that asked (tests/test_comfyui_previews.py)
+            cwd=self.comfy_dir, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"ComfyUI exited with {self.proc.returncode}:\n{self.tail()}")
+            try:
+                info = self.get("/object_info/HybridSampler")
+                if "HybridSampler" in info:
+                    return self
+            except (urllib.error.URLError, ConnectionError, OSError):
+                pass
+            time.sleep(0.5)
+        self.stop()
+        raise RuntimeError(f"ComfyUI did not get ready in {timeout_s:.0f} s:\n{self.tail()}")
+
+    def tail(self, n: int = 60) -> str:
+        try:
+            return "".join(open(self.base / "comfyui.log").readlines()[-n:])
+        except OSError:
+            return ""
+
+    def get(self, path: str):
+        with urllib.request.urlopen(self.url + path, timeout=30) as r:
+            return json.load(r)
+
+    def post(self, path: str, payload: dict):
+        req = urllib.request.Request(self.url + path, data=json.dumps(payload).encode(),
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                body = r.read()
+                return json.loads(body) if body else {}
+        except urllib.error.HTTPError as e:
+            return {"http_error": e.code, "body": json.loads(e.read() or b"{}")}
+
+    def run(self, graph: dict, timeout_s: float = 600.0) -> dict:
+        """Queue an API prompt and wait for its /history entry (status + outputs)."""
+        resp = self.post("/prompt", {"prompt": graph, "client_id": str(uuid.uuid4())})
+        if "prompt_id" not in resp:
+            return {"rejected": resp}
+        pid = resp["prompt_id"]
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            h = self.get(f"/history/{pid}")
+            if pid in h and h[pid].get("status", {}).get("completed") is not None:
+                return h[pid]
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"ComfyUI died while running a prompt:\n{self.tail()}")
+            time.sleep(0.1)
+        raise TimeoutError(f"prompt {pid} did not finish in {timeout_s:.0f} s:\n{self.tail()}")
+
+    def wait(self, prompt_id: str, timeout_s: float = 120.0) -> dict:
+        """A queued prompt's /history entry once it completed (success, error or interrupted)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            h = self.get(f"/history/{prompt_id}")
+            if prompt_id in h and h[prompt_id].get("status", {}).get("completed") is not None:
+                return h[prompt_id]
+            time.sleep(0.02)
+        raise TimeoutError(self.tail())
+
+    def worker_pids(self, spares: bool = False) -> list:
+        """Our pool's worker processes: children of this server running the worker module (sorted); `spares`:
+        (pid, started as a spare interpreter) pairs."""
+        out = []
+        for d in os.listdir("/proc"):
+            if not d.isdigit():
+                continue
+            try:
+                cmd = open(f"/proc/{d}/cmdline", "rb").read().replace(b"\0", b" ").decode()
+                ppid = int(open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            if ppid == self.proc.pid and "worker_main" in cmd:
+                out.append((int(d), "--spare" in cmd) if spares else int(d))
+        return sorted(out)
+
+    def output(self, name: str) -> Path:
+        return self.base / "output" / name
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self.proc = None
