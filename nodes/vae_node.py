@@ -1,17 +1,18 @@
 """Patch VAE Decode: ComfyUI's VAEDecode with the decode split into row patches across the workers.
 
 The workers rebuild ComfyUI's VAE as the diffusers class that computes the same decode (diffusers
-AutoencoderKL for the KL image VAE, AutoencoderKLWan for the Wan 2.1 and 2.2 video VAEs) and split
-it with parallel/vae. Any other VAE ComfyUI loads (HunyuanVideo 1.5's, TAESD/TAEHV, LTXV, Mochi,
-Cosmos, audio VAEs...) has no such twin: `vae_family` refuses it by class, naming the workaround,
-before the VAE travels or a worker starts.
+AutoencoderKL for the KL image VAE, AutoencoderKLWan for the Wan 2.1 and 2.2 video VAEs,
+AutoencoderTiny for TAESD) and split it with parallel/vae. Any other VAE ComfyUI loads (HunyuanVideo
+1.5's, TAEHV, LTXV, Mochi, Cosmos, audio VAEs...) has no such twin: `check_vae` refuses it by class,
+naming the workaround, before the VAE travels or a worker starts.
 """
 from __future__ import annotations
 
 import torch
 
 from ..parallel.checkpoints import CheckpointError, detect_family, family_module
-from ..parallel.checkpoints.vae import kl_config_from_state_dict, wan_config_from_state_dict
+from ..parallel.checkpoints.vae import (kl_config_from_state_dict, taesd_config_from_state_dict, taesd_latent_in,
+                                        wan_config_from_state_dict)
 from .runtime import to_diffusers, weights_key
 from .sampler_node import submit_interruptible
 
@@ -30,8 +31,9 @@ class PatchVAEDecode:
     def INPUT_TYPES(cls):
         return {"required": {
             "samples": ("LATENT", {"tooltip": "The latent to decode."}),
-            "vae": ("VAE", {"tooltip": "A KL image VAE (SD, SDXL, SD3, Flux.1, PixArt, Lumina 2, Z-Image) or the "
-                                       "Wan 2.1 / Wan 2.2 video VAE; other VAEs: use VAE Decode."}),
+            "vae": ("VAE", {"tooltip": "A KL image VAE (SD, SDXL, SD3, Flux.1, PixArt, Lumina 2, Z-Image), a TAESD "
+                                       "(taesd, taesdxl, taesd3, taef1) or the Wan 2.1 / Wan 2.2 video VAE; other "
+                                       "VAEs: use VAE Decode."}),
             "parallel_config": ("PARALLEL_CONFIG", {"tooltip": "From the Parallel Config node; every rank of its "
                                                     "world decodes a band of rows."}),
         }, "optional": {
@@ -53,6 +55,8 @@ class PatchVAEDecode:
         self.runtime.ensure_resident(hp, key, lambda: to_diffusers(first, family))
         pool = self.runtime.pool(hp)
         latent = samples["samples"].float()
+        if family == "vae_taesd":  # ComfyUI's TAESD.decode shifts and scales the latent before its decoder
+            latent = taesd_latent_in(latent, first.vae_scale, first.vae_shift)
         values = {"key": key}
         if block_size:
             values["block_size"] = int(block_size)
@@ -83,8 +87,11 @@ def check_rows(latent, first_stage_model, ranks: int) -> None:
 _WAN_VAES = ("comfy.ldm.wan.vae.WanVAE", "comfy.ldm.wan.vae2_2.WanVAE")
 _KL_VAE = "comfy.ldm.models.autoencoder.AutoencodingEngine"  # AutoencoderKL derives from it
 _KL_DECODER = "comfy.ldm.modules.diffusionmodules.model.Decoder"
-SUPPORTED_VAES = ("the KL image VAE (SD 1.x, SDXL, SD3, Flux.1, PixArt, Lumina 2, Z-Image) and the Wan 2.1 and "
-                  "Wan 2.2 video VAEs")
+_TAESD = "comfy.taesd.taesd.TAESD"  # taesd, taesdxl (4 channels), taesd3, taef1 (16); not TAEHV (video)
+SUPPORTED_VAES = ("the KL image VAE (SD 1.x, SDXL, SD3, Flux.1, PixArt, Lumina 2, Z-Image), TAESD (taesd, taesdxl, "
+                  "taesd3, taef1) and the Wan 2.1 and Wan 2.2 video VAEs")
+_CONFIG = {"vae_kl": kl_config_from_state_dict, "vae_wan": wan_config_from_state_dict,
+           "vae_taesd": taesd_config_from_state_dict}
 
 
 def _qualname(obj) -> str:
@@ -93,17 +100,20 @@ def _qualname(obj) -> str:
 
 
 def check_vae(first_stage_model, latent=None) -> str:
-    """'vae_kl' or 'vae_wan' (the Wan 2.2 VAE included) for a ComfyUI VAE the workers can split and a latent it
-    takes, else a ValueError naming the VAE's class and the workaround. Why: no other VAE has a diffusers twin here whose decoder was checked to
-    split by rows (HunyuanVideo 1.5's, for one, attends over every frame's tokens at once in its mid block and its
-    detected size is fixed at ~1B parameters), and the refusal must come before the VAE travels or a worker starts.
-    The converter's own shape checks (a Flux.2 batch-norm latent, an SVD temporal decoder) run here too, on the
-    state dict's names and shapes only."""
+    """'vae_kl', 'vae_wan' (the Wan 2.2 VAE included) or 'vae_taesd' for a ComfyUI VAE the workers can split and a
+    latent it takes, else a ValueError naming the VAE's class and the workaround. Why: no other VAE has a diffusers
+    twin here whose decoder was checked to split by rows (HunyuanVideo 1.5's, for one, attends over every frame's
+    tokens at once in its mid block and its detected size is fixed at ~1B parameters), and the refusal must come
+    before the VAE travels or a worker starts. The converter's own shape checks (a Flux.2 batch-norm latent, an SVD
+    temporal decoder, a TAESD whose layer layout is not AutoencoderTiny's) run here too, on the state dict's names
+    and shapes only."""
     names = {f"{c.__module__}.{c.__qualname__}" for c in type(first_stage_model).__mro__}
     decoder = getattr(first_stage_model, "decoder", None)
     what = _qualname(first_stage_model)
     if names & set(_WAN_VAES):
         family = "vae_wan"
+    elif _TAESD in names:
+        family = "vae_taesd"
     elif _KL_VAE in names and _qualname(decoder) == _KL_DECODER and isinstance(decoder.conv_in, torch.nn.Conv2d):
         family = "vae_kl"  # not the 3-D variant of the same Decoder (conv3d=True: VideoConv3d convs)
     else:
@@ -116,12 +126,12 @@ def check_vae(first_stage_model, latent=None) -> str:
         found = detect_family(sd)
         if found != family:
             raise CheckpointError(f"its weights look like {found}, its class like {family}")
-        config = (kl_config_from_state_dict if family == "vae_kl" else wan_config_from_state_dict)(sd)
+        config = _CONFIG[family](sd)
     except CheckpointError as e:
         raise ValueError(f"Patch VAE Decode cannot split this VAE ({what}): {e}. Decode it with ComfyUI's VAE "
                          f"Decode, or VAE Decode (Tiled) when it does not fit in memory") from None
     if latent is not None:
-        dims, channels = (4, config["latent_channels"]) if family == "vae_kl" else (5, config["z_dim"])
+        dims, channels = (5, config["z_dim"]) if family == "vae_wan" else (4, config["latent_channels"])
         if latent.dim() != dims or latent.shape[1] != channels:
             kind = "image (B, C, H, W)" if dims == 4 else "video (B, C, T, H, W)"
             raise ValueError(f"Patch VAE Decode: this VAE ({what}) decodes {kind} latents with {channels} channels, "

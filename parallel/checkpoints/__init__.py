@@ -8,7 +8,7 @@ diffusers' layout (diffusers' own single-file converters where they exist). Each
 also has `comfy_to_diffusers_inputs` / `diffusers_to_comfy_output`, the input/output
 conventions under which diffusers' forward equals ComfyUI's diffusion-model forward.
 
-Families: flux, sd3, pixart, wan (diffusion models), vae_kl, vae_wan (VAEs).
+Families: flux, sd3, pixart, wan (diffusion models), vae_kl, vae_wan, vae_taesd (VAEs).
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from ._util import CheckpointError, strip_prefix
 __all__ = ["FAMILIES", "CheckpointError", "build_model", "convert", "detect_family", "family_module",
            "flux", "pixart", "sd3", "vae", "wan"]
 
-FAMILIES = ("flux", "sd3", "pixart", "wan", "vae_kl", "vae_wan")
+FAMILIES = ("flux", "sd3", "pixart", "wan", "vae_kl", "vae_wan", "vae_taesd")
 
 _DETECT = (
     ("flux", flux.is_flux),
@@ -32,6 +32,7 @@ _DETECT = (
     ("wan", wan.is_wan),
     ("vae_wan", vae.is_wan_vae),
     ("vae_kl", vae.is_kl_vae),
+    ("vae_taesd", vae.is_taesd_vae),
 )
 _CONVERT = {
     "flux": flux.convert,
@@ -40,8 +41,10 @@ _CONVERT = {
     "wan": wan.convert,
     "vae_kl": vae.convert_kl,
     "vae_wan": vae.convert_wan,
+    "vae_taesd": vae.convert_taesd,
 }
-_MODULES = {"flux": flux, "sd3": sd3, "pixart": pixart, "wan": wan, "vae_kl": vae, "vae_wan": vae}
+_MODULES = {"flux": flux, "sd3": sd3, "pixart": pixart, "wan": wan, "vae_kl": vae, "vae_wan": vae,
+            "vae_taesd": vae}
 
 
 def detect_family(state_dict: Mapping[str, torch.Tensor]) -> str:

@@ -1,5 +1,6 @@
 """VAEs: ComfyUI (LDM-layout) KL VAE -> diffusers AutoencoderKL, Wan 2.1 and Wan 2.2 VAEs ->
-AutoencoderKLWan, and the decode conventions that make diffusers' decode equal ComfyUI's `VAE.decode`.
+AutoencoderKLWan, TAESD -> AutoencoderTiny, and the decode conventions that make diffusers' decode equal
+ComfyUI's `VAE.decode`.
 
 The Wan 2.2 VAE (comfy/ldm/wan/vae2_2.py: 48 latent channels, 16x spatial) is diffusers'
 AutoencoderKLWan with `is_residual=True` and `patch_size=2`: residual down/up blocks whose
@@ -13,6 +14,14 @@ Both sides decode raw VAE latents (ComfyUI's latent_format scaling happens in th
 diffusers pipeline's scaling_factor outside `decode`), so the latent passes through unchanged.
 ComfyUI's VAE.decode maps the decoder output x to images clamp((x + 1) / 2, 0, 1), channels last;
 diffusers' Wan VAE already clamps x to [-1, 1] inside decode, which that mapping makes harmless.
+
+TAESD (comfy/taesd/taesd.py; taesd, taesdxl with 4 latent channels, taesd3, taef1 with 16) is the one
+exception to "the latent passes through unchanged": ComfyUI's TAESD.decode computes
+decoder((z - vae_shift) * vae_scale) * 2 - 1 with two scalar parameters of its state dict (the tiny
+decoder was trained on the diffusion-space latent, ComfyUI hands it the raw one). diffusers'
+AutoencoderTiny.decode is decoder(z) * 2 - 1 with the same Clamp/conv/ReLU/block/nearest-x2 stack, so
+`taesd_latent_in` applies that affine to the latent before it goes to the twin; the twin itself holds
+only the encoder and decoder convolutions (ComfyUI's Sequential indices shifted past its weightless Clamp).
 """
 from __future__ import annotations
 
@@ -21,10 +30,11 @@ import re
 import torch
 from diffusers.loaders.single_file_utils import convert_ldm_vae_checkpoint, convert_wan_vae_to_diffusers
 
-from ._util import CheckpointError, count_blocks, need
+from ._util import CheckpointError, check_consumed, count_blocks, need
 
 KL_CLASS_NAME = "AutoencoderKL"
 WAN_CLASS_NAME = "AutoencoderKLWan"
+TAESD_CLASS_NAME = "AutoencoderTiny"
 KL_NORM_GROUPS = 32  # ComfyUI's (and LDM's) Normalize() in comfy/ldm/modules/diffusionmodules/model.py
 # Fixed by ComfyUI for the Wan 2.1 VAE (comfy/sd.py); only the base width is read from the weights.
 WAN_DIM_MULT = [1, 2, 4, 4]
@@ -156,6 +166,106 @@ def convert_wan(sd) -> tuple[str, dict, dict]:
     # the stem, middle blocks, heads and quant convs have the same names as in Wan 2.1: diffusers' converter
     out.update(convert_wan_vae_to_diffusers({k: v for k, v in sd.items() if blocks[k] is None}))
     return WAN_CLASS_NAME, config, out
+
+
+def is_taesd_vae(sd) -> bool:
+    """ComfyUI's own test (comfy/sd.py): the tiny decoder's first convolution."""
+    return "taesd_decoder.1.weight" in sd
+
+
+# What each index of ComfyUI's TAESD Sequentials holds: a conv ("conv"), a Block ("block") or a weightless module
+# (Clamp, ReLU, Upsample: "-"); read from the weight names, so a layout other than diffusers' is refused by name.
+def _kinds(sd, prefix: str) -> list:
+    last = max((int(k[len(prefix):].split(".", 1)[0]) for k in sd if k.startswith(prefix)), default=-1)
+    return ["conv" if f"{prefix}{i}.weight" in sd else "block" if f"{prefix}{i}.conv.0.weight" in sd else "-"
+            for i in range(last + 1)]
+
+
+def _decoder_layout(blocks) -> list:
+    """ComfyUI's Decoder Sequential: Clamp, conv, ReLU, then per stage its blocks and, except after the last, a
+    nearest x2 upsample and a conv; a final conv to the image. diffusers' DecoderTiny.layers is the same list
+    without the Clamp (its forward applies it)."""
+    out = ["-", "conv", "-"]
+    for i, n in enumerate(blocks):
+        out += ["block"] * n + (["-"] if i < len(blocks) - 1 else []) + ["conv"]
+    return out
+
+
+def _encoder_layout(blocks) -> list:
+    """ComfyUI's Encoder / diffusers' EncoderTiny (same indices): per stage a conv (stride 2 after the first) and its
+    blocks; a final conv to the latent."""
+    return [k for n in blocks for k in ["conv"] + ["block"] * n] + ["conv"]
+
+
+def _stage_blocks(kinds: list, skip: int) -> list:
+    """Blocks per stage: the runs of "block" between the convs after the first `skip` entries."""
+    runs, n = [], 0
+    for k in kinds[skip:]:
+        if k == "conv":
+            runs.append(n)
+            n = 0
+        elif k == "block":
+            n += 1
+    return runs
+
+
+def taesd_config_from_state_dict(sd) -> dict:
+    """AutoencoderTiny's config from ComfyUI's TAESD weights: channels and widths from the shapes, blocks per stage
+    from the Sequential indices (ComfyUI builds (3, 3, 3, 1) decoder and (1, 3, 3, 3) encoder stages, 64 wide); a
+    state dict whose index layout is not diffusers' is refused here, before any weights travel."""
+    dec_kinds, enc_kinds = _kinds(sd, "taesd_decoder."), _kinds(sd, "taesd_encoder.")
+    dec_blocks = _stage_blocks(dec_kinds, 3)
+    enc_blocks = _stage_blocks(enc_kinds, 1)
+    if not dec_blocks or _decoder_layout(dec_blocks) != dec_kinds:
+        raise CheckpointError(f"TAESD decoder layout {dec_kinds} is not the tiny decoder diffusers' AutoencoderTiny "
+                              f"builds (Clamp, conv, ReLU, blocks / upsample / conv stages, final conv)")
+    if not enc_blocks or _encoder_layout(enc_blocks) != enc_kinds:
+        raise CheckpointError(f"TAESD encoder layout {enc_kinds} is not the tiny encoder diffusers' AutoencoderTiny "
+                              f"builds (conv and blocks per stage, final conv)")
+    first = need(sd, "taesd_decoder.1.weight", "vae_taesd")
+    enc_first = need(sd, "taesd_encoder.0.weight", "vae_taesd")
+    return {
+        "in_channels": int(enc_first.shape[1]),
+        "out_channels": int(sd[f"taesd_decoder.{len(dec_kinds) - 1}.weight"].shape[0]),
+        "encoder_block_out_channels": [int(enc_first.shape[0])] * len(enc_blocks),
+        "decoder_block_out_channels": [int(first.shape[0])] * len(dec_blocks),
+        "act_fn": "relu",
+        "upsample_fn": "nearest",
+        "upsampling_scaling_factor": 2,
+        "latent_channels": int(first.shape[1]),
+        "num_encoder_blocks": enc_blocks,
+        "num_decoder_blocks": dec_blocks,
+    }
+
+
+_TAESD_KEY = re.compile(r"^taesd_(encoder|decoder)\.(\d+)\.(.+)$")
+
+
+def convert_taesd(sd) -> tuple[str, dict, dict]:
+    """ComfyUI's `taesd_decoder.{i}.*` is diffusers' `decoder.layers.{i-1}.*` (diffusers' Clamp is in the forward,
+    not a layer); `taesd_encoder.{i}.*` is `encoder.layers.{i}.*`. The encoder travels too: the workers load the twin
+    strictly, which a wrong index would fail loudly. `vae_scale` / `vae_shift` are not weights of the twin: see
+    `taesd_latent_in`."""
+    config = taesd_config_from_state_dict(sd)
+    out, rest = {}, {}
+    for k, v in sd.items():
+        m = _TAESD_KEY.match(k)
+        if m is None:
+            rest[k] = v
+            continue
+        side, i, tail = m.groups()
+        out[f"{side}.layers.{int(i) - (side == 'decoder')}.{tail}"] = v
+    check_consumed({k: v for k, v in rest.items() if k not in ("vae_scale", "vae_shift")}, "vae_taesd")
+    return TAESD_CLASS_NAME, config, out
+
+
+def taesd_latent_in(latent: torch.Tensor, vae_scale, vae_shift) -> torch.Tensor:
+    """The latent AutoencoderTiny.decode takes for a raw latent ComfyUI's TAESD decodes: (z - vae_shift) * vae_scale,
+    ComfyUI's own expression (the same float ops, so fp32 agrees bit for bit); the scalars are the TAESD's
+    parameters (ComfyUI's VAELoader sets them per model, e.g. 0.18215 / 0 for taesd, 0.3611 / 0.1159 for taef1)."""
+    scale = torch.as_tensor(vae_scale).detach().to(latent.device, latent.dtype)
+    shift = torch.as_tensor(vae_shift).detach().to(latent.device, latent.dtype)
+    return (latent - shift) * scale
 
 
 def decode(model, latent: torch.Tensor) -> torch.Tensor:

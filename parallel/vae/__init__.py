@@ -1,4 +1,4 @@
-"""Patch-parallel VAE decode (rows split over ranks, exact versus serial) for diffusers KL and Wan VAEs."""
+"""Patch-parallel VAE decode (rows split over ranks, exact versus serial): diffusers KL, Wan and tiny (TAESD) VAEs."""
 from .decode import max_patch_degree, patch_decode, world_axis
 from .patch_ops import GatherTokens, HaloExchange, PatchConv, PatchGroupNorm, exchange_halo
 from .plan import Plan, build_plan, swapped

@@ -62,9 +62,9 @@ def patch_decode(vae, latent: torch.Tensor, ax, block_size: Optional[int] = None
                  unscale: bool = False, gather: bool = True, timeout_s: Optional[float] = 120.0):
     """Decode `latent` with its rows split over the ranks of `ax`; every rank passes the same full latent.
 
-    - `vae`: a diffusers `AutoencoderKL` (latent (B, C, H, W)) or `AutoencoderKLWan`
-      (latent (B, C, T, H, W)); it is left exactly as it was (modules are swapped
-      back, tiling switched back on if it was on).
+    - `vae`: a diffusers `AutoencoderKL` or `AutoencoderTiny` (latent (B, C, H, W)) or
+      `AutoencoderKLWan` (latent (B, C, T, H, W)); it is left exactly as it was
+      (modules are swapped back, tiling switched back on if it was on).
     - `ax`: the AxisGroup to split over (e.g. `world_axis(ctx)` or `ctx.sp`).
     - `block_size`: compute every conv in chunks of at most this many output rows
       per rank (same result, lower peak memory).

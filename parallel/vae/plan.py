@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 import torch.nn as nn
 from diffusers.models.attention_processor import Attention, AttnProcessor, AttnProcessor2_0
 from diffusers.models.autoencoders import autoencoder_kl_wan as wan
-from diffusers.models.autoencoders.vae import Decoder
+from diffusers.models.autoencoders.vae import Decoder, DecoderTiny
 from diffusers.models.resnet import ResnetBlock2D
-from diffusers.models.unets.unet_2d_blocks import UNetMidBlock2D, UpDecoderBlock2D
+from diffusers.models.unets.unet_2d_blocks import AutoencoderTinyBlock, UNetMidBlock2D, UpDecoderBlock2D
 from diffusers.models.upsampling import Upsample2D
 
 from ..config import ConfigError
@@ -33,8 +33,10 @@ from .wan import PatchWanAttention
 
 _PER_ROW = (nn.SiLU, nn.Mish, nn.GELU, nn.ReLU, nn.Dropout, nn.Identity, nn.Linear,
             nn.ModuleList, nn.Sequential, wan.WanRMS_norm, wan.DupUp3D)
-_CONTAINERS = (Decoder, UNetMidBlock2D, UpDecoderBlock2D, wan.WanDecoder3d, wan.WanMidBlock,
-               wan.WanResidualBlock, wan.WanUpBlock, wan.WanResidualUpBlock)
+# DecoderTiny (AutoencoderTiny, TAESD): its forward adds tanh(x/3)*3 before and *2-1 after its layers, both per
+# element; AutoencoderTinyBlock adds its conv stack to its (1x1 or identity) skip and applies a ReLU: per row.
+_CONTAINERS = (Decoder, UNetMidBlock2D, UpDecoderBlock2D, DecoderTiny, AutoencoderTinyBlock, wan.WanDecoder3d,
+               wan.WanMidBlock, wan.WanResidualBlock, wan.WanUpBlock, wan.WanResidualUpBlock)
 
 
 @dataclass
@@ -59,7 +61,7 @@ def _check_row_local(mod: nn.Module, path: str) -> None:
         if mod.use_conv_transpose or not mod.interpolate:
             raise ConfigError(f"{path}: Upsample2D with a transposed conv or without interpolation is not "
                               f"supported by patch decode")
-    elif isinstance(mod, nn.Upsample):  # WanUpsample
+    elif isinstance(mod, nn.Upsample):  # WanUpsample, DecoderTiny's x2 (each rank's rows double, in order)
         sf = mod.scale_factor if isinstance(mod.scale_factor, tuple) else (mod.scale_factor,) * 2
         if mod.size is not None or mod.mode not in ("nearest", "nearest-exact") or float(sf[0]) != int(sf[0]):
             raise ConfigError(f"{path}: only nearest upsampling by an integer factor keeps rows local "
@@ -114,10 +116,10 @@ def _walk(mod: nn.Module, path: str, ax, plan: Plan, block_size, timeout_s, pare
 
 def build_plan(vae: nn.Module, ax, block_size=None, timeout_s=None) -> Plan:
     """Walk the parts of `vae` that `vae.decode` runs; refuse VAE classes that were not checked."""
-    from diffusers import AutoencoderKL, AutoencoderKLWan
+    from diffusers import AutoencoderKL, AutoencoderKLWan, AutoencoderTiny
 
-    if not isinstance(vae, (AutoencoderKL, AutoencoderKLWan)):
-        raise ConfigError(f"patch decode supports diffusers AutoencoderKL and AutoencoderKLWan, got "
+    if not isinstance(vae, (AutoencoderKL, AutoencoderKLWan, AutoencoderTiny)):
+        raise ConfigError(f"patch decode supports diffusers AutoencoderKL, AutoencoderKLWan and AutoencoderTiny, got "
                           f"{type(vae).__name__}; decode it serially")
     if block_size is not None and (isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1):
         raise ConfigError(f"block_size must be a positive integer number of rows or None, got {block_size!r}")
