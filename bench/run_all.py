@@ -40,6 +40,7 @@ SECTIONS = {
     "peer": ("bench_ulysses_peer.py", ["ulysses_peer"], [], 600),
     "costmodel": ("bench_costmodel.py", ["costmodel"], [], 300),
     "auto": ("bench_auto.py", ["auto"], [], 1200),
+    "quality": ("bench_quality.py", ["quality"], [], 1800),
 }
 TITLES = {
     "comm": "Communication volume per diffusion step (counters vs analytic)",
@@ -55,6 +56,7 @@ TITLES = {
     "peer": "Ulysses vs diffusers' own context parallelism (Flux-like, 2 ranks × 1 thread)",
     "costmodel": "Cost model: CPU calibration, predicted vs measured here, PREDICTED s/step for Flux / Wan on 1-8 H100s",
     "auto": "Parallel Config degrees auto vs degree 1 through the nodes and pool: never slower?",
+    "quality": "Stale methods and step caching on the trained demo model: PSNR / SSIM / latent error vs serial",
 }
 
 
@@ -180,6 +182,12 @@ def _headline(data: dict) -> list:
                 add(f"step cache {r['threshold']}, {r['config']}: steps skipped / speedup / rel. error vs uncached",
                     f"{r['skipped_steps']:g} of {r['steps']} / {r['speedup']:.2f}× / {r['rel_err_vs_uncached']:.1e}",
                     "measured (random weights)", d)
+    d = data.get("quality")
+    if d:
+        for r in d["rows"]:
+            if r["config"].startswith(("DistriFusion", "PipeFusion", "step cache")):
+                add(f"{r['config']} (demo model): PSNR / SSIM vs serial, pictures as asked",
+                    f"{r['psnr_db']:.1f} dB / {r['ssim']:.3f} / {r['as_asked']}/{r['n']}", "measured", d)
     return out
 
 

@@ -26,12 +26,15 @@ def dist_pools():
 @pytest.fixture(scope="session")
 def server(tmp_path_factory):
     """The session's one real ComfyUI server (ComfyUI takes ~15 s to start on 2 cores): the e2e tests and the
-    web tests (routes, browser) share it. Tiny SD3 / PixArt / Wan checkpoints and a tiny LoRA are on disk."""
+    web tests (routes, browser) share it. Tiny SD3 / PixArt / Wan checkpoints, a tiny LoRA
+    and the shipped demo model are on disk."""
     from comfy_env import setup_comfy
     comfy_dir = setup_comfy()
     base = tmp_path_factory.mktemp("comfy_base")
     srv = ComfyServer(comfy_dir, base)
     write_checkpoints(base, ("sd3", "pixart", "wan"))
+    from demo_model.workflow import install  # examples/ is on sys.path (comfy_server)
+    install(base)  # the shipped demo model (tests/test_demo_model.py)
     _write_tiny_lora(base / "models" / "loras" / "tiny_lora.safetensors")
     srv.start()
     yield srv

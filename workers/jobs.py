@@ -99,7 +99,7 @@ def job_steps(state: WorkerState, ctx, payload: dict) -> dict:
     return {"steps": n, "value": float(y[0]) if n else 0.0}
 
 
-VAE_CLASSES = {"vae_kl": "AutoencoderKL", "vae_wan": "AutoencoderKLWan"}
+VAE_CLASSES = {"vae_kl": "AutoencoderKL", "vae_wan": "AutoencoderKLWan", "vae_taesd": "AutoencoderTiny"}
 
 
 def _build_model(family: str, config: dict, weights: dict):

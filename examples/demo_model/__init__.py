@@ -1,7 +1,8 @@
 """The pack's demo model: a tiny text-to-image model trained by `train.py` on pictures `shapes.py` draws.
 
 Shipped in `weights/` (ComfyUI's own formats: the diffusion model for UNETLoader, the VAE for VAELoader,
-plus the classifier that checks a picture); the text encoder is `../hp_example_nodes/demo_text.py` (the Demo Text Encode node).
+plus the classifier that checks a picture); the text encoder is `../hp_example_nodes/demo_text.py` (the
+Demo Text Encode node).
 """
 from pathlib import Path
 

@@ -2,17 +2,16 @@
 
 - Diffusion model: ComfyUI's MMDiT (the SD3 family) with depth 3, so hidden 192 and 3 heads of 64 (what
   ComfyUI's detection derives from the weights; 3 heads split unevenly over 2 Ulysses ranks), a 64-wide
-  context and pooled vector (hp_example_nodes/demo_text.py), 16 latent channels. UNETLoader loads it as an SD3 model
-  (flow matching, shift 3, SD3's latent scale and shift).
-- VAE: ComfyUI's Wan 2.1 VAE class with base width 16 (VAELoader reads the width from the weights),
-  8x down-sampling, 16 channels, trained on single images: for one frame its causal 3-D convolutions
-  only ever see their last temporal tap (the taps before it meet zero padding), so training runs
-  them as 2-D convolutions of that tap (`frame_convs`), about 3x cheaper and exactly equal.
+  context and pooled vector (hp_example_nodes/demo_text.py), 16 latent channels. UNETLoader loads it as an
+  SD3 model (flow matching, shift 3, SD3's latent scale and shift).
+- VAE: ComfyUI's TAESD class with 16 latent channels (the layout of taesd3, SD3's tiny VAE; VAELoader reads
+  the channel count from the weights), 8x down-sampling, 2.5M parameters; its encoder is set to a colour mosaic,
+  its decoder trained (build_vae). ComfyUI's other 16-channel image VAE (the KL one) has a fixed width of 128
+  and costs ~30x more to train on two cores; its video VAE (Wan 2.1, width read from the weights) needs 5-D
+  latents, which VAE Decode cannot take from an SD3-family model.
 - Classifier: a small CNN that names a picture's shape, colour and background (shapes.py's classes).
 """
 from __future__ import annotations
-
-import contextlib
 
 import numpy as np
 import torch
@@ -22,7 +21,6 @@ import torch.nn.functional as F
 from hp_example_nodes import demo_text as text
 
 DEPTH = 3
-VAE_DIM = 16
 POS_EMBED_MAX = 16  # latents up to 32 x 32 (256 px)
 
 
@@ -48,16 +46,48 @@ def build_dit(dtype=torch.float32) -> nn.Module:
 
 
 def build_vae() -> nn.Module:
-    from comfy.ldm.wan.vae import WanVAE
+    """TAESD whose encoder is *set*, not trained: it computes a colour mosaic, the picture averaged over 4 x 4
+    pixel cells (16 x 16 cells for 64 px), each 2 x 2 group of cells packed into 12 channels of one latent pixel,
+    scaled to [-1, 1] (4 channels stay 0). Why: trained from scratch on two cores TAESD learnt shapes long before
+    colour (its pictures stayed grey after 600 steps); with the colour in the latent by construction only the
+    decoder is trained (the mosaic -> sharp picture), which learns colour at once, and the diffusion model sees
+    latents whose channels are colours. Built from TAESD's own layers: identity residual blocks (their last conv
+    zero; the activations are non-negative colours, so the ReLUs pass them), 2 x 2 averaging stride-2 convs,
+    a last stride-2 conv that packs instead of averaging, and an affine output conv."""
+    from comfy.taesd.taesd import Block, TAESD
 
-    v = WanVAE(dim=VAE_DIM, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=2, attn_scales=[],
-               temperal_downsample=[False, True, True], dropout=0.0)
+    v = TAESD(latent_channels=16)
     _torch_init(v)
-    with torch.no_grad():  # taps before the last never meet a single image; keep them zero
-        for mod in v.modules():
-            if isinstance(mod, nn.Conv3d) and mod.weight.shape[2] > 1:
-                mod.weight[:, :, :-1].zero_()
+    with torch.no_grad():
+        enc = v.taesd_encoder
+        for p in enc.parameters():
+            p.zero_()
+        convs = [m for m in enc if isinstance(m, nn.Conv2d)]
+        first, down, last = convs[0], convs[1:4], convs[4]
+        for c in range(3):
+            first.weight[c, c, 1, 1] = 1.0
+        for conv in down[:2]:  # average the 2 x 2 pixels the stride-2 tap window starts at
+            for c in range(3):
+                conv.weight[c, c, 1:3, 1:3] = 0.25
+        for k, (a, b) in enumerate(((0, 0), (0, 1), (1, 0), (1, 1))):  # pack: channel 3k + c = cell (a, b)
+            for c in range(3):
+                down[2].weight[3 * k + c, c, 1 + a, 1 + b] = 1.0
+        for ch in range(12):
+            last.weight[ch, ch, 1, 1] = 2.0
+            last.bias[ch] = -1.0
+        for m in enc:
+            if isinstance(m, Block):
+                for p in m.parameters():
+                    p.zero_()
     return v
+
+
+def mosaic(images: torch.Tensor) -> torch.Tensor:
+    """What build_vae's encoder computes, in plain torch (B, 3, H, W) in [0, 1] -> (B, 16, H/8, W/8)."""
+    z = F.pixel_unshuffle(F.avg_pool2d(images, 4), 2) * 2 - 1  # channel c*4 + k: colour c, cell k
+    b, _, h, w = z.shape
+    z = z.view(b, 3, 4, h, w).transpose(1, 2).reshape(b, 12, h, w)  # channel 3k + c, as the encoder packs
+    return torch.cat([z, z.new_zeros(b, 4, h, w)], 1)
 
 
 def _torch_init(module: nn.Module) -> None:
@@ -69,46 +99,24 @@ def _torch_init(module: nn.Module) -> None:
                 break
 
 
-@contextlib.contextmanager
-def frame_convs():
-    """Run ComfyUI's causal 3-D convolutions on one frame as the 2-D convolution of their last temporal tap
-    (what they compute for a first frame: the earlier taps meet zero padding). Restored on exit."""
-    from comfy.ldm.wan import vae as wan_vae
-
-    def forward(self, x, cache_x=None, cache_list=None, cache_idx=None):
-        if x.shape[2] != 1:
-            raise ValueError("frame_convs is for single images (one frame)")
-        if cache_list is not None:
-            cache_list[cache_idx] = None
-        pad = self._padding[:4]
-        y = F.conv2d(F.pad(x[:, :, 0], pad), self.weight[:, :, -1], self.bias, self.stride[1:], 0,
-                     self.dilation[1:], self.groups)
-        return y.unsqueeze(2)
-
-    original = wan_vae.CausalConv3d.forward
-    wan_vae.CausalConv3d.forward = forward
-    try:
-        yield
-    finally:
-        wan_vae.CausalConv3d.forward = original
-
-
 class Classifier(nn.Module):
-    """Picture (B, 3, 64, 64) in [0, 1] -> logits for shape, colour and background."""
+    """Picture (B, 3, 64, 64) in [0, 1] -> logits for shape, colour and background. The last feature map (4 x 4)
+    is flattened, not pooled, so where the colours are (shape or background) stays visible to the heads."""
 
     def __init__(self, n_shapes: int, n_colours: int, n_backgrounds: int):
         super().__init__()
-        chans = (3, 32, 64, 64, 128)
+        chans = (3, 32, 64, 128, 128)
         layers = []
         for a, b in zip(chans, chans[1:]):
             layers += [nn.Conv2d(a, b, 3, stride=2, padding=1), nn.ReLU()]
-        self.features = nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten())
-        self.shape = nn.Linear(128, n_shapes)
-        self.colour = nn.Linear(128, n_colours)
-        self.background = nn.Linear(128, n_backgrounds)
+        self.features = nn.Sequential(*layers, nn.Flatten())
+        self.hidden = nn.Sequential(nn.Linear(128 * 16, 256), nn.ReLU())
+        self.shape = nn.Linear(256, n_shapes)
+        self.colour = nn.Linear(256, n_colours)
+        self.background = nn.Linear(256, n_backgrounds)
 
     def forward(self, x):
-        f = self.features(x * 2 - 1)
+        f = self.hidden(self.features(x * 2 - 1))
         return self.shape(f), self.colour(f), self.background(f)
 
 

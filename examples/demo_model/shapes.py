@@ -84,7 +84,8 @@ def render(scene: Scene, rng: random.Random, size: int = SIZE) -> torch.Tensor:
         d.rectangle((cx - r, cy - t, cx + r, cy + t), fill=fill)
         d.rectangle((cx - t, cy - r, cx + t, cy + r), fill=fill)
     img = img.resize((size, size), Image.BOX)
-    return torch.frombuffer(bytearray(img.tobytes()), dtype=torch.uint8).view(size, size, 3).permute(2, 0, 1).float() / 255
+    pixels = torch.frombuffer(bytearray(img.tobytes()), dtype=torch.uint8).view(size, size, 3)
+    return pixels.permute(2, 0, 1).float() / 255
 
 
 def batch(n: int, rng: random.Random, scenes=None, size: int = SIZE):

@@ -3,9 +3,10 @@
     .venv/bin/python examples/demo_model/train.py            # ~25 min on 2 cores; writes weights/
     .venv/bin/python examples/demo_model/train.py --quick    # a minute: the same code on tiny step counts
 
-1. VAE (ComfyUI's Wan 2.1 class, width 16): reconstruct pictures of shapes.py (crops of 32 px, then whole
-   64 px pictures), then fold a per-channel affine into its 1x1 in/out convolutions so its latents, after
-   SD3's latent scale and shift, are zero-mean and unit-variance per channel (the decode is unchanged).
+1. VAE (ComfyUI's TAESD class, 16 channels): its encoder is set to a colour mosaic (nets.build_vae says why),
+   its decoder learns to draw the picture back (pictures drawn at 32 px, then 64 px); then its scale and shift
+   (ComfyUI's TAESD applies them around encoder and decoder) are set so its latents, after SD3's latent scale
+   and shift, have mean 0 and variance 1 (the decode is unchanged).
 2. Diffusion model (ComfyUI's MMDiT, depth 3): rectified flow on those latents exactly as ComfyUI samples an
    SD3 model (timestep = 1000 sigma, shift 3, v = noise - x0), text.py's conditioning, captions dropped
    10 % of the time for CFG, EMA weights.
@@ -46,70 +47,59 @@ def cosine_lr(step: int, total: int, peak: float, warmup: int = 100, floor: floa
     return peak * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * p)))
 
 
-def train_vae(vae, pool: torch.Tensor, steps: int, steps_full: int, log: dict) -> None:
-    from demo_model.nets import frame_convs
-
-    opt = torch.optim.AdamW(vae.parameters(), lr=1e-3, weight_decay=0.0)
+def train_vae(vae, small: torch.Tensor, pool: torch.Tensor, steps: int, steps_full: int, log: dict) -> None:
+    """The decoder, from the encoder's colour mosaic back to the picture (in [0, 1], TAESD's own ranges): first on
+    whole pictures drawn at 32 px (4x cheaper), then at 64 px; a little noise on the latent so it tolerates a
+    sampler's imperfect latents; the shape's pixels weighted up (it covers ~10 % of a picture)."""
+    dec = vae.taesd_decoder
+    opt = torch.optim.AdamW(dec.parameters(), lr=5e-4, weight_decay=0.0)
     g = torch.Generator().manual_seed(1)
     losses = []
-    with frame_convs():
-        for step in range(steps + steps_full):
-            full = step >= steps
-            n, crop = (16, 64) if full else (32, 32)
-            idx = torch.randint(len(pool), (n,), generator=g)
-            x = pool[idx]
-            if not full:
-                oy, ox = torch.randint(0, 64 - crop + 1, (2,), generator=g).tolist()
-                x = x[:, :, oy:oy + crop, ox:ox + crop]
-            if torch.rand(1, generator=g).item() < 0.5:
-                x = x.flip(3)
-            x = (x * 2 - 1).unsqueeze(2)
-            for grp in opt.param_groups:
-                grp["lr"] = cosine_lr(step, steps + steps_full, 1e-3)
-            z = vae.encode(x)
-            zn = z + 0.1 * z.detach().std() * torch.randn(z.shape, generator=g)
-            y = vae.decode(zn)
-            loss = F.l1_loss(y, x) + F.mse_loss(y, x) + 1e-4 * z.pow(2).mean()
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            losses.append(loss.item())
-            if step % 100 == 0 or step == steps + steps_full - 1:
-                print(f"  vae step {step:5d}  loss {sum(losses[-50:]) / len(losses[-50:]):.4f}", flush=True)
+    for step in range(steps + steps_full):
+        src, n = (pool, 8) if step >= steps else (small, 16)
+        x = src[torch.randint(len(src), (n,), generator=g)]
+        if torch.rand(1, generator=g).item() < 0.5:
+            x = x.flip(3)
+        for grp in opt.param_groups:
+            grp["lr"] = cosine_lr(step, steps + steps_full, 5e-4, warmup=50)
+        with torch.no_grad():
+            z = vae.taesd_encoder(x)
+        y = dec(z + 0.05 * torch.randn(z.shape, generator=g))
+        w = 1 + 8 * ((x - x[:, :, :1, :1]).abs().sum(1, keepdim=True) > 0.15).float()  # corner: background
+        err = y - x
+        loss = (w * (2 * err.abs() + 4 * err.pow(2))).mean() / w.mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+        if step % 200 == 0 or step == steps + steps_full - 1:
+            print(f"  vae decoder step {step:5d}  loss {sum(losses[-50:]) / len(losses[-50:]):.4f}", flush=True)
     log["vae_loss_last50"] = sum(losses[-50:]) / len(losses[-50:])
 
 
 @torch.no_grad()
-def encode(vae, images: torch.Tensor, chunk: int = 128) -> torch.Tensor:
-    from demo_model.nets import frame_convs
-    with frame_convs():
-        return torch.cat([vae.encode((images[i:i + chunk] * 2 - 1).unsqueeze(2))[:, :, 0]
-                          for i in range(0, len(images), chunk)])
+def encode(vae, images: torch.Tensor, chunk: int = 256) -> torch.Tensor:
+    """ComfyUI's TAESD.encode (pictures in [-1, 1] -> raw latents)."""
+    return torch.cat([vae.encode(images[i:i + chunk] * 2 - 1) for i in range(0, len(images), chunk)])
 
 
 @torch.no_grad()
-def decode(vae, latents: torch.Tensor, chunk: int = 64) -> torch.Tensor:
-    from demo_model.nets import frame_convs
-    with frame_convs():
-        return torch.cat([((vae.decode(latents[i:i + chunk].unsqueeze(2))[:, :, 0] + 1) / 2).clamp(0, 1)
-                          for i in range(0, len(latents), chunk)])
+def decode(vae, latents: torch.Tensor, chunk: int = 256) -> torch.Tensor:
+    """ComfyUI's TAESD.decode (raw latents -> pictures in [0, 1])."""
+    return torch.cat([((vae.decode(latents[i:i + chunk]) + 1) / 2).clamp(0, 1)
+                      for i in range(0, len(latents), chunk)])
 
 
 @torch.no_grad()
 def normalise_latents(vae, images: torch.Tensor, log: dict) -> None:
-    """Fold a per-channel affine into conv1 (mu rows) and conv2 so SD3's process_in of a latent is zero-mean,
-    unit-variance per channel; decode(encode(x)) is unchanged."""
-    mu = encode(vae, images)
-    m = mu.mean(dim=(0, 2, 3))
-    s = mu.std(dim=(0, 2, 3)).clamp_min(1e-4)
-    a = 1.0 / (s * SD3_SCALE)  # mu' = a (mu - m) + SD3_SHIFT
-    c1, c2 = vae.conv1, vae.conv2
-    c1.weight[:16] *= a.view(-1, 1, 1, 1, 1)
-    c1.bias[:16] = a * (c1.bias[:16] - m) + SD3_SHIFT
-    w2 = c2.weight[:, :, 0, 0, 0].clone()  # (out, in)
-    c2.bias += w2 @ (m - SD3_SHIFT / a)
-    c2.weight /= a.view(1, -1, 1, 1, 1)
-    log["latent_channel_std_before"] = [round(v, 4) for v in s.tolist()]
+    """Set TAESD's vae_scale / vae_shift so SD3's process_in of a raw latent, (r - SHIFT) * SCALE, has mean 0
+    and std 1; decode(encode(x)) is unchanged (the decoder sees the same tensor)."""
+    z = torch.cat([vae.taesd_encoder(images[i:i + 256]) for i in range(0, len(images), 256)])
+    m, s = z.mean().item(), z.std().item()
+    vae.vae_scale.fill_(s * SD3_SCALE)
+    vae.vae_shift.fill_(SD3_SHIFT - m / (s * SD3_SCALE))
+    log["encoder_mean_std"] = [m, s]
+    log["latent_channel_std"] = [round(v, 3) for v in ((z - m) / s).std(dim=(0, 2, 3)).tolist()]
 
 
 def train_dit(dit, latents, contexts, pooled, empty, steps: int, log: dict, batch: int = 64):
@@ -150,14 +140,14 @@ def train_dit(dit, latents, contexts, pooled, empty, steps: int, log: dict, batc
 
 
 def train_classifier(clf, images, labels, steps: int, log: dict, batch: int = 64) -> None:
-    opt = torch.optim.AdamW(clf.parameters(), lr=2e-3, weight_decay=1e-4)
+    opt = torch.optim.AdamW(clf.parameters(), lr=1e-3, weight_decay=1e-4)
     g = torch.Generator().manual_seed(3)
     for step in range(steps):
         idx = torch.randint(len(images), (batch,), generator=g)
         x = images[idx]
         x = (x + 0.04 * torch.randn(x.shape, generator=g)).clamp(0, 1)  # robust to a little sampling noise
         for grp in opt.param_groups:
-            grp["lr"] = cosine_lr(step, steps, 2e-3, warmup=50)
+            grp["lr"] = cosine_lr(step, steps, 1e-3, warmup=50)
         out = clf(x)
         loss = sum(F.cross_entropy(o, labels[idx, i]) for i, o in enumerate(out))
         opt.zero_grad(set_to_none=True)
@@ -192,11 +182,11 @@ def sample(dit, context, pooled, empty, seed: int, steps: int = 20, cfg: float =
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=str(HERE / "weights"))
-    ap.add_argument("--vae-steps", type=int, default=900)
+    ap.add_argument("--vae-steps", type=int, default=1200)
     ap.add_argument("--vae-full-steps", type=int, default=150)
     ap.add_argument("--dit-steps", type=int, default=5000)
-    ap.add_argument("--dit-images", type=int, default=20000)
-    ap.add_argument("--cls-steps", type=int, default=800)
+    ap.add_argument("--dit-images", type=int, default=10000)
+    ap.add_argument("--cls-steps", type=int, default=1200)
     ap.add_argument("--quick", action="store_true", help="tiny step counts (checks the script, not the model)")
     args = ap.parse_args()
     if args.quick:
@@ -222,14 +212,14 @@ def main():
     rng = random.Random(0)
 
     t = time.perf_counter()
-    n_pool = min(6000, args.dit_images)
     images, scenes = shapes.batch(args.dit_images, rng)
     log["seconds"]["render"] = time.perf_counter() - t
     print(f"rendered {len(images)} pictures in {log['seconds']['render']:.1f} s", flush=True)
 
     t = time.perf_counter()
     vae = nets.build_vae()
-    train_vae(vae, images[:n_pool], args.vae_steps, args.vae_full_steps, log)
+    small, _ = shapes.batch(4000, random.Random(1), size=32)
+    train_vae(vae, small, images, args.vae_steps, args.vae_full_steps, log)
     normalise_latents(vae, images[:2048], log)
     log["seconds"]["vae"] = time.perf_counter() - t
 
@@ -256,9 +246,12 @@ def main():
 
     t = time.perf_counter()
     labels = torch.tensor([s.labels() for s in scenes])
+    n_rec = min(2000, len(images))  # also pictures as the VAE draws them back (what it will see in the checks)
+    drawn = decode(vae, latents[:n_rec] / SD3_SCALE + SD3_SHIFT + 0.05 * torch.randn(latents[:n_rec].shape))
     clf = nets.new_classifier()
-    train_classifier(clf, images, labels, args.cls_steps, log)
+    train_classifier(clf, torch.cat([images, drawn]), torch.cat([labels, labels[:n_rec]]), args.cls_steps, log)
     clf.eval()
+    log["classifier_acc_clean_unseen"] = accuracy(clf, *shapes.batch(256, random.Random(99)))[0]
     log["classifier_acc_recon"] = accuracy(clf, recon, scenes[:256])[0]
     log["seconds"]["classifier"] = time.perf_counter() - t
 
@@ -273,7 +266,8 @@ def main():
     log["sample_acc_test_captions_x4"] = acc
     log["seconds"]["check"] = time.perf_counter() - t
     log["seconds"]["total"] = time.perf_counter() - t_all
-    print(f"classifier on VAE reconstructions: {log['classifier_acc_recon']:.3f}; on the model's samples of the "
+    print(f"classifier on unseen pictures: {log['classifier_acc_clean_unseen']:.3f}, on VAE reconstructions: "
+          f"{log['classifier_acc_recon']:.3f}; on the model's samples of the "
           f"8 test captions x 4 seeds: {acc:.3f}", flush=True)
 
     meta = {"format": "pt", "hp_demo_model": "trained by examples/demo_model/train.py"}
