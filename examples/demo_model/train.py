@@ -185,8 +185,8 @@ def main():
     ap.add_argument("--vae-steps", type=int, default=1200)
     ap.add_argument("--vae-full-steps", type=int, default=150)
     ap.add_argument("--dit-steps", type=int, default=5000)
-    ap.add_argument("--dit-images", type=int, default=10000)
-    ap.add_argument("--cls-steps", type=int, default=1200)
+    ap.add_argument("--dit-images", type=int, default=8000)
+    ap.add_argument("--cls-steps", type=int, default=2500)
     ap.add_argument("--quick", action="store_true", help="tiny step counts (checks the script, not the model)")
     args = ap.parse_args()
     if args.quick:
