@@ -154,3 +154,32 @@ class ComfyServer:
                 self.proc.kill()
                 self.proc.wait(5)
         self.proc = None
+
+
+PARALLEL_DEFAULTS = {"dp_degree": 1, "cfg_degree": 1, "ulysses_degree": 1, "ring_degree": 1, "pp_degree": 1,
+                     "num_pipeline_patch": 0, "warmup_steps": 1, "tp_degree": 1, "method": "usp", "device": "cpu",
+                     "attention": "auto", "devices": ""}
+
+
+def parallel_config_node(degrees: dict) -> dict:
+    """A Parallel Config node of the API prompt with these widget values over the defaults (CPU workers)."""
+    return {"class_type": "HybridParallelConfig", "inputs": {**PARALLEL_DEFAULTS, **degrees}}
+
+
+def sample_decode_save(g: dict, common: dict, degrees, tag: str, png: bool = False) -> dict:
+    """Finish API prompt `g` (the VAE is node "6"): KSampler -> VAEDecode when `degrees` is None, else Parallel
+    Config(degrees) (node "9") -> Hybrid Sampler -> Patch VAE Decode; `common` is the sampler's inputs. The image
+    and the latent are saved losslessly as output/img_<tag> / lat_<tag>.safetensors (and as a PNG when `png`)."""
+    if degrees is None:
+        g["5"] = {"class_type": "KSampler", "inputs": common}
+        g["7"] = {"class_type": "VAEDecode", "inputs": {"samples": ["5", 0], "vae": ["6", 0]}}
+    else:
+        g["9"] = parallel_config_node(degrees)
+        g["5"] = {"class_type": "HybridSampler", "inputs": {**common, "parallel_config": ["9", 0]}}
+        g["7"] = {"class_type": "HybridPatchVAEDecode", "inputs": {"samples": ["5", 0], "vae": ["6", 0],
+                                                                   "parallel_config": ["9", 0]}}
+    g["8"] = {"class_type": "HPSaveImageTensor", "inputs": {"images": ["7", 0], "filename": f"img_{tag}"}}
+    g["10"] = {"class_type": "HPSaveLatentTensor", "inputs": {"samples": ["5", 0], "filename": f"lat_{tag}"}}
+    if png:
+        g["11"] = {"class_type": "SaveImage", "inputs": {"images": ["7", 0], "filename_prefix": tag}}
+    return g

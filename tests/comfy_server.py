@@ -9,7 +9,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO / "examples") not in sys.path:
     sys.path.insert(0, str(REPO / "examples"))
 
-from comfy_headless import ComfyServer  # noqa: E402,F401  (re-exported for the tests)
+from comfy_headless import (ComfyServer, parallel_config_node,  # noqa: E402,F401
+                            sample_decode_save)  # (re-exported for the tests)
 
 
 FAMILIES = {  # the tiny checkpoints each family's workflow loads, and the shapes its conditioning needs
@@ -64,16 +65,6 @@ def write_checkpoints(base: Path, families=("sd3",)) -> None:
     if "wan" in families:
         tc.write_wan(unet / "tiny_wan.safetensors", dim=256, ffn_dim=256, seed=7)
         tc.write_wan_vae(vae / "tiny_wan_vae.safetensors", seed=8)
-
-
-PARALLEL_DEFAULTS = {"dp_degree": 1, "cfg_degree": 1, "ulysses_degree": 1, "ring_degree": 1, "pp_degree": 1,
-                     "num_pipeline_patch": 0, "warmup_steps": 1, "tp_degree": 1, "method": "usp", "device": "cpu",
-                     "attention": "auto", "devices": ""}
-
-
-def parallel_config_node(degrees: dict) -> dict:
-    """A Parallel Config node of the API prompt with these widget values over the defaults (CPU workers)."""
-    return {"class_type": "HybridParallelConfig", "inputs": {**PARALLEL_DEFAULTS, **degrees}}
 
 
 def parallel_model(g: dict, degrees: dict, model=("1", 0), node_id="40") -> list:
@@ -154,16 +145,4 @@ def workflow(degrees, tag: str, width: int, height: int, steps: int = 3, cfg: fl
     common = {"model": model, "seed": 42, "steps": steps, "cfg": cfg, "sampler_name": sampler,
               "scheduler": scheduler, "positive": ["2", 0], "negative": ["3", 0], "latent_image": latent_image,
               "denoise": denoise}
-    if degrees is None:
-        g["5"] = {"class_type": "KSampler", "inputs": common}
-        g["7"] = {"class_type": "VAEDecode", "inputs": {"samples": ["5", 0], "vae": ["6", 0]}}
-    else:
-        g["9"] = parallel_config_node(degrees)
-        g["5"] = {"class_type": "HybridSampler", "inputs": {**common, "parallel_config": ["9", 0]}}
-        g["7"] = {"class_type": "HybridPatchVAEDecode", "inputs": {"samples": ["5", 0], "vae": ["6", 0],
-                                                                   "parallel_config": ["9", 0]}}
-    g["8"] = {"class_type": "HPSaveImageTensor", "inputs": {"images": ["7", 0], "filename": f"img_{tag}"}}
-    g["10"] = {"class_type": "HPSaveLatentTensor", "inputs": {"samples": ["5", 0], "filename": f"lat_{tag}"}}
-    if png:
-        g["11"] = {"class_type": "SaveImage", "inputs": {"images": ["7", 0], "filename_prefix": tag}}
-    return g
+    return sample_decode_save(g, common, degrees, tag, png)

@@ -8,12 +8,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from comfy_headless import sample_decode_save
+
 from . import DIT_FILE, VAE_FILE, WEIGHTS
 
 STEPS, CFG, SEED = 20, 4.0, 42
-PARALLEL_DEFAULTS = {"dp_degree": 1, "cfg_degree": 1, "ulysses_degree": 1, "ring_degree": 1, "pp_degree": 1,
-                     "num_pipeline_patch": 0, "warmup_steps": 1, "tp_degree": 1, "method": "usp", "device": "cpu",
-                     "attention": "auto", "devices": ""}
 
 
 def install(base: Path) -> None:
@@ -42,16 +41,4 @@ def prompt(caption: str, tag: str, degrees: dict | None = None, *, seed: int = S
     common = {"model": ["1", 0], "seed": seed, "steps": steps, "cfg": cfg, "sampler_name": sampler,
               "scheduler": scheduler, "positive": ["2", 0], "negative": ["3", 0], "latent_image": ["4", 0],
               "denoise": 1.0}
-    if degrees is None:
-        g["5"] = {"class_type": "KSampler", "inputs": common}
-        g["7"] = {"class_type": "VAEDecode", "inputs": {"samples": ["5", 0], "vae": ["6", 0]}}
-    else:
-        g["9"] = {"class_type": "HybridParallelConfig", "inputs": {**PARALLEL_DEFAULTS, **degrees}}
-        g["5"] = {"class_type": "HybridSampler", "inputs": {**common, "parallel_config": ["9", 0]}}
-        g["7"] = {"class_type": "HybridPatchVAEDecode", "inputs": {"samples": ["5", 0], "vae": ["6", 0],
-                                                                   "parallel_config": ["9", 0]}}
-    g["8"] = {"class_type": "HPSaveImageTensor", "inputs": {"images": ["7", 0], "filename": f"img_{tag}"}}
-    g["10"] = {"class_type": "HPSaveLatentTensor", "inputs": {"samples": ["5", 0], "filename": f"lat_{tag}"}}
-    if png:
-        g["11"] = {"class_type": "SaveImage", "inputs": {"images": ["7", 0], "filename_prefix": tag}}
-    return g
+    return sample_decode_save(g, common, degrees, tag, png)
