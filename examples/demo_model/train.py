@@ -139,7 +139,7 @@ def train_dit(dit, latents, contexts, pooled, empty, steps: int, log: dict, batc
     return ema
 
 
-def train_classifier(clf, images, labels, steps: int, log: dict, batch: int = 64) -> None:
+def train_classifier(clf, images, labels, steps: int, batch: int = 64) -> None:
     opt = torch.optim.AdamW(clf.parameters(), lr=1e-3, weight_decay=1e-4)
     g = torch.Generator().manual_seed(3)
     for step in range(steps):
@@ -249,7 +249,7 @@ def main():
     n_rec = min(2000, len(images))  # also pictures as the VAE draws them back (what it will see in the checks)
     drawn = decode(vae, latents[:n_rec] / SD3_SCALE + SD3_SHIFT + 0.05 * torch.randn(latents[:n_rec].shape))
     clf = nets.new_classifier()
-    train_classifier(clf, torch.cat([images, drawn]), torch.cat([labels, labels[:n_rec]]), args.cls_steps, log)
+    train_classifier(clf, torch.cat([images, drawn]), torch.cat([labels, labels[:n_rec]]), args.cls_steps)
     clf.eval()
     log["classifier_acc_clean_unseen"] = accuracy(clf, *shapes.batch(256, random.Random(99)))[0]
     log["classifier_acc_recon"] = accuracy(clf, recon, scenes[:256])[0]
@@ -257,8 +257,9 @@ def main():
 
     t = time.perf_counter()
     tests = list(shapes.TEST_SCENES) * 4
-    ctx = torch.cat([text.encode(s.caption)[0] for s in tests])
-    pool = torch.cat([text.encode(s.caption)[1] for s in tests])
+    encoded = [text.encode(s.caption) for s in tests]
+    ctx = torch.cat([c for c, _ in encoded])
+    pool = torch.cat([p for _, p in encoded])
     ema.eval()
     lat = sample(ema, ctx, pool, empty, seed=123)
     pics = decode(vae, lat / SD3_SCALE + SD3_SHIFT)
