@@ -26,9 +26,8 @@ class Checker:
         return [shapes.Scene(shapes.SHAPES[i], list(shapes.COLOURS)[j], list(shapes.BACKGROUNDS)[k])
                 for i, j, k in zip(s, c, b)]
 
-    def right(self, caption: str, image: torch.Tensor, attributes=("colour", "background")) -> bool:
-        """Whether `image` (1, H, W, 3) shows the `attributes` of what `caption` names. By default colour and
-        background: the shipped model draws those right but its shapes are blobs the checker names correctly only
-        about 60 % of the time (README, The demo model); pass ("shape",) to count those."""
+    def right(self, caption: str, image: torch.Tensor, attributes=("shape", "colour", "background")) -> bool:
+        """Whether `image` (1, H, W, 3) shows what `caption` names: by default all of it (shape, colour and
+        background); `attributes` picks some."""
         seen, asked = self.scenes(image)[0], shapes.parse(caption)
         return all(getattr(seen, a) == getattr(asked, a) for a in attributes)
