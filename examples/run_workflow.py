@@ -40,7 +40,7 @@ def side_by_side(images: list, labels: list, path: Path, scale: int = 4) -> None
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--caption", default=shapes.TEST_SCENES[0].caption,
+    ap.add_argument("--caption", default=shapes.TEST_SCENES[3].caption,  # a cross: no shape is less ambiguous
                     help="'a <colour> <shape> on a <background> background' (see examples/demo_model/shapes.py)")
     ap.add_argument("--ulysses", type=int, default=2)
     ap.add_argument("--cfg-degree", type=int, default=1)

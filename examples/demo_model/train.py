@@ -1,6 +1,6 @@
 """Train the demo model from nothing on this machine: VAE, diffusion model and checker, fixed seeds.
 
-    .venv/bin/python examples/demo_model/train.py            # ~25 min on 2 cores; writes weights/
+    .venv/bin/python examples/demo_model/train.py            # ~26 min on 2 cores; writes weights/
     .venv/bin/python examples/demo_model/train.py --quick    # a minute: the same code on tiny step counts
 
 1. VAE (ComfyUI's TAESD class, 16 channels): its encoder is set to a colour mosaic (nets.build_vae says why),
