@@ -113,8 +113,17 @@ class ComfyServer:
                 return h[pid]
             if self.proc.poll() is not None:
                 raise RuntimeError(f"ComfyUI died while running a prompt:\n{self.tail()}")
-            time.sleep(0.1)
+            time.sleep(0.02)
         raise TimeoutError(f"prompt {pid} did not finish in {timeout_s:.0f} s:\n{self.tail()}")
+
+    @staticmethod
+    def seconds(entry: dict) -> float:
+        """How long ComfyUI executed a finished prompt (its own execution_start -> execution_success timestamps,
+        in ms): what a timing should report, without this client's HTTP polling."""
+        stamps = {m[0]: m[1].get("timestamp") for m in entry.get("status", {}).get("messages", [])}
+        if stamps.get("execution_start") is None or stamps.get("execution_success") is None:
+            raise ValueError(f"the prompt did not execute successfully: {entry.get('status')}")
+        return (stamps["execution_success"] - stamps["execution_start"]) / 1000
 
     def wait(self, prompt_id: str, timeout_s: float = 120.0) -> dict:
         """A queued prompt's /history entry once it completed (success, error or interrupted)."""
