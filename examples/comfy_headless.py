@@ -113,7 +113,7 @@ class ComfyServer:
                 return h[pid]
             if self.proc.poll() is not None:
                 raise RuntimeError(f"ComfyUI died while running a prompt:\n{self.tail()}")
-            time.sleep(0.02)
+            time.sleep(0.05)
         raise TimeoutError(f"prompt {pid} did not finish in {timeout_s:.0f} s:\n{self.tail()}")
 
     @staticmethod

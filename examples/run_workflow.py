@@ -4,7 +4,8 @@ Starts ComfyUI with the pack in custom_nodes and the shipped demo model (example
 pack's own script, nothing downloaded) in its models folders, and posts the same caption twice over:
 KSampler -> VAE Decode, and Parallel Config -> Hybrid Sampler -> Patch VAE Decode. Prints what the checker
 (the classifier trained with the model) sees in each picture, their difference, the first prompt's time (another
-seed; it loads the model, starts the workers) and the warm one's (ComfyUI's own execution times), and saves one PNG: KSampler's picture, the Hybrid Sampler's, and their difference.
+seed; it loads the model, starts the workers) and the warm one's (ComfyUI's own execution times), and saves one
+PNG: KSampler's picture, the Hybrid Sampler's, and their difference.
 """
 import argparse
 import os
