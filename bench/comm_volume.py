@@ -8,21 +8,24 @@ implementation is derived term by term (per op, per rank, uneven splits,
 padding included) and must equal the counters; the image-attention part of it
 is then compared with the table.
 
-Notation: B batch on the rank, p image tokens, T text tokens (MMDiT text is
-replicated on every rank), H heads, D head dim, hs = H·D, L self-attention
-layers, e bytes per element (4, fp32), s = split_sizes(p, N) the shards.
-Counters count what a rank *sends* to other ranks (its own all-to-all chunk
-stays home). Per rank and per forward (= one step in step mode):
+Notation: B batch on the rank, p image tokens, T text tokens, H heads, D head
+dim, hs = H·D, L self-attention layers, e bytes per element (4, fp32),
+s = split_sizes(p, N) the shards. MMDiT text (SD3, Flux) is split over the N
+sequence ranks too when T >= N (t = split_sizes(T, N)): in a joint layer a rank's
+shard is then its text and image rows, s_r -> t_r + s_r and p -> T + p below.
+A shorter text stays whole on every rank (replicated). Counters count what a
+rank *sends* to other ranks (its own all-to-all chunk stays home). Per rank
+and per forward (= one step in step mode):
 
 * Ulysses (U ranks), per layer: all-to-all of q,k,v: 3·B·D·s_r·(H - h_r)
   and of the output back: B·h_r·D·(p - s_r), with h = split_sizes(H, U);
-  even: 4·B·p·hs·(U-1)/U² = xDiT's (4/N)·p·hs · (N-1)/N. MMDiT: the text
-  output is all-gathered over heads: B·h_r·T·D·(U-1) (it rides in the return
+  even: 4·B·p·hs·(U-1)/U² = xDiT's (4/N)·p·hs · (N-1)/N. Replicated MMDiT text:
+  its output is all-gathered over heads: B·h_r·T·D·(U-1) (it rides in the return
   all-to-all, so uneven head shards are not padded to max(h) as gloo's
   all_gather required; counted as "all_gather").
 * Ring (R ranks), per layer: K and V blocks (padded to the largest) rotate
   R-1 times: 2·B·H·max(s)·D·(R-1); even: 2·p·hs·(N-1)/N = xDiT · (N-1)/N.
-  Text K/V never travel.
+  Replicated text K/V never travel (split text travels in its blocks).
 * USP (U x R): Ulysses inside each ring block (p/R tokens), then the ring
   on H/U heads: 4·B·p·hs·(U-1)/(N·U) + 2·B·p·hs·(R-1)/N per layer, even.
 * DistriFusion, per step that refreshes: all-gather of the padded own K/V:
@@ -111,20 +114,21 @@ def analytic(method, deg, f, B, rank_coords, steps=None, step=None, family=None,
         U, R = deg.get("ulysses_degree", 1), deg.get("ring_degree", 1)
         u, rho = rank_coords["ulysses"], rank_coords["ring"]
         N = U * R
-        s = split_sizes(p, N)
         me = rho * U + u
-        block = [sum(s[r * U:(r + 1) * U]) for r in range(R)]
         hu = split_sizes(H, U)
         h_loc = hu[u] if U > 1 else H
         for has_text in layers:
+            split = has_text and T and T >= N  # the text's rows join the shards
+            s = [a + b for a, b in zip(split_sizes(T, N), split_sizes(p, N))] if split else split_sizes(p, N)
+            block = [sum(s[r * U:(r + 1) * U]) for r in range(R)]
             if U > 1:
                 out["all_to_all"] = out.get("all_to_all", 0) + E * B * D * (
                     3 * s[me] * (H - hu[u]) + hu[u] * (block[rho] - s[me]))
-                if has_text and T:
+                if has_text and T and not split:
                     out["all_gather"] = out.get("all_gather", 0) + E * B * hu[u] * T * D * (U - 1)
             if R > 1:
                 out["ring_p2p"] = out.get("ring_p2p", 0) + E * 2 * B * h_loc * max(block) * D * (R - 1)
-        out["all_gather"] = out.get("all_gather", 0) + E * B * max(s) * f["c_out"] * (N - 1)
+        out["all_gather"] = out.get("all_gather", 0) + E * B * max(split_sizes(p, N)) * f["c_out"] * (N - 1)
     elif method == "distrifusion":
         N = deg["ulysses_degree"]
         s = split_sizes(p, N)
@@ -145,12 +149,16 @@ def analytic(method, deg, f, B, rank_coords, steps=None, step=None, family=None,
 def xdit(method, deg, f, B):
     """(xDiT's table value per device, what our image-attention part per rank should be for an even split).
 
-    The table is asymptotic and counts image tokens only; for an even split our exact image part is the
-    table times (N-1)/N (a rank's own shard never leaves it). USP is not in the table: its Ulysses part is
-    the Ulysses row on a ring block (p/R tokens, U ranks), its ring part the Ring row on hs/U.
+    The table is asymptotic and counts the split tokens: image tokens, and in a joint layer the text too when
+    it is split (T >= N); for an even split our exact part is the table times (N-1)/N (a rank's own shard
+    never leaves it). USP is not in the table: its Ulysses part is the Ulysses row on a ring block (p/R
+    tokens, U ranks), its ring part the Ring row on hs/U.
     """
-    p, hs, L = f["p"], f["H"] * f["D"], len(f["layers"])
+    hs, L = f["H"] * f["D"], len(f["layers"])
     N = math.prod(v for k, v in deg.items() if k.endswith("_degree"))
+    # mean tokens split per layer (a layer's text joins when it is split: not under DistriFusion)
+    text = f["T"] if method != "distrifusion" and f["T"] >= N else 0
+    p = f["p"] + text * sum(f["layers"]) / L
     if method == "ulysses":
         table = 4 / N * p * hs * L
     elif method in ("ring", "distrifusion"):
@@ -167,7 +175,8 @@ def xdit(method, deg, f, B):
 
 
 def image_part(method, measured: dict, f, deg, B) -> int:
-    """The measured bytes the xDiT table describes: attention traffic of image tokens (no text, no gather)."""
+    """The measured bytes the xDiT table describes: attention traffic of the split tokens (no replicated text,
+    no gather)."""
     if method in ("ulysses", "usp", "ring"):
         return measured.get("all_to_all", 0) + measured.get("ring_p2p", 0)
     if method == "distrifusion":

@@ -24,7 +24,7 @@ from .config import ConfigError, ParallelConfig
 
 # families whose text enters by cross-attention (the rest put it in the self-attention: MMDiT / single stream)
 CROSS_TEXT = frozenset({"pixart", "wan"})
-ULYSSES_CALLS_PER_LAYER = 2  # parallel/usp.py: q|k|v in one all-to-all, output + text heads back in one
+ULYSSES_CALLS_PER_LAYER = 2  # parallel/usp.py: q|k|v in one all-to-all, output (+ replicated text's heads) back
 _TEXT_NAMES = ("txt", "context", "add_", "cap_", "kv_linear", "cross_attn.k", "cross_attn.v", "attn2.to_k",
                "attn2.to_v")
 
@@ -45,6 +45,9 @@ class ModelShape:
     params: int = 0
     act_bytes: int = 4          # bytes per activation element on the wire (fp32 4, bf16 2)
     cross_text: bool = False    # text enters by cross-attention (PixArt, Wan)
+    # the family's plan splits the joint text over the sequence ranks too (when it has at least one token per
+    # rank); None: read from the family's adapter (SD3, Flux, Qwen-Image, Chroma do; Lumina 2, HunyuanVideo not)
+    text_split: Optional[bool] = None
 
     def __post_init__(self):
         for name in ("blocks", "hidden", "heads", "out_per_token", "act_bytes"):
@@ -54,6 +57,19 @@ class ModelShape:
             raise ValueError(f"ModelShape.text_blocks must be in [0, blocks={self.blocks}], got {self.text_blocks}")
         if self.hidden % self.heads:
             raise ValueError(f"ModelShape: hidden {self.hidden} is not a multiple of heads {self.heads}")
+        if self.text_split is None:
+            object.__setattr__(self, "text_split", _plan_splits_text(self.family))
+
+    def splits_text(self, text: int, sp: int) -> bool:
+        """Whether `text` tokens are split over `sp` sequence ranks (parallel/plan.py: each rank needs one)."""
+        return bool(self.text_split and self.text_blocks and sp > 1 and text >= sp)
+
+    def shards(self, p: int, text: int, n: int, joint: bool) -> list:
+        """Tokens per sequence rank in a layer: the image shards, plus the text's in a joint layer that splits it."""
+        img = split_sizes(p, n)
+        if joint and self.splits_text(text, n):
+            return [a + b for a, b in zip(split_sizes(text, n), img)]
+        return img
 
     @property
     def head_dim(self) -> int:
@@ -90,10 +106,12 @@ class ModelShape:
                     out_ps=p * self.out_per_token)
 
     def forward_flops(self, p: int, text: int, batch: int, sp: int = 1) -> tuple:
-        """(matmul FLOPs, attention FLOPs) of one rank's forward: image tokens split over `sp` ranks, text
-        replicated (every rank projects all of it); attention split over sp (heads or query blocks)."""
+        """(matmul FLOPs, attention FLOPs) of one rank's forward: image tokens split over `sp` ranks, text split
+        too where the plan does (`splits_text`), else replicated (every rank projects all of it); attention
+        split over sp (heads or query blocks)."""
         p_rank = max(split_sizes(p, sp))
-        mm = 2 * batch * (self.img_params * p_rank + self.txt_params * text)
+        t_rank = max(split_sizes(text, sp)) if self.splits_text(text, sp) else text
+        mm = 2 * batch * (self.img_params * p_rank + self.txt_params * t_rank)
         joint = p + text
         attn = 4 * batch * self.hidden * (self.text_blocks * joint * joint
                                           + (self.blocks - self.text_blocks) * p * (p + (text if self.cross_text else 0)))
@@ -190,18 +208,21 @@ def rank_bytes(shape: ModelShape, p: int, text: int, batch: int, config: Paralle
     u, rho = (coords or {}).get("ulysses", 0), (coords or {}).get("ring", 0)
     N, out = U * R, {}
     if N > 1:
-        s = split_sizes(p, N)
         me = rho * U + u
-        block = [sum(s[r * U:(r + 1) * U]) for r in range(R)]
         hu = split_sizes(H, U)
         h_loc = hu[u] if U > 1 else H
-        if U > 1:
-            out["all_to_all"] = shape.blocks * e * batch * D * (3 * s[me] * (H - hu[u]) + hu[u] * (block[rho] - s[me]))
-            if text and shape.text_blocks:  # the text output's heads, riding in the return all-to-all
-                out["all_gather"] = shape.text_blocks * e * batch * hu[u] * text * D * (U - 1)
-        if R > 1:
-            out["ring_p2p"] = shape.blocks * e * 2 * batch * h_loc * max(block) * D * (R - 1)
-        out["all_gather"] = out.get("all_gather", 0) + e * batch * max(s) * shape.out_per_token * (N - 1)
+        for layers, joint in ((shape.text_blocks, True), (shape.blocks - shape.text_blocks, False)):
+            s = shape.shards(p, text, N, joint)
+            block = [sum(s[r * U:(r + 1) * U]) for r in range(R)]
+            if layers and U > 1:
+                out["all_to_all"] = out.get("all_to_all", 0) + layers * e * batch * D * (
+                    3 * s[me] * (H - hu[u]) + hu[u] * (block[rho] - s[me]))
+            if layers and R > 1:
+                out["ring_p2p"] = out.get("ring_p2p", 0) + layers * e * 2 * batch * h_loc * max(block) * D * (R - 1)
+        if U > 1 and text and shape.text_blocks and not shape.splits_text(text, N):
+            # replicated text: its output's heads ride in the return all-to-all
+            out["all_gather"] = shape.text_blocks * e * batch * hu[u] * text * D * (U - 1)
+        out["all_gather"] = out.get("all_gather", 0) + e * batch * max(split_sizes(p, N)) * shape.out_per_token * (N - 1)
     return out
 
 
@@ -222,6 +243,13 @@ def _collectives(shape: ModelShape, text: int, config: ParallelConfig) -> dict:
     if U * R > 1:
         calls["all_gather"] = 1  # the final output; the text heads ride in the all-to-all
     return calls
+
+
+def _plan_splits_text(family: str) -> bool:
+    """Whether the family's plan (ComfyUI's class) declares a text split (a SplitInput with text=True)."""
+    from .models import ADAPTERS
+    a = ADAPTERS.get(family)
+    return a is not None and a.comfy_plan.splits_text
 
 
 # ---------------------------------------------------------------- the prediction

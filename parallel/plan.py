@@ -59,6 +59,10 @@ class SplitInput:
     # the same layout, the prefix being whatever the argument holds beyond the image sequence already split
     # (Lumina 2's RoPE table over [caption, image], handed to single-stream blocks with no text argument)
     after_prefix: bool = False
+    # the argument is the text stream of a joint (MMDiT) attention, `dim` its token dimension (or its RoPE ids):
+    # under USP it is split over the sp ranks like the image, so each rank projects only its share of the text
+    # (see `_RunState.text_sizes_for` for when it stays whole)
+    text: bool = False
 
 
 @dataclass(frozen=True)
@@ -80,11 +84,11 @@ class GatherOutput:
 class Attention:
     """Inside matching modules attention is self-attention over the sharded sequence.
 
-    `text_arg`: the module argument holding the replicated text stream of a
-    joint (MMDiT) attention, whose length tells where text sits in q/k/v. Without
-    it the text length is what q holds beyond the local image shard (0 for image-only
-    self-attention), which is how ComfyUI's joint blocks are read: they concatenate
-    the replicated text with the local image tokens.
+    `text_arg`: the module argument holding the text stream of a joint (MMDiT)
+    attention (whole, or this rank's shard where the plan splits it), whose length
+    tells where text sits in q/k/v. Without it the text length is what q holds beyond
+    the local image shard (0 for image-only self-attention), which is how ComfyUI's
+    joint blocks are read: they concatenate the text with the local image tokens.
     """
     text_arg: Optional[str] = None
     text_first: bool = True
@@ -128,6 +132,11 @@ class FamilyPlan:
     # one (not None) under ulysses/ring is refused with that text rather than computed wrong
     sequence_refusals: dict = field(default_factory=dict)
 
+    @property
+    def splits_text(self) -> bool:
+        """The plan splits the joint text stream over the sequence ranks (a SplitInput with text=True)."""
+        return any(getattr(a, "text", False) for actions in self.sequence.values() for a in actions)
+
     def tp_layout(self) -> Optional[dict]:
         """The tensor-parallel layout; `tp` may be a function returning it (read lazily: Flux's comes from
         diffusers' class, whose import costs seconds at every worker start)."""
@@ -136,10 +145,12 @@ class FamilyPlan:
 
 @dataclass
 class _RunState:
-    """Per-forward facts shared by the hooks: the image sequence split of this call."""
+    """Per-forward facts shared by the hooks: the image sequence split of this call, and the text's."""
     seq_len: Optional[int] = None
     seq_sizes: Optional[list] = None
     attention: Optional[tuple] = None  # (Attention spec, text_len or None) while a declared module runs
+    text_len: Optional[int] = None     # the whole text's length, once a declared text split saw it
+    text_sizes: Optional[list] = None  # its shards over the sp ranks; None: the text stays whole on every rank
 
     def sizes_for(self, n: int, sp_size: int, where: str) -> list:
         if self.seq_len is None:
@@ -148,6 +159,18 @@ class _RunState:
             raise RuntimeError(f"sequence split at {where!r} sees {n} tokens but an earlier split saw "
                                f"{self.seq_len}: the family plan is inconsistent")
         return self.seq_sizes
+
+    def text_sizes_for(self, n: int, sp_size: int, where: str) -> Optional[list]:
+        """The text's shards, or None where it stays whole: a text shorter than the degree would leave a rank
+        without text, and then that rank could not tell a joint attention (its text length 0) from an
+        image-only one (SD3.5's attn2) inside the same block - every rank must read each call the same way."""
+        if self.text_len is None:
+            self.text_len = n
+            self.text_sizes = split_sizes(n, sp_size) if n >= sp_size else None
+        elif n != self.text_len:
+            raise RuntimeError(f"text split at {where!r} sees {n} tokens but an earlier split saw "
+                               f"{self.text_len}: the family plan is inconsistent")
+        return self.text_sizes
 
 
 @dataclass
@@ -161,6 +184,12 @@ class _Applied:
     attention_fn: Optional[object] = None
     cleanups: list = field(default_factory=list)   # called by remove_plan (e.g. drain in-flight comm)
     override: Optional[object] = None              # ComfyUI's optimized_attention_override for this plan
+
+    @property
+    def split_text(self) -> bool:
+        """USP splits a declared text stream; another attention method (DistriFusion's stale K/V) reads the
+        text whole, as its buffers are laid out."""
+        return self.attention_fn is None
 
 
 def _arg(args, kwargs, name, position):
@@ -189,14 +218,26 @@ def _shard(x: torch.Tensor, dim: int, applied: _Applied, where: str) -> torch.Te
     return x.narrow(dim, start, sizes[sp.rank])
 
 
+def _shard_text(x: torch.Tensor, dim: int, applied: _Applied, where: str) -> torch.Tensor:
+    """This rank's shard of the text stream (or of its RoPE ids), or x whole where the text stays whole."""
+    sp = applied.ctx.sp
+    dim = dim % x.ndim
+    sizes = applied.state.text_sizes_for(x.shape[dim], sp.size, where)
+    return x if sizes is None else x.narrow(dim, sum(sizes[: sp.rank]), sizes[sp.rank])
+
+
 def _shard_after_prefix(x: torch.Tensor, dim: int, prefix: int, applied: _Applied, where: str) -> torch.Tensor:
     """[prefix, sequence] -> [prefix, this rank's shard of the sequence] (a table computed once for the whole
-    sequence and handed to every block: each block call gets the full one and takes its part)."""
+    sequence and handed to every block: each block call gets the full one and takes its part). A prefix that is
+    the text of a split text stream is cut to this rank's text shard too."""
     dim = dim % x.ndim
     rest = x.shape[dim] - prefix
     if applied.state.seq_len is not None and rest != applied.state.seq_len:
         return x  # already local (or not this sequence): leave it
-    return torch.cat([x.narrow(dim, 0, prefix), _shard(x.narrow(dim, prefix, rest), dim, applied, where)], dim=dim)
+    head = x.narrow(dim, 0, prefix)
+    if applied.state.text_sizes is not None and prefix == applied.state.text_len:
+        head = _shard_text(head, dim, applied, where)
+    return torch.cat([head, _shard(x.narrow(dim, prefix, rest), dim, applied, where)], dim=dim)
 
 
 def _groups_of_shard(x: torch.Tensor, dim: int, applied: _Applied) -> torch.Tensor:
@@ -215,11 +256,18 @@ def _split_input_hook(applied, path, specs):
             value, where = _arg(args, kwargs, s.name, s.position)
             if not isinstance(value, torch.Tensor) or (s.only_ndim is not None and value.ndim != s.only_ndim):
                 continue
+            if s.text:
+                if applied.split_text:
+                    args, kwargs = _set_arg(args, kwargs, where, _shard_text(value, s.dim, applied,
+                                                                             f"{path}:{s.name}"))
+                continue
             if s.prefix_from is not None:
                 prefix = _arg(args, kwargs, s.prefix_from, None)[0]
                 if isinstance(prefix, torch.Tensor):
+                    # a split text's argument is already local here: the table's prefix is the whole text
+                    n = applied.state.text_len if applied.state.text_sizes is not None else prefix.shape[1]
                     args, kwargs = _set_arg(args, kwargs, where, _shard_after_prefix(
-                        value, s.dim, prefix.shape[1], applied, f"{path}:{s.name}"))
+                        value, s.dim, n, applied, f"{path}:{s.name}"))
                 continue
             if s.after_prefix:
                 full = applied.state.seq_len
@@ -278,8 +326,17 @@ def _attend(applied: _Applied, q, k, v, scale=None):
     if text_len < 0 or k.shape[2] != q.shape[2]:
         raise RuntimeError(f"attention in a declared self-attention module has q length {q.shape[2]} and k length "
                            f"{k.shape[2]} for a local image shard of {local} tokens: the family plan is inconsistent")
+    sizes = state.seq_sizes
+    if text_len and state.text_sizes is not None:
+        # Split text: each rank holds [its text shard, its image shard] (or the reverse), and attention without a
+        # mask is the same whatever order the gathered rows take - so the joint rows are one sharded sequence.
+        mine = state.text_sizes[applied.ctx.sp.rank]
+        if text_len != mine:
+            raise RuntimeError(f"joint attention holds {text_len} text tokens where this rank's text shard has "
+                               f"{mine}: the family plan is inconsistent")
+        sizes, text_len = [t + s for t, s in zip(state.text_sizes, sizes)], 0
     attend = applied.attention_fn or usp_attention
-    return attend(q, k, v, ctx=applied.ctx, seq_sizes=state.seq_sizes, text_len=text_len,
+    return attend(q, k, v, ctx=applied.ctx, seq_sizes=sizes, text_len=text_len,
                   text_first=spec.text_first, scale=scale,
                   backend=getattr(applied.ctx, "attention_backend", "auto"))
 

@@ -1,9 +1,17 @@
 """USP attention: Ulysses all-to-all inside Ring attention, exact versus serial.
 
 Each sequence-parallel rank holds a contiguous shard of the image tokens (the
-shards follow `split_sizes(S, sp)`, so any token count works) and, for MMDiT
-models, the *whole* text sequence (replicated). Strategy for joint text+image
-attention (as xDiT's "front/rear" joint strategy):
+shards follow `split_sizes(S, sp)`, so any token count works). Joint (MMDiT)
+text comes in one of two ways:
+
+* split (SD3, Flux, Qwen-Image, Chroma: parallel/plan.py splits the text stream
+  like the image when it has a token per rank): a rank's q/k/v hold its text
+  shard and its image shard, and since unmasked attention does not care in which
+  order the gathered rows sit, the caller passes the joint shard lengths as
+  `seq_sizes` and `text_len=0` - no text-specific path at all;
+* replicated (families whose plan keeps it whole, or a text shorter than the
+  degree): every rank holds the *whole* text, handled as xDiT's "front/rear"
+  joint strategy:
 
 * Ulysses: one all-to-all carries image q, k and v together (sequence-sharded, all
   heads -> block-of-sequence, head-sharded); the replicated text q/k/v are sliced

@@ -60,10 +60,12 @@ def test_predictions_are_sane():
 @pytest.mark.parametrize("p,text,heads,degrees", [
     (64, 8, 4, dict(ulysses_degree=2)), (255, 8, 4, dict(ulysses_degree=4)), (99, 77, 3, dict(ulysses_degree=2)),
     (64, 8, 4, dict(ring_degree=2)), (255, 8, 4, dict(ring_degree=4)), (99, 7, 6, dict(ulysses_degree=2, ring_degree=3)),
-    (1001, 333, 5, dict(ulysses_degree=4, ring_degree=2)), (70, 0, 4, dict(ulysses_degree=2))])
+    (1001, 333, 5, dict(ulysses_degree=4, ring_degree=2)), (70, 0, 4, dict(ulysses_degree=2)),
+    (99, 3, 4, dict(ulysses_degree=4)), (64, 1, 4, dict(ulysses_degree=2))])  # text shorter than the degree: whole
 @pytest.mark.parametrize("joint", [True, False])
 def test_comm_bytes_equal_comm_volume_analytic(p, text, heads, degrees, joint):
-    """Every rank's bytes per op = bench/comm_volume.py's exact analytic volume (uneven tokens and heads too)."""
+    """Every rank's bytes per op = bench/comm_volume.py's exact analytic volume (uneven tokens and heads too; joint
+    text split with the image, or whole where it is shorter than the degree)."""
     import comm_volume
     shape = ModelShape(family="sd3" if joint else "pixart", blocks=3, text_blocks=3 if joint else 0,
                        hidden=heads * 8, heads=heads, img_params=1, txt_params=1, out_per_token=16, act_bytes=4,

@@ -2,8 +2,9 @@
 
 Inputs are the 2x2-packed image tokens plus per-token RoPE ids; splitting
 `img_ids` with the tokens makes diffusers' own RoPE module produce the rotary
-embedding of exactly the local tokens. The text stream is replicated on every
-rank (it is short next to the image) and joins attention at the front.
+embedding of exactly the local tokens. The text stream and its ids are split the
+same way (each rank projects only its share of the text) and join attention at the
+front; the output drops the text, so only the image is gathered.
 """
 from .adapter import FamilyAdapter
 from ..plan import Attention, BlockList, FamilyPlan, GatherOutput, PipelinePlan, SplitInput
@@ -19,7 +20,8 @@ PLAN = FamilyPlan(
     model_class="FluxTransformer2DModel",
     batch_inputs=("hidden_states", "encoder_hidden_states", "pooled_projections", "timestep", "guidance"),
     sequence={
-        "": [SplitInput("hidden_states", dim=1), SplitInput("img_ids", dim=-2)],
+        "": [SplitInput("hidden_states", dim=1), SplitInput("img_ids", dim=-2),
+             SplitInput("encoder_hidden_states", dim=1, text=True), SplitInput("txt_ids", dim=-2, text=True)],
         "proj_out": [GatherOutput(dim=1)],
     },
     attention={
@@ -68,16 +70,19 @@ def _comfy_tp_layout() -> dict:
 
 # ComfyUI's own Flux (comfy/ldm/flux/model.py, class Flux; also Chroma-style subclasses that keep
 # forward_orig). `_forward` patchifies the latent (padding odd sizes circularly) and builds the RoPE
-# ids, then calls forward_orig(img, img_ids, txt, txt_ids, ...): splitting img and img_ids there makes
-# the RoPE table, the double blocks and the [txt, img] single stream all local; the final layer's
-# output is gathered before `_forward` unpatchifies. Double and single blocks run joint attention
+# ids, then calls forward_orig(img, img_ids, txt, txt_ids, ...): splitting img and img_ids there (and
+# txt with txt_ids) makes the RoPE table, the double blocks and the [txt, img] single stream all local;
+# the single blocks drop the local text by its local length, and the final layer's output is gathered
+# before `_forward` unpatchifies. Double and single blocks run joint attention
 # with the text first, through ComfyUI's attention seam.
 COMFY_PLAN = FamilyPlan(
     family="flux",
     model_class="Flux",
     batch_inputs=("x", "timestep", "context", "y", "guidance", "ref_latents", "control"),
     sequence={
-        ":forward_orig": [SplitInput("img", dim=1, position=0), SplitInput("img_ids", dim=1, position=1)],
+        ":forward_orig": [SplitInput("img", dim=1, position=0), SplitInput("img_ids", dim=1, position=1),
+                          SplitInput("txt", dim=1, position=2, text=True),
+                          SplitInput("txt_ids", dim=1, position=3, text=True)],
         "final_layer": [GatherOutput(dim=1)],
     },
     attention={

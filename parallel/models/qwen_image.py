@@ -2,11 +2,11 @@
 
 ComfyUI's `_forward` patchifies the latent (reference latents of the edit variant are appended to the image
 tokens), computes one RoPE table over [text, image] ids and hands every block the image stream, the text
-stream and that table. The image tokens (references included: they join the sequence) are split where they
-enter the first block; each block takes the text part of the table whole and its shard of the image part;
-the output projection is gathered before `_forward` drops the reference tokens and unpatchifies. The blocks'
-joint attention concatenates [text, image] and calls ComfyUI's attention seam, whose override runs USP with
-the replicated text first.
+stream and that table. The image tokens (references included: they join the sequence) and the text are split
+where they enter the first block; each block takes its shard of the table's text part and of its image part;
+the output projection is gathered before `_forward` drops the reference tokens and unpatchifies (the text is
+never gathered: the output does not hold it). The blocks' joint attention concatenates [text, image] and
+calls ComfyUI's attention seam, whose override runs USP over the joint shards.
 """
 from .adapter import FamilyAdapter
 from ..plan import Attention, FamilyPlan, GatherOutput, SplitInput
@@ -16,7 +16,8 @@ COMFY_PLAN = FamilyPlan(
     model_class="QwenImageTransformer2DModel",
     batch_inputs=("x", "timestep", "context", "attention_mask", "guidance", "ref_latents", "control"),
     sequence={
-        "transformer_blocks.0": [SplitInput("hidden_states", dim=1)],
+        "transformer_blocks.0": [SplitInput("hidden_states", dim=1),
+                                 SplitInput("encoder_hidden_states", dim=1, text=True)],
         "transformer_blocks.*": [SplitInput("image_rotary_emb", dim=2, prefix_from="encoder_hidden_states")],
         "proj_out": [GatherOutput(dim=1)],
     },

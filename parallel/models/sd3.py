@@ -2,8 +2,9 @@
 
 The patch embedding needs the whole latent (its positional table is cropped to
 the latent size), so the sequence is split right after `pos_embed` and gathered
-after `proj_out`, before unpatchify. Joint attention puts the text *after* the
-image; SD3.5's extra image-only self-attention (`attn2`) has no text.
+after `proj_out`, before unpatchify. The text is split where it enters and never
+gathered (the last block does not return it). Joint attention puts the text *after*
+the image; SD3.5's extra image-only self-attention (`attn2`) has no text.
 """
 from .adapter import FamilyAdapter
 from ..tp import Colwise, Divide, Rowwise
@@ -14,6 +15,7 @@ PLAN = FamilyPlan(
     model_class="SD3Transformer2DModel",
     batch_inputs=("hidden_states", "encoder_hidden_states", "pooled_projections", "timestep"),
     sequence={
+        "": [SplitInput("encoder_hidden_states", dim=1, text=True)],
         "pos_embed": [SplitOutput(dim=1)],
         "proj_out": [GatherOutput(dim=1)],
     },
@@ -41,14 +43,15 @@ PLAN = FamilyPlan(
 # ComfyUI's own MMDiT (comfy/ldm/modules/diffusionmodules/mmdit.py). Patch embedding and the cropped
 # position table need the whole latent, so the image tokens are split where they enter the first
 # joint block (JointBlock.forward(context, x, ...)) and gathered after the final layer, before
-# unpatchify. `_block_mixing` puts the text first in the joint attention; SD3.5's extra image-only
+# unpatchify; the text (context, registers included) is split there too and never gathered (the last
+# block drops it). `_block_mixing` puts the text first in the joint attention; SD3.5's extra image-only
 # attention (attn2) runs in the same block, and its text length is read as 0.
 COMFY_PLAN = FamilyPlan(
     family="sd3",
     model_class="OpenAISignatureMMDITWrapper",
     batch_inputs=("x", "timesteps", "context", "y", "control"),
     sequence={
-        "joint_blocks.0": [SplitInput("x", dim=1, position=1)],
+        "joint_blocks.0": [SplitInput("x", dim=1, position=1), SplitInput("context", dim=1, position=0, text=True)],
         "final_layer": [GatherOutput(dim=1)],
     },
     attention={"joint_blocks.*": Attention(text_first=True, seam="comfy")},

@@ -226,7 +226,8 @@ class Stage:
                     self._handles.append(mods[path].register_forward_hook(self._cut_output(a.dim)))
                 elif isinstance(a, GatherOutput):
                     self._handles.append(mods[path].register_forward_hook(self._scatter_output(a.dim)))
-                elif isinstance(a, SplitInput):  # runs before the block wrapper: every stage cuts its input
+                elif isinstance(a, SplitInput) and not a.text:  # before the block wrapper: every stage cuts its
+                    # input (a patch is a band of image rows; the text goes whole with every patch)
                     self._handles.append(mods[path].register_forward_pre_hook(self._cut_input(a), with_kwargs=True))
         own = set()
         for j, (path, mod, spec) in enumerate(self.blocks):
@@ -301,7 +302,7 @@ class Stage:
         return hook
 
     def _root(self):
-        specs = [a for a in self.fplan.sequence.get("", []) if isinstance(a, SplitInput)]
+        specs = [a for a in self.fplan.sequence.get("", []) if isinstance(a, SplitInput) and not a.text]
 
         def make(old):
             bind = _bind(old)
