@@ -101,7 +101,7 @@ def main():
                 img, lat, dt, sk = run(f"q{i}", degrees, i, scene)
                 a, b = ref[i][0][0].numpy(), img[0].numpy()
                 psnr.append(min(peak_signal_noise_ratio(a, b, data_range=1.0), 100.0))
-                ssim.append(structural_similarity(a, b, channel_axis=-1, data_range=1.0))
+                ssim.append(float(structural_similarity(a, b, channel_axis=-1, data_range=1.0)))  # numpy float32: not JSON
                 err.append(((lat.double() - ref[i][1].double()).norm() / ref[i][1].double().norm()).item())
                 times.append(dt)
                 skipped.append(sk)

@@ -7,7 +7,7 @@ blocks, 1024 image tokens from a 64x64 latent packed 2x2, 64 text tokens), built
 rank; forward only, fp32, one thread per rank (see _worlds.py: on CPU the question is 2 workers x 1 thread vs
 1 worker x 1 thread). Interleaved per repeat: serial (rank 0, rank 1 idles), diffusers'
 `enable_parallelism(ContextParallelConfig(ulysses_degree=2))` (its `_cp_plan` splits image *and* text tokens),
-ours Ulysses 2 and ours Ring 2 (`parallelize(model, ctx)`: image tokens split, text replicated). Every
+ours Ulysses 2 and ours Ring 2 (`parallelize(model, ctx)`: image and text tokens split too). Every
 parallel output is compared with the serial one (max relative error, and how many outputs were wrong: above
 1e-3 - diffusers' functional collectives on gloo have returned garbage now and then in these runs).
 
