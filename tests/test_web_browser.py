@@ -289,6 +289,7 @@ def test_degrees_auto_shows_the_predicted_time_per_choice(page):
     got = _set(page, dp_degree=1, cfg_degree=1, ring_degree=1, ulysses_degree=1, pp_degree=1, tp_degree=1,
                degrees="auto")
     assert got["ok"] == "true" and got["worldSize"] == 1
+    assert "degrees=auto" in got["query"], f"the picture settled on older widget values: {got['query']}"
     text = page.execute_script(APP + "return node.widgets.find((w) => w.name === 'mesh_picture').element"
                                ".querySelector('.hp-mesh-auto')?.textContent ?? null;")
     payload = page.comfy.get(f"/hybrid_parallel/mesh?{got['query']}")

@@ -80,7 +80,7 @@ function attachMesh(node) {
 
   async function load() {
     const query = widgetQuery(node).toString();
-    const seq = ++mesh.seq;
+    const seq = mesh.seq;
     let payload;
     try {
       const r = await api.fetchApi(`/hybrid_parallel/mesh?${query}`);
@@ -96,6 +96,9 @@ function attachMesh(node) {
   }
 
   mesh.refresh = () => {
+    // A new seq at once, not when the debounced load starts: an answer already on its way was asked with the
+    // old widget values and must neither be drawn nor clear `pending` (tests read the picture once settled).
+    mesh.seq += 1;
     mesh.pending = true;
     clearTimeout(mesh.timer);
     mesh.timer = setTimeout(load, DEBOUNCE_MS);
