@@ -51,8 +51,8 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from ..comm import all_gather_uneven, split_sizes
-from ..plan import (GatherOutput, SplitInput, SplitOutput, _arg, _set_arg, path_matches, restore_forwards,
-                    sdpa_arguments, wrap_forward)
+from ..attention_seam import sdpa_arguments
+from ..plan import GatherOutput, SplitInput, SplitOutput, _arg, _set_arg, path_matches, restore_forwards, wrap_forward
 from .plans import flat_blocks
 
 TAG_ACT, TAG_LATENT = 11, 12
