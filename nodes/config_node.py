@@ -151,8 +151,10 @@ class ParallelConfigNode:
             "method": (["usp", "distrifusion"], {"tooltip": "What the sequence ranks do: exact USP attention, "
                                                  "or DistriFusion's displaced patches (stale activations)."}),
             "device": (["auto", "cpu", "cuda"], {"tooltip": "auto = CUDA when available, else CPU processes."}),
-            "attention": (ATTENTION_CHOICES, {"tooltip": "Attention kernel for ring attention (auto picks the "
-                                              "best for the device and dtype)."}),
+            "attention": (ATTENTION_CHOICES, {"tooltip": "Attention kernel for ring attention. auto: the best for "
+                                              "the device and dtype, and Ulysses runs the kernel ComfyUI "
+                                              "picked (sage, flash, pytorch...) as one device does; any other "
+                                              "choice: Ulysses runs that kernel too."}),
         }, "optional": {
             "devices": ("STRING", {"default": "", "tooltip": "Optional comma-separated device list, one per "
                                    "rank (e.g. cuda:0,cuda:1); empty = the first world_size devices."}),

@@ -25,8 +25,9 @@ from .usp import usp_attention
 _SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
 
 
-def attend(applied, q, k, v, scale=None):
-    """USP (or the method's) attention for q/k/v in (B, H, L, D) inside the declared module now running."""
+def attend(applied, q, k, v, scale=None, kernel=None):
+    """USP (or the method's) attention for q/k/v in (B, H, L, D) inside the declared module now running.
+    `kernel`: USP's local attention where it needs no LSE (usp_attention); another method ignores it."""
     state = applied.state
     if state.seq_sizes is None:
         raise RuntimeError("self-attention ran on a sequence that was never split: plan inconsistent")
@@ -46,10 +47,12 @@ def attend(applied, q, k, v, scale=None):
             raise RuntimeError(f"joint attention holds {text_len} text tokens where this rank's text shard has "
                                f"{mine}: the family plan is inconsistent")
         sizes, text_len = [t + s for t, s in zip(state.text_sizes, sizes)], 0
-    method = applied.attention_fn or usp_attention
-    return method(q, k, v, ctx=applied.ctx, seq_sizes=sizes, text_len=text_len,
-                  text_first=spec.text_first, scale=scale,
-                  backend=getattr(applied.ctx, "attention_backend", "auto"))
+    backend = getattr(applied.ctx, "attention_backend", "auto")
+    if applied.attention_fn is not None:
+        return applied.attention_fn(q, k, v, ctx=applied.ctx, seq_sizes=sizes, text_len=text_len,
+                                    text_first=spec.text_first, scale=scale, backend=backend)
+    return usp_attention(q, k, v, ctx=applied.ctx, seq_sizes=sizes, text_len=text_len, text_first=spec.text_first,
+                         scale=scale, backend=backend, kernel=kernel)
 
 
 def sdpa_arguments(args, kwargs, who: str):
@@ -91,7 +94,9 @@ def comfy_attention_override(applied):
 
     Outside a declared attention module (cross-attention, ComfyUI's other calls) it runs ComfyUI's
     own kernel `func` unchanged. Inside, q/k/v arrive as (B, L, H*D), or (B, H, L, D) with
-    `skip_reshape`; the result leaves in the layout ComfyUI's kernel would have returned.
+    `skip_reshape`; the result leaves in the layout ComfyUI's kernel would have returned. Ulysses' local
+    attention (a share of the heads over the whole sequence) runs ComfyUI's kernel too: `applied.kernel`, the
+    one the driver picked, else `func` - with this call's precision, on (B, H_rank, L, D).
     """
     def override(func, *args, **kwargs):
         if applied.state.attention is None:
@@ -105,7 +110,14 @@ def comfy_attention_override(applied):
         if not a.get("skip_reshape"):
             b, _, inner = q.shape
             q, k, v = (t.view(b, -1, heads, inner // heads).transpose(1, 2) for t in (q, k, v))
-        out = attend(applied, q, k, v)
+        base = applied.kernel or func
+        precision = a.get("attn_precision")
+
+        def kernel(q, k, v):  # ComfyUI's signature; no transformer_options: the override is not asked again
+            if not q.numel():  # no heads here (more ranks than heads, e.g. under TP) or no rows: ComfyUI's
+                return q.new_empty(q.shape[:-1] + v.shape[-1:])  # kernels cannot reshape an empty tensor
+            return base(q, k, v, q.shape[1], attn_precision=precision, skip_reshape=True, skip_output_reshape=True)
+        out = attend(applied, q, k, v, kernel=kernel)
         if a.get("skip_output_reshape"):
             return out
         b, h, n, d = out.shape

@@ -116,7 +116,8 @@ class Engine:
         return self.models[slot]
 
     def add(self, key: str, family: str, model: torch.nn.Module, ctx, *, native_call=None,
-            compute_dtype=None, device: Optional[torch.device] = None, source: Optional[dict] = None) -> Resident:
+            compute_dtype=None, device: Optional[torch.device] = None, source: Optional[dict] = None,
+            attention_kernel=None) -> Resident:
         """Make a built host model resident: parallelize it for ctx (DiT families), keep a PipeFusion stage's
         own blocks only, then move what this rank holds to `device`; evict the least recently used beyond
         max_models."""
@@ -126,7 +127,7 @@ class Engine:
         self.drop_other_meshes(key)
         if parallelized:
             key = self._scoped(key, ctx)
-            model = parallelize(model, ctx) or model
+            model = parallelize(model, ctx, attention_kernel) or model
             if ctx.config.pp_degree > 1 and plan_for(model).pipeline is not None:
                 from .pipefusion.plans import keep_stage_blocks
                 keep_stage_blocks(model, ctx)  # a stage holds only its own blocks' weights

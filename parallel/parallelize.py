@@ -8,8 +8,10 @@ from .models import plan_for
 from .plan import apply_plan, remove_plan
 
 
-def parallelize(transformer: torch.nn.Module, ctx) -> torch.nn.Module:
+def parallelize(transformer: torch.nn.Module, ctx, attention_kernel=None) -> torch.nn.Module:
     """Apply the family plan for ctx.config to `transformer` in place and return it.
+
+    `attention_kernel`: ComfyUI's attention function for Ulysses' local attention (see `apply_plan`).
 
     Afterwards, calling the transformer on every rank with the *full* inputs
     returns the *full* output on every rank. At world size 1 the model is
@@ -27,7 +29,7 @@ def parallelize(transformer: torch.nn.Module, ctx) -> torch.nn.Module:
     if ctx.config.tp_degree > 1:
         from .tp import apply_tp, check_tp
         check_tp(transformer, plan, ctx.config.tp_degree)  # refuse before anything is sharded
-    apply_plan(transformer, plan, ctx)
+    apply_plan(transformer, plan, ctx, kernel=attention_kernel)
     if ctx.config.tp_degree > 1:
         apply_tp(transformer, plan, ctx.tp)
     return transformer

@@ -178,6 +178,9 @@ class _Applied:
     attention_fn: Optional[object] = None
     cleanups: list = field(default_factory=list)   # called by remove_plan (e.g. drain in-flight comm)
     override: Optional[object] = None              # ComfyUI's optimized_attention_override for this plan
+    # ComfyUI's kernel the driver runs (sage, flash, sub-quad...), for the Ulysses ranks' local attention through
+    # ComfyUI's seam; None: the kernel the seam hands over (attention_seam.comfy_attention_override)
+    kernel: Optional[object] = None
 
     @property
     def split_text(self) -> bool:
@@ -425,14 +428,16 @@ def _slice_batch(value, B, start, n):
     return value
 
 
-def apply_plan(model: torch.nn.Module, plan: FamilyPlan, ctx, attention_fn=None) -> torch.nn.Module:
+def apply_plan(model: torch.nn.Module, plan: FamilyPlan, ctx, attention_fn=None, kernel=None) -> torch.nn.Module:
     """Install the plan's hooks on `model` (in place). Undo with `remove_plan`.
 
     `attention_fn` replaces USP attention in the plan's attention modules (same signature as `usp_attention`).
+    `kernel`: ComfyUI's attention function (unwrapped, ComfyUI's signature) that Ulysses' local attention calls
+    through ComfyUI's seam, so the ranks run the kernel the user picked in ComfyUI; None: the one the seam hands over.
     """
     if getattr(model, "_hp_applied", None) is not None:
         raise RuntimeError("model is already parallelized; call remove_plan(model) first")
-    applied = _Applied(plan, ctx, attention_fn=attention_fn)
+    applied = _Applied(plan, ctx, attention_fn=attention_fn, kernel=kernel)
     applied.override = comfy_attention_override(applied)
     modules = dict(model.named_modules())
     if ctx.sp.size > 1:

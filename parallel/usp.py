@@ -169,13 +169,17 @@ def _attend_and_return(attend, ax, head_sizes, shards, text_len, text_first, B, 
 
 
 def usp_attention(q, k, v, *, ctx, seq_sizes, text_len=0, text_first=True, scale=None, backend="auto",
-                  overlap=None):
+                  overlap=None, kernel=None):
     """Drop-in for F.scaled_dot_product_attention on sequence-sharded inputs.
 
     q, k, v: (B, H, text_len + S_local, D), text at the front (`text_first`) or
     the back; `seq_sizes[i]` is the image shard length of sp rank i.
     Returns the attention output in the same layout as the inputs (possibly a strided view).
     `overlap`: split the attention by query rows to overlap the return all-to-all (default: on CUDA only).
+    `kernel(q, k, v) -> out`, (B, H, L, D) in and out: the local attention of pure Ulysses (no ring, backend
+    "auto"), where no log-sum-exp is needed - the kernel the user picked in ComfyUI (sage, flash, sub-quadratic
+    ...), so the sequence ranks compute what one device would; default torch's SDPA. Ring attention merges
+    partial results by their LSE and always runs parallel/attention.py's kernels.
     """
     ulysses, ring = ctx.ulysses, ctx.ring
     # sp rank = ring_rank * U + ulysses_rank: my Ulysses group holds ring block `ring.rank`.
@@ -191,12 +195,15 @@ def usp_attention(q, k, v, *, ctx, seq_sizes, text_len=0, text_first=True, scale
     # Overlap (GPU): query rows computed as the return trip needs them, the collective running meanwhile on its
     # own stream. On a CPU the collective and the kernel share the cores and three smaller attention calls cost
     # more than they hide (~10 ms per Flux-like forward here, bench_ulysses_peer): one call.
+    if plain and kernel is None:
+        def kernel(q, k, v):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale)
     if plain and U > 1 and (q.is_cuda if overlap is None else overlap):
         def attend(start, n):
-            return torch.nn.functional.scaled_dot_product_attention(q.narrow(2, start, n), k, v, scale=scale)
+            return kernel(q.narrow(2, start, n), k, v)
     else:
         if plain:
-            out = torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale)
+            out = kernel(q, k, v)
         else:
             out, _ = _ring_attention(q, k, v, image, scale, ring, block_sizes, backend)
         if U == 1:

@@ -210,6 +210,27 @@ def test_native_forward_equals_comfyui(comfy, pool, mesh):
     assert not failures, failures
 
 
+def test_ulysses_ranks_run_the_drivers_kernel(comfy, pool):
+    """A sequence-parallel worker imports ComfyUI with its pytorch kernel (PixArt's attention must be
+    interceptable), yet its Ulysses attention runs the kernel ComfyUI picked in the driver (here, on a CPU
+    without flags, sub-quadratic): the worker resolves it by ComfyUI's registry name and reports which it runs.
+    tests/test_attention_kernel.py shows the Ulysses attention really is that kernel's output."""
+    from comfyui_hybrid_parallel.nodes.native import comfy_runtime, family_adapter, native_spec
+    from comfyui_hybrid_parallel.parallel import ParallelConfig
+    import comfy.ldm.modules.attention as attention
+    name = comfy_runtime()["attention"]
+    assert name is not None and attention.get_attention_function(name) is attention.optimized_attention
+    config = ParallelConfig(ulysses_degree=2)
+    base = load_model(comfy, "sd3", "fp32").model
+    dm = base.diffusion_model
+    loaded = pool.ensure_model(config, "kernel:sd3", family_adapter(dm).family, {}, native=native_spec(base),
+                               state_dict=lambda: dict(dm.state_dict()))
+    assert loaded["attention"] == name, (loaded, name)
+    inp = inputs("sd3", base, seed=9, odd=True)
+    err = rel(pool_forward(pool, config, "kernel:sd3", base, inp), comfy_forward(base, inp))
+    assert err <= 1e-5, err
+
+
 def test_fp8_stays_fp8_on_the_workers(comfy, pool):
     """Per-rank weight bytes equal ComfyUI's for that precision: the workers report what they hold."""
     from comfyui_hybrid_parallel.parallel import ParallelConfig

@@ -69,6 +69,31 @@ def import_comfy(spec: dict, sequence_parallel: bool):
     return comfy
 
 
+def attention_kernel(spec: dict) -> tuple:
+    """(ComfyUI's attention function the driver runs - unwrapped, ComfyUI's signature - or None, its name as this
+    worker runs it) for the Ulysses ranks' local attention (parallel/attention_seam.py).
+
+    Why: with sequence parallelism this process imports ComfyUI with its pytorch kernel (see `import_comfy`), yet
+    the user picked a kernel in ComfyUI (sage, flash, sub-quadratic...) and degree 1 runs it; a Ulysses rank's
+    attention is that same kernel on a share of the heads, so it runs it too - same speed and same rounding as
+    one device. The driver names it by ComfyUI's registry (nodes/native.py: comfy_runtime); a kernel this process
+    cannot run (xformers, enabled only by the driver's import) falls back to the seam's, with a warning.
+    """
+    name = spec.get("attention")
+    if not name:
+        return None, None
+    import comfy.ldm.modules.attention as attention
+    get = getattr(attention, "get_attention_function", None)
+    fn = get(name, None) if get is not None else None
+    if fn is None:
+        import logging
+        fallback = attention.optimized_attention.__name__
+        logging.getLogger(__name__).warning("hybrid parallel: ComfyUI's %r attention is not available on the "
+                                            "workers; Ulysses ranks use %s", name, fallback)
+        return None, fallback
+    return getattr(fn, "__wrapped__", fn), name
+
+
 def _operations(comfy, spec: dict, device: torch.device):
     ops = spec["ops"]
     weight_dtype = decode_value(ops.get("weight_dtype"))

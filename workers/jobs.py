@@ -143,21 +143,22 @@ def job_load_model(state: WorkerState, ctx, payload: dict) -> dict:
         weights = load_file(payload["path"])  # mmapped by safetensors
     native = payload.get("native")
     if native:  # ComfyUI's own class, ops and weights (workers/comfy_native.py)
-        from .comfy_native import build_native, call_native, compute_dtype
+        from .comfy_native import attention_kernel, build_native, call_native, compute_dtype
         # sequence or pipeline parallel: attention must be interceptable (ComfyUI's pytorch kernel)
         model = build_native(native, weights, state.device, sequence_parallel=ctx.config.intercepts_attention)
-        extra = dict(native_call=call_native, compute_dtype=compute_dtype(native))
+        kernel, kernel_name = attention_kernel(native)  # the driver's kernel, for the Ulysses ranks
+        extra = dict(native_call=call_native, compute_dtype=compute_dtype(native), attention_kernel=kernel)
     else:
         # assign=True keeps the (copy-on-write mapped) tensors: ranks share the pages until someone writes.
         model = _build_model(payload["family"], payload["config"], weights).eval().requires_grad_(False)
-        extra = {}
+        extra, kernel_name = {}, None
     # What a later mesh can rebuild from (ComfyUI's model on CPU, a layout that leaves the weights whole): these are
     # the model's own parameters, so keeping them costs nothing
     c = ctx.config
     keep = native and state.device.type == "cpu" and c.tp_degree == 1 and c.pp_degree == 1 and c.shard_weights == "none"
     engine.add(key, payload["family"], model, ctx, device=state.device, source=weights if keep else None, **extra)
     weights = None
-    return {"loaded": True, "loads": engine.loads, "resident": engine.resident()}
+    return {"loaded": True, "loads": engine.loads, "resident": engine.resident(), "attention": kernel_name}
 
 
 def _inputs(state: WorkerState, payload: dict) -> dict:
