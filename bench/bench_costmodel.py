@@ -28,7 +28,7 @@ from _worlds import RESULTS, DistPool, write_results
 
 from comfyui_hybrid_parallel.parallel.config import ParallelConfig as PC
 from comfyui_hybrid_parallel.parallel.costmodel import (CPU_EPYC_2, H100_EFF, H100_NVLINK, H100_PCIE, H100_PEAK,
-                                                        ModelShape, choose, predict_step_s)
+                                                        ModelShape, choose, predict_step_s, probe_cpu)
 
 FLUX = ModelShape.dit("flux", blocks=19, single_blocks=38, hidden=3072, heads=24, out_per_token=64)
 WAN = ModelShape.dit("wan", blocks=40, hidden=5120, heads=40, mlp_ratio=13824 / 5120, out_per_token=64)
@@ -42,23 +42,9 @@ XDIT_FLUX = {"steps": 28, "serial_s": 6.71, "ulysses4_s": 1.63}
 
 # ---------------------------------------------------------------- (1) the probe
 def probe_compute(threads: int) -> dict:
-    torch.set_num_threads(threads)
-    a, b = torch.randn(1101, 256), torch.randn(256, 1024)
-    q = torch.randn(1, 4, 1101, 64)
-    out = {}
-    for name, fn, flops in (("matmul", lambda: a @ b, 2 * 1101 * 256 * 1024),
-                            ("sdpa", lambda: torch.nn.functional.scaled_dot_product_attention(q, q, q),
-                             4 * 1101 * 1101 * 256)):
-        for _ in range(3):
-            fn()
-        best = float("inf")
-        for _ in range(5):
-            t = time.perf_counter()
-            for _ in range(10):
-                fn()
-            best = min(best, (time.perf_counter() - t) / 10)
-        out[name + "_gflops"] = flops / best / 1e9
-    return out
+    """parallel/costmodel.probe_cpu (what degrees auto measures once per process), with more repetitions."""
+    rates = probe_cpu(threads, reps=5, calls=10)
+    return {"matmul_gflops": rates["matmul_flops"] / 1e9, "sdpa_gflops": rates["sdpa_flops"] / 1e9}
 
 
 def probe_link() -> dict:

@@ -13,7 +13,8 @@ import os
 from dataclasses import replace
 
 from ..parallel.config import ParallelConfig
-from ..parallel.costmodel import CPU_EPYC_2, H100_NVLINK, H100_PCIE, DeviceCost, choose, format_table, shape_from_module
+from ..parallel.costmodel import (CPU_EPYC_2, H100_NVLINK, H100_PCIE, DeviceCost, choose, format_table, probe_cpu,
+                                   scaled_to, shape_from_module)
 
 log = logging.getLogger("comfyui_hybrid_parallel.auto")
 
@@ -31,20 +32,97 @@ def text_tokens(*conditionings, default: int = 77) -> int:
     return max(lengths) if lengths else default
 
 
-def device_cost(device: str, n_devices: int) -> DeviceCost:
+def device_cost(device: str, n_devices: int, cache: dict | None = None) -> DeviceCost:
     """The cost preset for where the workers run: H100s (NVLink when torch sees peer access, else PCIe) - any
-    other GPU uses the H100 figures scaled by nothing better we know - or this machine's CPU cores."""
+    other GPU uses the H100 figures scaled by nothing better we know - or this machine's CPU cores, the CPU
+    preset's throughputs moved to this machine by a probe (once, kept in `cache`): CPU machines differ by 2x and
+    more, and a preset that over-rates the compute under-rates what communication costs."""
     import torch
     if device in ("cuda", "auto") and torch.cuda.is_available():
         nvlink = n_devices < 2 or torch.cuda.can_device_access_peer(0, 1)
         return H100_NVLINK if nvlink else H100_PCIE
-    return CPU_EPYC_2.with_cores(os.cpu_count() or 1)
+    cache = {} if cache is None else cache
+    if "cpu_rates" not in cache:
+        cache["cpu_rates"] = probe_cpu()
+    return scaled_to(CPU_EPYC_2, cache["cpu_rates"]).with_cores(os.cpu_count() or 1)
 
 
-def resolve_auto(hp, model_patcher, latent_shape, cfg: float, negative, positive=None, report: dict | None = None):
+PROBE_FLOPS = 4e9  # a CPU probe's attention work cap: a kernel call of ~0.1 s at most (fewer heads beyond)
+
+
+def kernel_probe(device: str, head_dim: int, cache: dict | None = None):
+    """(speed(batch, heads, length, threads) or None, the kernel's name): how fast the attention kernel ComfyUI
+    picked runs relative to torch's SDPA at one rank's attention shape, *measured* on the device kind the workers
+    use (here, in the driver; each shape once, kept in `cache`).
+
+    Why measured: the cost model's attention throughput is SDPA's, but degree 1, cfg, dp and Ulysses ranks run
+    ComfyUI's kernel (sage / flash on a GPU; sub-quadratic by default on a CPU, 1.1-2.5x slower than SDPA here
+    depending on batch, heads and threads), while ring ranks run SDPA. None when ComfyUI's kernel is SDPA itself."""
+    import comfy.ldm.modules.attention as attention
+    import torch
+
+    from .native import picked_attention
+    name = picked_attention()
+    if name in (None, "pytorch"):
+        return None, name
+    fn = attention.get_attention_function(name)
+    kernel = getattr(fn, "__wrapped__", fn)
+    dev = torch.device("cuda") if device in ("cuda", "auto") and torch.cuda.is_available() else torch.device("cpu")
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    cache = {} if cache is None else cache
+
+    def speed(batch: int, heads: int, length: int, threads: int) -> float:
+        if dev.type == "cpu":  # cap the probe's work: fewer heads (the speed is per head)
+            heads = max(1, min(heads, int(PROBE_FLOPS // max(1, 4 * batch * length * length * head_dim))))
+        key = (name, str(dev), batch, heads, length, head_dim, threads if dev.type == "cpu" else 0)
+        if key not in cache:
+            cache[key] = _measure(kernel, dev, dtype, key[2:6], threads)
+        return cache[key]
+    return speed, name
+
+
+def _measure(kernel, dev, dtype, shape, threads: int, reps: int = 3) -> float:
+    """SDPA's time / the kernel's, min of `reps` alternating calls after a warm-up; 1.0 if the kernel fails."""
+    import time
+
+    import torch
+    import torch.nn.functional as F
+    b, h, n, d = shape
+    g = torch.Generator(device=dev).manual_seed(0)
+    q, k, v = (torch.randn(b, h, n, d, generator=g, device=dev, dtype=dtype) for _ in range(3))
+    calls = {"sdpa": lambda: F.scaled_dot_product_attention(q, k, v),
+             "kernel": lambda: kernel(q, k, v, h, skip_reshape=True, skip_output_reshape=True)}
+    old = torch.get_num_threads()
+    best = {}
+    try:
+        if dev.type == "cpu":
+            torch.set_num_threads(max(1, threads))
+        for rep in range(reps + 1):
+            for which, call in calls.items():
+                if dev.type == "cuda":
+                    torch.cuda.synchronize(dev)
+                t = time.perf_counter()
+                call()
+                if dev.type == "cuda":
+                    torch.cuda.synchronize(dev)
+                if rep:  # the first round warms up
+                    best[which] = min(best.get(which, float("inf")), time.perf_counter() - t)
+    except Exception as e:  # noqa: BLE001 - a kernel that cannot run this shape: assume SDPA's speed
+        log.warning("Parallel Config degrees auto: could not time ComfyUI's attention kernel (%s); assuming "
+                    "torch's speed", e)
+        return 1.0
+    finally:
+        torch.set_num_threads(old)
+    return min(20.0, max(0.05, best["sdpa"] / best["kernel"]))
+
+
+def resolve_auto(hp, model_patcher, latent_shape, cfg: float, negative, positive=None, report: dict | None = None,
+                 probes: dict | None = None):
     """`hp` unchanged unless its degrees are "auto"; else a HybridParallelConfig with the degrees the cost model
     picks for this model, latent and cfg on hp.auto_devices devices (degree 1 unless more is predicted faster).
-    `report` receives what the mesh picture shows: the predicted time per step of every candidate."""
+    `report` receives what the mesh picture shows: the predicted time per step of every candidate.
+    `probes`: what was measured for the cost (this CPU's throughput, ComfyUI's attention kernel per shape), kept
+    across prompts (the Runtime's)."""
     if not getattr(hp, "auto_devices", 0):
         return hp
     try:
@@ -56,19 +134,20 @@ def resolve_auto(hp, model_patcher, latent_shape, cfg: float, negative, positive
     batch = int(latent_shape[0]) * (2 if active else 1)
     tokens = shape.tokens(latent_shape)
     text = text_tokens(positive, negative if active else None)
-    cost = device_cost(hp.device, hp.auto_devices)
-    chosen, table = choose(shape, tokens, batch, active, hp.auto_devices, cost, text=text)
+    cost = device_cost(hp.device, hp.auto_devices, probes)
+    kernel_speed, kernel = kernel_probe(hp.device, shape.head_dim, probes)
+    chosen, table = choose(shape, tokens, batch, active, hp.auto_devices, cost, text=text, kernel_speed=kernel_speed)
     base = hp.config
     config = ParallelConfig(dp_degree=chosen.dp_degree, cfg_degree=chosen.cfg_degree,
                             ulysses_degree=chosen.ulysses_degree, ring_degree=chosen.ring_degree,
                             warmup_steps=base.warmup_steps, method=base.method,
                             devices=tuple(hp.device_list[:chosen.world_size]))
     log.info("Parallel Config degrees auto: %s for %s (%d image + %d text tokens, batch %d, cfg %s) on up to %d "
-             "%s device(s) [%s]\n%s", config.describe(), shape.family, tokens, text, batch,
-             "on" if active else "off", hp.auto_devices, hp.device, cost.name, format_table(table))
+             "%s device(s) [%s; ComfyUI's attention: %s]\n%s", config.describe(), shape.family, tokens, text, batch,
+             "on" if active else "off", hp.auto_devices, hp.device, cost.name, kernel, format_table(table))
     if report is not None:
         report.update(model=shape.family, tokens=tokens, text_tokens=text, batch=batch, cfg=active,
-                      devices=hp.auto_devices, cost=cost.name, chosen=config.describe(),
+                      devices=hp.auto_devices, cost=cost.name, kernel=kernel, chosen=config.describe(),
                       candidates=[{"config": r["config"], "ms": round(1e3 * r["total_s"], 2),
                                    "speedup": round(r["speedup"], 3), "chosen": bool(r["chosen"])}
                                   for i, r in enumerate(table) if i < 12 or r["chosen"]])

@@ -108,12 +108,17 @@ def native_spec(base_model) -> dict:
 def comfy_runtime() -> dict:
     """Where this process's ComfyUI lives, the flags that choose its kernels and the attention kernel it picked
     (its name in ComfyUI's registry): what a worker needs to import ComfyUI as this process did."""
-    import comfy.ldm.modules.attention as attention
     import comfy.model_management
-    picked = attention.optimized_attention
-    name = next((n for n, f in getattr(attention, "REGISTERED_ATTENTION_FUNCTIONS", {}).items() if f is picked), None)
     return {"comfy_dir": os.path.dirname(os.path.dirname(os.path.abspath(comfy.model_management.__file__))),
-            "comfy_args": _comfy_args(), "attention": name}
+            "comfy_args": _comfy_args(), "attention": picked_attention()}
+
+
+def picked_attention() -> str | None:
+    """The name, in ComfyUI's attention registry, of the kernel ComfyUI picked in this process (its flags and
+    device decide): "pytorch", "sage", "flash", "xformers", "sub_quad", "split"; None if not registered."""
+    import comfy.ldm.modules.attention as attention
+    picked = attention.optimized_attention
+    return next((n for n, f in getattr(attention, "REGISTERED_ATTENTION_FUNCTIONS", {}).items() if f is picked), None)
 
 
 def portable_options(transformer_options: dict | None) -> dict:

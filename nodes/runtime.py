@@ -39,6 +39,7 @@ class Runtime:
         self.driver_threads = torch.get_num_threads()  # what KSampler computes with in this process
         self._spares = None  # workers/spares.py: interpreters with torch imported, for the first world
         self.last_auto = None  # the latest degrees-"auto" choice: predicted time per step per candidate
+        self.cost_probes = {}  # auto's measured costs: CPU throughput, ComfyUI's attention kernel per shape (auto.py)
 
     def keep_spares(self, n: int) -> None:
         """Start `n` spare worker interpreters now (ComfyUI's start-up), so the first prompt's world does not wait

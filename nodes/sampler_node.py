@@ -318,7 +318,7 @@ class HybridSampler:
         from .auto import resolve_auto  # degrees "auto": chosen here, where the model, latent and cfg are known
         report = {}
         hp = resolve_auto(parallel_config, model, tuple(latent_image["samples"].shape), cfg, negative, positive,
-                          report=report)
+                          report=report, probes=getattr(self.runtime, "cost_probes", None))
         if report:
             self.runtime.last_auto = report  # the mesh picture shows it (nodes/routes.py)
         loop = uses_loop_mode(hp)

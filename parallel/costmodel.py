@@ -179,10 +179,50 @@ class DeviceCost:
 # 0.63 fitted to the medium SD3 step (238 ms on 1 thread, bench/results/scaling.md); 2 threads 1.66x one
 # (143 ms, bench/results/overhead.md); two ranks each run at 0.86 of a lone one (scaling.md's CFG row); gloo
 # between 2 processes: 0.34-0.44 ms per collective, 0.7-0.8 GB/s (probe); the fixed costs from the tiny model.
-CPU_EPYC_2 = DeviceCost(name="cpu (EPYC VM, measured)", flops=90e9 * 0.63, attn_flops=68e9 * 0.63,
+CPU_MATMUL_1T, CPU_SDPA_1T = 90e9, 68e9  # what `probe_cpu` measured on that machine
+CPU_EPYC_2 = DeviceCost(name="cpu (EPYC VM, measured)", flops=CPU_MATMUL_1T * 0.63, attn_flops=CPU_SDPA_1T * 0.63,
                         link=Link(bandwidth_Bps=0.8e9, latency_s=0.4e-3, overlap=0.0), cores=2,
                         thread_speedup=(1.0, 1.66), rank_efficiency=0.86, block_s=0.4e-3, forward_s=5e-3,
                         step_s=1.5e-3, rank_s=2.0e-3)
+
+
+def probe_cpu(threads: int = 1, reps: int = 3, calls: int = 3) -> dict:
+    """This machine's fp32 matmul and CPU flash-SDPA FLOP/s at `threads` threads (min of `reps` x `calls`, after a
+    warm-up), on the shapes the CPU preset was calibrated with: a 1101 x 256 x 1024 matmul, SDPA over 4 heads x
+    1101 tokens x 64. ~0.1 s at 1 thread."""
+    import time
+
+    import torch
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        g = torch.Generator().manual_seed(0)
+        a, b = torch.randn(1101, 256, generator=g), torch.randn(256, 1024, generator=g)
+        q = torch.randn(1, 4, 1101, 64, generator=g)
+        out = {}
+        for name, fn, flops in (("matmul_flops", lambda: a @ b, 2 * 1101 * 256 * 1024),
+                                ("sdpa_flops", lambda: torch.nn.functional.scaled_dot_product_attention(q, q, q),
+                                 4 * 1101 * 1101 * 256)):
+            fn()
+            best = float("inf")
+            for _ in range(reps):
+                t = time.perf_counter()
+                for _ in range(calls):
+                    fn()
+                best = min(best, (time.perf_counter() - t) / calls)
+            out[name] = flops / best
+        return out
+    finally:
+        torch.set_num_threads(old)
+
+
+def scaled_to(cost: DeviceCost, rates: dict) -> DeviceCost:
+    """The CPU preset moved to a machine whose `probe_cpu` (1 thread) gave `rates`: compute and attention scale
+    by the measured / calibrated throughput; threads, ranks, links and fixed costs keep the preset's figures."""
+    m, s = rates["matmul_flops"] / CPU_MATMUL_1T, rates["sdpa_flops"] / CPU_SDPA_1T
+    return replace(cost, name=f"cpu (probed here: matmul {rates['matmul_flops'] / 1e9:.0f}, SDPA "
+                              f"{rates['sdpa_flops'] / 1e9:.0f} GFLOP/s per thread)",
+                   flops=cost.flops * m, attn_flops=cost.attn_flops * s)
 # H100 SXM: 989 TFLOP/s bf16 dense. Efficiency 35 % of it for the whole step's matmuls and attention: xDiT's
 # published serial Flux.1-dev step at 1024^2 (6.71 s / 28 steps = 0.240 s, torch.compile) is ~33 % of peak, and
 # FlashAttention-2 reaches ~35 % on H100 (FA3 more). NVLink 4: 450 GB/s per direction, an NCCL collective ~15 us;
@@ -254,9 +294,14 @@ def _plan_splits_text(family: str) -> bool:
 
 # ---------------------------------------------------------------- the prediction
 def predict_step_s(shape: ModelShape, tokens: int, batch: int, config: ParallelConfig, cost: DeviceCost,
-                   text: int = 77) -> dict:
+                   text: int = 77, kernel_speed=None) -> dict:
     """Predicted seconds of one forward (one sampler step: ComfyUI batches CFG's two halves into one call) of
-    `batch` samples of `tokens` image tokens under `config`, with its parts. The slowest rank sets the time."""
+    `batch` samples of `tokens` image tokens under `config`, with its parts. The slowest rank sets the time.
+
+    `kernel_speed(batch, heads, length, threads)`: the speed of the attention kernel ComfyUI picked relative to
+    torch's SDPA (which `cost.attn_flops` describes) for one rank's attention of that shape. Every rank of a
+    world without ring attention runs that kernel (degree 1, cfg, dp - and Ulysses, parallel/attention_seam.py);
+    ring attention runs SDPA-class kernels with a log-sum-exp. None: ComfyUI's kernel is SDPA."""
     n_batch = config.cfg_degree * config.dp_degree
     sp, world = config.sp_degree, config.world_size
     b_rank = max(split_sizes(batch, n_batch)) if batch >= n_batch else batch  # smaller: computed whole, redundant
@@ -264,6 +309,12 @@ def predict_step_s(shape: ModelShape, tokens: int, batch: int, config: ParallelC
     mm, attn = shape.forward_flops(tokens, text, b_rank, sp)
     compute_s = mm / (cost.flops * speed)
     attn_s = attn / (cost.attn_flops * speed)
+    ks = 1.0
+    if kernel_speed is not None and config.ring_degree == 1:
+        length = tokens + (text if shape.text_blocks else 0)  # a rank's attention sees the whole sequence
+        ks = float(kernel_speed(b_rank, max(split_sizes(shape.heads, config.ulysses_degree)), length,
+                                cost.threads(world)))
+        attn_s /= ks
     fixed_s = shape.blocks * cost.block_s + cost.forward_s
     worst = {}
     for u, rho in itertools.product(range(config.ulysses_degree), range(config.ring_degree)):
@@ -281,8 +332,8 @@ def predict_step_s(shape: ModelShape, tokens: int, batch: int, config: ParallelC
     overhead_s = cost.step_s + (world - 1) * cost.rank_s
     total = compute_s + attn_s + fixed_s + sum(comm.values()) + overhead_s
     return {"config": config.describe(), "world": world, "threads": cost.threads(world), "compute_s": compute_s,
-            "attention_s": attn_s, "fixed_s": fixed_s, "comm_s": sum(comm.values()), "comm": comm,
-            "bytes": {**worst, **({"batch_gather": gather} if gather else {})}, "overhead_s": overhead_s,
+            "attention_s": attn_s, "kernel_speed": ks, "fixed_s": fixed_s, "comm_s": sum(comm.values()),
+            "comm": comm, "bytes": {**worst, **({"batch_gather": gather} if gather else {})}, "overhead_s": overhead_s,
             "total_s": total}
 
 
@@ -303,12 +354,12 @@ def candidates(shape: ModelShape, tokens: int, batch: int, cfg_active: bool, n_d
 
 
 def choose(shape: ModelShape, tokens: int, batch: int, cfg_active: bool, n_devices: int, cost: DeviceCost,
-           text: int = 77, margin: float = 0.10) -> tuple:
+           text: int = 77, margin: float = 0.10, kernel_speed=None) -> tuple:
     """(ParallelConfig, table): the fastest candidate if it is predicted at least `margin` faster than degree 1,
     else degree 1. The table lists every candidate's prediction, fastest first (ties: the smaller world)."""
     if n_devices < 1:
         raise ConfigError(f"auto needs at least one device, got {n_devices}")
-    table = [predict_step_s(shape, tokens, batch, c, cost, text) | {"parallel_config": c}
+    table = [predict_step_s(shape, tokens, batch, c, cost, text, kernel_speed) | {"parallel_config": c}
              for c in candidates(shape, tokens, batch, cfg_active, n_devices)]
     table.sort(key=lambda r: (round(r["total_s"], 9), r["world"], r["parallel_config"].dp_degree))  # cfg before dp
     serial = next(r for r in table if r["world"] == 1)

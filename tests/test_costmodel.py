@@ -109,6 +109,46 @@ def test_choose_takes_cfg_when_compute_dominates():
     assert config.cfg_degree == 1 and config.sp_degree == 8
 
 
+def test_kernel_speed_applies_to_ranks_without_ring():
+    """ComfyUI's attention kernel runs on every rank of a world without ring attention (degree 1, cfg, dp,
+    Ulysses); ring runs SDPA. A kernel 4x slower than SDPA scales those ranks' attention time by 4 - asked at
+    each rank's shape - leaves ring's alone, and can make ring the faster choice where SDPA kept degree 1."""
+    asked = []
+
+    def slow(b, h, n, threads):
+        asked.append((b, h, n, threads))
+        return 0.25
+    for config in (ParallelConfig(), ParallelConfig(ulysses_degree=2), ParallelConfig(cfg_degree=2),
+                   ParallelConfig(ring_degree=2), ParallelConfig(ulysses_degree=2, ring_degree=2)):
+        base = predict_step_s(MEDIUM_SD3, 1024, 2, config, CPU_EPYC_2, text=77)
+        asked.clear()
+        got = predict_step_s(MEDIUM_SD3, 1024, 2, config, CPU_EPYC_2, text=77, kernel_speed=slow)
+        if config.ring_degree == 1:
+            assert got["attention_s"] == pytest.approx(4 * base["attention_s"]) and got["kernel_speed"] == 0.25
+            b = 1 if config.cfg_degree == 2 else 2
+            assert asked == [(b, 4 // config.ulysses_degree, 1024 + 77, CPU_EPYC_2.threads(config.world_size))]
+        else:
+            assert got["attention_s"] == base["attention_s"] and asked == [] and got["kernel_speed"] == 1.0
+    # SDPA everywhere: degree 1 here; a kernel 5x slower than SDPA on the one-rank configs: ring 2 wins
+    assert choose(MEDIUM_SD3, 1024, 1, False, 2, CPU_EPYC_2, text=77)[0].world_size == 1
+    config, table = choose(MEDIUM_SD3, 1024, 1, False, 2, CPU_EPYC_2, text=77, kernel_speed=lambda *a: 0.2)
+    assert config.ring_degree == 2, format_table(table)
+
+
+def test_cpu_probe_moves_the_preset_to_this_machine():
+    from comfyui_hybrid_parallel.parallel.costmodel import CPU_MATMUL_1T, CPU_SDPA_1T, probe_cpu, scaled_to
+    threads = torch.get_num_threads()
+    rates = probe_cpu(reps=1, calls=1)
+    assert torch.get_num_threads() == threads  # restored
+    assert 1e8 < rates["matmul_flops"] < 1e13 and 1e8 < rates["sdpa_flops"] < 1e13, rates
+    moved = scaled_to(CPU_EPYC_2, {"matmul_flops": 2 * CPU_MATMUL_1T, "sdpa_flops": 3 * CPU_SDPA_1T})
+    assert moved.flops == pytest.approx(2 * CPU_EPYC_2.flops) and moved.attn_flops == pytest.approx(
+        3 * CPU_EPYC_2.attn_flops)
+    assert (moved.link, moved.thread_speedup, moved.step_s) == (CPU_EPYC_2.link, CPU_EPYC_2.thread_speedup,
+                                                                CPU_EPYC_2.step_s)
+    assert "probed" in moved.name
+
+
 def test_choose_never_exceeds_the_devices_and_needs_a_margin():
     for n in range(1, 9):
         for shape, tokens, cost in ((FLUX, 4096, H100_NVLINK), (MEDIUM_SD3, 1024, CPU_EPYC_2), (WAN, 32760, H100_PCIE)):
@@ -210,15 +250,27 @@ def test_resolve_auto(comfy_models, monkeypatch):
     assert auto.text_tokens(cond, [[torch.zeros(1, 77, 32), {}]]) == 77
     seen = {}
 
-    def fake_choose(shape, tokens, batch, active, n, cost, text):
+    def fake_choose(shape, tokens, batch, active, n, cost, text, kernel_speed):
         seen.update(tokens=tokens, batch=batch, active=active, n=n, text=text)
+        seen["cost"], seen["kernel_speed"] = cost.name, kernel_speed and kernel_speed(2, 4, 1101, 1)
         return ParallelConfig(cfg_degree=2), [dict(config="cfg2", world=2, threads=1, compute_s=0, fixed_s=0,
                                                    attention_s=0, comm_s=0, overhead_s=0, total_s=1, speedup=1.5,
                                                    chosen=True)]
     monkeypatch.setattr(auto, "choose", fake_choose)
-    out = auto.resolve_auto(hp, model, (1, 16, 64, 64), 4.0, cond, cond)
+    probes = {}
+    out = auto.resolve_auto(hp, model, (1, 16, 64, 64), 4.0, cond, cond, probes=probes)
     assert out.config.cfg_degree == 2 and out.config.devices == ("cpu", "cpu")
+    cost, speed = seen.pop("cost"), seen.pop("kernel_speed")
     assert seen == dict(tokens=1024, batch=2, active=True, n=2, text=7)
+    # measured once and kept: this CPU's throughput, and ComfyUI's kernel (sub-quadratic: no flags, CPU) per shape
+    from comfyui_hybrid_parallel.nodes.native import picked_attention
+    assert "probed" in cost and set(probes["cpu_rates"]) == {"matmul_flops", "sdpa_flops"}
+    if picked_attention() == "pytorch":
+        assert speed is None
+    else:
+        assert 0.05 <= speed <= 20 and len(probes) == 2, probes
+        auto.resolve_auto(hp, model, (1, 16, 64, 64), 4.0, cond, cond, probes=probes)
+        assert len(probes) == 2  # nothing measured again
 
     class Unknown(torch.nn.Module):  # no adapter: one rank, and the sampler's checks name the problem later
         pass
