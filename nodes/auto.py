@@ -83,6 +83,24 @@ def kernel_probe(device: str, head_dim: int, cache: dict | None = None):
 
 def _measure(kernel, dev, dtype, shape, threads: int, reps: int = 3) -> float:
     """SDPA's time / the kernel's, min of `reps` alternating calls after a warm-up; 1.0 if the kernel fails."""
+    import torch
+    old = torch.get_num_threads()
+    try:
+        if dev.type == "cpu":
+            torch.set_num_threads(max(1, threads))
+        best = _time_both(kernel, dev, dtype, shape, reps)
+    except Exception as e:  # noqa: BLE001 - a kernel that cannot run this shape: assume SDPA's speed
+        log.warning("Parallel Config degrees auto: could not time ComfyUI's attention kernel (%s); assuming "
+                    "torch's speed", e)
+        return 1.0
+    finally:
+        torch.set_num_threads(old)
+        if dev.type == "cuda":  # the driver's GPU is rank 0's: give the probe's memory back to it
+            torch.cuda.empty_cache()
+    return min(20.0, max(0.05, best["sdpa"] / best["kernel"]))
+
+
+def _time_both(kernel, dev, dtype, shape, reps: int) -> dict:
     import time
 
     import torch
@@ -92,28 +110,18 @@ def _measure(kernel, dev, dtype, shape, threads: int, reps: int = 3) -> float:
     q, k, v = (torch.randn(b, h, n, d, generator=g, device=dev, dtype=dtype) for _ in range(3))
     calls = {"sdpa": lambda: F.scaled_dot_product_attention(q, k, v),
              "kernel": lambda: kernel(q, k, v, h, skip_reshape=True, skip_output_reshape=True)}
-    old = torch.get_num_threads()
     best = {}
-    try:
-        if dev.type == "cpu":
-            torch.set_num_threads(max(1, threads))
-        for rep in range(reps + 1):
-            for which, call in calls.items():
-                if dev.type == "cuda":
-                    torch.cuda.synchronize(dev)
-                t = time.perf_counter()
-                call()
-                if dev.type == "cuda":
-                    torch.cuda.synchronize(dev)
-                if rep:  # the first round warms up
-                    best[which] = min(best.get(which, float("inf")), time.perf_counter() - t)
-    except Exception as e:  # noqa: BLE001 - a kernel that cannot run this shape: assume SDPA's speed
-        log.warning("Parallel Config degrees auto: could not time ComfyUI's attention kernel (%s); assuming "
-                    "torch's speed", e)
-        return 1.0
-    finally:
-        torch.set_num_threads(old)
-    return min(20.0, max(0.05, best["sdpa"] / best["kernel"]))
+    for rep in range(reps + 1):
+        for which, call in calls.items():
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
+            t = time.perf_counter()
+            call()
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
+            if rep:  # the first round warms up
+                best[which] = min(best.get(which, float("inf")), time.perf_counter() - t)
+    return best
 
 
 def resolve_auto(hp, model_patcher, latent_shape, cfg: float, negative, positive=None, report: dict | None = None,
