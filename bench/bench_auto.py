@@ -57,6 +57,9 @@ def run(quick: bool = False):
     tmp = tempfile.mkdtemp(prefix="hp-bench-auto-")
     rows, tables = [], {}
     runtimes = {}  # one pool per config, whose world never changes (see sample())
+    # what auto measures (this CPU's throughput, ComfyUI's attention kernel per shape), shared by the choice made
+    # here and every sampler's, so that the "auto" side runs the config picked here
+    probes = {}
     try:
         for name, (depth, h, w) in MODELS.items():
             path = os.path.join(tmp, f"sd3_{name}.safetensors")
@@ -80,7 +83,8 @@ def run(quick: bool = False):
                     return out
                 auto_mod.choose = spy
                 try:
-                    picked = resolve_auto(_hp(True), model, tuple(latent["samples"].shape), cfg, neg, pos).config
+                    picked = resolve_auto(_hp(True), model, tuple(latent["samples"].shape), cfg, neg, pos,
+                                          probes=probes).config
                 finally:
                     auto_mod.choose = real_choose
                 key = f"{name}, cfg {cfg:g}"
@@ -94,6 +98,7 @@ def run(quick: bool = False):
                     # a pool per config: a pool holds one world, so sides sharing one would restart workers each run
                     # (and a world switch right after load_model wrote the weights lost them: WorkerError, no file)
                     HybridSampler.runtime = runtimes.setdefault(configs[side], Runtime())
+                    HybridSampler.runtime.cost_probes = probes
                     t = time.perf_counter()
                     out = HybridSampler().sample(model, 3, steps, cfg, "euler", "simple", pos, neg, latent, hps[side])
                     return (time.perf_counter() - t) * 1000 / steps, out[0]["samples"]
@@ -123,6 +128,12 @@ def run(quick: bool = False):
         for rt in runtimes.values():
             rt.stop()
         HybridSampler.runtime = None
+    from comfyui_hybrid_parallel.nodes.native import picked_attention
+    rates = probes.get("cpu_rates", {})
+    tables["_probes"] = (f"ComfyUI's attention kernel: {picked_attention()}; this CPU, 1 thread: matmul "
+                         f"{rates.get('matmul_flops', 0) / 1e9:.0f} GFLOP/s, SDPA {rates.get('sdpa_flops', 0) / 1e9:.0f}"
+                         f" GFLOP/s; the kernel's speed vs SDPA (batch, heads, tokens, head dim, threads): " +
+                         ", ".join(f"{k[2:]} {v:.2f}" for k, v in probes.items() if isinstance(k, tuple)))
     return rows, tables
 
 
@@ -151,9 +162,12 @@ def markdown(rows, tables):
     md.append("\nMinima are the least disturbed runs: this 2-vCPU VM is shared, and under foreign load (load avg above) the "
               "lone 2-thread worker of degree 1 suffers most (its OpenMP threads wait on each other while another "
               "process holds a core), so its medians blow up more than those of 2 ranks x 1 thread.")
+    if "_probes" in tables:
+        md.append(f"\nWhat auto measured here: {tables['_probes']}.")
     md.append("\nThe cost model's candidate table per case (what the sampler logs):")
     for key, table in tables.items():
-        md += [f"\n**{key}**\n", table]
+        if not key.startswith("_"):
+            md += [f"\n**{key}**\n", table]
     return "\n".join(md)
 
 
