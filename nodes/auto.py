@@ -58,15 +58,14 @@ def kernel_probe(device: str, head_dim: int, cache: dict | None = None):
     Why measured: the cost model's attention throughput is SDPA's, but degree 1, cfg, dp and Ulysses ranks run
     ComfyUI's kernel (sage / flash on a GPU; sub-quadratic by default on a CPU, 1.1-2.5x slower than SDPA here
     depending on batch, heads and threads), while ring ranks run SDPA. None when ComfyUI's kernel is SDPA itself."""
-    import comfy.ldm.modules.attention as attention
     import torch
 
+    from ..workers.comfy_native import attention_function
     from .native import picked_attention
     name = picked_attention()
     if name in (None, "pytorch"):
         return None, name
-    fn = attention.get_attention_function(name)
-    kernel = getattr(fn, "__wrapped__", fn)
+    kernel = attention_function(name)
     dev = torch.device("cuda") if device in ("cuda", "auto") and torch.cuda.is_available() else torch.device("cpu")
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     cache = {} if cache is None else cache

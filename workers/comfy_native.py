@@ -82,16 +82,25 @@ def attention_kernel(spec: dict) -> tuple:
     name = spec.get("attention")
     if not name:
         return None, None
-    import comfy.ldm.modules.attention as attention
-    get = getattr(attention, "get_attention_function", None)
-    fn = get(name, None) if get is not None else None
+    fn = attention_function(name)
     if fn is None:
         import logging
+
+        import comfy.ldm.modules.attention as attention
         fallback = attention.optimized_attention.__name__
         logging.getLogger(__name__).warning("hybrid parallel: ComfyUI's %r attention is not available on the "
                                             "workers; Ulysses ranks use %s", name, fallback)
         return None, fallback
-    return getattr(fn, "__wrapped__", fn), name
+    return fn, name
+
+
+def attention_function(name: str):
+    """ComfyUI's attention kernel registered as `name`, unwrapped from `wrap_attn` (so a call never consults
+    `optimized_attention_override` again), or None where this process has no such kernel."""
+    import comfy.ldm.modules.attention as attention
+    get = getattr(attention, "get_attention_function", None)
+    fn = get(name, None) if get is not None else None
+    return None if fn is None else getattr(fn, "__wrapped__", fn)
 
 
 def _operations(comfy, spec: dict, device: torch.device):
