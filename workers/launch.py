@@ -27,7 +27,7 @@ import time
 from multiprocessing.connection import wait as wait_conns
 from pathlib import Path
 
-from .protocol import Channel, ProtocolError, authenticate_server, new_authkey
+from .protocol import Channel, ProtocolError, authenticate_server, encode, new_authkey
 from .transport import cleanup_prefix
 
 PACKAGE = "comfyui_hybrid_parallel"
@@ -307,8 +307,10 @@ class World:
                 and self.state not in ("stopping", "dead"))
 
     def broadcast(self, t: str, **fields) -> None:
+        """The same message to every rank, encoded once (a step's job carries the call's JSON structure)."""
+        data = encode(t, **fields)
         for ch in self.channels:
-            ch.send(t, **fields)
+            ch.send_encoded(data)
 
     # ---- stop ----
     def teardown(self, graceful: bool = True) -> None:

@@ -68,7 +68,10 @@ class Channel:
         self._send_lock = threading.Lock()
 
     def send(self, t: str, **fields) -> None:
-        data = encode(t, **fields)
+        self.send_encoded(encode(t, **fields))
+
+    def send_encoded(self, data: bytes) -> None:
+        """A message made by encode() once for several channels (a job goes to every rank alike)."""
         with self._send_lock:
             self.conn.send_bytes(data)
 
