@@ -116,6 +116,25 @@ def test_arena_is_reused_grows_and_checks_bounds():
     assert list_prefix(prefix) == []
 
 
+def test_arena_view_is_in_place_and_a_copy_is_not():
+    """read_tensor(view=True) - how a worker takes a step's latent - is the arena's own bytes (valid until the writer
+    reuses its arena); the default read is a private copy."""
+    from comfyui_hybrid_parallel.workers.transport import Arena
+    prefix = new_prefix()
+    arena, maps = Arena(prefix), {}
+    try:
+        x = torch.randn(3, 17, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+        d = arena.write({"x": x, "pad": torch.ones(5)})["x"]
+        view, copy = read_tensor(d, prefix, maps=maps, view=True), read_tensor(d, prefix, maps=maps)
+        assert view.dtype == x.dtype and view.shape == x.shape and torch.equal(view, x) and torch.equal(copy, x)
+        arena.write({"x": -x})  # the writer's next job reuses the same bytes
+        assert torch.equal(view, -x) and torch.equal(copy, x)
+        empty = arena.write({"e": torch.zeros(0, 4)})["e"]
+        assert read_tensor(empty, prefix, maps=maps, view=True).shape == (0, 4)
+    finally:
+        arena.close()
+
+
 def test_worker_with_another_protocol_version_is_named_at_startup(tmp_path):
     """A worker running other code (pack updated on disk) is reported as such, not as a timeout."""
     from comfyui_hybrid_parallel.parallel import ParallelConfig

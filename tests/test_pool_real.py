@@ -38,9 +38,12 @@ def test_world_and_health(pool):
     assert all(_alive(x["pid"]) and x["rss_bytes"] > 10_000_000 for x in h)
 
 
-def test_tensors_round_trip_exactly(pool):
+@pytest.mark.parametrize("in_place", [False, True], ids=["copied", "changing-in-place"])
+def test_tensors_round_trip_exactly(pool, in_place):
+    """Every dtype and shape (empty ones too), copied by the workers or - named `changing`, as a step's latent is -
+    used in place in the driver's arena."""
     tensors = {f"t{i}_{j}": _sample(d, s, 100 + i * 10 + j) for i, d in enumerate(DTYPES) for j, s in enumerate(SHAPES)}
-    out = pool.submit(SP2, "echo", {}, tensors).tensors
+    out = pool.submit(SP2, "echo", {"changing": list(tensors) if in_place else []}, tensors).tensors
     for k, t in tensors.items():
         assert out[k].dtype == t.dtype and out[k].shape == t.shape and torch.equal(out[k], t), k
     assert set(list_prefix(pool.shm_prefix)) <= pool.arena_files()

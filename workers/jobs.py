@@ -352,10 +352,14 @@ def make_executor(state: WorkerState, ctx, contexts: dict | None = None):
         if state.broadcast_tensors:
             payload.update(_broadcast_tensors(state, msg.get("tensors") or {}))
         else:
+            # weights are mapped (ranks share the pages); what changes at every step (`changing`: the latent and
+            # the timestep of a step-mode forward) is used in place in the driver's arena, which it rewrites only
+            # after this job has answered - a copy into fresh memory cost more than the rest of the round trip
+            # for a video latent; the rest is copied, as a job may keep it (a run's conditioning)
+            in_place = set(payload.get("changing") or ())
             for name, desc in (msg.get("tensors") or {}).items():
-                # weights are mapped (ranks share the pages); per-step tensors are copied (faster, see transport.py)
                 payload[name] = read_tensor(desc, state.shm_prefix, mapped=name.startswith(WEIGHT_PREFIX),
-                                            maps=state.arena_maps)
+                                            maps=state.arena_maps, view=name in in_place)
         state.run = run
         try:
             out = JOBS[kind](state, job_ctx, payload)

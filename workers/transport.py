@@ -284,14 +284,17 @@ def _arena_bytes(desc: dict, prefix: str, maps):
     return buf
 
 
-def read_tensor(desc: dict, prefix: str, mapped: bool = False, unlink: bool = False, maps: dict | None = None):
+def read_tensor(desc: dict, prefix: str, mapped: bool = False, unlink: bool = False, maps: dict | None = None,
+                view: bool = False):
     """The described tensor: a private copy (default), or a copy-on-write mapping (`mapped=True`).
 
     Copying suits per-step tensors (fast, and the file can go at once); mapping
     suits model weights: ranks share the pages until someone writes, so N ranks
     do not hold N copies. `unlink=True` removes the file after reading (a mapping
     stays valid after unlink). An arena descriptor (with "offset") is always copied
-    out and never unlinked; `maps` caches the arena mappings between calls.
+    out and never unlinked; `maps` caches the arena mappings between calls. `view=True` returns an arena
+    tensor in place, no copy: valid only until the writer reuses its arena (its next job), so only for what a
+    job does not keep (a step's latent); it shares the writer's pages, so writing to it changes them.
     """
     import torch
     dtype = tensor_dtype(desc["dtype"])
@@ -308,6 +311,8 @@ def read_tensor(desc: dict, prefix: str, mapped: bool = False, unlink: bool = Fa
         buf = _arena_bytes(desc, prefix, maps)
         if off < 0 or off + nbytes > len(buf):
             raise ValueError(f"arena {desc['name']} holds {len(buf)} bytes, not [{off}, {off + nbytes})")
+        if view and nbytes:
+            return torch.frombuffer(buf, dtype=dtype, count=numel, offset=off).view(shape)
         out = torch.empty(shape, dtype=dtype)
         _copy_bytes(_tensor_bytes(out), _np_bytes(buf, off, nbytes))
         return out
