@@ -110,7 +110,14 @@ def diffusers_pair(pool, name, steps, reps, threads):
             return loop(lambda kw: model(**kw, return_dict=False)[0])
 
     def pooled():
-        return loop(lambda kw: pool.forward(pc, f"bench-{name}", kw))
+        # as the nodes run it (Runtime.quiet_driver): this process computes its small update ops with one thread
+        # while the worker has every core, or its idle thread pool spins beside the worker (3-8 % of a medium step)
+        before = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return loop(lambda kw: pool.forward(pc, f"bench-{name}", kw))
+        finally:
+            torch.set_num_threads(before)  # what the next in-process run and a Runtime made later start from
 
     times, err = _interleave({"diffusers in-process": local, "diffusers via pool": pooled}, reps, steps)
     return _row(name, "diffusers loop", times, "diffusers in-process", "diffusers via pool",
