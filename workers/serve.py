@@ -90,7 +90,9 @@ class ParentWatch:
     def channel_closed(self) -> bool:
         """EOF on the control channel, seen without taking anything off it (MSG_PEEK on a dup of its socket): the
         main thread reads only between jobs and at cancel checks, so a driver that dies while a rank waits in
-        a collective would otherwise go unnoticed where the parent pid cannot tell (torchrun-started ranks)."""
+        a collective would otherwise go unnoticed where the parent pid cannot tell (torchrun-started ranks). An
+        unread message hides the EOF behind it until the main thread takes it (its next cancel check; a rank stuck
+        in a collective meanwhile ends at the collective's timeout)."""
         if self.channel is None:
             return False
         try:
