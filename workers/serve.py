@@ -157,8 +157,8 @@ class Inbox:
     arrived is taken at each cancel check (`JobRun.cancel_requested`, the stop
     points every job already polls), never waiting: a cancel is marked, a job or
     `stop` that came early is kept for later. EOF or a broken channel exits the
-    process as before (ParentWatch.exit), and `watch_eof` lets the parent-watch
-    thread see EOF while a job runs without taking anything off the channel.
+    process as before (ParentWatch.exit), and the parent-watch thread sees EOF
+    while a job runs without taking anything off the channel (`channel_closed`).
     """
 
     def __init__(self, channel, watch: "ParentWatch"):

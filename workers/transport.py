@@ -291,10 +291,11 @@ def read_tensor(desc: dict, prefix: str, mapped: bool = False, unlink: bool = Fa
     Copying suits per-step tensors (fast, and the file can go at once); mapping
     suits model weights: ranks share the pages until someone writes, so N ranks
     do not hold N copies. `unlink=True` removes the file after reading (a mapping
-    stays valid after unlink). An arena descriptor (with "offset") is always copied
-    out and never unlinked; `maps` caches the arena mappings between calls. `view=True` returns an arena
-    tensor in place, no copy: valid only until the writer reuses its arena (its next job), so only for what a
-    job does not keep (a step's latent); it shares the writer's pages, so writing to it changes them.
+    stays valid after unlink). An arena descriptor (with "offset") is copied out
+    and never unlinked; `maps` caches the arena mappings between calls. `view=True` returns an arena
+    tensor in place instead, no copy: valid only until the writer reuses its arena (its next job), so only for
+    what a job does not keep (a step's latent); it shares the writer's pages - and, on CPU ranks, the other
+    ranks' - so nothing may write to it (the model's first op on a latent makes a new tensor).
     """
     import torch
     dtype = tensor_dtype(desc["dtype"])
