@@ -130,8 +130,10 @@ def _headline(data: dict) -> list:
     d = data.get("overhead")
     if d:
         for r in d["rows"]:
+            added = (f"; the pool adds {r['added_us_per_step']:.0f} µs per step"
+                     if r.get("added_us_per_step", 0) > 0 else "")
             add(f"degree-1 overhead, {r['model']} model, {r['comparison']} ({r['baseline_ms']:.0f} ms/step)",
-                f"{r['ratio_median']:.3f}× (min {r['ratio_min']:.3f}×)", "≤ 1.02×", d)
+                f"{r['ratio_median']:.3f}× (min {r['ratio_min']:.3f}×){added}", "≤ 1.02×", d)
     d = data.get("scaling")
     if d:
         targets = {"CFG": "≥ 1.85×", "DP": "≥ 1.85×", "Ulysses": "≥ 1.6×", "Ring": "≥ 1.6×"}
