@@ -9,6 +9,7 @@ pending message off the channel.
 """
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
@@ -131,8 +132,14 @@ def test_parent_watch_sees_eof_by_peeking_without_taking_a_message():
     watch.channel = worker
     assert watch.channel_closed() is False  # open, nothing pending
     driver.send("job", job=1, kind="x")
-    time.sleep(0.05)
-    assert watch.channel_closed() is False  # open, a message pending: still there afterwards
+    probe = socket.socket(fileno=os.dup(worker.fileno()))
+    deadline = time.monotonic() + 5
+    while not worker.conn.poll(0) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    pending = probe.recv(1 << 16, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+    assert watch.channel_closed() is False  # open, a message pending: every byte still there afterwards
+    assert probe.recv(1 << 16, socket.MSG_PEEK | socket.MSG_DONTWAIT) == pending
+    probe.close()
     assert worker.recv(timeout=5)["job"] == 1
     driver.close()
     assert watch.channel_closed() is True
