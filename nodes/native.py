@@ -18,7 +18,7 @@ import os
 import torch
 
 from ..parallel.models import adapter_for, supported_titles
-from ..workers.comfy_native import FORWARDED_ARGS
+from ..workers.comfy_native import FORWARDED_ARGS, picked_attention
 from ..workers.transport import _DTYPES
 
 class NotCarried(ValueError):
@@ -111,14 +111,6 @@ def comfy_runtime() -> dict:
     import comfy.model_management
     return {"comfy_dir": os.path.dirname(os.path.dirname(os.path.abspath(comfy.model_management.__file__))),
             "comfy_args": _comfy_args(), "attention": picked_attention()}
-
-
-def picked_attention() -> str | None:
-    """The name, in ComfyUI's attention registry, of the kernel ComfyUI picked in this process (its flags and
-    device decide): "pytorch", "sage", "flash", "xformers", "sub_quad", "split"; None if not registered."""
-    import comfy.ldm.modules.attention as attention
-    picked = attention.optimized_attention
-    return next((n for n, f in getattr(attention, "REGISTERED_ATTENTION_FUNCTIONS", {}).items() if f is picked), None)
 
 
 def portable_options(transformer_options: dict | None) -> dict:

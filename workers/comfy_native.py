@@ -94,6 +94,15 @@ def attention_kernel(spec: dict) -> tuple:
     return fn, name
 
 
+def picked_attention() -> str | None:
+    """The name, in ComfyUI's attention registry, of the kernel ComfyUI picked in this process (its flags and
+    device decide): "pytorch", "sage", "flash", "xformers", "sub_quad", "split"; None if not registered. The
+    driver sends it to the workers (nodes/native.py comfy_runtime), which look it up with `attention_function`."""
+    import comfy.ldm.modules.attention as attention
+    picked = attention.optimized_attention
+    return next((n for n, f in getattr(attention, "REGISTERED_ATTENTION_FUNCTIONS", {}).items() if f is picked), None)
+
+
 def attention_function(name: str):
     """ComfyUI's attention kernel registered as `name`, unwrapped from `wrap_attn` (so a call never consults
     `optimized_attention_override` again), or None where this process has no such kernel."""
