@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from ..parallel.config import SHARD_CHOICES, ConfigError, ParallelConfig
+from ..parallel.config import SHARD_CHOICES, ConfigError, ParallelConfig, normalize_devices
 from ..parallel.mesh import rank_groups
 
 SAMPLING_MODES = ["auto", "step", "loop"]
@@ -187,9 +187,9 @@ class ParallelConfigNode:
         """The validated config of these widget values (ValueError naming the fix); places nothing."""
         if degrees not in DEGREE_CHOICES:
             raise ValueError(f"Parallel Config: degrees must be one of {DEGREE_CHOICES}, got {degrees!r}")
-        listed = tuple(d.strip() for d in devices.split(",") if d.strip())
         auto = degrees == "auto"
         try:
+            listed = normalize_devices(d for d in devices.split(",") if d.strip())
             config = ParallelConfig(
                 dp_degree=dp_degree, cfg_degree=cfg_degree, ulysses_degree=ulysses_degree, ring_degree=ring_degree,
                 pp_degree=pp_degree, num_pipeline_patch=num_pipeline_patch or None, tp_degree=tp_degree,

@@ -26,6 +26,34 @@ def _check_int(name: str, value, minimum: int) -> None:
         raise ConfigError(f"{name} must be >= {minimum}, got {value}")
 
 
+def normalize_devices(devices) -> tuple:
+    """The devices list as the workers will use it (`cuda:N` or `cpu`, lower case, no blanks), refused where one
+    world could not run on it: every rank of a world talks through one backend (NCCL for GPUs, gloo for CPUs), so
+    CPU and CUDA ranks do not mix; NCCL cannot put two ranks on one GPU, and fails on it only at the first
+    collective, after the whole weight load, hence the check here; a bare `cuda` names no GPU."""
+    out = []
+    for d in devices:
+        name = str(d).strip().lower()
+        kind, sep, index = name.partition(":")
+        if kind == "cpu" and not sep:
+            out.append("cpu")
+        elif kind == "cuda" and sep and index.isdigit():
+            out.append(f"cuda:{int(index)}")
+        elif kind == "cuda":
+            raise ConfigError(f"device {str(d)!r} names no GPU: list one index per rank, e.g. cuda:0,cuda:1")
+        else:
+            raise ConfigError(f"device {str(d)!r} is neither cpu nor cuda:<index>; e.g. cuda:0,cuda:1 or cpu,cpu")
+    kinds = {d.partition(":")[0] for d in out}
+    if len(kinds) > 1:
+        raise ConfigError(f"devices {', '.join(out)} mix CPU and CUDA ranks; one world talks through one backend "
+                          f"(NCCL between GPUs, gloo between CPU processes): list only cuda:<index> devices or only cpu")
+    seen = [d for i, d in enumerate(out) if d.startswith("cuda") and d in out[:i]]
+    if seen:
+        raise ConfigError(f"devices list {', '.join(sorted(set(seen)))} more than once; NCCL runs one rank per GPU: "
+                          f"list distinct GPUs, or lower the degrees to the number of GPUs")
+    return tuple(out)
+
+
 @dataclass(frozen=True)
 class ParallelConfig:
     """Degrees of every parallel axis, innermost (tp) to outermost (dp).
@@ -106,7 +134,7 @@ class ParallelConfig:
                     f"shard_weights={self.shard_weights!r} shards over {'the ulysses x ring ranks' if self.shard_weights == 'sequence' else 'the world'}, "
                     f"which is one rank here: raise ulysses_degree or ring_degree"
                     f"{', or use shard_weights=all' if self.world_size > 1 else ''}, or set shard_weights to 'none'")
-        devices = tuple(str(d) for d in self.devices)
+        devices = normalize_devices(self.devices)
         object.__setattr__(self, "devices", devices)
         if devices and len(devices) != self.world_size:
             raise ConfigError(

@@ -65,7 +65,7 @@ def run_loop(model, inputs: dict, sigmas, noise: torch.Tensor, *, convention: Co
             before_step(i, n)
         h = model_latent(convention, x, sigmas[i], dtype, cfg_scale)
         hs = h if to_model is None else to_model(h)
-        t = convention.timestep(sigmas[i], h.shape[0], timestep_dtype)
+        t = convention.timestep(sigmas[i], h.shape[0], timestep_dtype, h.device)
 
         def compute():
             with torch.no_grad():

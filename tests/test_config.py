@@ -67,3 +67,22 @@ def test_frozen():
     c = ParallelConfig()
     with pytest.raises(Exception):
         c.dp_degree = 2
+
+
+@pytest.mark.parametrize("devices, words", [
+    (["cuda:0", "cuda:0"], ["cuda:0 more than once", "one rank per GPU"]),
+    (["cpu", "cuda:1"], ["mix CPU and CUDA", "only cuda:<index> devices or only cpu"]),
+    (["cuda", "cuda:1"], ["names no GPU", "cuda:0,cuda:1"]),
+    (["tpu:0", "cpu"], ["neither cpu nor cuda"]),
+    (["cuda:x", "cuda:1"], ["names no GPU"]),
+])
+def test_device_lists_one_world_cannot_run_are_refused(devices, words):
+    with pytest.raises(ConfigError) as e:
+        ParallelConfig(ulysses_degree=2, devices=devices)
+    for w in words:
+        assert w in str(e.value)
+
+
+def test_device_lists_are_normalised_and_cpu_ranks_may_share():
+    assert ParallelConfig(ulysses_degree=2, devices=[" CUDA:01", "cuda:0 "]).devices == ("cuda:1", "cuda:0")
+    assert ParallelConfig(ulysses_degree=2, devices=["cpu", "CPU"]).devices == ("cpu", "cpu")

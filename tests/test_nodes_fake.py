@@ -84,8 +84,8 @@ def test_parallel_config_refuses_what_this_machine_cannot_place(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ValueError, match="device is 'cuda' but torch sees no CUDA device.*'cpu'"):
         ParallelConfigNode().build(**{**kw, "device": "cuda"})
-    with pytest.raises(ValueError, match="device 'cuda:1' does not exist here"):
-        ParallelConfigNode().build(**{**kw, "ulysses_degree": 2, "devices": "cpu,cuda:1"})
+    with pytest.raises(ValueError, match="device 'cuda:0' does not exist here"):
+        ParallelConfigNode().build(**{**kw, "ulysses_degree": 2, "devices": "cuda:0,cuda:1"})
     with pytest.raises(ValueError, match="neither cpu nor cuda"):
         ParallelConfigNode().build(**{**kw, "devices": "tpu:0"})
     monkeypatch.delenv("HP_MAX_CPU_WORKERS", raising=False)

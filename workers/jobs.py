@@ -11,6 +11,7 @@ values from every rank (the driver keeps rank 0's and lists all of them).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 
@@ -335,6 +336,30 @@ def context_for(contexts: dict, config):
     return base if config == base.config else base.with_config(config)
 
 
+def _read_tensors(state: WorkerState, msg: dict, payload: dict) -> None:
+    if state.broadcast_tensors:
+        payload.update(_broadcast_tensors(state, msg.get("tensors") or {}))
+        return
+    # weights are mapped (ranks share the pages); what changes at every step (`changing`: the latent and
+    # the timestep of a step-mode forward) is used in place in the driver's arena, which it rewrites only
+    # after this job has answered - a copy into fresh memory cost more than the rest of the round trip
+    # for a video latent; the rest is copied, as a job may keep it (a run's conditioning)
+    in_place = set(payload.get("changing") or ())
+    for name, desc in (msg.get("tensors") or {}).items():
+        payload[name] = read_tensor(desc, state.shm_prefix, mapped=name.startswith(WEIGHT_PREFIX),
+                                    maps=state.arena_maps, view=name in in_place)
+
+
+def discipline(state: WorkerState, kind: str):
+    """Strict mode (parallel/strict.py, HP_STRICT_COMM=1 on gloo): the job's tensors live on the host or on the
+    rank's virtual compute device as they would beside a GPU. A model load is left out: a CPU rank keeps the mapped
+    host pages as its weights, where a GPU rank copies them to its device."""
+    from comfyui_hybrid_parallel.parallel import strict
+    if kind == "load_model" or state.device != strict.COMPUTE:
+        return contextlib.nullcontext()
+    return strict.DeviceDiscipline()
+
+
 def make_executor(state: WorkerState, ctx, contexts: dict | None = None):
     """The `execute(msg, run)` that serve() calls: map tensors in, run the handler, write tensors out.
     `contexts` (mesh_key -> ParallelContext, starting with `ctx`) collects the meshes this world has run."""
@@ -349,20 +374,11 @@ def make_executor(state: WorkerState, ctx, contexts: dict | None = None):
             from comfyui_hybrid_parallel.parallel import ParallelConfig
             job_ctx = context_for(contexts, ParallelConfig.from_dict(msg["config"]))
         payload = dict(msg.get("values") or {})
-        if state.broadcast_tensors:
-            payload.update(_broadcast_tensors(state, msg.get("tensors") or {}))
-        else:
-            # weights are mapped (ranks share the pages); what changes at every step (`changing`: the latent and
-            # the timestep of a step-mode forward) is used in place in the driver's arena, which it rewrites only
-            # after this job has answered - a copy into fresh memory cost more than the rest of the round trip
-            # for a video latent; the rest is copied, as a job may keep it (a run's conditioning)
-            in_place = set(payload.get("changing") or ())
-            for name, desc in (msg.get("tensors") or {}).items():
-                payload[name] = read_tensor(desc, state.shm_prefix, mapped=name.startswith(WEIGHT_PREFIX),
-                                            maps=state.arena_maps, view=name in in_place)
         state.run = run
         try:
-            out = JOBS[kind](state, job_ctx, payload)
+            with discipline(state, kind):
+                _read_tensors(state, msg, payload)
+                out = JOBS[kind](state, job_ctx, payload)
         finally:
             state.run = None
             payload.clear()

@@ -67,6 +67,10 @@ def _join_world(args, init: dict):
     if args.world_size > 1:
         dist.init_process_group(init["backend"], init_method=init["init_method"], rank=args.rank,
                                 world_size=args.world_size, timeout=timeout)
+    from comfyui_hybrid_parallel.parallel import strict
+    if strict.enabled() and init["backend"] == "gloo":  # tests: fail where NCCL would (parallel/strict.py)
+        device = strict.compute_device(device)
+        strict.StrictComm().install()
     return ParallelContext(config, device=device, timeout_s=float(init["timeout_s"])), device
 
 

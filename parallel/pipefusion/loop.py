@@ -179,7 +179,7 @@ def run_pipefusion_loop(transformer, ctx, inputs: dict, sigmas, noise: torch.Ten
     def model_kwargs(i):
         sigma = sigmas[i]
         h = model_latent(convention, x, sigma, dtype, in_pipeline_cfg)
-        return {**inputs, latent_key: h, "timestep": convention.timestep(sigma, h.shape[0], timestep_dtype)}
+        return {**inputs, latent_key: h, "timestep": convention.timestep(sigma, h.shape[0], timestep_dtype, h.device)}
 
     def finish(i, out_rows, r0, r1):
         """Last stage: sampler step on rows [r0, r1) of x (all rows in full mode), given the output's rows."""

@@ -45,9 +45,11 @@ class Convention:
             return x
         return x / (sigma ** 2 + self.sigma_data ** 2) ** 0.5
 
-    def timestep(self, sigma: torch.Tensor, batch: int, dtype) -> torch.Tensor:
+    def timestep(self, sigma: torch.Tensor, batch: int, dtype, device=None) -> torch.Tensor:
+        """The model's timestep for `sigma`, one per batch row, on `device` (the latent's): the sigmas stay on the
+        host for the sampler's arithmetic, and a host timestep would meet the model's CUDA weights."""
         t = sigma * self.timestep_scale if self.kind == "flow" else torch.as_tensor(self.timestep_fn(sigma))
-        return t.reshape(-1).expand(batch).to(dtype)
+        return t.reshape(-1).expand(batch).to(device=device, dtype=dtype)
 
     def denoised(self, x: torch.Tensor, sigma: torch.Tensor, out: torch.Tensor, channel_dim: int) -> torch.Tensor:
         if out.shape[channel_dim] != x.shape[channel_dim]:

@@ -51,7 +51,9 @@ def _unscale(vae, latent: torch.Tensor) -> torch.Tensor:
 
 def _check_same_shape(latent: torch.Tensor, ax) -> None:
     """Every rank must pass the same latent shape; a mismatch would otherwise desynchronise the halo exchange."""
-    mine = torch.tensor(list(latent.shape) + [0] * (5 - latent.dim()) + [latent.dim()], dtype=torch.int64)
+    # on the latent's device: NCCL takes no host tensors, not even a row count
+    mine = torch.tensor(list(latent.shape) + [0] * (5 - latent.dim()) + [latent.dim()], dtype=torch.int64,
+                        device=latent.device)
     every = all_gather_uneven(mine.unsqueeze(0), dim=0, ax=ax, sizes=[1] * ax.size)
     if not bool((every == mine).all()):
         shapes = [tuple(int(v) for v in row[: int(row[-1])]) for row in every]
@@ -106,7 +108,7 @@ def patch_decode(vae, latent: torch.Tensor, ax, block_size: Optional[int] = None
         out = vae.decode(local).sample
     # Output rows per rank are exchanged rather than assumed (a tiny collective): the last rank's patch
     # differs from the others when a conv is not height-preserving.
-    mine = torch.tensor([[out.shape[-2]]], dtype=torch.int64)
+    mine = torch.tensor([[out.shape[-2]]], dtype=torch.int64, device=out.device)
     out_sizes = [int(v) for v in all_gather_uneven(mine, dim=0, ax=ax, sizes=[1] * ax.size).flatten()]
     if not gather:
         return out, sum(out_sizes[: ax.rank])
