@@ -10,6 +10,7 @@ out is (B, H, L, D) in the input dtype; lse is (B, H, L) float32, natural log.
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Optional
 
@@ -18,7 +19,10 @@ import torch
 BACKENDS = ("flash_attn", "cuda_flash", "cuda_efficient", "cpu_flash", "math")
 
 
+@functools.cache
 def _flash_attn_available() -> bool:
+    """Whether flash-attn imports - asked once per process (ring attention asks at every block of every layer,
+    and a failed import is retried by Python every time)."""
     try:
         import flash_attn  # noqa: F401
     except Exception:  # noqa: BLE001 - missing or broken install: just not available
@@ -26,13 +30,27 @@ def _flash_attn_available() -> bool:
     return True
 
 
+@functools.cache
+def _capability(index: int) -> tuple:
+    import torch.cuda
+    return torch.cuda.get_device_capability(index)
+
+
+def _flash_capable(device: torch.device) -> bool:
+    """FlashAttention-2 kernels (torch's and flash-attn's) need an Ampere or newer GPU (sm80+); on Turing and
+    Volta they refuse to launch, where the memory-efficient kernel runs."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _capability(index) >= (8, 0)
+
+
 def available_backends(device: torch.device, dtype: torch.dtype) -> list:
     """Backends that can run on this device/dtype, best first."""
     if device.type == "cuda":
         out = []
-        if dtype in (torch.float16, torch.bfloat16) and _flash_attn_available():
+        half = dtype in (torch.float16, torch.bfloat16) and _flash_capable(device)
+        if half and _flash_attn_available():
             out.append("flash_attn")
-        if dtype in (torch.float16, torch.bfloat16):
+        if half:
             out.append("cuda_flash")
         out.append("cuda_efficient")
         out.append("math")
@@ -70,6 +88,9 @@ def attention_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale:
     name = select_backend(q.device, q.dtype, backend)
     if k.shape[-2] == 0:  # no keys: contributes nothing; lse=-inf makes the merge ignore it
         return (torch.zeros_like(q), torch.full(q.shape[:-1], float("-inf"), device=q.device, dtype=torch.float32))
+    if name in ("cuda_flash", "cuda_efficient", "flash_attn") and any(t.stride(-1) != 1 for t in (q, k, v)):
+        # the CUDA kernels read rows of D contiguous elements; Ulysses hands ring strided views of its buffers
+        q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     if name == "cpu_flash":
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False, scale=scale)
         return out, lse.float()
@@ -95,14 +116,15 @@ def merge_attention(out: Optional[torch.Tensor], lse: Optional[torch.Tensor], bl
     out' = out - sigmoid(lse_b - lse) * (out - out_b);  lse' = lse - logsigmoid(lse - lse_b)
     (equivalent to the softmax-weighted average, without exponentiating large LSEs).
     """
-    block_out = block_out.float()
     if out is None:
-        return block_out, block_lse
+        return block_out.float(), block_lse
     lse_e, blse_e = lse.unsqueeze(-1), block_lse.unsqueeze(-1)
     # Blocks without keys carry lse=-inf: keep the running result unchanged (avoid inf-inf = nan).
     w = torch.where(torch.isneginf(blse_e), torch.zeros_like(blse_e), torch.sigmoid(blse_e - lse_e))
     w = torch.where(torch.isneginf(lse_e), torch.ones_like(w), w)
-    new_out = out - w * (out - block_out)
+    # out - w * (out - block_out), in place: the running result is the only full-size fp32 tensor (Wan 720p at
+    # ring 2 holds ~0.8 GB per layer call in it; the out-of-place form made three more of that size)
+    new_out = out.lerp_(block_out.float() if block_out.dtype != out.dtype else block_out, w)
     new_lse = torch.where(torch.isneginf(block_lse), lse,
                           torch.where(torch.isneginf(lse), block_lse,
                                       lse - torch.nn.functional.logsigmoid(lse - block_lse)))

@@ -202,6 +202,21 @@ class RingExchange:
         return self.received
 
 
+def complete(work, device: torch.device, timeout_s: Optional[float] = None):
+    """Complete an asynchronous collective or p2p `work` whose tensors are on `device`.
+
+    On CUDA (NCCL), `wait()` only orders the compute stream after the communication and returns at once, so
+    the host keeps queueing kernels; `wait(timeout)` would instead block the host until the transfer is done at
+    every layer (torch waits on the host whenever a timeout is given), which defeats the overlap DistriFusion,
+    PipeFusion and the VAE halo exchange are built on. A hang there is still bounded: by the process group's
+    timeout (NCCL's watchdog) and by the pool's stall detection. On the host (gloo) the wait blocks anyway,
+    so it is bounded by `timeout_s` to say which transfer never came."""
+    if device.type == "cuda" or timeout_s is None:
+        return work.wait()
+    import datetime
+    return work.wait(timeout=datetime.timedelta(seconds=timeout_s))
+
+
 def isend(t: torch.Tensor, dst_axis_rank: int, ax, op: str = "pp_send"):
     """Non-blocking send to an axis rank (pipeline stages); returns the work handle."""
     work = dist.isend(t.contiguous(), ax.global_rank(dst_axis_rank), group=ax.group)

@@ -48,7 +48,6 @@ layer (twice while an exchange is in flight), which is DistriFusion's price.
 """
 from __future__ import annotations
 
-import datetime
 import functools
 import time
 from typing import Optional
@@ -57,6 +56,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from .comm import complete
 from .models import plan_for
 from .plan import apply_plan, wrap_forward
 
@@ -68,9 +68,9 @@ def is_sync_step(step: int, warmup_steps: int) -> bool:
     return step < max(1, warmup_steps)
 
 
-def _wait(work, timeout_s: float, what: str) -> None:
+def _wait(work, timeout_s: float, what: str, device: torch.device) -> None:
     try:
-        ok = work.wait(timeout=datetime.timedelta(seconds=timeout_s))
+        ok = complete(work, device, timeout_s)
     except Exception as e:  # noqa: BLE001 - re-raised with what was waited on
         raise RuntimeError(f"DistriFusion: waiting for {what} failed after up to {timeout_s:.0f} s: {e}") from e
     if ok is False:
@@ -131,7 +131,7 @@ class _Exchange:
         g = self.group_of[layer]
         if self.works[g] is not None:
             t0 = time.perf_counter()
-            _wait(self.works[g], self.timeout_s, f"the K/V all-gather of layers {self.groups[g]}")
+            _wait(self.works[g], self.timeout_s, f"the K/V all-gather of layers {self.groups[g]}", self.send.device)
             self.wait_s += time.perf_counter() - t0
             self.works[g] = None
         ls = self.groups[g]
@@ -144,7 +144,7 @@ class _Exchange:
     def drain(self) -> None:
         for g, w in enumerate(self.works):
             if w is not None:
-                _wait(w, self.timeout_s, f"the K/V all-gather of layers {self.groups[g]}")
+                _wait(w, self.timeout_s, f"the K/V all-gather of layers {self.groups[g]}", self.send.device)
                 self.works[g] = None
 
 
@@ -333,7 +333,7 @@ class DistriFusionState:
         t0 = time.perf_counter()
         work = _gather_single(recv, send.reshape(-1), group=ax.group, async_op=True)
         recv = recv.view((ax.size,) + tuple(send.shape))
-        _wait(work, self.ctx.timeout_s, f"the synchronous K/V all-gather of layer {self._layer - 1}")
+        _wait(work, self.ctx.timeout_s, f"the synchronous K/V all-gather of layer {self._layer - 1}", recv.device)
         self._comm_s += time.perf_counter() - t0
         ax.stats.record("distrifusion_sync_kv", send.numel() * send.element_size() * (ax.size - 1))
         order = ax.group_order

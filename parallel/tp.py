@@ -15,8 +15,9 @@ where DTensor would need every cast in ComfyUI's ops to understand sharding. The
   qkv, Flux's qkv+MLP `linear1`) has its blocks split separately, so every rank holds the same heads
   of q, k and v and its slice of the MLP.
 * `Rowwise`: a rank keeps its slice of the input features (blocks split separately when the input
-  concatenates column-sharded pieces, e.g. [attention, MLP]); a forward hook sums the local products
-  with one all-reduce; the bias stays on tp rank 0 only, so it is added once.
+  concatenates column-sharded pieces, e.g. [attention, MLP]); its forward sums the local products
+  with one all-reduce, in fp32 (a half-precision product is taken with its fp32 accumulator, `_Fp32Partials`);
+  the bias stays on tp rank 0 only, so it is added once.
 * `ShardedNorm`: an RMSNorm over column-sharded features (Wan normalises q and k over all heads
   together): its weight is sharded like the features and its mean of squares is summed over the tp
   group (one small all-reduce of (B, L, 1)) - Megatron's treatment of a norm across a sharded width.
@@ -30,11 +31,14 @@ before any worker starts.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable, Optional, Union
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 
 Blocks = Union[None, int, tuple, Callable]  # one block; k equal blocks; sizes; f(linear, parent) -> sizes
 
@@ -199,7 +203,7 @@ def apply_tp(model: torch.nn.Module, plan, ax) -> torch.nn.Module:
             m.in_features = w.shape[1]
             if m.bias is not None and r != 0:
                 m.bias = None  # added once, by tp rank 0, before the sum
-            m.register_forward_hook(_reduce_hook(ax))
+            m.forward = _row_reduced(m.forward, ax)
     for mod, a in divides:
         setattr(mod, a, getattr(mod, a) // n)
     # diffusers' attention processors derive the head layout from attn.heads: give them the local count.
@@ -228,14 +232,66 @@ def _shard_norm(mod, ax) -> None:
     mod.forward = forward
 
 
-def _reduce_hook(ax):
+_HALF = (torch.float16, torch.bfloat16)
+
+
+@functools.cache
+def _mm_out_dtype_works(device_type: str) -> bool:
+    """Whether this torch has a half-precision GEMM with an fp32 result on `device_type` (`mm(out_dtype=)`, CUDA
+    builds of torch >= 2.8); asked once per device type."""
+    try:
+        a = torch.ones(2, 2, dtype=torch.bfloat16, device=device_type)
+        return torch.mm(a, a, out_dtype=torch.float32).dtype == torch.float32
+    except (RuntimeError, TypeError, NotImplementedError):
+        return False
+
+
+def _linear_fp32(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor]) -> torch.Tensor:
+    """x @ w.T (+ b) in fp16/bf16 with the fp32 accumulator kept (not rounded to x's dtype)."""
+    if _mm_out_dtype_works(x.device.type):
+        y = torch.mm(x.reshape(-1, x.shape[-1]), w.t(), out_dtype=torch.float32).view(*x.shape[:-1], w.shape[0])
+        return y if b is None else y.add_(b)
+    return F.linear(x.float(), w.float(), None if b is None else b.float())
+
+
+class _Fp32Partials(TorchFunctionMode):
+    """Inside a row-sharded Linear: a half-precision product comes out in fp32. The rank's partial sum stays
+    unrounded until the all-reduce has added every rank's, and the total is rounded once - as one device's GEMM
+    rounds its fp32 accumulator once. Rounding each partial and summing in bf16 (what NCCL does with bf16
+    tensors) put TP ~1e-3 away from one device's output. `dtype` records the dtype the output would have had.
+    ComfyUI's cast ops run unchanged around it (they end in F.linear); fp8's scaled matmul is left alone."""
+
+    def __init__(self):
+        super().__init__()
+        self.dtype = None
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.linear:
+            x, w = args[0], args[1] if len(args) > 1 else kwargs["weight"]
+            b = args[2] if len(args) > 2 else kwargs.get("bias")
+            if x.dtype in _HALF and w.dtype == x.dtype:
+                self.dtype = x.dtype
+                return _linear_fp32(x, w, b)
+        return func(*args, **kwargs)
+
+
+def _row_reduced(forward, ax):
+    """A row-sharded Linear's forward: the local product (fp32 for half-precision compute), summed over the tp
+    ranks in fp32 (never in bf16 / fp16), returned in the dtype the module would have returned."""
     n = ax.size
 
-    def hook(mod, args, out):
-        dist.all_reduce(out, group=ax.group)
-        ax.stats.record("tp_all_reduce", out.numel() * out.element_size() * 2 * (n - 1) // n)
-        return out
-    return hook
+    @functools.wraps(forward)
+    def reduced(*args, **kwargs):
+        mode = _Fp32Partials()
+        with mode:
+            out = forward(*args, **kwargs)
+        dtype = mode.dtype or out.dtype
+        total = out if out.dtype == torch.float32 else out.float()
+        dist.all_reduce(total, group=ax.group)
+        ax.stats.record("tp_all_reduce", total.numel() * total.element_size() * 2 * (n - 1) // n)
+        return total if total.dtype == dtype else total.to(dtype)
+    return reduced
 
 
 def local_param_bytes(model: torch.nn.Module) -> int:

@@ -57,6 +57,30 @@ BOOTSTRAP = ("import runpy, sys, types; root = sys.argv.pop(1); module = sys.arg
 REAP_INTERVAL_S = 0.5
 
 
+GLOO_COLLECTIVE_TIMEOUT_S = 120.0
+NCCL_COLLECTIVE_TIMEOUT_S = 1800.0
+
+
+def collective_timeout(backend: str, requested: float | None = None) -> float:
+    """The process-group timeout of a world: `requested` (the pool's collective_timeout_s, or HP_COLLECTIVE_TIMEOUT_S),
+    else per backend. NCCL's watchdog counts from the moment a collective is *enqueued*, and the host queues a
+    whole forward's kernels ahead of the GPU: on a slow GPU a long video forward can keep a collective queued for
+    minutes without anything being wrong, so NCCL worlds get 30 minutes. That is only the backstop: a rank that
+    raised fails the job at once, and a rank whose heartbeat stops is named within the pool's stall timeout."""
+    if requested is None:
+        value = os.environ.get("HP_COLLECTIVE_TIMEOUT_S", "").strip()
+        if value:
+            try:
+                requested = float(value)
+            except ValueError:
+                raise ValueError(f"HP_COLLECTIVE_TIMEOUT_S must be a number of seconds, got {value!r}") from None
+    if requested is not None:
+        if requested <= 0:
+            raise ValueError(f"the collective timeout must be > 0 s, got {requested}")
+        return float(requested)
+    return NCCL_COLLECTIVE_TIMEOUT_S if backend == "nccl" else GLOO_COLLECTIVE_TIMEOUT_S
+
+
 def worker_threads(per_machine: int, lone: int | None = None) -> int:
     """Intra-op threads per worker: the cores shared out over this machine's workers - except a lone worker,
     which takes the driver's own count (`lone`: that count as the driver's runtime recorded it, since the driver
@@ -73,7 +97,8 @@ class World:
     """N worker processes, their authenticated channels, and how to stop them."""
 
     def __init__(self, config, *, tmpdir: str, generation: int, shm_prefix: str, fake: str | None,
-                 device_kind: str, max_models: int, collective_timeout_s: float, env: dict | None = None,
+                 device_kind: str, max_models: int, collective_timeout_s: float | None = None,
+                 env: dict | None = None,
                  cluster=None, world_key: tuple | None = None, lone_threads: int | None = None,
                  keep_files=None, spares=None):
         self.config = config  # the config of the latest job (the pool updates it when a job reuses the world)
@@ -269,14 +294,19 @@ class World:
                 channels[rank] = ch
         return channels
 
+    def backend(self) -> str:
+        """NCCL between GPUs, gloo between CPU processes (a devices list never mixes them: config.normalize_devices)."""
+        cuda = any(d.startswith("cuda") for d in self.devices) or (self.cluster is not None and self.device_kind == "cuda")
+        return "nccl" if cuda else "gloo"
+
     def _init(self, threads: int, deadline: float) -> None:
-        cuda = self.devices[0].startswith("cuda") or (self.cluster is not None and self.device_kind == "cuda")
-        backend = "nccl" if cuda else "gloo"
+        backend = self.backend()
         store = os.path.join(self.tmpdir, f"store-{self.generation}")
         init_method = "env://" if self.cluster is not None else f"file://{store}"  # torchrun's MASTER_ADDR/PORT
+        timeout_s = self.timeout_s = collective_timeout(backend, self.collective_timeout_s)
         for rank, ch in enumerate(self.channels):
             ch.send("init", config=self.config.to_dict(), backend=backend, init_method=init_method,
-                    device=self.devices[rank], threads=threads, timeout_s=self.collective_timeout_s,
+                    device=self.devices[rank], threads=threads, timeout_s=timeout_s,
                     shm_prefix=self.shm_prefix, max_models=self.max_models,
                     broadcast_tensors=self.cluster is not None)
         ready = set()

@@ -103,7 +103,7 @@ class WorkerPool:
 
     def __init__(self, *, fake: str | None = None, device: str = "auto", max_models: int = 2,
                  job_timeout_s: float = 600.0, start_timeout_s: float = 120.0,
-                 collective_timeout_s: float = 120.0, env: dict | None = None, cluster=None,
+                 collective_timeout_s: float | None = None, env: dict | None = None, cluster=None,
                  stall_timeout_s: float | None = None):
         if fake is not None:
             from .fake_worker import parse_behaviour
@@ -114,7 +114,9 @@ class WorkerPool:
             raise ValueError(f"max_models must be >= 1, got {max_models}")
         self.fake, self.device, self.max_models = fake, device, int(max_models)
         self.job_timeout_s, self.start_timeout_s = float(job_timeout_s), float(start_timeout_s)
-        self.collective_timeout_s, self.env = float(collective_timeout_s), env
+        # None: per backend (launch.collective_timeout: NCCL's watchdog counts from enqueue)
+        self.collective_timeout_s = None if collective_timeout_s is None else float(collective_timeout_s)
+        self.env = env
         self.stall_timeout_s = float(STALL_TIMEOUT_S if stall_timeout_s is None else stall_timeout_s)
         if cluster is not None and fake is not None:
             raise ValueError("a cluster (workers started by torchrun) runs real workers; drop fake=")

@@ -39,7 +39,6 @@ all-gather for both (plain USP attention cannot serve stale K/V).
 """
 from __future__ import annotations
 
-import datetime
 import functools
 import inspect
 from dataclasses import dataclass
@@ -50,7 +49,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from ..comm import all_gather_uneven, split_sizes
+from ..comm import all_gather_uneven, complete, split_sizes
 from ..attention_seam import sdpa_arguments
 from ..plan import GatherOutput, SplitInput, SplitOutput, _arg, _set_arg, path_matches, restore_forwards, wrap_forward
 from .plans import flat_blocks
@@ -92,7 +91,7 @@ class Channel:
     """Point-to-point messages along the pp axis, each wait bounded by a timeout; counts bytes sent."""
 
     def __init__(self, ax, timeout_s: float):
-        self.ax, self.timeout = ax, datetime.timedelta(seconds=timeout_s)
+        self.ax, self.timeout_s = ax, timeout_s
         self.pending = []
 
     def send(self, t: torch.Tensor, dst: int, tag: int, op: str) -> None:
@@ -107,15 +106,15 @@ class Channel:
     def wait(self, handle, what: str) -> torch.Tensor:
         work, buf = handle
         try:
-            work.wait(self.timeout)
+            complete(work, buf.device, self.timeout_s)
         except RuntimeError as e:
             raise TimeoutError(f"PipeFusion stage {self.ax.rank}: no {what} within "
-                               f"{self.timeout.total_seconds():.0f} s (did another stage fail?): {e}") from e
+                               f"{self.timeout_s:.0f} s (did another stage fail?): {e}") from e
         return buf
 
     def flush(self) -> None:
-        for w, _ in self.pending:
-            w.wait(self.timeout)
+        for w, b in self.pending:
+            complete(w, b.device, self.timeout_s)
         self.pending = []
 
 

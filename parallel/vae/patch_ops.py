@@ -28,7 +28,6 @@ copied) and are swapped in only for the duration of a patch decode (plan.py).
 """
 from __future__ import annotations
 
-import datetime
 from typing import Optional
 
 import torch
@@ -36,7 +35,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..comm import all_gather_uneven
+from ..comm import all_gather_uneven, complete
 from ..config import ConfigError
 
 
@@ -57,7 +56,7 @@ class HaloExchange:
     def __init__(self, x: torch.Tensor, ax, top: int, bottom: int, dim: int = -2,
                  timeout_s: Optional[float] = None):
         self.top_rows = self.bottom_rows = None
-        self._works, self.timeout_s = [], timeout_s
+        self._works, self.timeout_s, self.device = [], timeout_s, x.device
         if ax.size == 1 or (top == 0 and bottom == 0):
             return
         dim = dim % x.dim()
@@ -93,10 +92,7 @@ class HaloExchange:
 
     def wait(self):
         for w in self._works:
-            if self.timeout_s is None:
-                w.wait()
-            else:
-                w.wait(timeout=datetime.timedelta(seconds=self.timeout_s))
+            complete(w, self.device, self.timeout_s)
         self._works = []
         return self.top_rows, self.bottom_rows
 
