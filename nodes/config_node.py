@@ -95,7 +95,8 @@ def check_placement(config: ParallelConfig, device: str, cluster=None) -> None:
         raise ValueError("Parallel Config: device is 'cuda' but torch sees no CUDA device on this machine; "
                          "use device 'cpu' or 'auto'")
     if device in ("cuda", "auto") and gpus:
-        if n > gpus:
+        from ..parallel import staged
+        if n > gpus and not staged.enabled():  # HP_SHARE_DEVICES: ranks share GPUs (the GPU suite, tests)
             raise ValueError(f"Parallel Config: {config.describe()} needs {n} GPUs but {gpus} are visible; "
                              f"lower the degrees so their product is at most {gpus}")
         return

@@ -489,3 +489,23 @@ def test_step_inputs_cross_once_per_run(comfy):
                    {"x": first["x"], "timestep": first["timestep"]})
         assert torch.equal(submit(config, "forward", {"key": "once", "structure": {"transformer_options": {}}},
                                   dict(first)).tensors["out"], pool_forward(pool, config, "once", base, first))
+
+
+def test_ranks_sharing_devices_talk_through_staged_copies(comfy):
+    """share_devices (parallel/staged.py): what lets one GPU run every multi-rank method's CUDA code (the GPU
+    suite). On CPU every tensor is staged, so a result not copied back would show here: Ulysses, ring and CFG
+    through staged gloo equal ComfyUI's own forward."""
+    from comfyui_hybrid_parallel.parallel import ParallelConfig
+    from comfyui_hybrid_parallel.workers.pool import WorkerPool
+    pool = WorkerPool(device="cpu", share_devices=True)
+    try:
+        for degrees, family in ((dict(ulysses_degree=2), "sd3"), (dict(ring_degree=2), "wan"),
+                                (dict(cfg_degree=2), "sd3")):
+            config = ParallelConfig(**degrees)
+            base = load_model(comfy, family, "fp32").model
+            inp = inputs(family, base, seed=31)
+            out = pool_forward(pool, config, f"staged-{family}", base, inp)
+            assert rel(out, comfy_forward(base, inp)) <= 1e-5, (degrees, family)
+        assert [h["staged"] for h in pool.health()] == [True, True]
+    finally:
+        pool.close()

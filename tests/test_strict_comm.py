@@ -174,3 +174,63 @@ def test_a_send_waited_before_its_receive_is_posted_hangs_as_on_nccl(strict_pool
     with pytest.raises(DistFailure, match="(?i)timed out"):
         strict_pool.run(_send_first_then_receive, timeout=30)
     strict_pool.close()  # a gloo timeout closes the world's pairs: the next use starts a fresh one
+
+
+# ---- staged communication (parallel/staged.py): device tensors over gloo through host copies ----
+
+@pytest.fixture(scope="module")
+def staged_pool():
+    pool = DistPool(2, collective_timeout_s=20.0)
+    yield pool
+    pool.close()
+
+
+def _staged_collectives():
+    """Every call shape the methods use, with every tensor staged (stage_all: CPU stands in for the device, so a
+    result that is not copied back shows as a wrong value)."""
+    from comfyui_hybrid_parallel.parallel import staged
+    if not staged.StagedComm.installed():
+        staged.StagedComm(stage_all=True).install()
+    r = dist.get_rank()
+    out = {}
+    t = torch.full((3,), float(r + 1))
+    dist.all_reduce(t)
+    out["all_reduce"] = t.tolist()
+    b = torch.full((2,), float(r + 5))
+    dist.broadcast(b, src=1)
+    out["broadcast"] = b.tolist()
+    got = [torch.empty(2) for _ in range(2)]
+    dist.all_gather(got, torch.full((2,), float(r)))
+    out["all_gather"] = [g.tolist() for g in got]
+    flat = torch.empty(4)
+    dist.all_gather_into_tensor(flat, torch.full((2,), float(10 + r)))
+    out["all_gather_into_tensor"] = flat.tolist()
+    rs = torch.empty(2)
+    dist.reduce_scatter_tensor(rs, torch.arange(4, dtype=torch.float32) * (r + 1))
+    out["reduce_scatter_tensor"] = rs.tolist()
+    recv = torch.empty(3)
+    send = torch.tensor([r * 10.0, r * 10.0 + 1, r * 10.0 + 2])
+    work = dist.all_to_all_single(recv, send, output_split_sizes=[1, 2] if r == 0 else [2, 1],
+                                  input_split_sizes=[1, 2] if r == 0 else [2, 1], async_op=True)
+    work.wait()
+    out["all_to_all_single_async"] = recv.tolist()
+    peer = 1 - r
+    buf = torch.empty(2)
+    works = dist.batch_isend_irecv([dist.P2POp(dist.isend, torch.full((2,), float(r + 7)), peer),
+                                    dist.P2POp(dist.irecv, buf, peer)])
+    for w in works:
+        w.wait()
+    out["batch_p2p"] = buf.tolist()
+    return out
+
+
+def test_staged_collectives_write_their_results_back_to_the_device_tensors(staged_pool):
+    res = staged_pool.run(_staged_collectives)
+    for r, got in enumerate(res):
+        assert got["all_reduce"] == [3.0] * 3
+        assert got["broadcast"] == [6.0, 6.0]
+        assert got["all_gather"] == [[0.0, 0.0], [1.0, 1.0]]
+        assert got["all_gather_into_tensor"] == [10.0, 10.0, 11.0, 11.0]
+        assert got["reduce_scatter_tensor"] == ([0.0, 3.0] if r == 0 else [6.0, 9.0])
+        assert got["all_to_all_single_async"] == ([0.0, 10.0, 11.0] if r == 0 else [1.0, 2.0, 12.0])
+        assert got["batch_p2p"] == [float(1 - r + 7)] * 2

@@ -64,7 +64,13 @@ def job_health(state: WorkerState, ctx, payload: dict) -> dict:
     import sys
     return {"pid": os.getpid(), "device": str(state.device), "resident": state.engine.resident(),
             "layouts": len(state.engine.models),  # resident models counting each mesh's layout of one key
-            "loads": state.engine.loads, "rss_bytes": _rss_bytes(), "comfy_imported": "comfy.model_management" in sys.modules}
+            "loads": state.engine.loads, "rss_bytes": _rss_bytes(), "comfy_imported": "comfy.model_management" in sys.modules,
+            "staged": _staged()}
+
+
+def _staged() -> bool:
+    from comfyui_hybrid_parallel.parallel.staged import StagedComm
+    return StagedComm.installed()
 
 
 def job_steps(state: WorkerState, ctx, payload: dict) -> dict:

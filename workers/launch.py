@@ -100,7 +100,7 @@ class World:
                  device_kind: str, max_models: int, collective_timeout_s: float | None = None,
                  env: dict | None = None,
                  cluster=None, world_key: tuple | None = None, lone_threads: int | None = None,
-                 keep_files=None, spares=None):
+                 keep_files=None, spares=None, share_devices: bool = False):
         self.config = config  # the config of the latest job (the pool updates it when a job reuses the world)
         self.world_key = config.world_key() if world_key is None else world_key
         self.lone_threads = lone_threads
@@ -110,6 +110,7 @@ class World:
         self.tmpdir, self.generation, self.shm_prefix = tmpdir, generation, shm_prefix
         self.fake, self.device_kind, self.max_models = fake, device_kind, max_models
         self.collective_timeout_s = collective_timeout_s
+        self.share_devices = share_devices and cluster is None and fake is None  # parallel/staged.py
         self.extra_env = dict(env or {})
         self.procs: list = []
         self.channels: list = []
@@ -131,6 +132,10 @@ class World:
         if self.config.devices:
             return list(self.config.devices)
         if self.device_kind == "cuda":
+            if self.share_devices:  # more ranks than GPUs: round robin (staged gloo, never NCCL)
+                import torch
+                gpus = max(1, torch.cuda.device_count())
+                return [f"cuda:{i % gpus}" for i in range(self.world_size)]
             return [f"cuda:{i}" for i in range(self.world_size)]
         return ["cpu"] * self.world_size
 
@@ -295,7 +300,10 @@ class World:
         return channels
 
     def backend(self) -> str:
-        """NCCL between GPUs, gloo between CPU processes (a devices list never mixes them: config.normalize_devices)."""
+        """NCCL between GPUs, gloo between CPU processes (a devices list never mixes them: config.normalize_devices);
+        gloo with staged copies where ranks share GPUs."""
+        if self.share_devices:
+            return "gloo"
         cuda = any(d.startswith("cuda") for d in self.devices) or (self.cluster is not None and self.device_kind == "cuda")
         return "nccl" if cuda else "gloo"
 
@@ -308,7 +316,9 @@ class World:
             ch.send("init", config=self.config.to_dict(), backend=backend, init_method=init_method,
                     device=self.devices[rank], threads=threads, timeout_s=timeout_s,
                     shm_prefix=self.shm_prefix, max_models=self.max_models,
-                    broadcast_tensors=self.cluster is not None)
+                    broadcast_tensors=self.cluster is not None,
+                    # staged: device tensors through host copies; on CPU every tensor, so the copies are exercised
+                    staged=("device" if self.device_kind == "cuda" else "all") if self.share_devices else None)
         ready = set()
         while len(ready) < self.world_size:
             remaining = deadline - time.monotonic()

@@ -104,7 +104,7 @@ class WorkerPool:
     def __init__(self, *, fake: str | None = None, device: str = "auto", max_models: int = 2,
                  job_timeout_s: float = 600.0, start_timeout_s: float = 120.0,
                  collective_timeout_s: float | None = None, env: dict | None = None, cluster=None,
-                 stall_timeout_s: float | None = None):
+                 stall_timeout_s: float | None = None, share_devices: bool | None = None):
         if fake is not None:
             from .fake_worker import parse_behaviour
             parse_behaviour(fake)
@@ -121,6 +121,9 @@ class WorkerPool:
         if cluster is not None and fake is not None:
             raise ValueError("a cluster (workers started by torchrun) runs real workers; drop fake=")
         self.cluster = cluster  # workers/cluster.py: a world spanning launch groups on several machines
+        # ranks share the GPUs over gloo with staged copies (parallel/staged.py): the GPU suite on one GPU, tests
+        from ..parallel import staged
+        self.share_devices = staged.enabled() if share_devices is None else bool(share_devices)
         swept = sweep_stale()  # what pools of dead processes left (ComfyUI killed with its workers)
         if swept:
             import logging
@@ -174,7 +177,7 @@ class WorkerPool:
             if kind == "cuda" and not has:
                 raise PoolError("device='cuda' but torch sees no CUDA device; use device='cpu'")
             kind = "cuda" if has else "cpu"
-            if kind == "cuda" and not config.devices:
+            if kind == "cuda" and not config.devices and not self.share_devices:
                 config.check_world(torch.cuda.device_count(), "GPU")
         return kind
 
@@ -197,7 +200,8 @@ class WorkerPool:
                       world_key=config.world_key(self.split_kernel_worlds), lone_threads=self.lone_worker_threads,
                       keep_files=lambda: set(self._written), spares=self.spares,
                       fake=self.fake, device_kind=kind, max_models=self.max_models,
-                      collective_timeout_s=self.collective_timeout_s, env=self.env, cluster=self.cluster)
+                      collective_timeout_s=self.collective_timeout_s, env=self.env, cluster=self.cluster,
+                      share_devices=self.share_devices)
             w.start(self.start_timeout_s)
             self._holder.world = w
             return w

@@ -67,7 +67,9 @@ def _join_world(args, init: dict):
     if args.world_size > 1:
         dist.init_process_group(init["backend"], init_method=init["init_method"], rank=args.rank,
                                 world_size=args.world_size, timeout=timeout)
-    from comfyui_hybrid_parallel.parallel import strict
+    from comfyui_hybrid_parallel.parallel import staged, strict
+    if init.get("staged") and args.world_size > 1:  # ranks sharing GPUs talk gloo through host copies
+        staged.StagedComm(stage_all=init["staged"] == "all").install()
     if strict.enabled() and init["backend"] == "gloo":  # tests: fail where NCCL would (parallel/strict.py)
         device = strict.compute_device(device)
         strict.StrictComm().install()
