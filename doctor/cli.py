@@ -30,6 +30,9 @@ def parse_args(argv=None):
     ap.add_argument("--precisions", default=None,
                     help="comma list of fp32,bf16,fp16,fp8_e4m3fn,fp8_e4m3fn_fast (default: all that make sense "
                          "here; --quick: fp32,fp8_e4m3fn)")
+    ap.add_argument("--share-devices", action="store_true",
+                    help="ranks share the GPUs (gloo through host copies: slow, but every multi-rank method runs its "
+                         "CUDA code on a machine with fewer GPUs than ranks, even one)")
     ap.add_argument("--json", default="hp-doctor.json", help="where to write the full report")
     ap.add_argument("--comfyui", default=None, help="ComfyUI directory (default: found automatically)")
     return ap.parse_args(argv)
@@ -74,11 +77,12 @@ def main(argv=None) -> int:
     print(method_table([]))
     gpus = torch.cuda.device_count() if cuda else 0
     max_cpu = args.max_cpu_world or (4 if (os.cpu_count() or 1) >= 4 else 2)
-    plan = meshes_for(gpus, max_cpu if args.devices != "cuda" else 0, quick=args.quick)
+    plan = meshes_for(gpus, max_cpu if args.devices != "cuda" else 0, quick=args.quick, share=args.share_devices)
     precisions = default_precisions(args, cuda)
     with tempfile.TemporaryDirectory(prefix="hp-doctor-") as tmp:
         try:
-            report["methods"] = check_methods(plan, precisions, Path(tmp), progress=print)
+            report["methods"] = check_methods(plan, precisions, Path(tmp), progress=print,
+                                              share_devices=args.share_devices)
         except Exception:  # noqa: BLE001 - a crash of the doctor itself is a failed check, with its traceback
             report["methods"].append({"method": "doctor", "ok": False, "error": traceback.format_exc()})
             print(traceback.format_exc(), file=sys.stderr)

@@ -28,12 +28,23 @@ def _rel(a, b) -> float:
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
-def check_one(device: torch.device, dtype: torch.dtype, backend: str, seed: int, quick: bool) -> dict:
+def _inputs(device, dtype, seed: int, strided: bool, b=1, h=4, length=77, d=64):
+    """q, k, v (b, h, length, d); strided: as ring attention gets them after Ulysses, (b, h, length, d) views of
+    one (length, 3, b, h, d) buffer, none contiguous. 77: no power-of-two block divides it."""
     g = torch.Generator().manual_seed(seed)
-    b, h, length, d = 1, 4, 77, 64  # 77: no power-of-two block divides it
-    q, k, v = (torch.randn(b, h, length, d, generator=g).to(device, dtype) for _ in range(3))
+    if strided:
+        buf = torch.randn(length, 3, b, h, d, generator=g).to(device, dtype)
+        return tuple(buf[:, t].permute(1, 2, 0, 3) for t in range(3))
+    return tuple(torch.randn(b, h, length, d, generator=g).to(device, dtype) for _ in range(3))
+
+
+def check_one(device: torch.device, dtype: torch.dtype, backend: str, seed: int, quick: bool,
+              strided: bool = False) -> dict:
+    q, k, v = _inputs(device, dtype, seed, strided)
+    length, d = q.shape[2], q.shape[3]
     scale = d ** -0.5
-    row = {"device": str(device), "dtype": str(dtype).removeprefix("torch."), "backend": backend}
+    row = {"device": str(device), "dtype": str(dtype).removeprefix("torch."), "backend": backend,
+           "layout": "strided" if strided else "contiguous"}
     try:
         ref_out, ref_lse = _reference(q.cpu(), k.cpu(), v.cpu(), scale)
         out, lse = attention_with_lse(q, k, v, scale, backend=backend)
@@ -50,7 +61,8 @@ def check_one(device: torch.device, dtype: torch.dtype, backend: str, seed: int,
         if not row["ok"]:
             row["error"] = (f"out rel {row['out_rel']:.1e}, ring merge rel {row['ring_rel']:.1e} (bound {out_bound:.0e}), "
                             f"LSE abs {row['lse_abs']:.1e} (bound {lse_bound:.0e})")
-        row["ms"], row["timed_shape"] = _time(device, dtype, backend, quick)
+        if not strided:
+            row["ms"], row["timed_shape"] = _time(device, dtype, backend, quick)
     except Exception as e:  # noqa: BLE001 - a kernel that raises is a failed check, reported with its message
         row.update(ok=False, error=f"{type(e).__name__}: {e}")
     return row
@@ -75,16 +87,18 @@ def check_kernels(devices, quick: bool = False) -> list:
         dtypes = [torch.float32, torch.bfloat16] + ([torch.float16] if device.type == "cuda" else [])
         for i, dtype in enumerate(dtypes):
             for backend in available_backends(device, dtype):
-                rows.append(check_one(device, dtype, backend, seed=100 + i, quick=quick))
+                for strided in (False, True):
+                    rows.append(check_one(device, dtype, backend, seed=100 + i, quick=quick, strided=strided))
     return rows
 
 
 def kernel_table(rows) -> str:
-    lines = [f"{'device':8s} {'dtype':9s} {'backend':15s} {'out rel':>9s} {'ring rel':>9s} {'LSE abs':>9s} "
-             f"{'ms/call':>9s}  result"]
+    lines = [f"{'device':8s} {'dtype':9s} {'backend':15s} {'layout':10s} {'out rel':>9s} {'ring rel':>9s} "
+             f"{'LSE abs':>9s} {'ms/call':>9s}  result"]
     for r in rows:
         num = lambda k: f"{r[k]:9.1e}" if isinstance(r.get(k), float) else f"{'-':>9s}"  # noqa: E731
         ms = f"{r['ms']:9.2f}" if "ms" in r else f"{'-':>9s}"
-        lines.append(f"{r['device']:8s} {r['dtype']:9s} {r['backend']:15s} {num('out_rel')} {num('ring_rel')} "
+        lines.append(f"{r['device']:8s} {r['dtype']:9s} {r['backend']:15s} {r.get('layout', '-'):10s} "
+                     f"{num('out_rel')} {num('ring_rel')} "
                      f"{num('lse_abs')} {ms}  {'ok' if r['ok'] else 'FAIL: ' + r.get('error', '')}")
     return "\n".join(lines)

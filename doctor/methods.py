@@ -25,7 +25,8 @@ SIZES = ((9, 13), (8, 12))  # latent rows x cols: 63 and 48 patch tokens (odd sp
 class Mesh:
     name: str
     degrees: dict = field(default_factory=dict)
-    kind: str = "forward"  # forward | loop (PipeFusion) | stale (DistriFusion)
+    kind: str = "forward"  # forward | loop (the loop job: PipeFusion, or any method in loop mode) | stale
+                           # (DistriFusion) | vae (Patch VAE Decode)
 
     @property
     def world(self) -> int:
@@ -42,6 +43,8 @@ MESHES = (
     Mesh("tensor 2", {"tp_degree": 2}),
     Mesh("pipefusion 2", {"pp_degree": 2, "num_pipeline_patch": 2, "warmup_steps": STEPS}, "loop"),
     Mesh("distrifusion 2", {"ulysses_degree": 2, "method": "distrifusion", "warmup_steps": 1}, "stale"),
+    Mesh("ulysses 2, loop mode", {"ulysses_degree": 2}, "loop"),
+    Mesh("patch vae decode 2", {"ulysses_degree": 2}, "vae"),
     Mesh("ulysses 2, sharded weights", {"ulysses_degree": 2, "shard_weights": "sequence"}),
     Mesh("ulysses 4", {"ulysses_degree": 4}),
     Mesh("ulysses 2 x ring 2", {"ulysses_degree": 2, "ring_degree": 2}),
@@ -50,18 +53,20 @@ MESHES = (
     Mesh("cfg 2 x ulysses 2, sharded weights", {"cfg_degree": 2, "ulysses_degree": 2, "shard_weights": "all"}),
     Mesh("pipefusion 2 x ulysses 2", {"pp_degree": 2, "num_pipeline_patch": 2, "ulysses_degree": 2,
                                       "warmup_steps": STEPS}, "loop"),
+    Mesh("patch vae decode 4", {"ulysses_degree": 4}, "vae"),
     Mesh("ulysses 4 x ring 2", {"ulysses_degree": 4, "ring_degree": 2}),
     Mesh("cfg 2 x ulysses 2 x ring 2", {"cfg_degree": 2, "ulysses_degree": 2, "ring_degree": 2}),
 )
 
 
-def meshes_for(gpus: int, max_cpu_world: int, quick: bool = False) -> list:
-    """(mesh, "cuda"|"cpu") for every mesh that fits: on the GPUs when it fits them, else on CPU workers."""
+def meshes_for(gpus: int, max_cpu_world: int, quick: bool = False, share: bool = False) -> list:
+    """(mesh, "cuda"|"cpu") for every mesh that fits: on the GPUs when it fits them, else on CPU workers.
+    share: ranks share the GPUs (parallel/staged.py), so every mesh runs its CUDA code on them."""
     plan = []
     for m in MESHES:
         if quick and m.world > 2:
             continue
-        if m.world <= gpus:
+        if m.world <= gpus or (share and gpus):
             plan.append((m, "cuda"))
         elif m.world <= max_cpu_world:
             plan.append((m, "cpu"))
@@ -194,8 +199,55 @@ def _run_loop(pool, config, case: _Case, mesh: Mesh, kind: str) -> dict:
             "ms": median_ms(lambda: pool.submit(config, "loop", values, dict(tensors))) / STEPS}
 
 
-def check_methods(plan, precisions, tmp, progress=print) -> list:
-    """Run every (mesh, device) of `plan` in every precision; one row each (ok, rel, bound, timings, error)."""
+def _vae(device):
+    """A small diffusers KL VAE (what Patch VAE Decode runs on the ranks), seeded, on `device`."""
+    from diffusers import AutoencoderKL
+    torch.manual_seed(7)
+    vae = AutoencoderKL(in_channels=3, out_channels=3, down_block_types=["DownEncoderBlock2D"] * 2,
+                        up_block_types=["UpDecoderBlock2D"] * 2, block_out_channels=[32, 64], layers_per_block=1,
+                        latent_channels=4, norm_num_groups=8, sample_size=32).eval()
+    return vae.to(device)
+
+
+def _run_vae(pool, config, vae, device) -> dict:
+    """Patch VAE Decode (halo exchange, group norm statistics across ranks) against the VAE's own decode, on latent
+    heights that split evenly over the ranks and one that does not."""
+    rels = []
+    for i, size in enumerate(((13, 10), (16, 12))):
+        latent = torch.randn(1, 4, *size, generator=torch.Generator().manual_seed(50 + i))
+        with torch.no_grad():
+            ref = vae.decode(latent.to(device), return_dict=False)[0]
+        got = pool.vae_decode(config, "doctor:vae", latent)
+        rels.append(0.0 if torch.equal(got, ref.cpu()) else _rel(got, ref))
+    sync = _sync(device)
+    with torch.no_grad():
+        serial_ms = median_ms(lambda: vae.decode(latent.to(device), return_dict=False), sync=sync)
+    return {"rel": max(rels), "serial_ms": serial_ms, "ms": median_ms(lambda: pool.vae_decode(config, "doctor:vae",
+                                                                                              latent))}
+
+
+def _vae_row(pool, config, mesh, kind, device, progress) -> dict:
+    row = {"method": mesh.name, "degrees": config.describe(), "world": mesh.world, "device": kind,
+           "precision": "fp32", "weights": "float32", "compute": "float32"}
+    try:
+        vae = _vae(device)
+        t = time.perf_counter()
+        pool.ensure_model(config, "doctor:vae", "vae_kl", dict(vae.config),
+                          state_dict=lambda: {k: v.detach().cpu() for k, v in vae.state_dict().items()})
+        row["load_s"] = round(time.perf_counter() - t, 2)
+        row.update(_run_vae(pool, config, vae, device), bound=1e-5)
+        row["ok"] = row["rel"] <= 1e-5
+        if not row["ok"]:
+            row["error"] = f"relative error {row['rel']:.2e} over the bound 1e-05"
+    except Exception as e:  # noqa: BLE001 - one failing method must not hide the others
+        row.update(ok=False, error=f"{type(e).__name__}: {e}")
+    progress(_line(row))
+    return row
+
+
+def check_methods(plan, precisions, tmp, progress=print, share_devices: bool = False) -> list:
+    """Run every (mesh, device) of `plan` in every precision; one row each (ok, rel, bound, timings, error).
+    share_devices: the GPU ranks share the GPUs over staged gloo (parallel/staged.py; the GPU suite on one GPU)."""
     from ..nodes.native import check_native_pipefusion, check_native_tp
     from ..parallel import ParallelConfig
     from . import tiny_checkpoints as tiny
@@ -208,9 +260,12 @@ def check_methods(plan, precisions, tmp, progress=print) -> list:
         for mesh, kind in plan:
             device = torch.device("cuda", 0) if kind == "cuda" else torch.device("cpu")
             if kind not in pools:
-                pools[kind] = WorkerPool(device=kind, max_models=len(cases) + 1)
+                pools[kind] = WorkerPool(device=kind, max_models=len(cases) + 1, share_devices=share_devices)
             pool = pools[kind]
             config = ParallelConfig(**mesh.degrees)
+            if mesh.kind == "vae":  # one VAE, decoded in fp32 whatever the DiT's precisions
+                rows.append(_vae_row(pool, config, mesh, kind, device, progress))
+                continue
             for case in cases:
                 row = {"method": mesh.name, "degrees": config.describe(), "world": mesh.world, "device": kind,
                        "precision": case.precision, "weights": _name(case.dm.dtype), "compute": _name(case.compute)}

@@ -175,6 +175,12 @@ class ParallelConfig:
         return (self.dp_degree, self.cfg_degree, self.pp_degree, self.ring_degree,
                 self.ulysses_degree, self.tp_degree, self.devices, self.shard_weights)
 
+    def layout_key(self) -> tuple:
+        """What a resident model's parallelized layout depends on: the mesh and the method. USP and DistriFusion on
+        the same ranks share process groups but not a model: DistriFusion's hooks keep stale K/V and a step count,
+        so a model parallelized for one method must never serve the other."""
+        return self.mesh_key() + (self.method,)
+
     def to_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 

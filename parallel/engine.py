@@ -66,12 +66,13 @@ class Engine:
         self.loads = 0
 
     # ---- residency ----
-    # A DiT is parallelized for one mesh (its hooks hold that mesh's groups, TP / PipeFusion / sharding cut its
-    # weights), and a world outlives a config change that keeps its size: such a model is kept under its key
-    # scoped by the mesh. The same weights under another mesh are dropped when it loads (one copy per rank).
+    # A DiT is parallelized for one mesh and method (its hooks hold that mesh's groups, TP / PipeFusion / sharding
+    # cut its weights, DistriFusion keeps stale K/V), and a world outlives a config change that keeps its size: such
+    # a model is kept under its key scoped by the layout (ParallelConfig.layout_key). The same weights under another
+    # layout are dropped when it loads (one copy per rank).
     @staticmethod
     def _scoped(key: str, ctx) -> str:
-        return f"{key}{MESH_SEP}{'-'.join(map(str, ctx.config.mesh_key()))}"
+        return f"{key}{MESH_SEP}{'-'.join(map(str, ctx.config.layout_key()))}"
 
     def _slot(self, key: str, ctx) -> str:
         if ctx is not None and self._scoped(key, ctx) in self.models:

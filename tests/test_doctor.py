@@ -36,11 +36,14 @@ def test_quick_doctor_passes_on_cpu_and_writes_its_report(tmp_path):
     kernels = {(r["dtype"], r["backend"]) for r in report["kernels"]}
     assert {("float32", "cpu_flash"), ("float32", "math"), ("bfloat16", "cpu_flash")} <= kernels
     for r in report["kernels"]:
-        assert r["ok"] and r["ring_rel"] <= r["bound"] and r["ms"] > 0, r
+        assert r["ok"] and r["ring_rel"] <= r["bound"], r
+        assert r["ms"] > 0 if r["layout"] == "contiguous" else "ms" not in r, r
+    assert {r["layout"] for r in report["kernels"]} == {"contiguous", "strided"}  # ring's inputs after Ulysses
     methods = {r["method"] for r in report["methods"]}
     assert methods == {"degree 1", "ulysses 2", "ring 2", "cfg 2", "data 2", "tensor 2", "pipefusion 2",
-                       "distrifusion 2", "ulysses 2, sharded weights"}
+                       "distrifusion 2", "ulysses 2, loop mode", "patch vae decode 2", "ulysses 2, sharded weights"}
     assert {r["precision"] for r in report["methods"]} == {"fp32", "fp8_e4m3fn"}
+    assert [r["precision"] for r in report["methods"] if r["method"] == "patch vae decode 2"] == ["fp32"]
     for r in report["methods"]:
         assert r["ok"] and not r.get("skipped") and r["device"] == "cpu", r
         assert r["rel"] <= r["bound"] and r["ms"] > 0 and r["serial_ms"] > 0

@@ -509,3 +509,30 @@ def test_ranks_sharing_devices_talk_through_staged_copies(comfy):
         assert [h["staged"] for h in pool.health()] == [True, True]
     finally:
         pool.close()
+
+
+def test_a_method_change_on_the_same_ranks_gets_its_own_model(comfy):
+    """USP and DistriFusion on the same ranks share process groups, not a parallelized model: a model built for
+    DistriFusion (stale K/V hooks) served the next USP loop before (0.21 relative error), and a USP model served
+    DistriFusion (no stale activations at all). The resident layout is keyed by mesh and method."""
+    from comfyui_hybrid_parallel.doctor import methods as m
+    from comfyui_hybrid_parallel.doctor import tiny_checkpoints as tiny
+    from comfyui_hybrid_parallel.parallel import ParallelConfig
+    from comfyui_hybrid_parallel.workers.pool import WorkerPool
+    path = comfy / "method_switch.safetensors"
+    tiny.write_sd3(path, depth=4, pos_embed_max_size=32, seed=31)
+    case = m._Case(path, "fp32").on(torch.device("cpu"))
+    pool = WorkerPool(device="cpu")
+    try:
+        loads = []
+        for degrees, kind in (({"ulysses_degree": 2, "method": "distrifusion", "warmup_steps": 1}, "stale"),
+                              ({"ulysses_degree": 2}, "loop"),
+                              ({"ulysses_degree": 2, "method": "distrifusion", "warmup_steps": 1}, "stale")):
+            config = ParallelConfig(**degrees)
+            loads.append(pool.ensure_model(config, case.key, case.family, {}, native=case.spec("cpu"),
+                                           state_dict=lambda: dict(case.dm.state_dict()))["loaded"])
+            run = m._run_loop if kind == "loop" else m._run_forward
+            assert run(pool, config, case, m.Mesh("x", degrees, kind), "cpu")["rel"] <= 1e-5, degrees
+        assert loads == [True, True, True]  # each method built its own layout (from the weights the ranks hold)
+    finally:
+        pool.close()
