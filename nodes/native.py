@@ -223,6 +223,53 @@ def check_native_tp(diffusion_model, config) -> None:
         raise NotCarried("; ".join(problems[:3]))
 
 
+def device_capacity(hp) -> tuple:
+    """(bytes a rank may use, where, ranks sharing it): the smallest listed / used GPU's total memory, or the host's
+    RAM shared by every CPU rank. Read without creating a CUDA context on other GPUs (device properties only)."""
+    import torch
+    config = hp.config
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() and hp.device != "cpu" else 0
+    listed = [d for d in config.devices if d.startswith("cuda")]
+    if listed or (gpus and not config.devices):
+        indices = [int(d.partition(":")[2]) for d in listed] or list(range(min(gpus, config.world_size)))
+        totals = {i: torch.cuda.get_device_properties(i).total_memory for i in indices}
+        i = min(totals, key=totals.get)
+        return totals[i], f"cuda:{i} ({torch.cuda.get_device_name(i)})", 1
+    from ..parallel.memory import host_memory_bytes
+    return host_memory_bytes(), "this machine's RAM", config.world_size
+
+
+def check_memory(model, hp, latent_shape, positive, cfg: float) -> None:
+    """Refuse, before any worker starts, a config whose ranks cannot hold this model and latent (parallel/memory.py):
+    DistriFusion's K/V buffers on a video latent, weights no split makes fit, ... with the numbers and the fix."""
+    import torch
+    from ..parallel.costmodel import shape_from_module
+    from ..parallel.config import ConfigError
+    from ..parallel.memory import check_fits, rank_memory, shard_traffic
+    dm = model.model.diffusion_model
+    try:
+        shape = shape_from_module(dm)
+    except ValueError:
+        return  # no adapter: nothing parallel inside the model to plan
+    weight_bytes = sum(t.numel() * t.element_size() for t in dm.state_dict().values())
+    capacity, where, ranks = device_capacity(hp)
+    compute = model.model.manual_cast_dtype or dm.dtype
+    if where != "this machine's RAM" and compute == torch.float32 and dm.dtype != torch.float32:
+        compute = torch.bfloat16  # a GPU computes fp8 / half weights in half precision
+    act_bytes = 4 if compute == torch.float32 else 2
+    text = max((int(c[0].shape[1]) for c in positive or [] if hasattr(c[0], "shape") and c[0].dim() == 3), default=0)
+    batch = int(latent_shape[0]) * (2 if cfg != 1.0 else 1)
+    mem = rank_memory(shape, weight_bytes, hp.config, latent_shape, text, batch, act_bytes, cpu=ranks > 1)
+    try:
+        check_fits(mem, capacity, where, hp.config, ranks_on_host=ranks, weight_bytes=weight_bytes)
+    except ConfigError as e:
+        raise NotCarried(f"{e}") from None
+    note = shard_traffic(weight_bytes, hp.config)
+    if note and where != "this machine's RAM":
+        import logging
+        logging.getLogger(__name__).warning("hybrid parallel: %s", note)
+
+
 def check_diffusers_path(diffusion_model, config) -> None:
     """The diffusers path converts weights to a diffusers model in their storage dtype, which runs in that
     dtype: fp8 storage (weight_dtype fp8_*, fp8 or scaled-fp8 checkpoints) cannot run there. Refuse it before
@@ -242,5 +289,5 @@ def check_diffusers_path(diffusion_model, config) -> None:
                          f"ComfyUI's own fp8 ops), or load the model with weight_dtype 'default'")
 
 
-__all__ = ["DRIVER_WRAPPERS", "NotCarried", "check_diffusers_path", "check_diffusion_wrappers", "diffusion_wrappers", "loop_step_cache", "runs_diffusion_wrappers", "check_native_pipefusion", "check_native_tp", "check_weights",
+__all__ = ["DRIVER_WRAPPERS", "NotCarried", "check_diffusers_path", "check_diffusion_wrappers", "diffusion_wrappers", "loop_step_cache", "runs_diffusion_wrappers", "check_memory", "check_native_pipefusion", "check_native_tp", "check_weights",
            "comfy_runtime", "encode_value", "family_adapter", "native_spec", "native_supported", "portable_options"]

@@ -15,7 +15,7 @@ import torch
 from ..parallel.checkpoints import family_module
 from ..parallel.models import adapter
 from .loop_mode import Captured, check_loop_mode, make_loop_sampler, uses_loop_mode
-from .native import (NotCarried, check_diffusers_path, check_diffusion_wrappers, check_native_pipefusion,
+from .native import (NotCarried, check_diffusers_path, check_diffusion_wrappers, check_memory, check_native_pipefusion,
                      check_native_tp, check_weights, diffusion_wrappers, native_spec, native_supported,
                      portable_options, runs_diffusion_wrappers)
 from .runtime import to_diffusers, weights_key
@@ -334,6 +334,7 @@ class HybridSampler:
         state = pool_state(model, hp)
         if state.get("native"):
             check_native_pipefusion(model.model.diffusion_model, hp.config, tuple(latent_image["samples"].shape))
+        check_memory(model, hp, tuple(latent_image["samples"].shape), positive, cfg)  # fits the devices?
         m.add_wrapper_with_key(comfy.patcher_extension.WrappersMP.APPLY_MODEL, WRAPPER_KEY,
                                make_apply_model_wrapper(self.runtime, hp, state))
         with self.runtime.track("sample", total=steps), self.runtime.quiet_driver(hp):  # panel state; no spinning

@@ -48,6 +48,8 @@ class ModelShape:
     # the family's plan splits the joint text over the sequence ranks too (when it has at least one token per
     # rank); None: read from the family's adapter (SD3, Flux, Qwen-Image, Chroma do; Lumina 2, HunyuanVideo not)
     text_split: Optional[bool] = None
+    # self-attention calls per forward where a block holds more than one (SD3.5's attn2); 0: one per block
+    attention_layers: int = 0
 
     def __post_init__(self):
         for name in ("blocks", "hidden", "heads", "out_per_token", "act_bytes"):
@@ -412,10 +414,12 @@ def shape_from_module(model, act_bytes: Optional[int] = None) -> ModelShape:
     family = adapter.family
     cross = family in CROSS_TEXT
     modules = dict(model.named_modules())
-    blocks = []
+    blocks, attention_layers = [], 0
     for pattern in plan.attention:
         prefix = _block_prefix(pattern)
         blocks += [n for n in modules if _matches(prefix, n)]
+        attention_layers += sum(1 for n in modules if _matches(pattern, n))
+    blocks = list(dict.fromkeys(blocks))  # a block holding two self-attentions (SD3.5's attn2) is one block
     heads = 0
     for attr in (plan.heads_attr, "num_heads", "n_heads", "heads", "num_attention_heads"):
         heads = heads or getattr(getattr(model, "config", None), attr, None) or getattr(model, attr, 0)
@@ -453,4 +457,4 @@ def shape_from_module(model, act_bytes: Optional[int] = None) -> ModelShape:
     return ModelShape(family=family, blocks=len(blocks), text_blocks=text_blocks, hidden=hidden,
                       heads=heads, img_params=img, txt_params=txt, out_per_token=int(out_per_token),
                       patch=patch, params=sum(p.numel() for p in model.parameters()), act_bytes=act_bytes,
-                      cross_text=cross)
+                      cross_text=cross, attention_layers=max(attention_layers, len(blocks)))

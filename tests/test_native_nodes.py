@@ -156,3 +156,25 @@ def test_pipefusion_config_the_model_cannot_run_refused_before_workers(comfy, de
     """PipeFusion on ComfyUI's own model: what the stages would find at run start is found from the driver's
     copy and the latent before any worker starts."""
     _refused(comfy(), match, latent=latent, **degrees)
+
+
+def test_a_config_the_devices_cannot_hold_is_refused_before_workers(comfy, monkeypatch):
+    """The memory planner (parallel/memory.py) from the node: ranks that would need more than the device holds are
+    refused with the numbers and the fix before any worker starts. The capacity is made small (these models are
+    tiny): DistriFusion's K/V buffers exceed it while USP on the same ranks fits."""
+    from comfyui_hybrid_parallel.nodes import native
+    from comfyui_hybrid_parallel.parallel import ParallelConfig
+    from comfyui_hybrid_parallel.parallel.costmodel import shape_from_module
+    from comfyui_hybrid_parallel.parallel.memory import rank_memory
+    model = comfy()
+    latent = (1, 16, 48, 48)
+    shape = shape_from_module(model.model.diffusion_model)
+    weights = sum(t.numel() * t.element_size() for t in model.model.diffusion_model.state_dict().values())
+    usp = rank_memory(shape, weights, ParallelConfig(ulysses_degree=2), latent, 7, 2, 4)
+    df = rank_memory(shape, weights, ParallelConfig(ulysses_degree=2, method="distrifusion"), latent, 7, 2, 4)
+    assert df.total > usp.total * 1.5
+    capacity = int(usp.total / 0.92) + 1  # one GPU-like device that just holds the USP rank
+    monkeypatch.setattr(native, "device_capacity", lambda hp: (capacity, "cuda:0 (test device)", 1))
+    _refused(model, r"ulysses2 needs about .* for each rank on cuda:0 \(test device\).*DistriFusion K/V buffers.*"
+                    r"method 'usp'", latent=latent, ulysses_degree=2, method="distrifusion")
+    native.check_memory(model, _hp(ulysses_degree=2), latent, _conds(1), 2.0)  # USP: fits, no error
