@@ -177,9 +177,13 @@ def check_tp(model: torch.nn.Module, plan, tp_size: int) -> None:
 
 
 def _pieces(t: torch.Tensor, dim: int, sizes: list, n: int, r: int) -> torch.Tensor:
-    """This rank's slice of every block of `t` along `dim`: a view for one block, else one copy."""
+    """This rank's slice of every block of `t` along `dim`: one copy for several blocks; for one block a view of
+    host memory (CPU ranks map one shared copy of the weights, so a view costs nothing) but a copy on a device,
+    where a view would keep the whole weight alive on the GPU (a cluster rank receives its weights there)."""
     parts = [blk.narrow(dim, r * (s // n), s // n) for blk, s in zip(t.split(sizes, dim=dim), sizes)]
-    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=dim)
+    if len(parts) > 1:
+        return torch.cat(parts, dim=dim)
+    return parts[0] if t.device.type == "cpu" else parts[0].clone()
 
 
 def apply_tp(model: torch.nn.Module, plan, ax) -> torch.nn.Module:

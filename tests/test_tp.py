@@ -77,3 +77,23 @@ def test_tp_sums_half_precision_partials_in_fp32(dist_pools, dtype):
     rounding difference under TP in half precision: 1.9e-3 -> 1.1e-3 with this change, not zero.)"""
     res = dist_pools(2).run(_half_body, "wan", dtype, 5)
     assert res[0] == (0.0, 0.0), res
+
+
+def test_a_tp_slice_on_a_device_owns_its_storage():
+    """Weights that arrive on the device (a cluster rank receives them there) are sliced into storage of the slice's
+    size: a view would keep the whole weight alive. On the host a view is kept (the mapped pages are shared)."""
+    from comfyui_hybrid_parallel.parallel.comm import CommStats
+    from comfyui_hybrid_parallel.parallel.context import AxisGroup
+    from comfyui_hybrid_parallel.parallel.tp import Colwise, Rowwise, apply_tp
+    from comfyui_hybrid_parallel.parallel.plan import FamilyPlan
+
+    def mlp(device):
+        m = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.GELU(), torch.nn.Linear(32, 8)).to(device)
+        plan = FamilyPlan(family="test", model_class="Sequential", batch_inputs=(), sequence={}, attention={},
+                          tp={"0": Colwise(), "2": Rowwise()})
+        return apply_tp(m, plan, AxisGroup("tp", 1, 2, [0, 1], None, CommStats()))
+
+    for device, owns in (("meta", True), ("cpu", False)):
+        m = mlp(device)
+        for w in (m[0].weight, m[2].weight, m[0].bias):
+            assert (w.untyped_storage().nbytes() == w.numel() * w.element_size()) == owns, (device, w.shape)
