@@ -62,7 +62,8 @@ def _rss_bytes() -> int | None:
 
 def job_health(state: WorkerState, ctx, payload: dict) -> dict:
     import sys
-    return {"pid": os.getpid(), "device": str(state.device), "resident": state.engine.resident(),
+    return {"pid": os.getpid(), "device": "cpu" if state.device.type == "cpu" else str(state.device),  # cpu:0 = strict
+            "resident": state.engine.resident(),
             "layouts": len(state.engine.models),  # resident models counting each mesh's layout of one key
             "loads": state.engine.loads, "rss_bytes": _rss_bytes(), "comfy_imported": "comfy.model_management" in sys.modules,
             "staged": _staged()}
