@@ -48,6 +48,26 @@ def split_sizes(n: int, parts: int) -> list:
     return [base + (1 if i < extra else 0) for i in range(parts)]
 
 
+def weighted_sizes(n: int, weights: Optional[Sequence[float]], parts: Optional[int] = None) -> list:
+    """`n` split in proportion to `weights` (the ranks' relative speeds): largest remainders get the leftover
+    units, and every part keeps at least 1 where n allows (taken from the largest). Without weights:
+    `split_sizes(n, parts)`. Why: on devices of different speeds an even split lets the slowest set the pace."""
+    if not weights:
+        return split_sizes(n, parts)
+    k, total = len(weights), float(sum(weights))
+    if n < k or total <= 0 or min(weights) <= 0:
+        return split_sizes(n, k)
+    raw = [n * w / total for w in weights]
+    sizes = [int(r) for r in raw]
+    for i in sorted(range(k), key=lambda i: (sizes[i] - raw[i], i))[: n - sum(sizes)]:
+        sizes[i] += 1
+    for i in range(k):
+        if sizes[i] == 0:
+            sizes[i] = 1
+            sizes[max(range(k), key=lambda j: sizes[j])] -= 1
+    return sizes
+
+
 def all_to_all_buffers(send: torch.Tensor, recv: torch.Tensor, send_counts: Sequence[int],
                        recv_counts: Sequence[int], ax, counted: Optional[dict] = None, async_op: bool = False):
     """One all-to-all between flat, contiguous buffers whose chunks are in *axis* order.

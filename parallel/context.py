@@ -76,6 +76,7 @@ class ParallelContext:
                 f"{config.world_size}; start the world with the config's world_size")
         self.device = device or torch.device("cpu")
         self.attention_backend = "auto"  # see parallel/attention.py; a pool may force one
+        self.speeds = None  # every world rank's relative speed (set_speeds), where ranks differ
         self.coords = rank_coords(config, self.rank)
         self._own_groups = []
         self.axes = self._build_axes()
@@ -105,6 +106,42 @@ class ParallelContext:
         other.config = config
         other._own_groups = []  # the groups stay owned by self
         return other
+
+    # ---- ranks of different speeds (a 4090 beside a 3090) ----
+    BALANCE_MIN = 1.15  # speeds closer than this split evenly (a probe's noise must not move the split)
+
+    def set_speeds(self, speeds) -> None:
+        """Every world rank's relative speed (a probe's throughput, or HP_RANK_SPEEDS); the sequence and Ulysses'
+        heads are then shared out in proportion, so the slowest rank does not set the pace. None: even split."""
+        if speeds is not None:
+            speeds = [float(v) for v in speeds]
+            if len(speeds) != self.world_size or min(speeds) <= 0:
+                raise ValueError(f"speeds must be {self.world_size} positive numbers (one per rank), got {speeds}")
+        self.speeds = speeds
+
+    def _weights(self, ranks) -> Optional[list]:
+        if not self.speeds or len(ranks) < 2:
+            return None
+        mine = [self.speeds[r] for r in ranks]
+        return mine if max(mine) / min(mine) >= self.BALANCE_MIN else None
+
+    @property
+    def sp_weights(self) -> Optional[list]:
+        """Relative speeds of the sp ranks in sp order (ring-major, ulysses inside), or None for an even split.
+        The tp ranks of one sp rank share its shard: the slowest of them speaks for it."""
+        sp = self.sp
+        if sp.size < 2 or not self.speeds:
+            return None
+        return self._weights(sp.ranks) if self.tp.size == 1 else None
+
+    @property
+    def head_weights(self) -> Optional[list]:
+        """Relative speeds of the Ulysses ranks for their share of the heads (attention costs heads x the whole
+        sequence there). Only without ring: ring ranks exchange K/V blocks head for head with their peers of the
+        other Ulysses groups, which must hold the same heads."""
+        if self.ring.size > 1 or self.tp.size > 1:
+            return None
+        return self._weights(self.ulysses.ranks)
 
     def axis(self, name: str) -> AxisGroup:
         return self.axes[name]

@@ -27,7 +27,7 @@ from typing import Optional, Union
 import torch
 
 from .attention_seam import attention_wrapper, comfy_attention_override
-from .comm import all_gather_uneven, split_sizes
+from .comm import all_gather_uneven, split_sizes, weighted_sizes
 
 
 @dataclass(frozen=True)
@@ -146,21 +146,23 @@ class _RunState:
     text_len: Optional[int] = None     # the whole text's length, once a declared text split saw it
     text_sizes: Optional[list] = None  # its shards over the sp ranks; None: the text stays whole on every rank
 
-    def sizes_for(self, n: int, sp_size: int, where: str) -> list:
+    def sizes_for(self, n: int, sp_size: int, where: str, weights=None) -> list:
+        """The image sequence's shards over the sp ranks: near-equal, or in proportion to the ranks' speeds
+        (`weights`, ParallelContext.sp_weights: devices of different speeds)."""
         if self.seq_len is None:
-            self.seq_len, self.seq_sizes = n, split_sizes(n, sp_size)
+            self.seq_len, self.seq_sizes = n, weighted_sizes(n, weights, sp_size)
         elif n != self.seq_len:
             raise RuntimeError(f"sequence split at {where!r} sees {n} tokens but an earlier split saw "
                                f"{self.seq_len}: the family plan is inconsistent")
         return self.seq_sizes
 
-    def text_sizes_for(self, n: int, sp_size: int, where: str) -> Optional[list]:
+    def text_sizes_for(self, n: int, sp_size: int, where: str, weights=None) -> Optional[list]:
         """The text's shards, or None where it stays whole: a text shorter than the degree would leave a rank
         without text, and then that rank could not tell a joint attention (its text length 0) from an
         image-only one (SD3.5's attn2) inside the same block - every rank must read each call the same way."""
         if self.text_len is None:
             self.text_len = n
-            self.text_sizes = split_sizes(n, sp_size) if n >= sp_size else None
+            self.text_sizes = weighted_sizes(n, weights, sp_size) if n >= sp_size else None
         elif n != self.text_len:
             raise RuntimeError(f"text split at {where!r} sees {n} tokens but an earlier split saw "
                                f"{self.text_len}: the family plan is inconsistent")
@@ -210,7 +212,7 @@ def _set_arg(args, kwargs, where, value):
 def _shard(x: torch.Tensor, dim: int, applied: _Applied, where: str) -> torch.Tensor:
     sp = applied.ctx.sp
     dim = dim % x.ndim
-    sizes = applied.state.sizes_for(x.shape[dim], sp.size, where)
+    sizes = applied.state.sizes_for(x.shape[dim], sp.size, where, applied.ctx.sp_weights)
     start = sum(sizes[: sp.rank])
     return x.narrow(dim, start, sizes[sp.rank])
 
@@ -219,7 +221,7 @@ def _shard_text(x: torch.Tensor, dim: int, applied: _Applied, where: str) -> tor
     """This rank's shard of the text stream (or of its RoPE ids), or x whole where the text stays whole."""
     sp = applied.ctx.sp
     dim = dim % x.ndim
-    sizes = applied.state.text_sizes_for(x.shape[dim], sp.size, where)
+    sizes = applied.state.text_sizes_for(x.shape[dim], sp.size, where, applied.ctx.sp_weights)
     return x if sizes is None else x.narrow(dim, sum(sizes[: sp.rank]), sizes[sp.rank])
 
 

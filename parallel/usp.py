@@ -38,7 +38,7 @@ from __future__ import annotations
 import torch
 
 from .attention import attention_with_lse, merge_attention
-from .comm import RingExchange, all_to_all_buffers, split_sizes
+from .comm import RingExchange, all_to_all_buffers, weighted_sizes
 
 
 def _ring_attention(q, k, v, image, scale, ring, block_sizes, backend):
@@ -187,7 +187,7 @@ def usp_attention(q, k, v, *, ctx, seq_sizes, text_len=0, text_first=True, scale
     block_shards = [[seq_sizes[r * U + u] for u in range(U)] for r in range(ring.size)]
     block_sizes = [sum(b) for b in block_shards]
     my_shards = block_shards[ring.rank]
-    head_sizes = split_sizes(q.shape[1], U)
+    head_sizes = weighted_sizes(q.shape[1], getattr(ctx, "head_weights", None), U)
     if U > 1:  # (B, H, T + S_loc, D) -> (B, H_u, T + S_block, D)
         q, k, v = _heads_to_tokens(q, k, v, ulysses, head_sizes, my_shards, text_len, text_first)
     image = (text_len if text_first else 0, block_sizes[ring.rank])  # image rows of the block in q/k/v
