@@ -218,6 +218,27 @@ def probe_cpu(threads: int = 1, reps: int = 3, calls: int = 3) -> dict:
         torch.set_num_threads(old)
 
 
+def probe_speed(device, threads: int = 1) -> float:
+    """This rank's matmul throughput (FLOP/s) on `device`: a bf16 8192-square GEMM on a GPU (a few ms on any recent
+    card), probe_cpu's fp32 matmul at `threads` threads on a CPU. What the sequence split weighs ranks by."""
+    import time
+
+    import torch
+    if getattr(device, "type", "cpu") != "cuda":
+        return probe_cpu(threads, reps=3, calls=2)["matmul_flops"]
+    n = 8192
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    a @ a  # warm-up: cuBLAS picks its kernel
+    torch.cuda.synchronize(device)
+    best = float("inf")
+    for _ in range(3):
+        t = time.perf_counter()
+        a @ a
+        torch.cuda.synchronize(device)
+        best = min(best, time.perf_counter() - t)
+    return 2 * n ** 3 / best
+
+
 def scaled_to(cost: DeviceCost, rates: dict) -> DeviceCost:
     """The CPU preset moved to a machine whose `probe_cpu` (1 thread) gave `rates`: compute and attention scale
     by the measured / calibrated throughput; threads, ranks, links and fixed costs keep the preset's figures."""

@@ -536,3 +536,30 @@ def test_a_method_change_on_the_same_ranks_gets_its_own_model(comfy):
         assert loads == [True, True, True]  # each method built its own layout (from the weights the ranks hold)
     finally:
         pool.close()
+
+
+def test_ranks_of_given_or_probed_speeds_share_the_sequence_by_speed(comfy):
+    """HP_BALANCE / WorkerPool(balance=): speeds given per rank, or probed at world start, reach every rank; the
+    sequence split follows them and the output still equals ComfyUI's (tests/test_uneven_ranks.py has the split
+    itself). A speeds list that does not match the world is refused before any worker starts."""
+    from comfyui_hybrid_parallel.parallel import ParallelConfig
+    from comfyui_hybrid_parallel.workers.pool import WorkerPool
+    base = load_model(comfy, "sd3", "fp32").model
+    inp = inputs("sd3", base, seed=41)
+    ref = comfy_forward(base, inp)
+    for balance in ([1.0, 3.0], "probe"):
+        pool = WorkerPool(device="cpu", balance=balance)
+        try:
+            for config in (ParallelConfig(ulysses_degree=2), ParallelConfig(ring_degree=2)):
+                assert rel(pool_forward(pool, config, "balanced", base, inp), ref) <= 1e-5, (balance, config)
+            speeds = [h["speeds"] for h in pool.health()]
+            assert speeds[0] == speeds[1] and len(speeds[0]) == 2 and min(speeds[0]) > 0
+            if balance != "probe":
+                assert speeds[0] == [1.0, 3.0]
+        finally:
+            pool.close()
+    pool = WorkerPool(device="cpu", balance="1,2,3")
+    with pytest.raises(ValueError, match="lists 3 rank speeds but ulysses2 has 2 ranks"):
+        pool.ensure_world(ParallelConfig(ulysses_degree=2))
+    assert pool.world is None
+    pool.close()

@@ -66,7 +66,7 @@ def job_health(state: WorkerState, ctx, payload: dict) -> dict:
             "resident": state.engine.resident(),
             "layouts": len(state.engine.models),  # resident models counting each mesh's layout of one key
             "loads": state.engine.loads, "rss_bytes": _rss_bytes(), "comfy_imported": "comfy.model_management" in sys.modules,
-            "staged": _staged()}
+            "staged": _staged(), "speeds": ctx.speeds}
 
 
 def _staged() -> bool:
@@ -340,6 +340,7 @@ def context_for(contexts: dict, config):
         any_ctx = next(iter(contexts.values()))
         base = contexts[key] = ParallelContext(config, device=any_ctx.device, timeout_s=any_ctx.timeout_s)
         base.attention_backend = any_ctx.attention_backend
+        base.set_speeds(any_ctx.speeds)  # the ranks' speeds hold for every mesh of the world
     return base if config == base.config else base.with_config(config)
 
 

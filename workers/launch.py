@@ -81,6 +81,26 @@ def collective_timeout(backend: str, requested: float | None = None) -> float:
     return NCCL_COLLECTIVE_TIMEOUT_S if backend == "nccl" else GLOO_COLLECTIVE_TIMEOUT_S
 
 
+def balance_spec(value):
+    """HP_BALANCE / WorkerPool(balance=): "auto" (probe the ranks' speeds on GPU worlds), "probe" (on any world),
+    "off" (even split), or one relative speed per rank ("1,0.5"); the workers split the sequence accordingly."""
+    if isinstance(value, (list, tuple)):
+        speeds = [float(v) for v in value]
+    else:
+        text = str(value).strip().lower()
+        if text in ("auto", "probe", "off"):
+            return text
+        try:
+            speeds = [float(v) for v in text.split(",") if v.strip()]
+        except ValueError:
+            speeds = []
+        if not speeds:
+            raise ValueError(f"HP_BALANCE must be auto, probe, off or one speed per rank (e.g. 1,0.5), got {value!r}")
+    if min(speeds) <= 0:
+        raise ValueError(f"rank speeds must be positive, got {speeds}")
+    return speeds
+
+
 def worker_threads(per_machine: int, lone: int | None = None) -> int:
     """Intra-op threads per worker: the cores shared out over this machine's workers - except a lone worker,
     which takes the driver's own count (`lone`: that count as the driver's runtime recorded it, since the driver
@@ -100,7 +120,7 @@ class World:
                  device_kind: str, max_models: int, collective_timeout_s: float | None = None,
                  env: dict | None = None,
                  cluster=None, world_key: tuple | None = None, lone_threads: int | None = None,
-                 keep_files=None, spares=None, share_devices: bool = False):
+                 keep_files=None, spares=None, share_devices: bool = False, balance="auto"):
         self.config = config  # the config of the latest job (the pool updates it when a job reuses the world)
         self.world_key = config.world_key() if world_key is None else world_key
         self.lone_threads = lone_threads
@@ -111,6 +131,7 @@ class World:
         self.fake, self.device_kind, self.max_models = fake, device_kind, max_models
         self.collective_timeout_s = collective_timeout_s
         self.share_devices = share_devices and cluster is None and fake is None  # parallel/staged.py
+        self.balance = balance  # balance_spec: how the ranks learn each other's speed
         self.extra_env = dict(env or {})
         self.procs: list = []
         self.channels: list = []
@@ -318,7 +339,9 @@ class World:
                     shm_prefix=self.shm_prefix, max_models=self.max_models,
                     broadcast_tensors=self.cluster is not None,
                     # staged: device tensors through host copies; on CPU every tensor, so the copies are exercised
-                    staged=("device" if self.device_kind == "cuda" else "all") if self.share_devices else None)
+                    staged=("device" if self.device_kind == "cuda" else "all") if self.share_devices else None,
+                    balance=self.balance if isinstance(self.balance, str) else "given",
+                    speeds=self.balance if isinstance(self.balance, list) else None)
         ready = set()
         while len(ready) < self.world_size:
             remaining = deadline - time.monotonic()

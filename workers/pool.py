@@ -25,7 +25,7 @@ import weakref
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait as wait_conns
 
-from .launch import PoolError, StartupError, World
+from .launch import PoolError, StartupError, World, balance_spec
 from .protocol import MODEL_FAMILIES, ProtocolError
 from .transport import (WEIGHT_PREFIX, Arena, cleanup_prefix, new_name, new_prefix, read_tensor, shm_dir, sweep_stale, unlink,
                         write_tensor)
@@ -104,7 +104,8 @@ class WorkerPool:
     def __init__(self, *, fake: str | None = None, device: str = "auto", max_models: int = 2,
                  job_timeout_s: float = 600.0, start_timeout_s: float = 120.0,
                  collective_timeout_s: float | None = None, env: dict | None = None, cluster=None,
-                 stall_timeout_s: float | None = None, share_devices: bool | None = None):
+                 stall_timeout_s: float | None = None, share_devices: bool | None = None,
+                 balance: str | None = None):
         if fake is not None:
             from .fake_worker import parse_behaviour
             parse_behaviour(fake)
@@ -124,6 +125,9 @@ class WorkerPool:
         # ranks share the GPUs over gloo with staged copies (parallel/staged.py): the GPU suite on one GPU, tests
         from ..parallel import staged
         self.share_devices = staged.enabled() if share_devices is None else bool(share_devices)
+        # ranks of different speeds (launch.balance_spec): "auto" probes GPU worlds, "probe" any, "off" none, or
+        # "1,0.5,..." one speed per rank (HP_BALANCE)
+        self.balance = balance_spec(os.environ.get("HP_BALANCE", "auto") if balance is None else balance)
         swept = sweep_stale()  # what pools of dead processes left (ComfyUI killed with its workers)
         if swept:
             import logging
@@ -193,6 +197,9 @@ class WorkerPool:
                 return w
             if self.cluster is not None:
                 self.cluster.check_world(config)
+            if isinstance(self.balance, list) and len(self.balance) != config.world_size:
+                raise ValueError(f"HP_BALANCE lists {len(self.balance)} rank speeds but {config.describe()} has "
+                                 f"{config.world_size} ranks: list one speed per rank, or use auto / probe / off")
             kind = self._device_kind(config)
             self._teardown(graceful=True)
             self.generation += 1
@@ -201,7 +208,7 @@ class WorkerPool:
                       keep_files=lambda: set(self._written), spares=self.spares,
                       fake=self.fake, device_kind=kind, max_models=self.max_models,
                       collective_timeout_s=self.collective_timeout_s, env=self.env, cluster=self.cluster,
-                      share_devices=self.share_devices)
+                      share_devices=self.share_devices, balance=self.balance)
             w.start(self.start_timeout_s)
             self._holder.world = w
             return w

@@ -73,11 +73,45 @@ def _join_world(args, init: dict):
     if strict.enabled() and init["backend"] == "gloo":  # tests: fail where NCCL would (parallel/strict.py)
         device = strict.compute_device(device)
         strict.StrictComm().install()
-    return ParallelContext(config, device=device, timeout_s=float(init["timeout_s"])), device
+    ctx = ParallelContext(config, device=device, timeout_s=float(init["timeout_s"]))
+    ctx.set_speeds(_speeds(init, ctx, device, threads))
+    return ctx, device
+
+
+def _speeds(init: dict, ctx, device, threads: int):
+    """Every rank's relative speed, or None for an even split (launch.py `balance`): given by the driver
+    (HP_RANK_SPEEDS), or probed here and shared - on GPU worlds by default (a 4090 beside a 3090), on CPU worlds
+    only when asked (CPU ranks share cores, so a probe there measures the neighbours too)."""
+    given = init.get("speeds")
+    if given:
+        return [float(v) for v in given]
+    balance = init.get("balance", "auto")
+    if ctx.world_size == 1 or balance == "off" or (balance == "auto" and device.type != "cuda"):
+        return None
+    import torch
+    import torch.distributed as dist
+
+    from comfyui_hybrid_parallel.parallel.costmodel import probe_speed
+    mine = torch.tensor([probe_speed(device, threads)], dtype=torch.float64, device=device)
+    every = [torch.empty_like(mine) for _ in range(ctx.world_size)]
+    dist.all_gather(every, mine)
+    return [float(t.item()) for t in every]
+
+
+def _pin_cpus(rank: int) -> None:
+    """HP_WORKER_CPUS="0;1,2;..." (one ;-separated entry per rank): this rank's cores, set before torch starts its
+    threads. For NUMA layouts and for benches that make one CPU rank deliberately slower (bench_uneven.py)."""
+    spec = os.environ.get("HP_WORKER_CPUS", "").strip()
+    if not spec or not hasattr(os, "sched_setaffinity"):
+        return
+    entries = spec.split(";")
+    if rank < len(entries) and entries[rank].strip():
+        os.sched_setaffinity(0, {int(c) for c in entries[rank].split(",")})
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    _pin_cpus(args.rank)
     watch = ParentWatch(args.driver_pid, args.rank)
     if args.torchrun:
         from .cluster import read_authkey_file
