@@ -142,7 +142,7 @@ class Runtime:
         self._prestart = threading.Thread(target=run, name="hybrid-parallel-prestart", daemon=True)
         self._prestart.start()
 
-    def ensure_native(self, hp, key: str, spec: dict, diffusion_model) -> str:
+    def ensure_native(self, hp, key: str, spec: dict, diffusion_model, lineage: str | None = None) -> str:
         """Make ComfyUI's own diffusion model resident on the workers under `key`; returns its family.
 
         The weights are the module's state dict as ComfyUI holds it now (storage dtype, patches applied),
@@ -151,7 +151,7 @@ class Runtime:
         from .native import family_adapter
         family = family_adapter(diffusion_model).family
         pool = self.pool(hp)
-        pool.ensure_model(hp.config, key, family, {}, native=spec,
+        pool.ensure_model(hp.config, key, family, {}, native=spec, lineage=lineage,
                           state_dict=lambda: {k: v.detach() for k, v in diffusion_model.state_dict().items()})
         self.remember(key, (family, {}))
         return family

@@ -40,7 +40,7 @@ class PoolDiffusionModel(torch.nn.Module):
             return
         original = self._original[0]
         if st.get("native"):
-            family = self.runtime.ensure_native(self.hp, st["key"], st["native"], original)
+            family = self.runtime.ensure_native(self.hp, st["key"], st["native"], original, st.get("lineage"))
             st.update(family=family, config={}, resident=True)
             return
         family, config = self.runtime.ensure_resident(self.hp, st["key"], lambda: to_diffusers(original))
@@ -268,7 +268,8 @@ def pool_state(model, hp) -> dict:
     travel (other nodes' patches, fp8 on the diffusers path, tp degrees the model cannot be sharded by)."""
     # the workers keep the model parallelized for one method: the method is part of its identity
     method = f"{hp.config.method}" + (f"-w{hp.config.warmup_steps}" if hp.config.method != "usp" else "")
-    state = {"key": f"{weights_key(model.model, model.patches_uuid)}|{method}", "calls": 0}
+    state = {"key": f"{weights_key(model.model, model.patches_uuid)}|{method}", "calls": 0,
+             "lineage": f"{model.model._hp_uid}|{method}"}  # this model under other patches: replaced, not kept
     if native_supported(hp.config, model.model.diffusion_model):
         # ComfyUI's own model on the workers; refused here, before any worker starts, if it cannot travel
         state["native"] = native_spec(model.model)

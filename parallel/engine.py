@@ -24,6 +24,21 @@ class Resident:
     native_call: Optional[Callable] = None      # (model, inputs) -> output for ComfyUI's own model
     compute_dtype: Optional[torch.dtype] = None  # the dtype ComfyUI hands that model its latent in
     source: Optional[dict] = None               # the weights it was built from, where another mesh may reuse them
+    lineage: Optional[str] = None               # the driver's model object: other patch versions share it
+
+    @property
+    def is_vae(self) -> bool:
+        return self.family.startswith("vae")
+
+    def device_bytes(self) -> int:
+        """Bytes of this rank's parameters and buffers on an accelerator (0 for a host model)."""
+        seen, total = set(), 0
+        for t in list(self.model.parameters()) + list(self.model.buffers()):
+            if id(t) in seen or t.is_meta or t.device.type == "cpu":
+                continue
+            seen.add(id(t))
+            total += t.numel() * t.element_size()
+        return total
 
 
 def _convention(spec: dict, sigmas: torch.Tensor):
@@ -57,13 +72,40 @@ def to_device(model: torch.nn.Module, device: torch.device) -> None:
 MESH_SEP = "@mesh="
 
 
-class Engine:
-    """One rank's resident models (LRU) and the operations on them."""
+def _host_bytes(model: torch.nn.Module) -> int:
+    """Bytes of what this rank will move to its device: its parameters and buffers after TP / stage / sharding."""
+    seen, total = set(), 0
+    for t in list(model.parameters()) + list(model.buffers()):
+        if id(t) not in seen and not t.is_meta:
+            seen.add(id(t))
+            total += t.numel() * t.element_size()
+    return total
 
-    def __init__(self, max_models: int = 2):
+
+def _free_device_memory(device: torch.device) -> int:
+    """Free bytes on `device` after the caching allocator has given back what it holds unused."""
+    torch.cuda.empty_cache()
+    free, _ = torch.cuda.mem_get_info(device)
+    return free
+
+
+class Engine:
+    """One rank's resident models and the operations on them.
+
+    Residency: the diffusion models are kept least-recently-used, at most `max_models` of them - VAEs are not
+    counted (a Wan 2.2 workflow holds two experts and a VAE) - and on an accelerator by bytes as well: before a
+    model is built, the least recently used are evicted until the device has room for it (`free_memory`:
+    device -> free bytes, measured after the allocator's cache is emptied), never after. A model evicted is
+    released at once (gc: a parallelized model is a reference cycle through its hooks; the allocator's cache
+    emptied). A new patch version of a model (a LoRA strength change: same `lineage`, new key) replaces the old
+    one first."""
+
+    def __init__(self, max_models: int = 2, free_memory=None):
         self.max_models = max(1, int(max_models))
         self.models: collections.OrderedDict = collections.OrderedDict()  # key -> Resident
         self.loads = 0
+        self.evicted: list = []  # keys evicted so far, in order (tests and the health job read them)
+        self.free_memory = free_memory or _free_device_memory
 
     # ---- residency ----
     # A DiT is parallelized for one mesh and method (its hooks hold that mesh's groups, TP / PipeFusion / sharding
@@ -101,12 +143,42 @@ class Engine:
 
     def drop_other_meshes(self, key: str) -> None:
         """Forget `key` built for other meshes (called before building it for this one)."""
-        stale = self._layouts(key)
-        for k in stale:
-            del self.models[k]
-        if stale:  # a parallelized model is a reference cycle (its hooks): free its weights now, not at the next gc
-            import gc
-            gc.collect()
+        self._evict(self._layouts(key), why=None)
+
+    def _evict(self, slots: list, why: Optional[str] = "lru", device: Optional[torch.device] = None) -> None:
+        """Release `slots` now: a parallelized model is a reference cycle (its hooks), so its weights would otherwise
+        live until the next gc; on an accelerator the allocator's cache is emptied too."""
+        if not slots:
+            return
+        on_device = any(self.models[k].device_bytes() for k in slots if k in self.models)
+        for k in slots:
+            self.models.pop(k, None)
+            if why is not None:
+                self.evicted.append(k)
+        import gc
+        gc.collect()
+        if on_device or (device is not None and device.type == "cuda"):
+            torch.cuda.empty_cache()
+
+    def make_room(self, key: str, incoming_bytes: int, device: Optional[torch.device], lineage: Optional[str] = None,
+                  is_vae: bool = False) -> None:
+        """Before building `key`: drop older patch versions of its lineage, keep the diffusion models within
+        max_models counting it, and on an accelerator evict least-recently-used models until `incoming_bytes`
+        fit the device's free memory. Raises MemoryError naming the bytes when even an empty device cannot."""
+        if lineage is not None:
+            self._evict([k for k, r in self.models.items() if r.lineage == lineage
+                         and k.partition(MESH_SEP)[0] != key], why="patch version", device=device)
+        if not is_vae:
+            dits = [k for k, r in self.models.items() if not r.is_vae and k.partition(MESH_SEP)[0] != key]
+            self._evict(dits[: max(0, len(dits) - (self.max_models - 1))], device=device)
+        if device is None or device.type != "cuda" or incoming_bytes <= 0:
+            return
+        while self.free_memory(device) < incoming_bytes:
+            others = [k for k in self.models if k.partition(MESH_SEP)[0] != key]
+            if not others:
+                raise MemoryError(f"{key}: {incoming_bytes / 2**30:.2f} GiB of weights do not fit {device}, which "
+                                  f"has {self.free_memory(device) / 2**30:.2f} GiB free with nothing else resident")
+            self._evict(others[:1], device=device)
 
     def get(self, key: str, ctx=None, rank: int = 0) -> Resident:
         slot = self._slot(key, ctx)
@@ -118,13 +190,13 @@ class Engine:
 
     def add(self, key: str, family: str, model: torch.nn.Module, ctx, *, native_call=None,
             compute_dtype=None, device: Optional[torch.device] = None, source: Optional[dict] = None,
-            attention_kernel=None) -> Resident:
+            attention_kernel=None, lineage: Optional[str] = None) -> Resident:
         """Make a built host model resident: parallelize it for ctx (DiT families), keep a PipeFusion stage's
-        own blocks only, then move what this rank holds to `device`; evict the least recently used beyond
-        max_models."""
+        own blocks only, then move what this rank holds to `device` (room made first: make_room)."""
         from . import parallelize
         from .models import ADAPTERS, plan_for
         parallelized = family in ADAPTERS
+        base_key = key
         self.drop_other_meshes(key)
         if parallelized:
             key = self._scoped(key, ctx)
@@ -134,13 +206,15 @@ class Engine:
                 keep_stage_blocks(model, ctx)  # a stage holds only its own blocks' weights
             from .shard import apply_weight_sharding
             apply_weight_sharding(model, ctx)  # a rank keeps 1/N of every weight (shard_weights)
-        if device is not None and torch.device(device).type != "cpu":
-            to_device(model, torch.device(device))
-        r = Resident(family, model, parallelized, native_call, compute_dtype, source)
+        device = torch.device(device) if device is not None else None
+        if device is not None and device.type != "cpu":
+            self.make_room(base_key, _host_bytes(model), device, lineage, family.startswith("vae"))
+            to_device(model, device)
+        else:
+            self.make_room(base_key, 0, device, lineage, family.startswith("vae"))
+        r = Resident(family, model, parallelized, native_call, compute_dtype, source, lineage)
         self.models[key] = r
         self.loads += 1
-        while len(self.models) > self.max_models:
-            self.models.popitem(last=False)
         return r
 
     def weight_bytes(self, key: str, ctx=None) -> dict:

@@ -563,3 +563,34 @@ def test_ranks_of_given_or_probed_speeds_share_the_sequence_by_speed(comfy):
         pool.ensure_world(ParallelConfig(ulysses_degree=2))
     assert pool.world is None
     pool.close()
+
+
+def test_two_experts_and_a_vae_stay_resident_and_a_new_patch_version_replaces_the_old(comfy):
+    """max_models counts diffusion models only: a Wan 2.2-like prompt (two experts, a VAE) alternating on a pool of
+    max_models=2 loads each once. A new patch version of one expert (same lineage, new key - a LoRA strength
+    change) replaces the old one on the workers before it loads."""
+    from comfyui_hybrid_parallel.doctor.methods import _vae
+    from comfyui_hybrid_parallel.parallel import ParallelConfig
+    from comfyui_hybrid_parallel.workers.pool import WorkerPool
+    config = ParallelConfig(ulysses_degree=2)
+    high, low = load_model(comfy, "sd3", "fp32").model, load_model(comfy, "wan", "fp32").model
+    vae = _vae(torch.device("cpu"))
+    pool = WorkerPool(device="cpu", max_models=2)
+    try:
+        def load(key, base, lineage):
+            from comfyui_hybrid_parallel.nodes.native import family_adapter, native_spec
+            dm = base.diffusion_model
+            return pool.ensure_model(config, key, family_adapter(dm).family, {}, native=native_spec(base),
+                                     lineage=lineage, state_dict=lambda: dict(dm.state_dict()))["loaded"]
+        loaded = []
+        for _ in range(3):  # three prompts: high expert, low expert, decode
+            loaded += [load("high:p0", high, "high"), load("low:p0", low, "low")]
+            loaded.append(pool.ensure_model(config, "vae", "vae_kl", dict(vae.config),
+                                            state_dict=lambda: dict(vae.state_dict()))["loaded"])
+        assert loaded == [True] * 3 + [False] * 6
+        assert load("high:p1", high, "high")  # the high expert with another LoRA strength
+        health = pool.health()
+        assert all(sorted(h["resident"]) == ["high:p1", "low:p0", "vae"] for h in health), health
+        assert all(h["evicted"] == ["high:p0@mesh=1-1-1-1-2-1-()-none-usp"] for h in health), health
+    finally:
+        pool.close()

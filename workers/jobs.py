@@ -65,6 +65,7 @@ def job_health(state: WorkerState, ctx, payload: dict) -> dict:
     return {"pid": os.getpid(), "device": "cpu" if state.device.type == "cpu" else str(state.device),  # cpu:0 = strict
             "resident": state.engine.resident(),
             "layouts": len(state.engine.models),  # resident models counting each mesh's layout of one key
+            "evicted": list(state.engine.evicted),
             "loads": state.engine.loads, "rss_bytes": _rss_bytes(), "comfy_imported": "comfy.model_management" in sys.modules,
             "staged": _staged(), "speeds": ctx.speeds}
 
@@ -164,7 +165,8 @@ def job_load_model(state: WorkerState, ctx, payload: dict) -> dict:
     # the model's own parameters, so keeping them costs nothing
     c = ctx.config
     keep = native and state.device.type == "cpu" and c.tp_degree == 1 and c.pp_degree == 1 and c.shard_weights == "none"
-    engine.add(key, payload["family"], model, ctx, device=state.device, source=weights if keep else None, **extra)
+    engine.add(key, payload["family"], model, ctx, device=state.device, source=weights if keep else None,
+               lineage=payload.get("lineage"), **extra)
     weights = None
     return {"loaded": True, "loads": engine.loads, "resident": engine.resident(), "attention": kernel_name}
 

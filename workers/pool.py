@@ -480,7 +480,8 @@ class WorkerPool:
 
     # ---- models ----
     def ensure_model(self, config, key: str, family: str, diffusers_config: dict, state_dict: dict | None = None,
-                     path: str | None = None, timeout_s: float | None = None, native: dict | None = None) -> dict:
+                     path: str | None = None, timeout_s: float | None = None, native: dict | None = None,
+                     lineage: str | None = None) -> dict:
         """Make a model resident on every worker; a key already resident costs one small round trip.
 
         Weights come from `state_dict` (through shared memory) or `path` (a
@@ -489,6 +490,7 @@ class WorkerPool:
         dict, so a caller only converts weights when they must travel.
         `native`: a ComfyUI model spec (nodes/native.py): the workers build ComfyUI's own class
         with ComfyUI's ops and these weights (its state dict as ComfyUI holds it), not a diffusers model.
+        `lineage`: what other keys of the same model (other patch versions) share; the workers drop those first.
         Returns rank 0's {loaded, loads, resident}.
         """
         if family not in MODEL_FAMILIES:
@@ -502,6 +504,8 @@ class WorkerPool:
         base = {"key": key, "family": family, "config": dict(diffusers_config)}
         if native is not None:
             base["native"] = native
+        if lineage is not None:
+            base["lineage"] = lineage
         written = {}
         w = self.world
         if state_dict is not None and (w is None or key not in w.resident):
