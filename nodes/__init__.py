@@ -20,6 +20,7 @@ if _prompt_server is not None:
     from .routes import register as _register_routes
     _register_routes(_prompt_server, RUNTIME)
     ParallelConfigNode.runtime = RUNTIME  # only in a server: Parallel Config starts the workers early
+    RUNTIME.follow_comfy_unload()  # ComfyUI's "Unload models" / /free release the workers' models too
     try:  # and interpreters with torch imported, ready before the first prompt (HP_SPARE_WORKERS=0: none)
         from ..workers.spares import default_count
         RUNTIME.keep_spares(default_count())

@@ -40,6 +40,7 @@ class Runtime:
         self._spares = None  # workers/spares.py: interpreters with torch imported, for the first world
         self.last_auto = None  # the latest degrees-"auto" choice: predicted time per step per candidate
         self.cost_probes = {}  # auto's measured costs: CPU throughput, ComfyUI's attention kernel per shape (auto.py)
+        self._idle = None  # the idle timer (HP_IDLE_TIMEOUT_S), re-armed after every node run
 
     def keep_spares(self, n: int) -> None:
         """Start `n` spare worker interpreters now (ComfyUI's start-up), so the first prompt's world does not wait
@@ -185,12 +186,69 @@ class Runtime:
     def health(self) -> list:
         return [] if self._pool is None else self._pool.health()
 
+    def release_models(self) -> int:
+        """ComfyUI unloaded its models ("Unload models", its /free route, an out-of-memory error): the workers drop
+        theirs too and give the memory back; the processes stay warm for the next prompt."""
+        pool = self._pool
+        released = 0 if pool is None or self.job is not None else pool.release_models()
+        self.model_info.clear()
+        return released
+
+    def follow_comfy_unload(self) -> None:
+        """Make ComfyUI's own unload (comfy.model_management.unload_all_models, which its /free route, the UI's
+        "Unload models" and its out-of-memory handler call) release the workers' models as well."""
+        import comfy.model_management as mm
+        if getattr(mm.unload_all_models, "_hp_follows", False):
+            return
+        original, runtime = mm.unload_all_models, self
+
+        def unload_all_models(*args, **kwargs):
+            out = original(*args, **kwargs)
+            try:
+                runtime.release_models()
+            except Exception as e:  # noqa: BLE001 - ComfyUI's own unload must never fail because of the pack
+                import logging
+                logging.getLogger(__name__).warning("hybrid parallel: releasing the workers' models failed: %s", e)
+            return out
+        unload_all_models._hp_follows = True
+        mm.unload_all_models = unload_all_models
+
+    # ---- idle: the workers exit after HP_IDLE_TIMEOUT_S without a job (a setting; off by default) ----
+    def _idle_timeout_s(self) -> float:
+        value = os.environ.get("HP_IDLE_TIMEOUT_S", "").strip()
+        try:
+            return max(0.0, float(value)) if value else 0.0
+        except ValueError:
+            return 0.0
+
+    def _arm_idle(self) -> None:
+        timeout = self._idle_timeout_s()
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
+        if timeout > 0 and self._pool is not None:
+            self._idle = threading.Timer(timeout, self._on_idle)
+            self._idle.daemon = True
+            self._idle.start()
+
+    def _on_idle(self) -> None:
+        if self.job is None:
+            import logging
+            was = self.stop()
+            if self._spares is not None:
+                self._spares.close()
+                self._spares = None  # nothing held while idle; the next world starts its own interpreters
+            logging.getLogger(__name__).info("hybrid parallel: workers stopped after %.0f s idle (%s)",
+                                             self._idle_timeout_s(), was)
+
     # ---- what the worker panel shows (nodes/routes.py); read from the server thread, written here ----
     @contextmanager
     def track(self, kind: str, total: int | None = None):
         """Mark a node run in progress so the panel can say busy / starting and which step, and keep
         its outcome: a prompt that failed on the workers shows as `failed` with the rank's message."""
         job = {"kind": kind, "step": 0, "total": total, "started": time.time()}
+        if self._idle is not None:
+            self._idle.cancel()
         self.job = job
         self.last_started[kind] = job["started"]
         try:
@@ -204,6 +262,7 @@ class Runtime:
                              "elapsed_s": time.time() - job["started"]}
         finally:
             self.job = None
+            self._arm_idle()
 
     def progress(self, step: int, total: int | None = None) -> None:
         job = self.job

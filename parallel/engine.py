@@ -141,6 +141,13 @@ class Engine:
         """The slots of `key`, one per mesh it was built for."""
         return [k for k in self.models if k.partition(MESH_SEP)[0] == key]
 
+    def release(self) -> int:
+        """Drop every resident model and give its memory back (ComfyUI's "Unload models" / its /free route);
+        returns how many layouts were dropped."""
+        n = len(self.models)
+        self._evict(list(self.models), why="released")
+        return n
+
     def drop_other_meshes(self, key: str) -> None:
         """Forget `key` built for other meshes (called before building it for this one)."""
         self._evict(self._layouts(key), why=None)

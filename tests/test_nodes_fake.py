@@ -1,5 +1,7 @@
 """Node logic without the engine: Parallel Config validation, loop-mode choices, and the runtime's
 model residency (convert once, reload after a restart, a new key per patch set) on fake workers."""
+import os
+
 import pytest
 import torch
 
@@ -68,6 +70,40 @@ def test_runtime_converts_once_and_reloads_after_a_restart():
         assert len(calls) == 3
         assert sorted(rt.pool(hp).health()[0]["resident"]) == ["model-a+lora0.5|usp", "model-a|usp"]
     finally:
+        rt.stop()
+
+
+def test_idle_workers_exit_after_the_idle_timeout(monkeypatch):
+    """HP_IDLE_TIMEOUT_S (off by default): no node run for that long and the workers exit, nothing held; a run in
+    progress is never stopped, and the next prompt starts them again."""
+    import time
+    monkeypatch.setenv("HP_IDLE_TIMEOUT_S", "0.6")
+    rt = Runtime(make_pool=lambda device: WorkerPool(fake="serve", device=device))
+    hp = _build(ulysses_degree=2)["result"][0]
+    try:
+        with rt.track("sample"):
+            rt.ensure_resident(hp, "m|usp", lambda: ("sd3", {}, {"w": torch.ones(2)}))
+            pids = [h["pid"] for h in rt.pool(hp).health()]
+            time.sleep(1.0)  # longer than the timeout, but a job runs: nothing stops
+            assert rt._pool is not None and rt._pool.world is not None
+        deadline = time.monotonic() + 10
+        while rt._pool is not None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert rt._pool is None and rt.status()["state"] == "none"
+        for pid in pids:
+            while time.monotonic() < deadline:
+                try:
+                    os.kill(pid, 0)
+                except ProcessLookupError:
+                    break
+                time.sleep(0.1)
+            else:
+                raise AssertionError(f"worker {pid} still runs after the idle timeout")
+        with rt.track("sample"):
+            rt.ensure_resident(hp, "m|usp", lambda: ("sd3", {}, {"w": torch.ones(2)}))
+        assert rt._pool is not None
+    finally:
+        monkeypatch.delenv("HP_IDLE_TIMEOUT_S")
         rt.stop()
 
 

@@ -177,3 +177,19 @@ def test_parallel_config_starts_the_workers_before_the_sampler(server):
     assert ready["prestart"]["started"] < ready["last_started"]["sample"], ready
     assert ready["world_size"] == 4 and len(ready["workers"]) == 4
     assert all(w.get("comfy_imported") for w in ready["workers"]), ready["workers"]
+
+
+def test_comfyuis_unload_models_releases_the_workers_models(server):
+    """ComfyUI's /free (the UI's "Unload models") unloads ComfyUI's models; the workers drop theirs as well and give
+    the memory back, the processes staying warm; the next prompt loads again and succeeds."""
+    entry = server.run(workflow({"ulysses_degree": 2}, "free_before", W, H, steps=1))
+    assert entry["status"]["status_str"] == "success", entry["status"]
+    loaded = _until(lambda: (lambda s: s if s["state"] == "ready" and all(w["models"] for w in s["workers"])
+                             else None)(_pool(server)), what="workers holding models")
+    pids = [w["pid"] for w in loaded["workers"]]
+    server.post("/free", {"unload_models": True, "free_memory": True})
+    freed = _until(lambda: (lambda s: s if s["workers"] and not any(w["models"] for w in s["workers"]) else None)(
+        _pool(server)), 60, "the workers to drop their models")
+    assert [w["pid"] for w in freed["workers"]] == pids and all(_alive(p) for p in pids)
+    entry = server.run(workflow({"ulysses_degree": 2}, "free_after", W, H, steps=1))
+    assert entry["status"]["status_str"] == "success", entry["status"]

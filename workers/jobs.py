@@ -293,6 +293,12 @@ def job_model_bytes(state: WorkerState, ctx, payload: dict) -> dict:
     return state.engine.weight_bytes(payload["key"], ctx)
 
 
+def job_release(state: WorkerState, ctx, payload: dict) -> dict:
+    """Drop every resident model and return its memory (ComfyUI unloaded its models); the process stays warm."""
+    state.call_inputs = None
+    return {"released": state.engine.release(), "rss_bytes": _rss_bytes()}
+
+
 def job_echo(state: WorkerState, ctx, payload: dict) -> dict:
     """Diagnostic: return the job's tensors unchanged (the transport's round trip, for tests and bench)."""
     return {k: v for k, v in payload.items() if isinstance(v, torch.Tensor)}
@@ -300,6 +306,7 @@ def job_echo(state: WorkerState, ctx, payload: dict) -> dict:
 
 JOBS = {
     "health": job_health,
+    "release": job_release,
     "echo": job_echo,
     "model_bytes": job_model_bytes,
     "prepare": job_prepare,

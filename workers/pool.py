@@ -30,7 +30,8 @@ from .protocol import MODEL_FAMILIES, ProtocolError
 from .transport import (WEIGHT_PREFIX, Arena, cleanup_prefix, new_name, new_prefix, read_tensor, shm_dir, sweep_stale, unlink,
                         write_tensor)
 
-JOB_KINDS = ("health", "echo", "model_bytes", "prepare", "steps", "load_model", "forward", "vae_decode", "loop", "pipefusion_loop")
+JOB_KINDS = ("health", "release", "echo", "model_bytes", "prepare", "steps", "load_model", "forward", "vae_decode", "loop",
+             "pipefusion_loop")
 FAULT_GRACE_S = 2.0
 DRAIN_STALL_S = 3.0   # silence that marks a rank stuck while the next job collects a cancelled one
 CANCEL_WAIT_S = 1.5   # a cancelled job gets this long to stop before the caller gets its answer anyway
@@ -563,6 +564,23 @@ class WorkerPool:
         """Patch-parallel decode of `latent` by the resident VAE `key` over all ranks; the image."""
         return self.submit(config, "vae_decode", {"key": key, "block_size": block_size}, {"latent": latent},
                            **submit_kw).tensors["image"]
+
+    def release_models(self) -> int:
+        """Every rank drops its resident models and returns their memory (the processes stay, warm); 0 when no
+        world runs or it is busy (a running job keeps its model)."""
+        w = self.world
+        if w is None or not w.alive() or not self._lock.acquire(blocking=False):
+            return 0
+        try:
+            if w.state != "idle":
+                return 0
+            res = self.submit(w.config, "release", timeout_s=60.0)
+            w.resident = []
+            return int(res.values.get("released", 0))
+        except PoolError:
+            return 0
+        finally:
+            self._lock.release()
 
     # ---- health ----
     def health(self) -> list:
