@@ -74,9 +74,9 @@ def check_placement(config: ParallelConfig, device: str, cluster=None) -> None:
     """Refuse a world this machine cannot place - before any worker starts and without touching a running pool:
     a CUDA device that does not exist, more GPU ranks than GPUs, a CPU world beyond max_cpu_workers(). In a
     cluster this machine holds one launch group (nproc_per_node ranks); the others are checked by their torchrun."""
-    import torch
     n = config.world_size
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    from .runtime import comfy_gpus
+    gpus = comfy_gpus().get("count", 0)  # every GPU, also those ComfyUI's --cuda-device hid from itself
     if cluster is not None:
         if config.devices:
             raise ValueError("Parallel Config: a devices list cannot be combined with a cluster (each machine's "
@@ -110,8 +110,8 @@ def check_placement(config: ParallelConfig, device: str, cluster=None) -> None:
 def auto_device_count(device: str) -> int:
     """The devices degrees 'auto' may use on this machine: the visible GPUs (device cuda / auto with CUDA), else the
     CPU cores - more CPU ranks than cores only share them (workers/launch.worker_threads)."""
-    import torch
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    from .runtime import comfy_gpus
+    gpus = comfy_gpus().get("count", 0)  # every GPU, also those ComfyUI's --cuda-device hid from itself
     if device == "cuda" or (device == "auto" and gpus):
         return max(1, gpus)
     return max(1, min(os.cpu_count() or 1, max_cpu_workers()))

@@ -92,6 +92,8 @@ class Runtime:
                               WorkerPool(device=hp.device, cluster=cluster.cluster,
                                          start_timeout_s=cluster.join_timeout_s))
                 self._pool.split_kernel_worlds = not driver_attention_is_pytorch()
+                if cluster is None and hp.device != "cpu":
+                    self._pool.gpus = comfy_gpus()
                 self._pool.lone_worker_threads = self.driver_threads
                 self._pool.spares = self._spares
                 self._pool_cluster = cluster
@@ -152,6 +154,11 @@ class Runtime:
         from .native import family_adapter
         family = family_adapter(diffusion_model).family
         pool = self.pool(hp)
+        w = pool.world
+        if pool.gpus and (w is None or key not in w.resident):  # the weights will travel: beside ComfyUI's?
+            pool.ensure_world(hp.config)
+            free_beside_comfy(pool, hp.config, sum(t.numel() * t.element_size()
+                                                   for t in diffusion_model.state_dict().values()), pool.gpus)
         pool.ensure_model(hp.config, key, family, {}, native=spec, lineage=lineage,
                           state_dict=lambda: {k: v.detach() for k, v in diffusion_model.state_dict().items()})
         self.remember(key, (family, {}))
@@ -304,6 +311,48 @@ class Runtime:
         info = self.model_info.get(key)
         family = info[0] if info else ("vae" if ":vae" in key else "model")
         return f"{family} {key.split(':')[0][:8]}"
+
+
+def comfy_gpus() -> dict:
+    """The machine's GPUs as the workers will number them, and which one ComfyUI computes on: {} without CUDA.
+    count: every GPU (with `--cuda-device N` ComfyUI hid the others from its process tree - undone for the workers,
+    launch.worker_env - so they are counted with NVML); driver: ComfyUI's GPU in that numbering (the workers put
+    their ranks elsewhere first); comfy_cuda_device: N."""
+    if not torch.cuda.is_available():
+        return {}
+    try:
+        import comfy.cli_args
+        import comfy.model_management as mm
+    except ImportError:  # the pool without ComfyUI (tests, scripts): torch's view
+        return {"count": torch.cuda.device_count()}
+    restricted = getattr(comfy.cli_args.args, "cuda_device", None)
+    device = mm.get_torch_device()
+    if restricted is not None and os.environ.get("CUDA_VISIBLE_DEVICES", "").strip() == str(restricted):
+        try:
+            count = int(torch.cuda._raw_device_count_nvml())
+        except Exception:  # noqa: BLE001 - NVML unreadable: what this process sees
+            count = -1
+        count = count if count > 0 else torch.cuda.device_count()
+        return {"count": count, "driver": int(restricted), "comfy_cuda_device": int(restricted)}
+    driver = device.index if getattr(device, "type", None) == "cuda" else None
+    if driver is None and getattr(device, "type", None) == "cuda":
+        driver = torch.cuda.current_device()
+    return {"count": torch.cuda.device_count(), "driver": driver}
+
+
+def free_beside_comfy(pool, config, nbytes: int, gpus: dict) -> bool:
+    """When a rank of `config`'s world sits on ComfyUI's own GPU, ComfyUI's models there make room first (its model
+    management unloads what it can and empties its cache) before `nbytes` of weights load beside them. True when it
+    asked."""
+    driver = gpus.get("driver")
+    w = pool.world
+    if driver is None or w is None or f"cuda:{driver}" not in (w.devices or []):
+        return False
+    import comfy.model_management as mm
+    device = mm.get_torch_device()
+    mm.free_memory(nbytes, device)
+    mm.soft_empty_cache()
+    return True
 
 
 def _close_spares(spares, cwd, rmtree) -> None:

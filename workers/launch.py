@@ -81,6 +81,35 @@ def collective_timeout(backend: str, requested: float | None = None) -> float:
     return NCCL_COLLECTIVE_TIMEOUT_S if backend == "nccl" else GLOO_COLLECTIVE_TIMEOUT_S
 
 
+def gpu_order(world_size: int, gpus: int, driver_gpu: int | None) -> list:
+    """The GPUs a world's ranks take, in rank order: ComfyUI's own GPU (`driver_gpu`, where it keeps the text
+    encoders and the VAE) last, so a world smaller than the machine leaves it to ComfyUI."""
+    order = [i for i in range(gpus) if i != driver_gpu] + ([driver_gpu] if driver_gpu is not None and
+                                                           driver_gpu < gpus else [])
+    return [f"cuda:{order[r % len(order)]}" for r in range(world_size)] if order else \
+        [f"cuda:{r}" for r in range(world_size)]
+
+
+def worker_env(env: dict, comfy_cuda_device: int | None = None) -> dict:
+    """A CUDA worker's environment from ComfyUI's: what ComfyUI set for itself is undone.
+    - `--cuda-device N` makes ComfyUI set CUDA_VISIBLE_DEVICES=N for its process tree: the workers would see that
+      one GPU only. Dropped when it is exactly ComfyUI's own setting, so the ranks see (and number) every GPU.
+    - ComfyUI turns on torch's cudaMallocAsync backend by default; the workers use torch's caching allocator, whose
+      memory NCCL and the pool's accounting (empty_cache, mem_get_info after it) are made for."""
+    env = dict(env)
+    if comfy_cuda_device is not None and env.get("CUDA_VISIBLE_DEVICES", "").strip() == str(comfy_cuda_device):
+        env.pop("CUDA_VISIBLE_DEVICES", None)
+        env.pop("HIP_VISIBLE_DEVICES", None)
+    conf = env.get("PYTORCH_CUDA_ALLOC_CONF")
+    if conf is not None:
+        kept = [p for p in conf.split(",") if p.strip() and p.strip().replace(" ", "") != "backend:cudaMallocAsync"]
+        if kept:
+            env["PYTORCH_CUDA_ALLOC_CONF"] = ",".join(kept)
+        else:
+            env.pop("PYTORCH_CUDA_ALLOC_CONF")
+    return env
+
+
 def balance_spec(value):
     """HP_BALANCE / WorkerPool(balance=): "auto" (probe the ranks' speeds on GPU worlds), "probe" (on any world),
     "off" (even split), or one relative speed per rank ("1,0.5"); the workers split the sequence accordingly."""
@@ -120,7 +149,7 @@ class World:
                  device_kind: str, max_models: int, collective_timeout_s: float | None = None,
                  env: dict | None = None,
                  cluster=None, world_key: tuple | None = None, lone_threads: int | None = None,
-                 keep_files=None, spares=None, share_devices: bool = False, balance="auto"):
+                 keep_files=None, spares=None, share_devices: bool = False, balance="auto", gpus: dict | None = None):
         self.config = config  # the config of the latest job (the pool updates it when a job reuses the world)
         self.world_key = config.world_key() if world_key is None else world_key
         self.lone_threads = lone_threads
@@ -132,6 +161,8 @@ class World:
         self.collective_timeout_s = collective_timeout_s
         self.share_devices = share_devices and cluster is None and fake is None  # parallel/staged.py
         self.balance = balance  # balance_spec: how the ranks learn each other's speed
+        # the machine's GPUs as ComfyUI's process sees them (nodes/runtime.comfy_gpus): {count, driver, comfy_cuda_device}
+        self.gpus = dict(gpus or {})
         self.extra_env = dict(env or {})
         self.procs: list = []
         self.channels: list = []
@@ -153,11 +184,10 @@ class World:
         if self.config.devices:
             return list(self.config.devices)
         if self.device_kind == "cuda":
-            if self.share_devices:  # more ranks than GPUs: round robin (staged gloo, never NCCL)
-                import torch
-                gpus = max(1, torch.cuda.device_count())
-                return [f"cuda:{i % gpus}" for i in range(self.world_size)]
-            return [f"cuda:{i}" for i in range(self.world_size)]
+            import torch
+            count = self.gpus.get("count") or torch.cuda.device_count()
+            # ComfyUI's GPU last; sharing (staged gloo, never NCCL): round robin over them
+            return gpu_order(self.world_size, max(1, count), self.gpus.get("driver"))
         return ["cpu"] * self.world_size
 
     def _command(self, rank: int) -> list:
@@ -170,6 +200,8 @@ class World:
 
     def _env(self, threads: int) -> dict:
         env = dict(os.environ)
+        if self.device_kind == "cuda" and self.cluster is None:
+            env = worker_env(env, self.gpus.get("comfy_cuda_device"))
         env["OMP_NUM_THREADS"] = str(threads)
         env.update(self.extra_env)
         return env

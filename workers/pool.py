@@ -129,6 +129,9 @@ class WorkerPool:
         # ranks of different speeds (launch.balance_spec): "auto" probes GPU worlds, "probe" any, "off" none, or
         # "1,0.5,..." one speed per rank (HP_BALANCE)
         self.balance = balance_spec(os.environ.get("HP_BALANCE", "auto") if balance is None else balance)
+        # the GPUs beside ComfyUI (nodes/runtime.comfy_gpus): {count: every GPU of the machine, driver: ComfyUI's
+        # own (its ranks go last), comfy_cuda_device: its --cuda-device, undone for the workers}; {} = torch's view
+        self.gpus: dict = {}
         swept = sweep_stale()  # what pools of dead processes left (ComfyUI killed with its workers)
         if swept:
             import logging
@@ -183,7 +186,7 @@ class WorkerPool:
                 raise PoolError("device='cuda' but torch sees no CUDA device; use device='cpu'")
             kind = "cuda" if has else "cpu"
             if kind == "cuda" and not config.devices and not self.share_devices:
-                config.check_world(torch.cuda.device_count(), "GPU")
+                config.check_world(self.gpus.get("count") or torch.cuda.device_count(), "GPU")
         return kind
 
     def ensure_world(self, config) -> World:
@@ -209,7 +212,7 @@ class WorkerPool:
                       keep_files=lambda: set(self._written), spares=self.spares,
                       fake=self.fake, device_kind=kind, max_models=self.max_models,
                       collective_timeout_s=self.collective_timeout_s, env=self.env, cluster=self.cluster,
-                      share_devices=self.share_devices, balance=self.balance)
+                      share_devices=self.share_devices, balance=self.balance, gpus=self.gpus)
             w.start(self.start_timeout_s)
             self._holder.world = w
             return w
