@@ -163,6 +163,27 @@ def all_gather_uneven(x: torch.Tensor, dim: int, ax, sizes: Optional[Sequence[in
     return torch.cat([g.narrow(dim, 0, s) for g, s in zip(got, sizes)], dim=dim)
 
 
+def gather_to_first(x: torch.Tensor, dim: int, ax, sizes: Sequence[int]) -> Optional[torch.Tensor]:
+    """Concatenate every rank's `x` along `dim` on axis rank 0 only (None elsewhere): a result one rank returns
+    (the decoded image) need not be assembled on every rank. Shards are padded to the largest, as for all_gather."""
+    if ax.size == 1:
+        return x
+    biggest = max(sizes)
+    if biggest != x.shape[dim]:
+        pad_shape = list(x.shape)
+        pad_shape[dim] = biggest - x.shape[dim]
+        x = torch.cat([x, x.new_zeros(pad_shape)], dim=dim)
+    x = x.contiguous()
+    first = ax.global_rank(0)
+    got = [torch.empty_like(x) for _ in range(ax.size)] if ax.rank == 0 else None
+    dist.gather(x, gather_list=got, dst=first, group=ax.group)
+    ax.stats.record("gather", 0 if ax.rank == 0 else _nbytes(x))
+    if ax.rank != 0:
+        return None
+    got = [got[g] for g in ax.group_order]
+    return torch.cat([g.narrow(dim, 0, s) for g, s in zip(got, sizes)], dim=dim)
+
+
 def all_reduce(x: torch.Tensor, ax, op=dist.ReduceOp.SUM) -> torch.Tensor:
     """In-place all-reduce; counts the 2(n-1)/n volume of a ring all-reduce."""
     if ax.size == 1:

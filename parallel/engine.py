@@ -326,11 +326,12 @@ class Engine:
 
     def decode(self, key: str, ctx, latent: torch.Tensor, *, axis: str = "world", block_size=None,
                before: Optional[Callable] = None) -> torch.Tensor:
-        """Patch-parallel VAE decode over `axis` (every rank of the world by default); the full image."""
+        """Patch-parallel VAE decode over `axis` (every rank of the world by default); the full image on the axis'
+        first rank (the one whose result the job returns), None on the others."""
         from .vae import patch_decode, world_axis
         vae = self.get(key, ctx).model
         ax = world_axis(ctx) if axis == "world" else ctx.axis(axis)
         if before is not None:
             before()
         with torch.no_grad():
-            return patch_decode(vae, latent, ax, block_size=block_size)
+            return patch_decode(vae, latent, ax, block_size=block_size, gather="first")  # rank 0 returns it

@@ -133,6 +133,26 @@ def test_gather_false_returns_local_rows(dist_pools):
     assert dist_pools(3).run(_local_rows_body, 3) == [0, 12, 20]
 
 
+def _first_body(n):
+    ctx = context_for(ParallelConfig(ulysses_degree=n))
+    ax = world_axis(ctx)
+    vae = _vae("kl", 4)
+    latent = torch.randn(1, 4, 7, 5, generator=torch.Generator().manual_seed(4))
+    full = patch_decode(vae, latent, ax)
+    ctx.stats.reset()
+    first = patch_decode(vae, latent, ax, gather="first")
+    sent = ctx.stats.snapshot().get("gather", {}).get("bytes", 0)
+    return None if first is None else bool(torch.equal(first, full)), sent, full.numel() * full.element_size()
+
+
+def test_gather_first_assembles_the_image_on_rank_0_only(dist_pools):
+    """The pool returns rank 0's image: the others send their rows there and never hold the whole image."""
+    res = dist_pools(3).run(_first_body, 3)
+    assert [r[0] for r in res] == [True, None, None]
+    full_bytes = res[0][2]
+    assert res[0][1] == 0 and all(0 < r[1] < full_bytes for r in res[1:])
+
+
 def _too_small_body(n, height):
     ctx = context_for(ParallelConfig(ulysses_degree=n))
     latent = torch.randn(1, 4, height, 6)

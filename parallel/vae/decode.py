@@ -13,7 +13,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from ..comm import all_gather_uneven, split_sizes
+from ..comm import all_gather_uneven, gather_to_first, split_sizes
 from ..config import ConfigError
 from ..context import AxisGroup
 from .plan import build_plan, swapped
@@ -74,7 +74,8 @@ def patch_decode(vae, latent: torch.Tensor, ax, block_size: Optional[int] = None
       already applied `z / scaling_factor + shift_factor`, or for Wan `z * std + mean`,
       as diffusers pipelines do); with `unscale=True` this function applies it from
       `vae.config`.
-    - `gather`: True returns the full decoded tensor on every rank; False returns
+    - `gather`: True returns the full decoded tensor on every rank; "first" on axis rank 0
+      only (None elsewhere: the other ranks never hold the whole image); False returns
       this rank's rows of it and their offset: `(rows, first_row)`.
 
     Raises ConfigError, before any communication, when the latent has fewer rows
@@ -112,4 +113,6 @@ def patch_decode(vae, latent: torch.Tensor, ax, block_size: Optional[int] = None
     out_sizes = [int(v) for v in all_gather_uneven(mine, dim=0, ax=ax, sizes=[1] * ax.size).flatten()]
     if not gather:
         return out, sum(out_sizes[: ax.rank])
+    if gather == "first":
+        return gather_to_first(out, dim=out.dim() - 2, ax=ax, sizes=out_sizes)
     return all_gather_uneven(out, dim=out.dim() - 2, ax=ax, sizes=out_sizes)
