@@ -21,12 +21,9 @@ if _prompt_server is not None:
     _register_routes(_prompt_server, RUNTIME)
     ParallelConfigNode.runtime = RUNTIME  # only in a server: Parallel Config starts the workers early
     RUNTIME.follow_comfy_unload()  # ComfyUI's "Unload models" / /free release the workers' models too
-    try:  # and interpreters with torch imported, ready before the first prompt (HP_SPARE_WORKERS=0: none)
-        from ..workers.spares import default_count
-        RUNTIME.keep_spares(default_count())
-    except Exception as _e:  # noqa: BLE001 - a convenience: never stop ComfyUI from loading the pack
-        import logging
-        logging.getLogger(__name__).warning("hybrid parallel: no spare workers: %s", _e)
+    # Nothing starts here: no process, no memory until the pack is used. The frontend asks for the spare
+    # interpreters (/hybrid_parallel/warm) when a workflow holding the pack's nodes is opened; Parallel Config
+    # starts the workers when such a prompt is queued.
 
 NODE_CLASS_MAPPINGS = {
     "HybridParallelConfig": ParallelConfigNode,

@@ -111,6 +111,22 @@ def register(server, runtime) -> None:
     async def pool(request):
         return web.json_response(await asyncio.get_running_loop().run_in_executor(None, runtime.status))
 
+    @routes.post("/hybrid_parallel/warm")
+    async def warm(request):
+        """A workflow holding the pack's nodes was opened in the frontend: start the spare interpreters (torch
+        imported) now, so the first prompt's world does not wait for them - and not before anyone uses the pack."""
+        def start():
+            from ..workers.spares import default_count
+            n = default_count()
+            runtime.warm_requests += 1
+            runtime.keep_spares(n)
+            return n
+        try:
+            n = await asyncio.get_running_loop().run_in_executor(None, start)
+        except Exception as e:  # noqa: BLE001 - a convenience: say why, never fail the frontend
+            return web.json_response({"ok": False, "error": str(e)})
+        return web.json_response({"ok": True, "spares": n})
+
     @routes.post("/hybrid_parallel/pool/stop")
     async def stop(request):
         """Interrupt the running job (its prompt ends as interrupted) and stop every worker; the next

@@ -41,6 +41,7 @@ class Runtime:
         self.last_auto = None  # the latest degrees-"auto" choice: predicted time per step per candidate
         self.cost_probes = {}  # auto's measured costs: CPU throughput, ComfyUI's attention kernel per shape (auto.py)
         self._idle = None  # the idle timer (HP_IDLE_TIMEOUT_S), re-armed after every node run
+        self.warm_requests = 0  # times the frontend opened a workflow holding the pack's nodes (/hybrid_parallel/warm)
 
     def keep_spares(self, n: int) -> None:
         """Start `n` spare worker interpreters now (ComfyUI's start-up), so the first prompt's world does not wait
@@ -305,6 +306,7 @@ class Runtime:
                 "world_size": 0 if world is None else world.world_size,
                 "workers": workers, "job": dict(job) if job else None, "last_job": last,
                 "prestart": self.prestarted, "last_started": dict(self.last_started),
+                "warm_requests": self.warm_requests,
                 "join_commands": None if self._pool_cluster is None else join_commands(self._pool_cluster.cluster)}
 
     def _model_label(self, key: str) -> str:

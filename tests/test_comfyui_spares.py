@@ -1,5 +1,6 @@
-"""A ComfyUI server with the pack's spare interpreters (workers/spares.py): started at the pack's load, taken by
-the first prompt's world instead of new processes, and the prompt's result equals KSampler's."""
+"""A ComfyUI server with the pack's spare interpreters (workers/spares.py): none at ComfyUI's start, started when the
+frontend opens a workflow holding the pack's nodes (/hybrid_parallel/warm), taken by the first prompt's world
+instead of new processes, and the prompt's result equals KSampler's."""
 import time
 
 import pytest
@@ -17,6 +18,9 @@ def test_the_first_world_takes_the_spares(tmp_path):
     write_checkpoints(tmp_path, ("sd3",))
     srv.start()
     try:
+        time.sleep(2.0)
+        assert srv.worker_pids(spares=True) == []  # nothing before use: no process at ComfyUI's start
+        assert srv.post("/hybrid_parallel/warm", {}) == {"ok": True, "spares": 2}  # a workflow was opened
         deadline = time.monotonic() + 60
         while len(srv.worker_pids(spares=True)) < 2 and time.monotonic() < deadline:
             time.sleep(0.2)

@@ -302,3 +302,10 @@ def test_degrees_auto_shows_the_predicted_time_per_choice(page):
     assert manual["ok"] == "true" and page.execute_script(
         APP + "return node.widgets.find((w) => w.name === 'mesh_picture').element.querySelector('.hp-mesh-auto');") \
         is None
+
+
+def test_opening_a_workflow_with_the_packs_nodes_warms_the_server(page):
+    """Nothing starts with ComfyUI; the frontend asks for the spare interpreters when a workflow holding the pack's
+    nodes is opened (once per page: the fixture opened one)."""
+    status = page.comfy.get("/hybrid_parallel/pool")
+    assert status["warm_requests"] >= 1, status

@@ -12,6 +12,17 @@ import { renderMesh, STYLE } from "./mesh_picture.js";
 import { mountPanel, PANEL_STYLE } from "./worker_panel.js";
 
 const CONFIG_NODE = "HybridParallelConfig";
+const PACK_NODES = new Set(["HybridParallelConfig", "HybridSampler", "HybridPatchVAEDecode", "HybridParallelModel",
+                            "HybridParallelCluster"]);
+let warmed = false;
+
+// The server starts nothing until the pack is used: a workflow holding one of its nodes, opened or built here,
+// asks once for the spare worker interpreters (torch imported ahead of the first prompt's world).
+function warmOnce() {
+  if (warmed) return;
+  warmed = true;
+  api.fetchApi("/hybrid_parallel/warm", { method: "POST" }).catch(() => { warmed = false; });
+}
 const MESH_WIDGET = "mesh_picture";
 const DEBOUNCE_MS = 120;
 const MARGIN = 4;
@@ -159,6 +170,7 @@ app.registerExtension({
   },
 
   async nodeCreated(node) {
+    if (PACK_NODES.has(node.comfyClass)) warmOnce();
     if (node.comfyClass !== CONFIG_NODE) return;
     attachMesh(node);
     // widget callbacks too: some frontends set values without onWidgetChanged (e.g. number steppers)
