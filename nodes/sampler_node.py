@@ -340,19 +340,36 @@ class HybridSampler:
                                make_apply_model_wrapper(self.runtime, hp, state))
         with self.runtime.track("sample", total=steps), self.runtime.quiet_driver(hp):  # panel state; no spinning
             return self._run(m, hp, state, loop, seed, steps, cfg, sampler_name, scheduler, positive, negative,
-                             latent_image, denoise)
+                             latent_image, denoise, preview_from=model)
 
     def _run(self, m, hp, state, loop, seed, steps, cfg, sampler_name, scheduler, positive, negative,
-             latent_image, denoise):
-        import nodes as comfy_nodes  # ComfyUI's own top-level module (our package never uses this name)
+             latent_image, denoise, preview_from=None):
         if not loop:  # step mode: ComfyUI's KSampler, one pool forward per model call
-            return comfy_nodes.common_ksampler(m, seed, steps, cfg, sampler_name, scheduler, positive, negative,
-                                               latent_image, denoise=denoise)
+            return self._step_mode(m, seed, steps, cfg, sampler_name, scheduler, positive, negative, latent_image,
+                                   denoise, preview_from or m)
         return self._loop_mode(m, hp, state, seed, steps, cfg, sampler_name, scheduler, positive, negative,
-                               latent_image, denoise)
+                               latent_image, denoise, preview_from or m)
+
+    @staticmethod
+    def _step_mode(m, seed, steps, cfg, sampler_name, scheduler, positive, negative, latent, denoise, preview_from):
+        """What KSampler does (nodes.common_ksampler), with the previews rendered where ComfyUI would render them:
+        on the MODEL's own load device (its GPU), not on the host where ComfyUI's copy of the weights stays."""
+        import comfy.sample
+        import comfy.utils
+        import latent_preview
+
+        latent_image = comfy.sample.fix_empty_latent_channels(m, latent["samples"])
+        noise = comfy.sample.prepare_noise(latent_image, seed, latent.get("batch_index"))
+        callback = latent_preview.prepare_callback(preview_from, steps)
+        samples = comfy.sample.sample(m, noise, steps, cfg, sampler_name, scheduler, positive, negative, latent_image,
+                                      denoise=denoise, noise_mask=latent.get("noise_mask"), callback=callback,
+                                      disable_pbar=not comfy.utils.PROGRESS_BAR_ENABLED, seed=seed)
+        out = latent.copy()
+        out["samples"] = samples
+        return (out,)
 
     def _loop_mode(self, m, hp, state, seed, steps, cfg, sampler_name, scheduler, positive, negative, latent,
-                   denoise):
+                   denoise, preview_from=None):
         """ComfyUI's noise, sigmas and conditioning; the loop runs in the workers (PipeFusion or loop mode)."""
         import comfy.sample
         import comfy.samplers
@@ -365,7 +382,7 @@ class HybridSampler:
                                     m.get_model_object("model_sampling"), lambda: state["family"],
                                     base_model=m.model)
         import latent_preview  # ComfyUI's: its callback renders previews (when enabled) and moves the bar
-        callback = latent_preview.prepare_callback(m, sigmas.shape[-1] - 1)
+        callback = latent_preview.prepare_callback(preview_from or m, sigmas.shape[-1] - 1)  # on its GPU
         samples = comfy.sample.sample_custom(m, noise, cfg, sampler, sigmas, positive, negative, latent_image,
                                              noise_mask=latent.get("noise_mask"), callback=callback, seed=seed)
         out = latent.copy()

@@ -178,3 +178,27 @@ def test_a_config_the_devices_cannot_hold_is_refused_before_workers(comfy, monke
     _refused(model, r"ulysses2 needs about .* for each rank on cuda:0 \(test device\).*DistriFusion K/V buffers.*"
                     r"method 'usp'", latent=latent, ulysses_degree=2, method="distrifusion")
     native.check_memory(model, _hp(ulysses_degree=2), latent, _conds(1), 2.0)  # USP: fits, no error
+
+
+@pytest.mark.parametrize("mode", ["step", "loop"])
+def test_previews_render_on_the_models_own_device(comfy, monkeypatch, mode):
+    """ComfyUI's copy of the weights stays on the host (its load device set to the offload device), but the latent
+    previews (TAESD / TAEHV) render where KSampler renders them: the MODEL's load device, cuda:0 on a GPU machine -
+    not on the CPU, where a Wan step gained seconds. Recorded here from ComfyUI's own previewer lookup."""
+    import latent_preview
+
+    from comfyui_hybrid_parallel.nodes.runtime import Runtime
+    from comfyui_hybrid_parallel.nodes.sampler_node import HybridSampler
+    asked = []
+    monkeypatch.setattr(latent_preview, "get_previewer", lambda device, fmt: asked.append(str(device)))
+    model = comfy()
+    model.load_device = torch.device("cuda", 0)  # what ComfyUI sets on a GPU machine
+    runtime = Runtime()
+    HybridSampler.runtime = runtime
+    try:
+        HybridSampler().sample(model, 3, 2, 4.0, "euler", "normal", _conds(1), _conds(2),
+                               {"samples": torch.zeros(1, 16, 8, 8)}, _hp(sampling_mode=mode))
+    finally:
+        runtime.stop()
+        HybridSampler.runtime = None
+    assert asked == ["cuda:0"], asked
