@@ -160,7 +160,7 @@ class Runtime:
             pool.ensure_world(hp.config)
             free_beside_comfy(pool, hp.config, sum(t.numel() * t.element_size()
                                                    for t in diffusion_model.state_dict().values()), pool.gpus)
-        pool.ensure_model(hp.config, key, family, {}, native=spec, lineage=lineage,
+        pool.ensure_model(hp.config, key, family, {}, native=spec, lineage=lineage, adopt=adopter(diffusion_model),
                           state_dict=lambda: {k: v.detach() for k, v in diffusion_model.state_dict().items()})
         self.remember(key, (family, {}))
         return family
@@ -313,6 +313,41 @@ class Runtime:
         info = self.model_info.get(key)
         family = info[0] if info else ("vae" if ":vae" in key else "model")
         return f"{family} {key.split(':')[0][:8]}"
+
+
+def trim_host_heap() -> None:
+    """Give freed heap memory back to the OS (glibc's malloc_trim): ComfyUI's weights, once the mapped pages replace
+    them, were freed into the heap - glibc raises its mmap threshold after large frees, so big tensors often live
+    on the heap, whose free memory stays in the process until trimmed. A no-op elsewhere."""
+    import ctypes
+    import ctypes.util
+    import gc
+    gc.collect()
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else None
+        if libc is not None and hasattr(libc, "malloc_trim"):
+            libc.malloc_trim(0)
+    except OSError:
+        pass
+
+
+def adopter(module: torch.nn.Module):
+    """adopt(name, mapped) for pool.ensure_model: ComfyUI's own host tensor `name` of `module` takes the mapped
+    pages of the file just written for the workers (copy-on-write: ComfyUI writing into it - an in-place LoRA
+    patch - gets private pages, the workers never see it). ComfyUI's copy and every local rank's are then one set of
+    pages, freed tensor by tensor as they are written; a tensor ComfyUI keeps on a GPU is left alone."""
+    targets = module.state_dict(keep_vars=True)
+    lock = threading.Lock()
+
+    def adopt(name: str, mapped: torch.Tensor) -> None:
+        t = targets.get(name)
+        if t is None or t.device.type != "cpu" or t.dtype != mapped.dtype or t.shape != mapped.shape:
+            return
+        with lock, torch.no_grad():
+            t.data = mapped
+    adopt.done = trim_host_heap  # the pool calls it once every tensor is adopted
+    return adopt
 
 
 def comfy_gpus() -> dict:

@@ -101,3 +101,55 @@ def test_pool_adds_one_shared_copy(big, ranks):
     assert all(r["bytes"] == weight_bytes for r in per_rank)  # every rank holds the whole model...
     assert extra <= 1.1 * weight_bytes                        # ...through one shared copy
     assert driver.peak - driver.base <= 0.1 * weight_bytes    # no second copy in the driver while streaming
+
+
+def _host_bytes(pool) -> int:
+    """Everything the pool's side of the host holds: this process (ComfyUI's copy of the weights), the workers, the
+    pool's shared-memory files - PSS, so pages mapped by several of them count once."""
+    return _pss(os.getpid()) + _pool_bytes(pool)
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_comfyuis_copy_and_the_workers_are_one_host_copy(tmp_path, ranks):
+    """The weights ComfyUI holds become the pages written for the workers (pool.ensure_model(adopt=...)): ComfyUI's
+    copy, the shared-memory file and every local rank's mapping are one set of pages, so the pool adds no copy of the
+    weights on the host (it added one: test_pool_adds_one_shared_copy measures the pool alone). ComfyUI's own forward
+    on its now-mapped weights is unchanged."""
+    from comfy_env import setup_comfy
+    setup_comfy()
+    import comfy.sd
+
+    from comfyui_hybrid_parallel.doctor import tiny_checkpoints as tc
+    from comfyui_hybrid_parallel.nodes.runtime import adopter, trim_host_heap
+    from comfyui_hybrid_parallel.parallel import ParallelConfig
+    from comfyui_hybrid_parallel.workers.pool import WorkerPool
+    from test_native_pool import comfy_forward, rel
+    path = tmp_path / "medium_sd3.safetensors"
+    tc.write_sd3(path, depth=10, pos_embed_max_size=16, seed=43)
+    config = ParallelConfig(ulysses_degree=2, ring_degree=ranks // 2)
+    pool = WorkerPool(device="cpu")
+    try:
+        tiny = load_model(tmp_path, "sd3", "fp32").model
+        pool_forward(pool, config, "tiny", tiny, inputs("sd3", tiny, seed=1))
+        trim_host_heap()  # what earlier tests freed is given back before the baseline
+        before = _host_bytes(pool)
+        base = comfy.sd.load_diffusion_model(str(path)).model  # ComfyUI loads the model: its copy, anonymous memory
+        dm = base.diffusion_model
+        weight_bytes = sum(v.numel() * v.element_size() for v in dm.state_dict().values())
+        inp = inputs("sd3", base, seed=2)
+        ref = comfy_forward(base, inp)
+        from comfyui_hybrid_parallel.nodes.native import family_adapter, native_spec
+        pool.ensure_model(config, "medium", family_adapter(dm).family, {}, native=native_spec(base),
+                          adopt=adopter(dm), state_dict=lambda: {k: v.detach() for k, v in dm.state_dict().items()})
+        out = pool.submit(config, "forward", {"key": "medium", "structure": {"transformer_options": {}}},
+                          dict(inp)).tensors["out"]
+        after_ref = comfy_forward(base, inp)  # ComfyUI's forward on the adopted weights (touches every page)
+        trim_host_heap()
+        extra = _host_bytes(pool) - before - weight_bytes  # beyond the one copy ComfyUI itself would hold
+    finally:
+        pool.close()
+    print(f"N={ranks}: weights {weight_bytes / 2**20:.0f} MiB, host beyond ComfyUI's own copy "
+          f"{extra / 2**20:.0f} MiB ({extra / weight_bytes:.2f}x)")
+    assert weight_bytes > 500 << 20
+    assert torch.equal(after_ref, ref) and rel(out, ref) <= 1e-5
+    assert extra <= 0.15 * weight_bytes

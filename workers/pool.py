@@ -485,7 +485,7 @@ class WorkerPool:
     # ---- models ----
     def ensure_model(self, config, key: str, family: str, diffusers_config: dict, state_dict: dict | None = None,
                      path: str | None = None, timeout_s: float | None = None, native: dict | None = None,
-                     lineage: str | None = None) -> dict:
+                     lineage: str | None = None, adopt=None) -> dict:
         """Make a model resident on every worker; a key already resident costs one small round trip.
 
         Weights come from `state_dict` (through shared memory) or `path` (a
@@ -495,6 +495,8 @@ class WorkerPool:
         `native`: a ComfyUI model spec (nodes/native.py): the workers build ComfyUI's own class
         with ComfyUI's ops and these weights (its state dict as ComfyUI holds it), not a diffusers model.
         `lineage`: what other keys of the same model (other patch versions) share; the workers drop those first.
+        `adopt(name, mapped)`: called with each weight mapped back from the file just written (copy-on-write), so
+        the caller can make its own tensor that mapping - one host copy for the caller and every local rank.
         Returns rank 0's {loaded, loads, resident}.
         """
         if family not in MODEL_FAMILIES:
@@ -516,7 +518,9 @@ class WorkerPool:
             # the weights will travel: write them now, before taking the pool - while Parallel Config's prestart may
             # still be starting the world (the copy overlaps it) - and send them with the first load_model job
             sd = state_dict() if callable(state_dict) else state_dict
-            written = self._write_weights(sd)
+            # a dict made for this call (a callable's) is emptied as it is written: each tensor is let go at once
+            written = self._write_weights(sd if callable(state_dict) else dict(sd), adopt)
+            sd = None
         try:
             return self._load(config, key, base, state_dict, path, timeout_s, written)
         finally:
@@ -537,18 +541,25 @@ class WorkerPool:
                                       timeout_s=timeout_s)
             return res.values
 
-    def _write_weights(self, sd: dict) -> dict:
+    def _write_weights(self, sd: dict, adopt=None) -> dict:
         """{WEIGHT_PREFIX + name: descriptor} of `sd` written into shared-memory files (a few threads: os.write
-        releases the GIL, so a large model's copy spreads over the cores). The files belong to the next submit."""
+        releases the GIL, so a large model's copy spreads over the cores). The files belong to the next submit.
+        `adopt(name, mapped)` gets each tensor mapped back from its file as soon as it is written, so the caller's
+        copy becomes those pages tensor by tensor (never a second full copy)."""
         from concurrent.futures import ThreadPoolExecutor, wait
 
-        def write(t):  # named and registered before the file exists: a world restarting meanwhile keeps it
+        def write(k, t):  # named and registered before the file exists: a world restarting meanwhile keeps it
             name = new_name(self.shm_prefix)
             self._written.add(name)
-            return write_tensor(t, self.shm_prefix, name=name)
+            desc = write_tensor(t, self.shm_prefix, name=name)
+            if adopt is not None and desc.get("name"):
+                adopt(k, read_tensor(desc, self.shm_prefix, mapped=True))
+            return desc
         with ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1))) as ex:
-            futures = {f"{WEIGHT_PREFIX}{k}": ex.submit(write, v) for k, v in sd.items()}
+            futures = {f"{WEIGHT_PREFIX}{k}": ex.submit(write, k, sd.pop(k)) for k in list(sd)}
             wait(list(futures.values()))
+        if adopt is not None and getattr(adopt, "done", None) is not None:
+            adopt.done()
         failed = next((f.exception() for f in futures.values() if f.exception() is not None), None)
         if failed is not None:  # e.g. shared memory full: remove what was written, report the first failure
             for f in futures.values():
