@@ -10,7 +10,7 @@ warmup), since ComfyUI caches this node's output across prompts.
 """
 from __future__ import annotations
 
-from .sampler_node import WRAPPER_KEY, check_not_on_pool, make_apply_model_wrapper, pool_state
+from .sampler_node import WRAPPER_KEY, check_not_on_pool, make_apply_model_wrapper, patches_on_workers, pool_state
 
 
 class ParallelModel:
@@ -54,7 +54,7 @@ class ParallelModel:
             patcher = executor.class_obj.model_patcher  # the patcher sampling now (maybe LoRA'd after this node)
             state.clear()
             state.update(pool_state(patcher, hp))
-            with runtime.track("sample"), runtime.quiet_driver(hp):
+            with runtime.track("sample"), runtime.quiet_driver(hp), patches_on_workers(patcher, state):
                 return executor(*args, **kwargs)
 
         m.add_wrapper_with_key(ext.WrappersMP.OUTER_SAMPLE, WRAPPER_KEY, outer_sample)

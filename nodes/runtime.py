@@ -146,7 +146,8 @@ class Runtime:
         self._prestart = threading.Thread(target=run, name="hybrid-parallel-prestart", daemon=True)
         self._prestart.start()
 
-    def ensure_native(self, hp, key: str, spec: dict, diffusion_model, lineage: str | None = None) -> str:
+    def ensure_native(self, hp, key: str, spec: dict, diffusion_model, lineage: str | None = None,
+                      patches: tuple | None = None) -> str:
         """Make ComfyUI's own diffusion model resident on the workers under `key`; returns its family.
 
         The weights are the module's state dict as ComfyUI holds it now (storage dtype, patches applied),
@@ -161,6 +162,7 @@ class Runtime:
             free_beside_comfy(pool, hp.config, sum(t.numel() * t.element_size()
                                                    for t in diffusion_model.state_dict().values()), pool.gpus)
         pool.ensure_model(hp.config, key, family, {}, native=spec, lineage=lineage, adopt=adopter(diffusion_model),
+                          patches=patches,
                           state_dict=lambda: {k: v.detach() for k, v in diffusion_model.state_dict().items()})
         self.remember(key, (family, {}))
         return family
@@ -338,14 +340,24 @@ def adopter(module: torch.nn.Module):
     patch - gets private pages, the workers never see it). ComfyUI's copy and every local rank's are then one set of
     pages, freed tensor by tensor as they are written; a tensor ComfyUI keeps on a GPU is left alone."""
     targets = module.state_dict(keep_vars=True)
+    owners = dict(module.named_modules())
     lock = threading.Lock()
 
     def adopt(name: str, mapped: torch.Tensor) -> None:
         t = targets.get(name)
         if t is None or t.device.type != "cpu" or t.dtype != mapped.dtype or t.shape != mapped.shape:
             return
-        with lock, torch.no_grad():
-            t.data = mapped
+        path, _, leaf = name.rpartition(".")
+        owner = owners.get(path)
+        if owner is None:
+            return
+        # a new Parameter in the module's slot, as ComfyUI's own patching does (comfy.utils.set_attr_param):
+        # tensors made under inference mode - a server loads checkpoints so - cannot have their .data swapped
+        with lock:
+            if leaf in owner._parameters and owner._parameters[leaf] is t:
+                owner._parameters[leaf] = torch.nn.Parameter(mapped, requires_grad=False)
+            elif leaf in owner._buffers and owner._buffers[leaf] is t:
+                owner._buffers[leaf] = mapped
     adopt.done = trim_host_heap  # the pool calls it once every tensor is adopted
     return adopt
 

@@ -9,6 +9,8 @@ scaling, timestep conversion, denoised output - stays ComfyUI's code.
 from __future__ import annotations
 
 import inspect
+import uuid
+from contextlib import contextmanager
 
 import torch
 
@@ -40,7 +42,8 @@ class PoolDiffusionModel(torch.nn.Module):
             return
         original = self._original[0]
         if st.get("native"):
-            family = self.runtime.ensure_native(self.hp, st["key"], st["native"], original, st.get("lineage"))
+            family = self.runtime.ensure_native(self.hp, st["key"], st["native"], original, st.get("lineage"),
+                                                st.get("patches"))
             st.update(family=family, config={}, resident=True)
             return
         family, config = self.runtime.ensure_resident(self.hp, st["key"], lambda: to_diffusers(original))
@@ -277,10 +280,44 @@ def pool_state(model, hp) -> dict:
         check_native_tp(model.model.diffusion_model, hp.config)
         portable_options(model.model_options.get("transformer_options"))  # other nodes' patches: refused now
         state["key"] = "native:" + state["key"]
+        state["patches"] = portable_patches(model, hp.config)  # LoRA & co travel as patches where they can
     else:
         check_diffusers_path(model.model.diffusion_model, hp.config)
     check_diffusion_wrappers(model.wrappers)  # EasyCache: the driver (step mode) or the workers (loop) apply it
     return state
+
+
+def portable_patches(model, config):
+    """(spec, tensors) of the MODEL's weight patches (LoRA, LoHa, LoKr, OFT, diffs) when they can travel to the
+    workers and be applied there to the base weights (workers/comfy_patches.py): the ranks must hold the whole model
+    (no tp / pp / weight sharding, which cut the weights before any patch could apply). None: no patches, or
+    ComfyUI patches its own copy and the patched weights travel, as before."""
+    if not model.patches:
+        return None
+    c = config
+    if c.tp_degree > 1 or c.pp_degree > 1 or c.shard_weights != "none":
+        return None
+    from ..workers.comfy_patches import NotPortable, encode
+    try:
+        return encode(model.patches)
+    except NotPortable:
+        return None
+
+
+@contextmanager
+def patches_on_workers(patcher, state):
+    """While ComfyUI samples `patcher`, leave its weights unpatched when the workers apply the patches themselves:
+    no patched copy (and backup) on the host, and the base weights are what travels. A new patches_uuid makes
+    ComfyUI restore the base weights if another sampler left them patched, and re-patch them for the next one."""
+    if not state.get("patches"):
+        yield
+        return
+    saved = patcher.patches, patcher.patches_uuid
+    patcher.patches, patcher.patches_uuid = {}, uuid.uuid4()
+    try:
+        yield
+    finally:
+        patcher.patches, patcher.patches_uuid = saved
 
 
 class HybridSampler:
@@ -338,7 +375,7 @@ class HybridSampler:
         check_memory(model, hp, tuple(latent_image["samples"].shape), positive, cfg)  # fits the devices?
         m.add_wrapper_with_key(comfy.patcher_extension.WrappersMP.APPLY_MODEL, WRAPPER_KEY,
                                make_apply_model_wrapper(self.runtime, hp, state))
-        with self.runtime.track("sample", total=steps), self.runtime.quiet_driver(hp):  # panel state; no spinning
+        with self.runtime.track("sample", total=steps), self.runtime.quiet_driver(hp), patches_on_workers(m, state):
             return self._run(m, hp, state, loop, seed, steps, cfg, sampler_name, scheduler, positive, negative,
                              latent_image, denoise, preview_from=model)
 

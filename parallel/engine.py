@@ -25,6 +25,8 @@ class Resident:
     compute_dtype: Optional[torch.dtype] = None  # the dtype ComfyUI hands that model its latent in
     source: Optional[dict] = None               # the weights it was built from, where another mesh may reuse them
     lineage: Optional[str] = None               # the driver's model object: other patch versions share it
+    base: Optional[dict] = None                 # its unpatched weights (host), where patches are applied here
+    patched: frozenset = frozenset()            # the keys the current patches changed (restored from `base` next)
 
     @property
     def is_vae(self) -> bool:
@@ -140,6 +142,22 @@ class Engine:
     def _layouts(self, key: str) -> list:
         """The slots of `key`, one per mesh it was built for."""
         return [k for k in self.models if k.partition(MESH_SEP)[0] == key]
+
+    def patchable(self, lineage: str, ctx) -> Optional[tuple]:
+        """(slot, Resident) of a resident version of `lineage` built for this layout whose base weights are kept (a
+        new patch version is applied to it in place: no weights travel), or None."""
+        layout = MESH_SEP + "-".join(map(str, ctx.config.layout_key()))
+        for slot, r in self.models.items():
+            if r.lineage == lineage and r.base is not None and (slot.endswith(layout) or not r.parallelized):
+                return slot, r
+        return None
+
+    def rekey(self, slot: str, key: str, ctx) -> None:
+        """The resident in `slot` is now the version `key` (patched in place), most recently used."""
+        r = self.models.pop(slot)
+        new = self._scoped(key, ctx) if r.parallelized else key
+        self.models[new] = r
+        self.loads += 1
 
     def release(self) -> int:
         """Drop every resident model and give its memory back (ComfyUI's "Unload models" / its /free route);

@@ -202,3 +202,66 @@ def test_previews_render_on_the_models_own_device(comfy, monkeypatch, mode):
         runtime.stop()
         HybridSampler.runtime = None
     assert asked == ["cuda:0"], asked
+
+
+def _lora(hidden: int, blocks: int, seed: int = 9) -> dict:
+    """A rank-4 LoRA on every joint block's image qkv (ComfyUI's generic key format), plus a diff-style patch on one
+    block's proj (LyCORIS .diff): two kinds of patch data."""
+    g = torch.Generator().manual_seed(seed)
+    sd = {}
+    for i in range(blocks):
+        k = f"diffusion_model.joint_blocks.{i}.x_block.attn.qkv"
+        sd[f"{k}.lora_up.weight"] = torch.randn(3 * hidden, 4, generator=g) * 0.2
+        sd[f"{k}.lora_down.weight"] = torch.randn(4, hidden, generator=g) * 0.2
+        sd[f"{k}.alpha"] = torch.tensor(3.0)
+    sd["diffusion_model.joint_blocks.0.x_block.attn.proj.diff"] = torch.randn(hidden, hidden, generator=g) * 0.01
+    return sd
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp8_e4m3fn"])
+def test_a_lora_strength_change_moves_only_the_patch_and_equals_ksampler(comfy, precision):
+    """LoRA on the workers (workers/comfy_patches.py): the base weights travel once; each strength then moves only
+    the patch tensors (counted), the ranks patch their base copy with ComfyUI's own code in place of the previous
+    version, and every strength equals KSampler with the same LoRA. ComfyUI's own copy stays unpatched meanwhile."""
+    import comfy.sd as comfy_sd
+    import nodes as comfy_nodes
+
+    from comfyui_hybrid_parallel.nodes.runtime import Runtime
+    from comfyui_hybrid_parallel.nodes.sampler_node import HybridSampler
+    from comfyui_hybrid_parallel.workers.comfy_patches import nbytes
+    opts = {} if precision == "fp32" else {"dtype": torch.float8_e4m3fn}
+    base = comfy(**opts)
+    dm = base.model.diffusion_model
+    hidden = dm.joint_blocks[0].x_block.attn.qkv.in_features
+    lora = _lora(hidden, len(dm.joint_blocks))
+    clean = {k: v.clone() for k, v in dm.state_dict().items() if "attn" in k}
+    latent = {"samples": torch.zeros(1, 16, 9, 13)}
+    pos, neg = _conds(1), _conds(2)
+    runtime = Runtime()
+    HybridSampler.runtime = runtime
+    moved, in_place, outs = [], [], []
+    try:
+        for strength in (0.5, 0.8, 0.3):
+            model = comfy_sd.load_lora_for_models(base, None, lora, strength, 0)[0]
+            with torch.inference_mode():  # as ComfyUI executes every node
+                ref = comfy_nodes.common_ksampler(model, 5, 2, 4.0, "euler", "normal", pos, neg, latent)[0]["samples"]
+                out = HybridSampler().sample(model, 5, 2, 4.0, "euler", "normal", pos, neg, latent,
+                                             _hp(ulysses_degree=2))[0]["samples"]
+            rel = ((out.double() - ref.double()).norm() / ref.double().norm()).item()
+            assert rel <= 1e-5, (strength, rel)
+            outs.append(out)
+            moved.append(runtime._pool.last_load_bytes)
+            h = runtime._pool.health()
+            in_place.append([r["layouts"] for r in h])
+            # ComfyUI's own copy is left unpatched by Hybrid Sampler's run (KSampler had patched it)
+            assert all(torch.equal(v, clean[k]) for k, v in dm.state_dict().items() if k in clean)
+    finally:
+        runtime.stop()
+        HybridSampler.runtime = None
+    from comfyui_hybrid_parallel.workers.comfy_patches import encode
+    patch_bytes = nbytes(encode(comfy_sd.load_lora_for_models(base, None, lora, 0.8, 0)[0].patches)[1])
+    weight_bytes = sum(v.numel() * v.element_size() for v in dm.state_dict().values())
+    assert moved[0] >= weight_bytes and moved[1] == moved[2] == patch_bytes, (moved, patch_bytes, weight_bytes)
+    assert in_place == [[1, 1]] * 3  # one resident version per rank: the old one was patched over, not kept
+    for a, b in zip(outs, outs[1:]):  # each strength really changed the result
+        assert ((a.double() - b.double()).norm() / b.double().norm()).item() > 1e-3

@@ -137,11 +137,34 @@ def _build_model(family: str, config: dict, weights: dict):
     return model
 
 
+def _patches(payload: dict):
+    """The job's ComfyUI weight patches (workers/comfy_patches.py), or None when it carries none."""
+    spec = payload.get("patches")
+    if spec is None:
+        return None
+    from .comfy_patches import PREFIX, decode
+    return decode(spec, {k: v for k, v in payload.items() if k.startswith(PREFIX)})
+
+
 def job_load_model(state: WorkerState, ctx, payload: dict) -> dict:
-    """Make `key` resident (build from config + weights), or just touch it if it already is."""
+    """Make `key` resident (build from config + weights), or just touch it if it already is. With `patches`, the
+    weights are the model's base and the patches are applied here; a resident version of the same lineage is
+    patched in place (only the patches travelled), its previous patches undone first."""
     key, engine = payload["key"], state.engine
     if engine.touch(key, ctx):
         return {"loaded": False, "loads": engine.loads, "resident": engine.resident()}
+    if payload.get("patches") is not None and payload.get("native"):
+        from .comfy_native import import_comfy  # the patches are ComfyUI objects: ComfyUI first, as the driver's
+        import_comfy(payload["native"], ctx.config.intercepts_attention)
+    patches = _patches(payload)
+    if patches is not None and payload.get("lineage") is not None:
+        found = engine.patchable(payload["lineage"], ctx)
+        if found is not None:
+            from .comfy_patches import apply
+            slot, r = found
+            r.patched = frozenset(apply(r.model, r.base, patches, r.patched, state.device))
+            engine.rekey(slot, key, ctx)
+            return {"loaded": True, "patched_in_place": True, "loads": engine.loads, "resident": engine.resident()}
     weights = {k[len(WEIGHT_PREFIX):]: v for k, v in payload.items() if k.startswith(WEIGHT_PREFIX)}
     if not weights and not payload.get("path"):
         weights = engine.source_weights(key) if payload.get("native") else None  # a config change: no transfer
@@ -165,8 +188,16 @@ def job_load_model(state: WorkerState, ctx, payload: dict) -> dict:
     # the model's own parameters, so keeping them costs nothing
     c = ctx.config
     keep = native and state.device.type == "cpu" and c.tp_degree == 1 and c.pp_degree == 1 and c.shard_weights == "none"
-    engine.add(key, payload["family"], model, ctx, device=state.device, source=weights if keep else None,
-               lineage=payload.get("lineage"), **extra)
+    r = engine.add(key, payload["family"], model, ctx, device=state.device, source=weights if keep else None,
+                   lineage=payload.get("lineage"), **extra)
+    if patches is not None:  # base weights + patches: kept (host, shared by the local ranks) for the next version
+        c = ctx.config
+        if c.tp_degree > 1 or c.pp_degree > 1 or c.shard_weights != "none":
+            raise ValueError("weight patches travel only to ranks that hold the whole model (no tp / pp / "
+                             "shard_weights): the driver sends patched weights there")
+        from .comfy_patches import apply
+        r.base = weights
+        r.patched = frozenset(apply(r.model, weights, patches, set(), state.device))
     weights = None
     return {"loaded": True, "loads": engine.loads, "resident": engine.resident(), "attention": kernel_name}
 

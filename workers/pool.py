@@ -40,6 +40,15 @@ POLL_S = 0.05
 DEATH_CHECK_S = 0.5
 
 
+def _desc_bytes(desc: dict) -> int:
+    """Bytes of the tensor a shared-memory descriptor describes."""
+    from .transport import tensor_dtype
+    n = 1
+    for d in desc.get("shape") or ():
+        n *= int(d)
+    return n * tensor_dtype(desc["dtype"]).itemsize
+
+
 class WorkerError(PoolError):
     """A rank raised; `rank` and `remote_traceback` say where and why."""
 
@@ -132,6 +141,9 @@ class WorkerPool:
         # the GPUs beside ComfyUI (nodes/runtime.comfy_gpus): {count: every GPU of the machine, driver: ComfyUI's
         # own (its ranks go last), comfy_cuda_device: its --cuda-device, undone for the workers}; {} = torch's view
         self.gpus: dict = {}
+        self.last_load_bytes = 0  # bytes the latest ensure_model wrote (weights and patches)
+        self._lineage: dict = {}  # model key -> lineage (the driver's model object), for patch versions
+        self._via_patches: set = set()  # keys loaded as base weights + patches (patched in place on the ranks)
         swept = sweep_stale()  # what pools of dead processes left (ComfyUI killed with its workers)
         if swept:
             import logging
@@ -485,7 +497,7 @@ class WorkerPool:
     # ---- models ----
     def ensure_model(self, config, key: str, family: str, diffusers_config: dict, state_dict: dict | None = None,
                      path: str | None = None, timeout_s: float | None = None, native: dict | None = None,
-                     lineage: str | None = None, adopt=None) -> dict:
+                     lineage: str | None = None, adopt=None, patches: tuple | None = None) -> dict:
         """Make a model resident on every worker; a key already resident costs one small round trip.
 
         Weights come from `state_dict` (through shared memory) or `path` (a
@@ -497,7 +509,9 @@ class WorkerPool:
         `lineage`: what other keys of the same model (other patch versions) share; the workers drop those first.
         `adopt(name, mapped)`: called with each weight mapped back from the file just written (copy-on-write), so
         the caller can make its own tensor that mapping - one host copy for the caller and every local rank.
-        Returns rank 0's {loaded, loads, resident}.
+        `patches`: (spec, tensors) of ComfyUI's weight patches (workers/comfy_patches.py): the weights are then the
+        model's base, and a resident version of the same lineage is patched in place - only the patches travel.
+        Returns rank 0's {loaded, loads, resident}; `self.last_load_bytes` says how many bytes this call wrote.
         """
         if family not in MODEL_FAMILIES:
             raise ValueError(f"unknown model family {family!r}; choose one of {', '.join(MODEL_FAMILIES)}")
@@ -512,33 +526,51 @@ class WorkerPool:
             base["native"] = native
         if lineage is not None:
             base["lineage"] = lineage
+        self.last_load_bytes = 0
         written = {}
         w = self.world
-        if state_dict is not None and (w is None or key not in w.resident):
+        if lineage is not None:
+            self._lineage[key] = lineage
+            if patches is None and w is not None and native is not None and any(
+                    self._lineage.get(k) == lineage and k in self._via_patches for k in w.resident):
+                patches = ({}, {})  # the unpatched version of a model whose patched one is resident: undo in place
+            if patches is not None:
+                self._via_patches.add(key)
+        patch_tensors = {}
+        if patches is not None:
+            base["patches"], patch_tensors = patches[0], dict(patches[1])
+        # a patch version of a resident model is patched in place: its weights are not written unless asked for
+        patch_in_place = patches is not None and w is not None and any(
+            self._lineage.get(k) == lineage for k in w.resident if k != key)
+        if state_dict is not None and (w is None or key not in w.resident) and not patch_in_place:
             # the weights will travel: write them now, before taking the pool - while Parallel Config's prestart may
             # still be starting the world (the copy overlaps it) - and send them with the first load_model job
             sd = state_dict() if callable(state_dict) else state_dict
             # a dict made for this call (a callable's) is emptied as it is written: each tensor is let go at once
             written = self._write_weights(sd if callable(state_dict) else dict(sd), adopt)
+            self.last_load_bytes += sum(_desc_bytes(d) for d in written.values())
             sd = None
         try:
-            return self._load(config, key, base, state_dict, path, timeout_s, written)
+            return self._load(config, key, base, state_dict, path, timeout_s, written, patch_tensors)
         finally:
             for d in written.values():  # normally removed by the job that carried them; not if it never started
                 unlink(d, self.shm_prefix)
             self._written.difference_update(d["name"] for d in written.values())
 
-    def _load(self, config, key, base, state_dict, path, timeout_s, written) -> dict:
+    def _load(self, config, key, base, state_dict, path, timeout_s, written, patch_tensors=None) -> dict:
+        patch_tensors = patch_tensors or {}
+        self.last_load_bytes += sum(t.numel() * t.element_size() for t in patch_tensors.values())
         with self._lock:
-            res = self.submit(config, "load_model", base, timeout_s=timeout_s, written=written)
+            res = self.submit(config, "load_model", base, dict(patch_tensors), timeout_s=timeout_s, written=written)
             if res.values.get("need_weights"):
                 if path is not None:
                     res = self.submit(config, "load_model", {**base, "path": os.path.abspath(path)},
-                                      timeout_s=timeout_s)
+                                      dict(patch_tensors), timeout_s=timeout_s)
                 else:
                     sd = state_dict() if callable(state_dict) else state_dict
-                    res = self.submit(config, "load_model", base, {f"{WEIGHT_PREFIX}{k}": v for k, v in sd.items()},
-                                      timeout_s=timeout_s)
+                    sent = {f"{WEIGHT_PREFIX}{k}": v for k, v in sd.items()}
+                    self.last_load_bytes += sum(t.numel() * t.element_size() for t in sent.values())
+                    res = self.submit(config, "load_model", base, {**sent, **patch_tensors}, timeout_s=timeout_s)
             return res.values
 
     def _write_weights(self, sd: dict, adopt=None) -> dict:

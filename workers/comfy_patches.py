@@ -1,0 +1,126 @@
+"""ComfyUI's weight patches (LoRA, LoHa, LoKr, OFT, GLoRA, BOFT, diffs, sets) travelling to the workers.
+
+Why: a LoRA or a strength change used to re-send the whole patched model (Flux 531M on ulysses 2: 7.2 s against
+KSampler's 2.55 s), and every strength became a new resident copy on every GPU. Patches are small: the driver sends
+the model's *base* weights once and its `ModelPatcher.patches` each time they change; each rank applies them to
+its base copy with ComfyUI's own code (comfy.lora.calculate_weight, the ops' set/convert functions for scaled fp8,
+comfy.float.stochastic_rounding seeded by the key - exactly what ModelPatcher.patch_weight_to_device does), in place
+of the previous version, whose patched tensors are released first.
+
+The encoding is JSON plus named tensors (nothing is pickled): a tensor becomes {"$t": name}, an adapter object
+{"$adapter": class name in comfy.weight_adapter, "keys": its loaded keys, "weights": ...}, a tuple {"$tuple": [...]}.
+A patch holding anything else - a Python function (a patch's `function`), an unknown object - is not portable: the
+caller falls back to sending the patched weights (as before), never to a wrong result.
+"""
+from __future__ import annotations
+
+import torch
+
+PREFIX = "patch."          # the names of the patch tensors in a job
+MODEL_PREFIX = "diffusion_model."
+
+
+class NotPortable(ValueError):
+    """Patches the workers cannot rebuild (a Python function, an unknown object)."""
+
+
+def _encode(value, tensors: dict):
+    if isinstance(value, torch.Tensor):
+        name = f"{PREFIX}{len(tensors)}"
+        tensors[name] = value.detach()
+        return {"$t": name}
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, tuple):
+        return {"$tuple": [_encode(v, tensors) for v in value]}
+    if isinstance(value, list):
+        return [_encode(v, tensors) for v in value]
+    cls = type(value)
+    if hasattr(value, "loaded_keys") and hasattr(value, "weights") and cls.__module__.startswith("comfy.weight_adapter"):
+        return {"$adapter": cls.__name__, "keys": sorted(value.loaded_keys or ()), "weights": _encode(value.weights, tensors)}
+    raise NotPortable(f"a {cls.__module__}.{cls.__name__} in the patches")
+
+
+def encode(patches: dict) -> tuple:
+    """(spec, tensors) of a ModelPatcher's `patches` ({key: [(strength_patch, data, strength_model, offset,
+    function)]}); NotPortable if any part cannot travel."""
+    tensors, spec = {}, {}
+    for key, entries in patches.items():
+        if not key.startswith(MODEL_PREFIX):
+            raise NotPortable(f"a patch of {key!r}, outside the diffusion model")
+        out = []
+        for strength_patch, data, strength_model, offset, function in entries:
+            if function is not None:
+                raise NotPortable(f"a patch of {key!r} with a Python function")
+            out.append([strength_patch, _encode(data, tensors), strength_model,
+                        None if offset is None else list(offset)])
+        spec[key] = out
+    return spec, tensors
+
+
+def _decode(value, tensors: dict):
+    if isinstance(value, list):
+        return [_decode(v, tensors) for v in value]
+    if not isinstance(value, dict):
+        return value
+    if "$t" in value:
+        return tensors[value["$t"]]
+    if "$tuple" in value:
+        return tuple(_decode(v, tensors) for v in value["$tuple"])
+    if "$adapter" in value:
+        import comfy.weight_adapter as wa
+        cls = next((c for c in wa.adapters if c.__name__ == value["$adapter"]), None)
+        if cls is None:
+            raise ValueError(f"unknown weight adapter {value['$adapter']!r} (this ComfyUI has "
+                             f"{[c.__name__ for c in wa.adapters]})")
+        return cls(set(value["keys"]), _decode(value["weights"], tensors))
+    raise ValueError(f"unexpected patch value {value!r}")
+
+
+def decode(spec: dict, tensors: dict) -> dict:
+    """The ModelPatcher-format patches of `encode`'s spec, with `tensors` (name -> tensor) put back."""
+    return {key: [(sp, _decode(data, tensors), sm, None if offset is None else tuple(offset), None)
+                  for sp, data, sm, offset in entries] for key, entries in spec.items()}
+
+
+def nbytes(tensors: dict) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+class _Holder(torch.nn.Module):
+    """`diffusion_model` as the attribute ComfyUI's patch keys name it (BaseModel's layout)."""
+
+    def __init__(self, dm):
+        super().__init__()
+        self.diffusion_model = dm
+
+
+def apply(dm: torch.nn.Module, base: dict, patches: dict, previous: set, device) -> set:
+    """Patch `dm` in place from its `base` weights (name -> host tensor, unpatched): every key of `patches` gets
+    ComfyUI's patched weight, every key of the `previous` version that these patches leave gets its base back.
+    Returns the patched keys. What ModelPatcher.patch_weight_to_device computes, key for key."""
+    import comfy.float
+    import comfy.lora
+    import comfy.utils
+    from comfy.model_patcher import get_key_weight, string_to_seed
+    holder = _Holder(dm)
+    device = torch.device(device)
+    for key in sorted(set(previous) | set(patches)):
+        name = key[len(MODEL_PREFIX):]
+        if name not in base:
+            raise KeyError(f"patch of {key!r}: no such base weight on this rank")
+        original = base[name]
+        if key not in patches:
+            comfy.utils.set_attr_param(holder, key, original.to(device))
+            continue
+        weight, set_func, convert_func = get_key_weight(holder, key)
+        temp = original.to(device=device, dtype=torch.float32, copy=True)
+        if convert_func is not None:
+            temp = convert_func(temp, inplace=True)
+        out = comfy.lora.calculate_weight(patches[key], temp, key)
+        if set_func is None:
+            out = comfy.float.stochastic_rounding(out, original.dtype, seed=string_to_seed(key))
+            comfy.utils.set_attr_param(holder, key, out)
+        else:
+            set_func(out, inplace_update=False, seed=string_to_seed(key))
+    return set(patches)
