@@ -134,6 +134,15 @@ def all_to_all(x: torch.Tensor, scatter_dim: int, gather_dim: int, ax,
     return torch.cat([p.view(s) for p, s in zip(recv.split(recv_counts), out_shapes)], dim=gather_dim)
 
 
+def _padded(x: torch.Tensor, dim: int, size: int) -> torch.Tensor:
+    """`x` zero-padded along `dim` to `size`, contiguous (gloo's and NCCL's gathers need equal shapes)."""
+    if size != x.shape[dim]:
+        pad_shape = list(x.shape)
+        pad_shape[dim] = size - x.shape[dim]
+        x = torch.cat([x, x.new_zeros(pad_shape)], dim=dim)
+    return x.contiguous()
+
+
 def all_gather_uneven(x: torch.Tensor, dim: int, ax, sizes: Optional[Sequence[int]] = None) -> torch.Tensor:
     """Concatenate every rank's `x` along `dim`; ranks may hold different sizes there.
 
@@ -150,12 +159,7 @@ def all_gather_uneven(x: torch.Tensor, dim: int, ax, sizes: Optional[Sequence[in
         sizes = [int(got[g].item()) for g in ax.group_order]
     if sizes[ax.rank] != x.shape[dim]:
         raise ValueError(f"sizes[{ax.rank}]={sizes[ax.rank]} but this rank holds {x.shape[dim]} along dim {dim}")
-    biggest = max(sizes)
-    if biggest != x.shape[dim]:
-        pad_shape = list(x.shape)
-        pad_shape[dim] = biggest - x.shape[dim]
-        x = torch.cat([x, x.new_zeros(pad_shape)], dim=dim)
-    x = x.contiguous()
+    x = _padded(x, dim, max(sizes))
     got = [torch.empty_like(x) for _ in range(ax.size)]
     dist.all_gather(got, x, group=ax.group)
     ax.stats.record("all_gather", _nbytes(x) * (ax.size - 1))
@@ -168,12 +172,7 @@ def gather_to_first(x: torch.Tensor, dim: int, ax, sizes: Sequence[int]) -> Opti
     (the decoded image) need not be assembled on every rank. Shards are padded to the largest, as for all_gather."""
     if ax.size == 1:
         return x
-    biggest = max(sizes)
-    if biggest != x.shape[dim]:
-        pad_shape = list(x.shape)
-        pad_shape[dim] = biggest - x.shape[dim]
-        x = torch.cat([x, x.new_zeros(pad_shape)], dim=dim)
-    x = x.contiguous()
+    x = _padded(x, dim, max(sizes))
     first = ax.global_rank(0)
     got = [torch.empty_like(x) for _ in range(ax.size)] if ax.rank == 0 else None
     dist.gather(x, gather_list=got, dst=first, group=ax.group)
