@@ -529,6 +529,10 @@ class WorkerPool:
         self.last_load_bytes = 0
         written = {}
         w = self.world
+        if w is not None:  # forget what no rank holds any more (a long session makes a key per LoRA strength)
+            keep = set(w.resident) | {key}
+            self._lineage = {k: v for k, v in self._lineage.items() if k in keep}
+            self._via_patches &= keep
         if lineage is not None:
             self._lineage[key] = lineage
             if patches is None and w is not None and native is not None and any(
