@@ -95,32 +95,76 @@ class _Holder(torch.nn.Module):
         self.diffusion_model = dm
 
 
-def apply(dm: torch.nn.Module, base: dict, patches: dict, previous: set, device) -> set:
-    """Patch `dm` in place from its `base` weights (name -> host tensor, unpatched): every key of `patches` gets
-    ComfyUI's patched weight, every key of the `previous` version that these patches leave gets its base back.
-    Returns the patched keys. What ModelPatcher.patch_weight_to_device computes, key for key."""
+def _patch_one(holder, key: str, original: torch.Tensor, patch, device) -> torch.Tensor:
+    """ComfyUI's patched weight for `key` from its base (ModelPatcher.patch_weight_to_device, key for key),
+    assigned in the model; returns what the model now holds there."""
     import comfy.float
     import comfy.lora
     import comfy.utils
     from comfy.model_patcher import get_key_weight, string_to_seed
+    weight, set_func, convert_func = get_key_weight(holder, key)
+    temp = original.to(device=device, dtype=torch.float32, copy=True)
+    if convert_func is not None:
+        temp = convert_func(temp, inplace=True)
+    out = comfy.lora.calculate_weight(patch, temp, key)
+    if set_func is None:
+        out = comfy.float.stochastic_rounding(out, original.dtype, seed=string_to_seed(key))
+        comfy.utils.set_attr_param(holder, key, out)
+    else:
+        set_func(out, inplace_update=False, seed=string_to_seed(key))
+    return comfy.utils.get_attr(holder, key)
+
+
+def apply(dm: torch.nn.Module, base: dict, patches: dict, previous: set, device, share=None) -> set:
+    """Patch `dm` in place from its `base` weights (name -> host tensor, unpatched): every key of `patches` gets
+    ComfyUI's patched weight, every key of the `previous` version that these patches leave gets its base back.
+    Returns the patched keys.
+
+    `share` (CPU ranks of one machine, which map one copy of the base): (rank, size, shm prefix, barrier, tag - the
+    version's name, the same on every rank). Each rank
+    then computes every size-th patched key and writes it to shared memory, and after the barrier maps the others'
+    - the work is split N ways and the patched weights are one copy for the machine, not one per rank."""
+    import comfy.utils
     holder = _Holder(dm)
     device = torch.device(device)
-    for key in sorted(set(previous) | set(patches)):
-        name = key[len(MODEL_PREFIX):]
-        if name not in base:
+    for key in set(previous) | set(patches):
+        if key[len(MODEL_PREFIX):] not in base:
             raise KeyError(f"patch of {key!r}: no such base weight on this rank")
-        original = base[name]
-        if key not in patches:
-            comfy.utils.set_attr_param(holder, key, original.to(device))
-            continue
-        weight, set_func, convert_func = get_key_weight(holder, key)
-        temp = original.to(device=device, dtype=torch.float32, copy=True)
-        if convert_func is not None:
-            temp = convert_func(temp, inplace=True)
-        out = comfy.lora.calculate_weight(patches[key], temp, key)
-        if set_func is None:
-            out = comfy.float.stochastic_rounding(out, original.dtype, seed=string_to_seed(key))
-            comfy.utils.set_attr_param(holder, key, out)
-        else:
-            set_func(out, inplace_update=False, seed=string_to_seed(key))
+    for key in sorted(set(previous) - set(patches)):
+        comfy.utils.set_attr_param(holder, key, base[key[len(MODEL_PREFIX):]].to(device))
+    keys = sorted(patches)
+    if share is None or share[1] <= 1:
+        for key in keys:
+            _patch_one(holder, key, base[key[len(MODEL_PREFIX):]], patches[key], device)
+        return set(patches)
+    from .transport import read_tensor, unlink, write_tensor
+    rank, size, prefix, barrier, tag = share
+    mine = {}
+    for i, key in enumerate(keys):
+        if i % size == rank:
+            t = _patch_one(holder, key, base[key[len(MODEL_PREFIX):]], patches[key], device)
+            name = _shared_name(prefix, tag, key)
+            unlink({"name": name}, prefix)  # a failed earlier round of this version may have left it
+            mine[key] = write_tensor(t, prefix, name=name)
+    barrier()
+    for key in keys:
+        desc = mine.get(key) or _described(holder, key, prefix, tag)
+        comfy.utils.set_attr_param(holder, key, read_tensor(desc, prefix, mapped=True))
+    barrier()  # every rank mapped every file: the names can go (the pages stay while mapped)
+    for desc in mine.values():
+        unlink(desc, prefix)
     return set(patches)
+
+
+def _shared_name(prefix: str, tag: str, key: str) -> str:
+    """The name every rank derives for `key`'s patched weight of the version `tag`, in the pool's namespace."""
+    import zlib
+    return f"{prefix}patch-{zlib.crc32(tag.encode()):08x}-{zlib.crc32(key.encode()):08x}"
+
+
+def _described(holder, key: str, prefix: str, tag: str) -> dict:
+    """The descriptor of the patched weight another rank wrote for `key` (same dtype and shape as this rank's)."""
+    import comfy.utils
+    t = comfy.utils.get_attr(holder, key)
+    return {"name": _shared_name(prefix, tag, key), "dtype": str(t.dtype).removeprefix("torch."),
+            "shape": list(t.shape)}

@@ -146,6 +146,14 @@ def _patches(payload: dict):
     return decode(spec, {k: v for k, v in payload.items() if k.startswith(PREFIX)})
 
 
+def _share(state: WorkerState, ctx, key: str):
+    """How CPU ranks of one machine split patching and share its result (comfy_patches.apply), or None: GPU ranks
+    each patch their own device's copy; a cluster's ranks do not share a /dev/shm."""
+    if state.device.type != "cpu" or ctx.world_size == 1 or state.broadcast_tensors:
+        return None
+    return ctx.rank, ctx.world_size, state.shm_prefix, dist.barrier, key
+
+
 def job_load_model(state: WorkerState, ctx, payload: dict) -> dict:
     """Make `key` resident (build from config + weights), or just touch it if it already is. With `patches`, the
     weights are the model's base and the patches are applied here; a resident version of the same lineage is
@@ -162,7 +170,7 @@ def job_load_model(state: WorkerState, ctx, payload: dict) -> dict:
         if found is not None:
             from .comfy_patches import apply
             slot, r = found
-            r.patched = frozenset(apply(r.model, r.base, patches, r.patched, state.device))
+            r.patched = frozenset(apply(r.model, r.base, patches, r.patched, state.device, _share(state, ctx, key)))
             engine.rekey(slot, key, ctx)
             return {"loaded": True, "patched_in_place": True, "loads": engine.loads, "resident": engine.resident()}
     weights = {k[len(WEIGHT_PREFIX):]: v for k, v in payload.items() if k.startswith(WEIGHT_PREFIX)}
@@ -197,7 +205,7 @@ def job_load_model(state: WorkerState, ctx, payload: dict) -> dict:
                              "shard_weights): the driver sends patched weights there")
         from .comfy_patches import apply
         r.base = weights
-        r.patched = frozenset(apply(r.model, weights, patches, set(), state.device))
+        r.patched = frozenset(apply(r.model, weights, patches, set(), state.device, _share(state, ctx, key)))
     weights = None
     return {"loaded": True, "loads": engine.loads, "resident": engine.resident(), "attention": kernel_name}
 
