@@ -41,6 +41,8 @@ SECTIONS = {
     "costmodel": ("bench_costmodel.py", ["costmodel"], [], 300),
     "auto": ("bench_auto.py", ["auto"], [], 1200),
     "quality": ("bench_quality.py", ["quality"], [], 1800),
+    "session": ("bench_session.py", ["session"], [], 1800),
+    "uneven": ("bench_uneven.py", ["uneven"], [], 600),
 }
 TITLES = {
     "comm": "Communication volume per diffusion step (counters vs analytic)",
@@ -57,6 +59,8 @@ TITLES = {
     "costmodel": "Cost model: CPU calibration, predicted vs measured here, PREDICTED s/step for Flux / Wan on 1-8 H100s",
     "auto": "Parallel Config degrees auto vs degree 1 through the nodes and pool: never slower?",
     "quality": "Stale methods and step caching on the trained demo model: PSNR / SSIM / latent error vs serial",
+    "session": "A real session vs KSampler: LoRA switch, KSampler -> pool, two experts, host memory vs N",
+    "uneven": "Ranks of different speeds: even split vs split by probed speed",
 }
 
 
