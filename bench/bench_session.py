@@ -173,6 +173,7 @@ def _run(scenario, size, ckpt, ckpt2=None, ranks=0) -> dict:
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--big", action="store_true", help="the 1.5B model too (memory scenario)")
+    ap.add_argument("--quick", action="store_true", help="accepted for run_all: the session runs are short already")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--scenario"), ap.add_argument("--size"), ap.add_argument("--ckpt"), ap.add_argument("--ckpt2")
     ap.add_argument("--ranks", type=int, default=0)
