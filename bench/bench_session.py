@@ -117,7 +117,8 @@ def child(args) -> dict:
             hy(m1, 2)
             row["pool_switch_s"] = round(hy(m2, 2), 3)
             row["pool_switch_bytes"] = runtime._pool.last_load_bytes
-            from comfyui_hybrid_parallel.workers.comfy_patches import encode, nbytes
+            from comfyui_hybrid_parallel.workers.comfy_patches import encode
+            from comfyui_hybrid_parallel.workers.transport import nbytes
             row["patch_bytes"] = nbytes(encode(m2.patches)[1])
         elif args.scenario == "switch":
             row["ksampler_first_s"] = round(ks(base), 3)

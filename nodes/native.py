@@ -224,17 +224,23 @@ def check_native_tp(diffusion_model, config) -> None:
 
 
 def device_capacity(hp) -> tuple:
-    """(bytes a rank may use, where, ranks sharing it): the smallest listed / used GPU's total memory, or the host's
-    RAM shared by every CPU rank. Read without creating a CUDA context on other GPUs (device properties only)."""
+    """(bytes a rank may use, where, ranks sharing it): the smallest total memory of the GPUs the ranks will take
+    (the devices listed, else the pool's placement: workers/launch.gpu_order), or the host's RAM shared by every
+    CPU rank. Read without creating a CUDA context on other GPUs (device properties only); a GPU this process cannot
+    see (ComfyUI's --cuda-device) is sized by the one it sees."""
     import torch
+    from ..workers.launch import gpu_order
+    from .runtime import comfy_gpus
     config = hp.config
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() and hp.device != "cpu" else 0
+    gpus = comfy_gpus() if hp.device != "cpu" else {}
     listed = [d for d in config.devices if d.startswith("cuda")]
-    if listed or (gpus and not config.devices):
-        indices = [int(d.partition(":")[2]) for d in listed] or list(range(min(gpus, config.world_size)))
-        totals = {i: torch.cuda.get_device_properties(i).total_memory for i in indices}
+    if listed or (gpus.get("count") and not config.devices):
+        devices = listed or gpu_order(config.world_size, gpus["count"], gpus.get("driver"))
+        seen = (lambda i: 0) if gpus.get("comfy_cuda_device") is not None else (lambda i: i)  # this process's index
+        indices = sorted({int(d.partition(":")[2]) for d in devices})
+        totals = {i: torch.cuda.get_device_properties(seen(i)).total_memory for i in indices}
         i = min(totals, key=totals.get)
-        return totals[i], f"cuda:{i} ({torch.cuda.get_device_name(i)})", 1
+        return totals[i], f"cuda:{i} ({torch.cuda.get_device_name(seen(i))})", 1
     from ..parallel.memory import host_memory_bytes
     return host_memory_bytes(), "this machine's RAM", config.world_size
 
@@ -253,8 +259,9 @@ def check_memory(model, hp, latent_shape, positive, cfg: float) -> None:
         return  # no adapter: nothing parallel inside the model to plan
     weight_bytes = sum(t.numel() * t.element_size() for t in dm.state_dict().values())
     capacity, where, ranks = device_capacity(hp)
+    on_gpu = where.startswith("cuda")
     compute = model.model.manual_cast_dtype or dm.dtype
-    if where != "this machine's RAM" and compute == torch.float32 and dm.dtype != torch.float32:
+    if on_gpu and compute == torch.float32 and dm.dtype != torch.float32:
         compute = torch.bfloat16  # a GPU computes fp8 / half weights in half precision
     act_bytes = 4 if compute == torch.float32 else 2
     text = max((int(c[0].shape[1]) for c in positive or [] if hasattr(c[0], "shape") and c[0].dim() == 3), default=0)
@@ -265,7 +272,7 @@ def check_memory(model, hp, latent_shape, positive, cfg: float) -> None:
     except ConfigError as e:
         raise NotCarried(f"{e}") from None
     note = shard_traffic(weight_bytes, hp.config)
-    if note and where != "this machine's RAM":
+    if note and on_gpu:
         import logging
         logging.getLogger(__name__).warning("hybrid parallel: %s", note)
 

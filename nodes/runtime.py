@@ -375,7 +375,6 @@ def comfy_gpus() -> dict:
     except ImportError:  # the pool without ComfyUI (tests, scripts): torch's view
         return {"count": torch.cuda.device_count()}
     restricted = getattr(comfy.cli_args.args, "cuda_device", None)
-    device = mm.get_torch_device()
     if restricted is not None and os.environ.get("CUDA_VISIBLE_DEVICES", "").strip() == str(restricted):
         try:
             count = int(torch.cuda._raw_device_count_nvml())
@@ -383,6 +382,7 @@ def comfy_gpus() -> dict:
             count = -1
         count = count if count > 0 else torch.cuda.device_count()
         return {"count": count, "driver": int(restricted), "comfy_cuda_device": int(restricted)}
+    device = mm.get_torch_device()
     driver = device.index if getattr(device, "type", None) == "cuda" else None
     if driver is None and getattr(device, "type", None) == "cuda":
         driver = torch.cuda.current_device()

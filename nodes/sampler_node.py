@@ -292,10 +292,7 @@ def portable_patches(model, config):
     workers and be applied there to the base weights (workers/comfy_patches.py): the ranks must hold the whole model
     (no tp / pp / weight sharding, which cut the weights before any patch could apply). None: no patches, or
     ComfyUI patches its own copy and the patched weights travel, as before."""
-    if not model.patches:
-        return None
-    c = config
-    if c.tp_degree > 1 or c.pp_degree > 1 or c.shard_weights != "none":
+    if not model.patches or not config.whole_model:
         return None
     from ..workers.comfy_patches import NotPortable, encode
     try:
@@ -380,12 +377,12 @@ class HybridSampler:
                              latent_image, denoise, preview_from=model)
 
     def _run(self, m, hp, state, loop, seed, steps, cfg, sampler_name, scheduler, positive, negative,
-             latent_image, denoise, preview_from=None):
+             latent_image, denoise, preview_from):
         if not loop:  # step mode: ComfyUI's KSampler, one pool forward per model call
             return self._step_mode(m, seed, steps, cfg, sampler_name, scheduler, positive, negative, latent_image,
-                                   denoise, preview_from or m)
+                                   denoise, preview_from)
         return self._loop_mode(m, hp, state, seed, steps, cfg, sampler_name, scheduler, positive, negative,
-                               latent_image, denoise, preview_from or m)
+                               latent_image, denoise, preview_from)
 
     @staticmethod
     def _step_mode(m, seed, steps, cfg, sampler_name, scheduler, positive, negative, latent, denoise, preview_from):
@@ -406,7 +403,7 @@ class HybridSampler:
         return (out,)
 
     def _loop_mode(self, m, hp, state, seed, steps, cfg, sampler_name, scheduler, positive, negative, latent,
-                   denoise, preview_from=None):
+                   denoise, preview_from):
         """ComfyUI's noise, sigmas and conditioning; the loop runs in the workers (PipeFusion or loop mode)."""
         import comfy.sample
         import comfy.samplers
@@ -419,7 +416,7 @@ class HybridSampler:
                                     m.get_model_object("model_sampling"), lambda: state["family"],
                                     base_model=m.model)
         import latent_preview  # ComfyUI's: its callback renders previews (when enabled) and moves the bar
-        callback = latent_preview.prepare_callback(preview_from or m, sigmas.shape[-1] - 1)  # on its GPU
+        callback = latent_preview.prepare_callback(preview_from, sigmas.shape[-1] - 1)  # on the MODEL's GPU
         samples = comfy.sample.sample_custom(m, noise, cfg, sampler, sigmas, positive, negative, latent_image,
                                              noise_mask=latent.get("noise_mask"), callback=callback, seed=seed)
         out = latent.copy()

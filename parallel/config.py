@@ -175,6 +175,12 @@ class ParallelConfig:
         return (self.dp_degree, self.cfg_degree, self.pp_degree, self.ring_degree,
                 self.ulysses_degree, self.tp_degree, self.devices, self.shard_weights)
 
+    @property
+    def whole_model(self) -> bool:
+        """Every rank holds every weight whole: no tensor-parallel slices, PipeFusion stages or weight shards. Only
+        then can a rank rebuild another layout from its weights, or apply weight patches to them."""
+        return self.tp_degree == 1 and self.pp_degree == 1 and self.shard_weights == "none"
+
     def layout_key(self) -> tuple:
         """What a resident model's parallelized layout depends on: the mesh and the method. USP and DistriFusion on
         the same ranks share process groups but not a model: DistriFusion's hooks keep stale K/V and a step count,

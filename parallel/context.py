@@ -111,7 +111,7 @@ class ParallelContext:
     BALANCE_MIN = 1.15  # speeds closer than this split evenly (a probe's noise must not move the split)
 
     def set_speeds(self, speeds) -> None:
-        """Every world rank's relative speed (a probe's throughput, or HP_RANK_SPEEDS); the sequence and Ulysses'
+        """Every world rank's relative speed (a probe's throughput, or HP_BALANCE's list); the sequence and Ulysses'
         heads are then shared out in proportion, so the slowest rank does not set the pace. None: even split."""
         if speeds is not None:
             speeds = [float(v) for v in speeds]
@@ -127,8 +127,8 @@ class ParallelContext:
 
     @property
     def sp_weights(self) -> Optional[list]:
-        """Relative speeds of the sp ranks in sp order (ring-major, ulysses inside), or None for an even split.
-        The tp ranks of one sp rank share its shard: the slowest of them speaks for it."""
+        """Relative speeds of the sp ranks in sp order (ring-major, ulysses inside), or None for an even split -
+        also under tensor parallel, whose ranks of one sp shard would each have a speed of their own."""
         sp = self.sp
         if sp.size < 2 or not self.speeds:
             return None

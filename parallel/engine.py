@@ -34,13 +34,7 @@ class Resident:
 
     def device_bytes(self) -> int:
         """Bytes of this rank's parameters and buffers on an accelerator (0 for a host model)."""
-        seen, total = set(), 0
-        for t in list(self.model.parameters()) + list(self.model.buffers()):
-            if id(t) in seen or t.is_meta or t.device.type == "cpu":
-                continue
-            seen.add(id(t))
-            total += t.numel() * t.element_size()
-        return total
+        return _tensor_bytes(self.model, on_device=True)
 
 
 def _convention(spec: dict, sigmas: torch.Tensor):
@@ -74,13 +68,15 @@ def to_device(model: torch.nn.Module, device: torch.device) -> None:
 MESH_SEP = "@mesh="
 
 
-def _host_bytes(model: torch.nn.Module) -> int:
-    """Bytes of what this rank will move to its device: its parameters and buffers after TP / stage / sharding."""
+def _tensor_bytes(model: torch.nn.Module, on_device: bool = False) -> int:
+    """Bytes of a model's parameters and buffers (each counted once, meta ones not): all of them - what this rank
+    will move to its device after TP / stage / sharding - or, `on_device`, those already on an accelerator."""
     seen, total = set(), 0
     for t in list(model.parameters()) + list(model.buffers()):
-        if id(t) not in seen and not t.is_meta:
-            seen.add(id(t))
-            total += t.numel() * t.element_size()
+        if id(t) in seen or t.is_meta or (on_device and t.device.type == "cpu"):
+            continue
+        seen.add(id(t))
+        total += t.numel() * t.element_size()
     return total
 
 
@@ -146,9 +142,9 @@ class Engine:
     def patchable(self, lineage: str, ctx) -> Optional[tuple]:
         """(slot, Resident) of a resident version of `lineage` built for this layout whose base weights are kept (a
         new patch version is applied to it in place: no weights travel), or None."""
-        layout = MESH_SEP + "-".join(map(str, ctx.config.layout_key()))
         for slot, r in self.models.items():
-            if r.lineage == lineage and r.base is not None and (slot.endswith(layout) or not r.parallelized):
+            if r.lineage == lineage and r.base is not None and (
+                    not r.parallelized or slot == self._scoped(slot.partition(MESH_SEP)[0], ctx)):
                 return slot, r
         return None
 
@@ -233,7 +229,7 @@ class Engine:
             apply_weight_sharding(model, ctx)  # a rank keeps 1/N of every weight (shard_weights)
         device = torch.device(device) if device is not None else None
         if device is not None and device.type != "cpu":
-            self.make_room(base_key, _host_bytes(model), device, lineage, family.startswith("vae"))
+            self.make_room(base_key, _tensor_bytes(model), device, lineage, family.startswith("vae"))
             to_device(model, device)
         else:
             self.make_room(base_key, 0, device, lineage, family.startswith("vae"))

@@ -94,11 +94,10 @@ def rank_memory(shape, weight_bytes: int, config: ParallelConfig, latent_shape, 
         items["PipeFusion K/V buffers"] = stage_layers * 2 * b * heads_u * tokens * D * act_bytes
     if sp > 1 or n_batch > 1:  # the gathered output (fp32 on its way back)
         items["gathered output"] = batch * tokens * shape.out_per_token * 4
-    return RankMemory(items, shared_weights=cpu and c.tp_degree == 1 and c.pp_degree == 1
-                      and c.shard_weights == "none")
+    return RankMemory(items, shared_weights=cpu and c.whole_model)
 
 
-def _fix(name: str, config: ParallelConfig) -> str:
+def _fix(name: str) -> str:
     if name.startswith("DistriFusion"):
         return ("DistriFusion keeps every layer's K/V of the whole image: use method 'usp' (exact, no K/V buffers) "
                 "or a smaller latent")
@@ -110,11 +109,11 @@ def _fix(name: str, config: ParallelConfig) -> str:
     return "raise ulysses_degree / ring_degree (each rank holds fewer tokens), or a smaller latent / batch"
 
 
-def _fixes(mem: RankMemory, config: ParallelConfig) -> str:
+def _fixes(mem: RankMemory) -> str:
     """The fix for each item that is at least a fifth of the rank's bytes, largest first."""
     big = [n for n, v in sorted(mem.items.items(), key=lambda kv: -kv[1]) if v >= 0.2 * mem.total] or \
         [mem.largest()[0]]
-    return "; ".join(dict.fromkeys(_fix(n, config) for n in big))
+    return "; ".join(dict.fromkeys(_fix(n) for n in big))
 
 
 NVLINK_BPS, PCIE_BPS = 450e9, 25e9  # per GPU and direction: NVLink 4 (H100 SXM), PCIe 4 x16 (the cost model's links)
@@ -158,4 +157,4 @@ def check_fits(mem: RankMemory, capacity: int, where: str, config: ParallelConfi
     if need > budget:
         who = f"{ranks_on_host} ranks on {where}" if ranks_on_host > 1 else f"each rank on {where}"
         raise ConfigError(f"{config.describe()} needs about {gib(need)} for {who}, which has {gib(capacity)} "
-                          f"({mem.describe()}); {_fixes(mem, config)}")
+                          f"({mem.describe()}); {_fixes(mem)}")

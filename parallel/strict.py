@@ -167,6 +167,7 @@ class DeviceDiscipline(TorchFunctionMode):
 _COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_single", "reduce_scatter",
                 "reduce_scatter_tensor", "all_to_all_single", "all_to_all", "broadcast", "reduce", "barrier",
                 "gather", "scatter")
+_P2P = ("isend", "irecv", "send", "recv")
 _REDUCTIONS = ("all_reduce", "reduce_scatter", "reduce_scatter_tensor", "reduce")
 _SAME_SIZE = ("all_reduce", "broadcast", "all_gather_into_tensor", "all_gather_single", "reduce")
 
@@ -184,7 +185,7 @@ class StrictComm:
         return getattr(dist.all_reduce, "strict", False)
 
     def install(self) -> "StrictComm":
-        names = _COLLECTIVES + ("isend", "irecv", "send", "recv", "new_group")
+        names = _COLLECTIVES + _P2P + ("new_group",)
         for n in names:
             fn = getattr(c10d, n, None)
             if fn is not None:
@@ -192,7 +193,7 @@ class StrictComm:
         if dist.is_initialized() and dist.get_world_size() > 1:
             self.order[None] = self.real["new_group"](backend="gloo")
         for n in self.real:
-            wrapped = getattr(self, "_" + n, None) or self._collective(n)
+            wrapped = self._p2p(n) if n in _P2P else getattr(self, "_" + n, None) or self._collective(n)
             for mod in (dist, c10d):
                 if hasattr(mod, n):
                     setattr(mod, n, wrapped)
@@ -269,21 +270,19 @@ class StrictComm:
         return wrapped
 
     # -- point to point: tags dropped, as NCCL matches the messages of a pair in order --
-    def _isend(self, tensor, dst=None, group=None, tag=0, group_dst=None):
-        self._check_tensors("isend", [tensor])
-        return self.real["isend"](tensor, dst, group=group, tag=0, group_dst=group_dst)
+    def _p2p(self, op: str):
+        import inspect
+        real = self.real[op]
+        sig = inspect.signature(real)
 
-    def _irecv(self, tensor, src=None, group=None, tag=0, group_src=None):
-        self._check_tensors("irecv", [tensor])
-        return self.real["irecv"](tensor, src, group=group, tag=0, group_src=group_src)
-
-    def _send(self, tensor, dst=None, group=None, tag=0, group_dst=None):
-        self._check_tensors("send", [tensor])
-        return self.real["send"](tensor, dst, group=group, tag=0, group_dst=group_dst)
-
-    def _recv(self, tensor, src=None, group=None, tag=0, group_src=None):
-        self._check_tensors("recv", [tensor])
-        return self.real["recv"](tensor, src, group=group, tag=0, group_src=group_src)
+        def wrapped(*args, **kwargs):
+            bound = sig.bind(*args, **kwargs)
+            self._check_tensors(op, [bound.arguments["tensor"]])
+            bound.arguments["tag"] = 0
+            return real(*bound.args, **bound.kwargs)
+        wrapped.__name__ = op
+        wrapped.__wrapped__ = real
+        return wrapped
 
 
 def compute_device(device: torch.device) -> torch.device:

@@ -228,7 +228,7 @@ def test_a_lora_strength_change_moves_only_the_patch_and_equals_ksampler(comfy, 
 
     from comfyui_hybrid_parallel.nodes.runtime import Runtime
     from comfyui_hybrid_parallel.nodes.sampler_node import HybridSampler
-    from comfyui_hybrid_parallel.workers.comfy_patches import nbytes
+    from comfyui_hybrid_parallel.workers.transport import nbytes
     opts = {} if precision == "fp32" else {"dtype": torch.float8_e4m3fn}
     base = comfy(**opts)
     dm = base.model.diffusion_model

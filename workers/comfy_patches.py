@@ -83,10 +83,6 @@ def decode(spec: dict, tensors: dict) -> dict:
                   for sp, data, sm, offset in entries] for key, entries in spec.items()}
 
 
-def nbytes(tensors: dict) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors.values())
-
-
 class _Holder(torch.nn.Module):
     """`diffusion_model` as the attribute ComfyUI's patch keys name it (BaseModel's layout)."""
 

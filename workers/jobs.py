@@ -194,13 +194,11 @@ def job_load_model(state: WorkerState, ctx, payload: dict) -> dict:
         extra, kernel_name = {}, None
     # What a later mesh can rebuild from (ComfyUI's model on CPU, a layout that leaves the weights whole): these are
     # the model's own parameters, so keeping them costs nothing
-    c = ctx.config
-    keep = native and state.device.type == "cpu" and c.tp_degree == 1 and c.pp_degree == 1 and c.shard_weights == "none"
+    keep = native and state.device.type == "cpu" and ctx.config.whole_model
     r = engine.add(key, payload["family"], model, ctx, device=state.device, source=weights if keep else None,
                    lineage=payload.get("lineage"), **extra)
     if patches is not None:  # base weights + patches: kept (host, shared by the local ranks) for the next version
-        c = ctx.config
-        if c.tp_degree > 1 or c.pp_degree > 1 or c.shard_weights != "none":
+        if not ctx.config.whole_model:
             raise ValueError("weight patches travel only to ranks that hold the whole model (no tp / pp / "
                              "shard_weights): the driver sends patched weights there")
         from .comfy_patches import apply

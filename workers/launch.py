@@ -364,7 +364,7 @@ class World:
         backend = self.backend()
         store = os.path.join(self.tmpdir, f"store-{self.generation}")
         init_method = "env://" if self.cluster is not None else f"file://{store}"  # torchrun's MASTER_ADDR/PORT
-        timeout_s = self.timeout_s = collective_timeout(backend, self.collective_timeout_s)
+        timeout_s = collective_timeout(backend, self.collective_timeout_s)
         for rank, ch in enumerate(self.channels):
             ch.send("init", config=self.config.to_dict(), backend=backend, init_method=init_method,
                     device=self.devices[rank], threads=threads, timeout_s=timeout_s,

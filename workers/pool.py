@@ -27,8 +27,8 @@ from multiprocessing.connection import wait as wait_conns
 
 from .launch import PoolError, StartupError, World, balance_spec
 from .protocol import MODEL_FAMILIES, ProtocolError
-from .transport import (WEIGHT_PREFIX, Arena, cleanup_prefix, new_name, new_prefix, read_tensor, shm_dir, sweep_stale, unlink,
-                        write_tensor)
+from .transport import (WEIGHT_PREFIX, Arena, cleanup_prefix, nbytes, new_name, new_prefix, read_tensor, shm_dir,
+                        sweep_stale, unlink, write_tensor)
 
 JOB_KINDS = ("health", "release", "echo", "model_bytes", "prepare", "steps", "load_model", "forward", "vae_decode", "loop",
              "pipefusion_loop")
@@ -38,15 +38,6 @@ CANCEL_WAIT_S = 1.5   # a cancelled job gets this long to stop before the caller
 STALL_TIMEOUT_S = float(os.environ.get("HP_STALL_TIMEOUT_S", "10"))  # no heartbeat this long: a rank is stuck
 POLL_S = 0.05
 DEATH_CHECK_S = 0.5
-
-
-def _desc_bytes(desc: dict) -> int:
-    """Bytes of the tensor a shared-memory descriptor describes."""
-    from .transport import tensor_dtype
-    n = 1
-    for d in desc.get("shape") or ():
-        n *= int(d)
-    return n * tensor_dtype(desc["dtype"]).itemsize
 
 
 class WorkerError(PoolError):
@@ -533,10 +524,12 @@ class WorkerPool:
             keep = set(w.resident) | {key}
             self._lineage = {k: v for k, v in self._lineage.items() if k in keep}
             self._via_patches &= keep
+        # other versions (patch sets) of this model that the ranks hold
+        relatives = [] if lineage is None or w is None else [
+            k for k in w.resident if k != key and self._lineage.get(k) == lineage]
         if lineage is not None:
             self._lineage[key] = lineage
-            if patches is None and w is not None and native is not None and any(
-                    self._lineage.get(k) == lineage and k in self._via_patches for k in w.resident):
+            if patches is None and native is not None and any(k in self._via_patches for k in relatives):
                 patches = ({}, {})  # the unpatched version of a model whose patched one is resident: undo in place
             if patches is not None:
                 self._via_patches.add(key)
@@ -544,15 +537,13 @@ class WorkerPool:
         if patches is not None:
             base["patches"], patch_tensors = patches[0], dict(patches[1])
         # a patch version of a resident model is patched in place: its weights are not written unless asked for
-        patch_in_place = patches is not None and w is not None and any(
-            self._lineage.get(k) == lineage for k in w.resident if k != key)
-        if state_dict is not None and (w is None or key not in w.resident) and not patch_in_place:
+        if state_dict is not None and (w is None or key not in w.resident) and not (patches is not None and relatives):
             # the weights will travel: write them now, before taking the pool - while Parallel Config's prestart may
             # still be starting the world (the copy overlaps it) - and send them with the first load_model job
             sd = state_dict() if callable(state_dict) else state_dict
+            self.last_load_bytes += nbytes(sd)
             # a dict made for this call (a callable's) is emptied as it is written: each tensor is let go at once
             written = self._write_weights(sd if callable(state_dict) else dict(sd), adopt)
-            self.last_load_bytes += sum(_desc_bytes(d) for d in written.values())
             sd = None
         try:
             return self._load(config, key, base, state_dict, path, timeout_s, written, patch_tensors)
@@ -563,7 +554,7 @@ class WorkerPool:
 
     def _load(self, config, key, base, state_dict, path, timeout_s, written, patch_tensors=None) -> dict:
         patch_tensors = patch_tensors or {}
-        self.last_load_bytes += sum(t.numel() * t.element_size() for t in patch_tensors.values())
+        self.last_load_bytes += nbytes(patch_tensors)
         with self._lock:
             res = self.submit(config, "load_model", base, dict(patch_tensors), timeout_s=timeout_s, written=written)
             if res.values.get("need_weights"):
@@ -573,7 +564,7 @@ class WorkerPool:
                 else:
                     sd = state_dict() if callable(state_dict) else state_dict
                     sent = {f"{WEIGHT_PREFIX}{k}": v for k, v in sd.items()}
-                    self.last_load_bytes += sum(t.numel() * t.element_size() for t in sent.values())
+                    self.last_load_bytes += nbytes(sent)
                     res = self.submit(config, "load_model", base, {**sent, **patch_tensors}, timeout_s=timeout_s)
             return res.values
 

@@ -157,6 +157,11 @@ def _bytes_view(t):
     return memoryview(_tensor_bytes(t)).cast("B")
 
 
+def nbytes(tensors: dict) -> int:
+    """The bytes of a dict's tensors (what a job moves through shared memory)."""
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
 def write_tensor(t, prefix: str, name: str | None = None) -> dict:
     """Copy `t` into a new shared-memory file; returns its descriptor (the caller owns the file).
 

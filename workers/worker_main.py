@@ -80,7 +80,7 @@ def _join_world(args, init: dict):
 
 def _speeds(init: dict, ctx, device, threads: int):
     """Every rank's relative speed, or None for an even split (launch.py `balance`): given by the driver
-    (HP_RANK_SPEEDS), or probed here and shared - on GPU worlds by default (a 4090 beside a 3090), on CPU worlds
+    (HP_BALANCE's list), or probed here and shared - on GPU worlds by default (a 4090 beside a 3090), on CPU worlds
     only when asked (CPU ranks share cores, so a probe there measures the neighbours too)."""
     given = init.get("speeds")
     if given:
