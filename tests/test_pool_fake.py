@@ -226,6 +226,28 @@ def test_health_while_busy(pool):
     assert all(h["resident"] == idle[0]["resident"] for h in busy)
 
 
+def test_release_waits_for_a_health_query_holding_the_pool(pool):
+    """ComfyUI's /free arriving while the panel's health query holds the pool still releases the models (it was
+    lost when the unload gave up on a held lock at once: the CI's /free test, polled every 0.2 s, met it)."""
+    pool.submit(SP2, "load_model", {"key": "held"}, {"w": torch.zeros(3)})
+    assert all("held" in h["resident"] for h in pool.health())
+    holding = threading.Event()
+
+    def health_like():
+        with pool._lock:  # what health() / any short job does
+            holding.set()
+            time.sleep(0.5)
+
+    t = threading.Thread(target=health_like)
+    t.start()
+    holding.wait(5)
+    assert pool.release_models() == 1
+    t.join(5)
+    assert all(h["resident"] == [] for h in pool.health())
+    assert pool.release_models() == 0  # nothing left to release
+    pool.submit(SP2, "steps", {"n": 1})  # the world stays usable
+
+
 def test_cuda_requested_without_cuda_is_refused_before_starting():
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")  # not counted: the CPU run below is the check

@@ -98,6 +98,9 @@ class FakeState:
                 self.models = self.models[-self.max_models:]
                 out_values = {"loaded": True}
             out_values.update(loads=self.loads, resident=list(self.models))
+        elif kind == "release":
+            out_values = {"released": len(self.models)}
+            self.models = []
         elif kind == "health":
             out_values = {"pid": os.getpid(), "device": "fake", "resident": list(self.models),
                           "loads": self.loads, "rss_bytes": None}

@@ -606,14 +606,19 @@ class WorkerPool:
         return self.submit(config, "vae_decode", {"key": key, "block_size": block_size}, {"latent": latent},
                            **submit_kw).tensors["image"]
 
-    def release_models(self) -> int:
+    def release_models(self, wait_s: float = 30.0) -> int:
         """Every rank drops its resident models and returns their memory (the processes stay, warm); 0 when no
-        world runs or it is busy (a running job keeps its model)."""
+        world runs or it is busy (a running job keeps its model).
+
+        Waits up to `wait_s` for the pool's lock: the panel's health query (a job of its own, polled every
+        second or so) holds it briefly, and an unload that gave up on it at once was lost. Callers exclude a
+        node's job themselves (Runtime.release_models), so what holds the lock here is short."""
         w = self.world
-        if w is None or not w.alive() or not self._lock.acquire(blocking=False):
+        if w is None or not w.alive() or not self._lock.acquire(timeout=max(0.0, wait_s)):
             return 0
         try:
-            if w.state != "idle":
+            w = self.world
+            if w is None or not w.alive() or w.state != "idle":
                 return 0
             res = self.submit(w.config, "release", timeout_s=60.0)
             w.resident = []
