@@ -2,7 +2,7 @@
 
 The demo model (examples/demo_model: trained by the pack's script, shipped) draws the eight test captions
 (shapes.TEST_SCENES, seeds 100..107, 20 euler steps, CFG 4, 64 x 64) through KSampler -> VAE Decode (the serial
-reference) and through Parallel Config -> Hybrid Sampler -> Patch VAE Decode with each config below, on 2 CPU
+reference) and through Parallel Config -> Hybrid Sampler -> Parallel VAE Decode with each config below, on 2 CPU
 workers (gloo). Per config, averaged over the 8 pictures: PSNR and SSIM of the image vs the serial one
 (scikit-image; `pip install -e .[bench]`), the relative error of the final latent, how many pictures the
 checker (the classifier trained with the model) finds as asked (shape, colour and background), the steps a step

@@ -11,7 +11,7 @@ Sections (--sections to pick):
   on contiguous and strided (after Ulysses) inputs, against float64 (doctor/kernels.py).
 - methods: every parallel method through the real pool on ComfyUI's own (tiny) model, its ranks sharing the one
   GPU (parallel/staged.py: gloo through host copies - NCCL refuses two ranks per GPU), so the CUDA code of Ulysses,
-  ring, CFG, DP, TP, PipeFusion, DistriFusion, loop mode and Patch VAE Decode runs end to end (doctor/methods.py).
+  ring, CFG, DP, TP, PipeFusion, DistriFusion, loop mode and Parallel VAE Decode runs end to end (doctor/methods.py).
 - native: degree 1 through the pool against KSampler in ComfyUI's own process at real sizes with random weights
   (Flux.1 12B bf16 and fp8, Wan 2.1 14B fp8 at 480p x 33 frames): cold first prompt, warm seconds per step,
   peak device memory of the whole machine's GPU (ComfyUI's share included). Each row is a fresh process.

@@ -6,6 +6,7 @@ from .config_node import ParallelConfigNode
 from .model_node import ParallelModel
 from .runtime import Runtime
 from .sampler_node import HybridSampler
+from .simple_node import ParallelGPUsNode
 from .vae_node import PatchVAEDecode
 
 RUNTIME = Runtime()  # this ComfyUI process's one connection to its worker pool
@@ -19,13 +20,17 @@ _prompt_server = getattr(getattr(sys.modules.get("server"), "PromptServer", None
 if _prompt_server is not None:
     from .routes import register as _register_routes
     _register_routes(_prompt_server, RUNTIME)
-    ParallelConfigNode.runtime = RUNTIME  # only in a server: Parallel Config starts the workers early
+    ParallelConfigNode.runtime = RUNTIME  # only in a server: the config nodes start the workers early
+    ParallelGPUsNode.runtime = RUNTIME
     RUNTIME.follow_comfy_unload()  # ComfyUI's "Unload models" / /free release the workers' models too
     # Nothing starts here: no process, no memory until the pack is used. The frontend asks for the spare
     # interpreters (/hybrid_parallel/warm) when a workflow holding the pack's nodes is opened; Parallel Config
     # starts the workers when such a prompt is queued.
 
+# The keys are what saved workflows store: never renamed. The display names say what each node is in ComfyUI's
+# terms ("patch" there means model patching, so the tiled decoder is "Parallel VAE Decode"); one category.
 NODE_CLASS_MAPPINGS = {
+    "HybridParallelGPUs": ParallelGPUsNode,
     "HybridParallelConfig": ParallelConfigNode,
     "HybridSampler": HybridSampler,
     "HybridPatchVAEDecode": PatchVAEDecode,
@@ -33,9 +38,10 @@ NODE_CLASS_MAPPINGS = {
     "HybridParallelModel": ParallelModel,
 }
 NODE_DISPLAY_NAME_MAPPINGS = {
-    "HybridParallelConfig": "Parallel Config",
+    "HybridParallelGPUs": "Parallel GPUs",
+    "HybridParallelConfig": "Parallel Config (advanced)",
     "HybridSampler": "Hybrid Sampler",
-    "HybridPatchVAEDecode": "Patch VAE Decode",
-    "HybridParallelCluster": "Hybrid Parallel Cluster",
+    "HybridPatchVAEDecode": "Parallel VAE Decode",
+    "HybridParallelCluster": "Parallel Cluster",
     "HybridParallelModel": "Parallel Model",
 }

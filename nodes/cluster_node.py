@@ -30,7 +30,7 @@ class ClusterNode:
     DESCRIPTION = ("Spread a Parallel Config's world over several machines. This machine runs launch group 0 (rank "
                    "0 stays next to ComfyUI); every other machine joins by running the command this node prints, "
                    "with a copy of the key file. Connect to Parallel Config's `cluster` input.")
-    CATEGORY = "sampling/hybrid parallel"
+    CATEGORY = "Hybrid Parallel/advanced"
     RETURN_TYPES = ("HP_CLUSTER",)
     RETURN_NAMES = ("cluster",)
     OUTPUT_TOOLTIPS = ("Connect to Parallel Config.",)

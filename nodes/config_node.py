@@ -52,7 +52,7 @@ class HybridParallelConfig:
         where = f" over {self.cluster.cluster.nnodes} machines" if self.cluster is not None else ""
         cache = f", step cache {self.step_cache:g}" if self.step_cache else ""
         if self.auto_devices:
-            return (f"auto degrees (up to {self.auto_devices} {self.device} worker(s), chosen by Hybrid Sampler from "
+            return (f"auto degrees (up to {self.auto_devices} {self.device} worker(s), chosen at the sampler from "
                     f"the model, latent and cfg), {mode} mode{cache}")
         return (f"{self.config.describe()} on {self.config.world_size} {self.device} worker(s){where}, {mode} mode"
                 f"{cache}")
@@ -126,10 +126,10 @@ class ParallelConfigNode:
                    "parallel runs the conditional and unconditional halves side by side, Ulysses and Ring split "
                    "the image tokens, PipeFusion splits the layers and the image into patches, tensor parallel "
                    "splits the weights. The world size is the product of the degrees.")
-    CATEGORY = "sampling/hybrid parallel"
+    CATEGORY = "Hybrid Parallel/advanced"
     RETURN_TYPES = ("PARALLEL_CONFIG",)
     RETURN_NAMES = ("parallel_config",)
-    OUTPUT_TOOLTIPS = ("Connect to Hybrid Sampler and Patch VAE Decode.",)
+    OUTPUT_TOOLTIPS = ("Connect to Hybrid Sampler or Parallel Model, and to Parallel VAE Decode.",)
     runtime = None  # set by the pack's entry point inside a ComfyUI server (then the workers start early)
     # Not an output node: a workflow whose sampler or decoder fails ComfyUI's validation must be rejected like
     # KSampler's (an output node without inputs would let the prompt run and report success with no image).

@@ -6,10 +6,12 @@ All of them end in the MODEL's apply_model, so the same APPLY_MODEL wrapper Hybr
 mode: one pool forward per model call, everything around it ComfyUI's code) makes every one of them run
 on the pool. An OUTER_SAMPLE wrapper re-derives the residency key from the patcher that actually samples
 (a LoRA applied after this node changes the weights) and restarts the call count per run (DistriFusion's
-warmup), since ComfyUI caches this node's output across prompts.
+warmup), since ComfyUI caches this node's output across prompts. It also resolves degrees "auto" there: the
+latent and the cfg are known only to the guider, at the run.
 """
 from __future__ import annotations
 
+from .auto import guider_inputs, resolve_auto, warn_idle_cfg
 from .sampler_node import WRAPPER_KEY, check_not_on_pool, make_apply_model_wrapper, patches_on_workers, pool_state
 
 
@@ -18,7 +20,7 @@ class ParallelModel:
                    "run the diffusion model across the devices of a Parallel Config. Same result as the graph "
                    "without this node (exactly for the exact methods). PipeFusion and loop mode need the whole "
                    "denoising loop: use Hybrid Sampler for those.")
-    CATEGORY = "sampling/hybrid parallel"
+    CATEGORY = "Hybrid Parallel"
     RETURN_TYPES = ("MODEL",)
     OUTPUT_TOOLTIPS = ("The model, with its diffusion model on the workers.",)
     FUNCTION = "patch"
@@ -28,7 +30,8 @@ class ParallelModel:
     def INPUT_TYPES(cls):
         return {"required": {
             "model": ("MODEL", {"tooltip": "A diffusion model (any family Hybrid Sampler runs)."}),
-            "parallel_config": ("PARALLEL_CONFIG", {"tooltip": "From the Parallel Config node."}),
+            "parallel_config": ("PARALLEL_CONFIG", {"tooltip": "From Parallel GPUs or Parallel Config. Degrees "
+                                "'auto' is decided at each run, when the latent and the cfg are known."}),
         }}
 
     def patch(self, model, parallel_config):
@@ -36,10 +39,6 @@ class ParallelModel:
         if hp.config.pp_degree > 1:
             raise ValueError(f"Parallel Model: PipeFusion (pp_degree={hp.config.pp_degree}) runs the whole denoising "
                              f"loop in the workers, which a model patch cannot; use Hybrid Sampler, or pp_degree 1")
-        if getattr(hp, "auto_devices", 0):
-            raise ValueError("Parallel Model: degrees 'auto' is chosen by Hybrid Sampler, which sees the latent and the "
-                             "cfg; with Parallel Model set Parallel Config's degrees to 'manual' and give them, or use "
-                             "Hybrid Sampler")
         if hp.mode == "loop":
             raise ValueError("Parallel Model runs each model call on the workers (step mode); sampling_mode 'loop' "
                              "needs Hybrid Sampler - set sampling_mode to auto or step")
@@ -49,14 +48,25 @@ class ParallelModel:
         m = model.clone()
         m.load_device = m.offload_device  # ComfyUI's copy stays on the host (see Hybrid Sampler)
         runtime = self.runtime
+        chosen = {"hp": hp}  # this run's config: degrees "auto" is decided per run, when the latent is known
 
         def outer_sample(executor, *args, **kwargs):
-            patcher = executor.class_obj.model_patcher  # the patcher sampling now (maybe LoRA'd after this node)
+            guider = executor.class_obj
+            patcher = guider.model_patcher  # the patcher sampling now (maybe LoRA'd after this node)
+            shape, cfg, negative, positive = guider_inputs(guider, args, kwargs)
+            report = {}
+            run_hp = resolve_auto(hp, patcher, shape, cfg, negative, positive, report=report,
+                                  probes=getattr(runtime, "cost_probes", None))
+            if report:
+                runtime.last_auto = report  # the mesh picture shows it (nodes/routes.py)
+            warn_idle_cfg(run_hp, cfg, negative, "Parallel Model")
+            chosen["hp"] = run_hp
             state.clear()
-            state.update(pool_state(patcher, hp))
-            with runtime.track("sample"), runtime.quiet_driver(hp), patches_on_workers(patcher, state):
+            state.update(pool_state(patcher, run_hp))
+            with runtime.track("sample"), runtime.quiet_driver(run_hp), patches_on_workers(patcher, state):
                 return executor(*args, **kwargs)
 
         m.add_wrapper_with_key(ext.WrappersMP.OUTER_SAMPLE, WRAPPER_KEY, outer_sample)
-        m.add_wrapper_with_key(ext.WrappersMP.APPLY_MODEL, WRAPPER_KEY, make_apply_model_wrapper(runtime, hp, state))
+        m.add_wrapper_with_key(ext.WrappersMP.APPLY_MODEL, WRAPPER_KEY,
+                               make_apply_model_wrapper(runtime, lambda: chosen["hp"], state))
         return (m,)

@@ -243,11 +243,12 @@ def _note_step(runtime, options) -> None:
 
 
 def make_apply_model_wrapper(runtime, hp, state: dict):
+    """`hp`: the config, or a callable returning this run's (Parallel Model decides degrees "auto" per run)."""
     def wrapper(executor, *args, **kwargs):
         _note_step(runtime, kwargs.get("transformer_options", args[5] if len(args) > 5 else None))
         base = executor.class_obj
         original = base.diffusion_model
-        proxy = PoolDiffusionModel(runtime, hp, original, state)
+        proxy = PoolDiffusionModel(runtime, hp() if callable(hp) else hp, original, state)
         base.diffusion_model = proxy
         try:
             return executor(*args, **kwargs)
@@ -320,7 +321,7 @@ def patches_on_workers(patcher, state):
 class HybridSampler:
     DESCRIPTION = ("A drop-in KSampler that runs the diffusion model across the devices of a Parallel Config. "
                    "Same inputs and the same result as KSampler (exactly, at degree 1 and for the exact methods).")
-    CATEGORY = "sampling/hybrid parallel"
+    CATEGORY = "Hybrid Parallel"
     RETURN_TYPES = ("LATENT",)
     OUTPUT_TOOLTIPS = ("The denoised latent.",)
     FUNCTION = "sample"
@@ -330,7 +331,9 @@ class HybridSampler:
     def INPUT_TYPES(cls):
         import comfy.samplers
         return {"required": {
-            "model": ("MODEL", {"tooltip": "A Flux.1, SD3/3.5, PixArt-Sigma or Wan 2.1/2.2 diffusion model."}),
+            "model": ("MODEL", {"tooltip": "The diffusion model: Flux.1 / Kontext / Chroma / Flux.2, SD3 / 3.5, "
+                                "Qwen-Image, Wan 2.1 / 2.2, HunyuanVideo 1.5, Lumina 2, PixArt-Sigma (README: "
+                                "supported models)."}),
             "seed": ("INT", {"default": 0, "min": 0, "max": 0xffffffffffffffff, "control_after_generate": True,
                              "tooltip": "The random seed used for creating the noise."}),
             "steps": ("INT", {"default": 20, "min": 1, "max": 10000, "tooltip": "Denoising steps."}),
@@ -341,7 +344,7 @@ class HybridSampler:
             "positive": ("CONDITIONING", {"tooltip": "What to include."}),
             "negative": ("CONDITIONING", {"tooltip": "What to exclude."}),
             "latent_image": ("LATENT", {"tooltip": "The latent to denoise."}),
-            "parallel_config": ("PARALLEL_CONFIG", {"tooltip": "From the Parallel Config node."}),
+            "parallel_config": ("PARALLEL_CONFIG", {"tooltip": "From Parallel GPUs (simple) or Parallel Config."}),
             "denoise": ("FLOAT", {"default": 1.0, "min": 0.0, "max": 1.0, "step": 0.01,
                                   "tooltip": "Below 1.0 keeps part of the input latent (img2img)."}),
         }}
@@ -350,12 +353,13 @@ class HybridSampler:
                parallel_config, denoise=1.0):
         import comfy.patcher_extension
 
-        from .auto import resolve_auto  # degrees "auto": chosen here, where the model, latent and cfg are known
+        from .auto import resolve_auto, warn_idle_cfg  # degrees "auto": chosen here, where the latent is known
         report = {}
         hp = resolve_auto(parallel_config, model, tuple(latent_image["samples"].shape), cfg, negative, positive,
                           report=report, probes=getattr(self.runtime, "cost_probes", None))
         if report:
             self.runtime.last_auto = report  # the mesh picture shows it (nodes/routes.py)
+        warn_idle_cfg(hp, cfg, negative, "Hybrid Sampler")
         loop = uses_loop_mode(hp)
         if loop:
             check_loop_mode(sampler_name)  # before any work

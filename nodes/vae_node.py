@@ -1,4 +1,4 @@
-"""Patch VAE Decode: ComfyUI's VAEDecode with the decode split into row patches across the workers.
+"""Parallel VAE Decode: ComfyUI's VAEDecode with the decode split into row patches across the workers.
 
 The workers rebuild ComfyUI's VAE as the diffusers class that computes the same decode (diffusers
 AutoencoderKL for the KL image VAE, AutoencoderKLWan for the Wan 2.1 and 2.2 video VAEs,
@@ -21,7 +21,7 @@ class PatchVAEDecode:
     DESCRIPTION = ("Decodes latents like VAE Decode, with the image split into row patches across the devices of "
                    "a Parallel Config (every worker decodes its rows; borders exchanged exactly), so large images "
                    "and long videos decode without one device holding all activations. Same output as VAE Decode.")
-    CATEGORY = "latent/hybrid parallel"
+    CATEGORY = "Hybrid Parallel"
     RETURN_TYPES = ("IMAGE",)
     OUTPUT_TOOLTIPS = ("The decoded image.",)
     FUNCTION = "decode"
@@ -48,7 +48,7 @@ class PatchVAEDecode:
     def _decode(self, samples, vae, hp, block_size):
         first = vae.first_stage_model
         if samples["samples"].is_nested:
-            raise ValueError("Patch VAE Decode does not take nested (multi-part) latents; use VAE Decode")
+            raise ValueError("Parallel VAE Decode does not take nested (multi-part) latents; use VAE Decode")
         check_rows(samples["samples"], first, hp.config.world_size)  # before the VAE travels or a world starts
         family = check_vae(first, samples["samples"])
         key = weights_key(first, "vae")
@@ -78,7 +78,7 @@ def check_rows(latent, first_stage_model, ranks: int) -> None:
             halo = max(halo, int(m.kernel_size[-2]) // 2)
     rows = int(latent.shape[-2])
     if rows // halo < ranks:
-        raise ValueError(f"Patch VAE Decode: a latent {rows} rows tall cannot be split over {ranks} ranks (each needs "
+        raise ValueError(f"Parallel VAE Decode: a latent {rows} rows tall cannot be split over {ranks} ranks (each needs "
                          f"at least {halo} row(s)); use a Parallel Config with at most {max(1, rows // halo)} ranks "
                          f"for the decode, or ComfyUI's VAE Decode")
 
@@ -119,7 +119,7 @@ def check_vae(first_stage_model, latent=None) -> str:
     else:
         if decoder is not None:
             what += f" with decoder {_qualname(decoder)}"
-        raise ValueError(f"Patch VAE Decode does not split this VAE ({what}): it covers {SUPPORTED_VAES}. "
+        raise ValueError(f"Parallel VAE Decode does not split this VAE ({what}): it covers {SUPPORTED_VAES}. "
                          f"Decode it with ComfyUI's VAE Decode, or VAE Decode (Tiled) when it does not fit in memory")
     sd = first_stage_model.state_dict()  # references, not copies: only names and shapes are read
     try:
@@ -128,13 +128,13 @@ def check_vae(first_stage_model, latent=None) -> str:
             raise CheckpointError(f"its weights look like {found}, its class like {family}")
         config = _CONFIG[family](sd)
     except CheckpointError as e:
-        raise ValueError(f"Patch VAE Decode cannot split this VAE ({what}): {e}. Decode it with ComfyUI's VAE "
+        raise ValueError(f"Parallel VAE Decode cannot split this VAE ({what}): {e}. Decode it with ComfyUI's VAE "
                          f"Decode, or VAE Decode (Tiled) when it does not fit in memory") from None
     if latent is not None:
         dims, channels = (5, config["z_dim"]) if family == "vae_wan" else (4, config["latent_channels"])
         if latent.dim() != dims or latent.shape[1] != channels:
             kind = "image (B, C, H, W)" if dims == 4 else "video (B, C, T, H, W)"
-            raise ValueError(f"Patch VAE Decode: this VAE ({what}) decodes {kind} latents with {channels} channels, "
+            raise ValueError(f"Parallel VAE Decode: this VAE ({what}) decodes {kind} latents with {channels} channels, "
                              f"got shape {tuple(latent.shape)}; connect the VAE that belongs to the model that "
                              f"made this latent")
     return family

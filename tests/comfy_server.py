@@ -110,7 +110,7 @@ def workflow(degrees, tag: str, width: int, height: int, steps: int = 3, cfg: fl
              family: str = "sd3", length: int = 5, lora: tuple = None, denoise: float = 1.0,
              mask: bool = False, weight_dtype: str = "default") -> dict:
     """API prompt on a family's tiny checkpoints: KSampler -> VAEDecode when `degrees` is None, else
-    Parallel Config(degrees) -> Hybrid Sampler -> Patch VAE Decode; the image and the latent are saved
+    Parallel Config(degrees) -> Hybrid Sampler -> Parallel VAE Decode; the image and the latent are saved
     losslessly as output/img_<tag> and output/lat_<tag> (and as a PNG when `png`). `lora`: (file, strength)
     applied to the MODEL with LoraLoaderModelOnly. `mask`: a noise mask (SetLatentNoiseMask) that keeps the
     top-left quarter of the latent and denoises the rest. `weight_dtype`: UNETLoader's (fp8_e4m3fn, ...)."""

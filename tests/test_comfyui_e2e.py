@@ -1,4 +1,4 @@
-"""The nodes in a real ComfyUI server: Hybrid Sampler + Patch VAE Decode against KSampler + VAEDecode."""
+"""The nodes in a real ComfyUI server: Hybrid Sampler + Parallel VAE Decode against KSampler + VAEDecode."""
 import pytest
 import torch
 from safetensors.torch import load_file

@@ -109,3 +109,36 @@ def test_parallel_model_refuses_pipefusion_and_double_wrapping(server):
     assert entry["status"]["status_str"] == "error"
     msg = error_text(entry)
     assert "already runs on the workers" in msg, msg
+
+
+def test_parallel_gpus_node_end_to_end(server):
+    """The simple node in a real ComfyUI: Parallel GPUs (2 devices) feeding Parallel Model under KSampler - preset
+    auto, decided at the run from the latent and the cfg (one rank on this tiny model: bitwise equal, and the mesh
+    picture's route reports the choice), and "split the image" (Ulysses 2: <= 1e-5) - and feeding Hybrid Sampler and
+    Parallel VAE Decode."""
+    assert_ok(server, server.run(_sampler_graph("ksampler", "pg_ref", None)))
+    ref = latent(server, "pg_ref")
+    for preset in ("auto", "split the image"):
+        tag = f"pg_{preset.replace(' ', '_')}"
+        g = _sampler_graph("ksampler", tag, None)
+        g["9"] = {"class_type": "HybridParallelGPUs", "inputs": {"devices": "2", "preset": preset}}
+        g["40"] = {"class_type": "HybridParallelModel", "inputs": {"model": ["1", 0], "parallel_config": ["9", 0]}}
+        g["5"]["inputs"]["model"] = ["40", 0]
+        assert_ok(server, server.run(g))
+        got = latent(server, tag)
+        err = rel(got, ref)
+        print(f"Parallel GPUs {preset!r} -> Parallel Model: relative error vs KSampler {err:.2e}")
+        if preset == "auto":
+            assert torch.equal(got, ref), err
+            auto = server.get("/hybrid_parallel/mesh?degrees=auto")["auto"]
+            assert auto["model"] == "sd3" and auto["tokens"] == 35 and auto["cfg"] is True and auto["devices"] == 2
+            assert auto["chosen"] == "serial" and any(c["config"].startswith("cfg2") for c in auto["candidates"])
+        else:
+            assert err <= 1e-5, err
+            assert server.get("/hybrid_parallel/pool")["mesh"].startswith("ulysses2")
+    g = workflow({"ulysses_degree": 2}, "pg_hybrid", W, H, steps=STEPS)
+    g["9"] = {"class_type": "HybridParallelGPUs", "inputs": {"devices": "cpu,cpu", "preset": "split the image"}}
+    assert_ok(server, server.run(g))
+    assert_ok(server, server.run(workflow(None, "pg_hybrid_ref", W, H, steps=STEPS)))
+    err = rel(latent(server, "pg_hybrid"), latent(server, "pg_hybrid_ref"))
+    assert err <= 1e-5, err

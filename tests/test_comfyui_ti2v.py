@@ -1,5 +1,5 @@
 """Wan 2.2 TI2V 5B in a real ComfyUI: Wan22ImageToVideoLatent's start frame under every sequence method, and
-Patch VAE Decode of the result with the Wan 2.2 VAE.
+Parallel VAE Decode of the result with the Wan 2.2 VAE.
 
 The tiny model has TI2V 5B's layout (48-channel latents in and out: ComfyUI detects WAN22_T2V and builds its WAN22
 class). Wan22ImageToVideoLatent encodes the start image with the Wan 2.2 VAE into the first latent frame and sets
@@ -9,7 +9,7 @@ start frame), which the workers must hand to each rank's own tokens. The VAE is 
 
 Compared with plain KSampler on the same graph (odd 3 x 4 latent, 5 frames -> 2 latent frames): Parallel Model +
 KSampler under ulysses 2, ring 2, ulysses 2 x ring 2 and cfg 2, and Hybrid Sampler ulysses 2; then the sampled
-latent decoded by Patch VAE Decode over 2 workers against VAE Decode.
+latent decoded by Parallel VAE Decode over 2 workers against VAE Decode.
 """
 import pytest
 from safetensors.torch import load_file
@@ -71,7 +71,7 @@ def test_ti2v_equals_ksampler(server, ti2v_files):
 
 
 def test_ti2v_patch_vae_decode_equals_vae_decode(server, ti2v_files):
-    """The sampled latent decoded by VAE Decode and by Patch VAE Decode over 2 CPU workers (3 latent rows: 2 + 1)."""
+    """The sampled latent decoded by VAE Decode and by Parallel VAE Decode over 2 CPU workers (3 latent rows: 2 + 1)."""
     g = _graph(ti2v_files, "ti2v_ref")  # the sampler's output is ComfyUI's cached one from the test above
     g["7"] = {"class_type": "VAEDecode", "inputs": {"samples": ["5", 0], "vae": ["6", 0]}}
     g["8"] = {"class_type": "HPSaveImageTensor", "inputs": {"images": ["7", 0], "filename": "img_ti2v_ref"}}
@@ -84,5 +84,5 @@ def test_ti2v_patch_vae_decode_equals_vae_decode(server, ti2v_files):
     assert ref.shape == (FRAMES, H, W, 3) and got.shape == ref.shape
     assert 0.05 < ref.std().item(), "a flat image would prove nothing"
     err = rel(got, ref)
-    print(f"Wan 2.2 VAE: Patch VAE Decode (2 ranks) vs VAE Decode: images relative error {err:.2e}")
+    print(f"Wan 2.2 VAE: Parallel VAE Decode (2 ranks) vs VAE Decode: images relative error {err:.2e}")
     assert err <= 1e-5, err

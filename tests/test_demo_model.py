@@ -62,7 +62,7 @@ def test_demo_text_encoder_is_deterministic_and_pads():
 def test_demo_model_draws_the_eight_captions_under_ksampler_and_ulysses2(server):
     """Eight captions (every shape, colour and background): the classifier trained with the model must name the
     asked shape, colour and background in >= 7 of the 8 pictures from KSampler and in >= 7 from Hybrid Sampler
-    ulysses 2 + Patch VAE Decode (whose latent must also equal KSampler's to 1e-5)."""
+    ulysses 2 + Parallel VAE Decode (whose latent must also equal KSampler's to 1e-5)."""
     from safetensors.torch import load_file
 
     checker = Checker()

@@ -9,7 +9,7 @@ VAE was restored.
 
 The last part runs ComfyUI's own Wan 2.2 VAE (comfy/ldm/wan/vae2_2.py) through
 the node's converter and compares the split decode with ComfyUI's decode (fp32
-and bf16), and checks which ComfyUI VAEs Patch VAE Decode refuses, before any
+and bf16), and checks which ComfyUI VAEs Parallel VAE Decode refuses, before any
 worker starts.
 """
 import copy
@@ -261,7 +261,7 @@ def test_group_norm_dtypes_match_native(dtype, tol):
         assert _rel(PatchGroupNorm(norm, ax)(x).double(), norm(x).double()) <= tol
 
 
-# ---- ComfyUI's own VAEs: what Patch VAE Decode splits (the Wan 2.2 VAE) and what it refuses, before any worker ----
+# ---- ComfyUI's own VAEs: what Parallel VAE Decode splits (the Wan 2.2 VAE) and what it refuses, before any worker ----
 # ComfyUI runs in the test process only (the ranks get the converted diffusers twin as plain tensors, so they never
 # import ComfyUI). The Wan 2.2 VAE is ComfyUI's class at small widths (dim 8, decoder 16, z 48): VAELoader only takes
 # the 705M-parameter size (doctor/tiny_checkpoints.write_wan22_vae), which tests/test_comfyui_ti2v.py decodes.
@@ -276,7 +276,7 @@ def comfy():
 
 @pytest.fixture(scope="module")
 def comfy_wan22(comfy, tmp_path_factory):
-    """(ComfyUI's Wan 2.2 VAE with random weights, the diffusers (class, config, state dict) Patch VAE Decode makes
+    """(ComfyUI's Wan 2.2 VAE with random weights, the diffusers (class, config, state dict) Parallel VAE Decode makes
     of it), through the same file and converter as the node: doctor.write_wan22_vae -> nodes.runtime.to_diffusers."""
     from safetensors.torch import load_file
 
@@ -357,7 +357,7 @@ class _NoPool:
 
 
 def _refuse(first_stage_model, latent, ranks=2):
-    """Run Patch VAE Decode on a VAE whose pool would raise if anything started: the node's error message."""
+    """Run Parallel VAE Decode on a VAE whose pool would raise if anything started: the node's error message."""
     import types
 
     from comfyui_hybrid_parallel.nodes.config_node import HybridParallelConfig
@@ -422,7 +422,7 @@ def test_vaes_without_a_split_are_refused_before_any_worker(comfy):
 @pytest.mark.comfy
 def test_kl_vae_of_lumina2_and_z_image_is_split(comfy):
     """Lumina 2 and Z-Image decode with Flux.1's KL VAE (AutoencodingEngine, 16 channels, no quant convs): Patch VAE
-    Decode takes it as 'vae_kl', the family test_comfyui_e2e decodes with Patch VAE Decode vs VAE Decode (its
+    Decode takes it as 'vae_kl', the family test_comfyui_e2e decodes with Parallel VAE Decode vs VAE Decode (its
     tiny_kl16 is this VAE); the SD-style AutoencoderKL (quant convs) too; Flux.2's batch-norm latent is refused."""
     from comfyui_hybrid_parallel.nodes.vae_node import check_vae
     dd = {"double_z": True, "z_channels": 16, "resolution": 256, "in_channels": 3, "out_ch": 3, "ch": 128,

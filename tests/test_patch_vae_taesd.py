@@ -1,4 +1,4 @@
-"""Patch VAE Decode splits ComfyUI's TAESD (comfy/taesd/taesd.py) by rows, equal to ComfyUI's own VAE.decode.
+"""Parallel VAE Decode splits ComfyUI's TAESD (comfy/taesd/taesd.py) by rows, equal to ComfyUI's own VAE.decode.
 
 ComfyUI's TAESD with random weights (torch's default init: ComfyUI's ops skip it, so every conv gets the torch
 base class's reset_parameters) and non-trivial vae_scale / vae_shift (1.7 / 0.3), for 4 latent channels
@@ -47,7 +47,7 @@ def _random_taesd_sd(z: int, seed: int) -> dict:
 
 @pytest.fixture(scope="module")
 def taesd(comfy):
-    """z -> (ComfyUI's VAE for the TAESD, the (class, config, state dict) twin Patch VAE Decode ships to workers)."""
+    """z -> (ComfyUI's VAE for the TAESD, the (class, config, state dict) twin Parallel VAE Decode ships to workers)."""
     import comfy.sd
 
     from comfyui_hybrid_parallel.nodes.runtime import to_diffusers
@@ -196,7 +196,7 @@ def test_patch_vae_decode_node_equals_vae_decode(dist_pools, taesd, n, z, shape,
     with torch.no_grad():
         (got,) = node.decode({"samples": latent}, vae, hp, block_size=block_size)
     err = _rel(got, ref)
-    print(f"Patch VAE Decode, TAESD z={z} {shape} over {n} ranks: IMAGE relative error vs VAE Decode {err:.2e}")
+    print(f"Parallel VAE Decode, TAESD z={z} {shape} over {n} ranks: IMAGE relative error vs VAE Decode {err:.2e}")
     assert got.shape == ref.shape and got.dtype == torch.float32 and err <= TOL, err
     (values, sent), = pools[0].submitted
     assert values.get("block_size") == (block_size or None)
@@ -204,7 +204,7 @@ def test_patch_vae_decode_node_equals_vae_decode(dist_pools, taesd, n, z, shape,
 
 
 def _refuse(first_stage_model, latent, ranks=2):
-    """Patch VAE Decode's error for a VAE it must refuse, with a pool that fails the test if anything started."""
+    """Parallel VAE Decode's error for a VAE it must refuse, with a pool that fails the test if anything started."""
     from comfyui_hybrid_parallel.nodes.config_node import HybridParallelConfig
     from comfyui_hybrid_parallel.nodes.runtime import Runtime
     from comfyui_hybrid_parallel.nodes.vae_node import PatchVAEDecode

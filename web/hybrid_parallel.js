@@ -12,7 +12,7 @@ import { renderMesh, STYLE } from "./mesh_picture.js";
 import { mountPanel, PANEL_STYLE } from "./worker_panel.js";
 
 const CONFIG_NODE = "HybridParallelConfig";
-const PACK_NODES = new Set(["HybridParallelConfig", "HybridSampler", "HybridPatchVAEDecode", "HybridParallelModel",
+const PACK_NODES = new Set(["HybridParallelGPUs", "HybridParallelConfig", "HybridSampler", "HybridPatchVAEDecode", "HybridParallelModel",
                             "HybridParallelCluster"]);
 let warmed = false;
 

@@ -66,7 +66,7 @@ export function renderPanel(root, status, onStop) {
   head.append(badge);
   if (status.mesh) head.append(text("span", `  ${status.mesh} · ${status.world_size} rank(s) · device ${status.device}`));
   root.append(head);
-  if (status.state === "none") root.append(text("div", "No workers: the first Hybrid Sampler or Patch VAE Decode run starts them."));
+  if (status.state === "none") root.append(text("div", "No workers: the first Hybrid Sampler or Parallel VAE Decode run starts them."));
   const job = jobLine(status.job);
   if (job) root.append(job);
   const last = status.last_job;
