@@ -177,7 +177,7 @@ def parallel_config_node(degrees: dict) -> dict:
 
 def sample_decode_save(g: dict, common: dict, degrees, tag: str, png: bool = False) -> dict:
     """Finish API prompt `g` (the VAE is node "6"): KSampler -> VAEDecode when `degrees` is None, else Parallel
-    Config(degrees) (node "9") -> Hybrid Sampler -> Patch VAE Decode; `common` is the sampler's inputs. The image
+    Config(degrees) (node "9") -> Hybrid Sampler -> Parallel VAE Decode; `common` is the sampler's inputs. The image
     and the latent are saved losslessly as output/img_<tag> / lat_<tag>.safetensors (and as a PNG when `png`)."""
     if degrees is None:
         g["5"] = {"class_type": "KSampler", "inputs": common}

@@ -2,7 +2,7 @@
 
 Starts ComfyUI with the pack in custom_nodes and the shipped demo model (examples/demo_model: trained by the
 pack's own script, nothing downloaded) in its models folders, and posts the same caption twice over:
-KSampler -> VAE Decode, and Parallel Config -> Hybrid Sampler -> Patch VAE Decode. Prints what the checker
+KSampler -> VAE Decode, and Parallel Config -> Hybrid Sampler -> Parallel VAE Decode. Prints what the checker
 (the classifier trained with the model) sees in each picture, their difference, the first prompt's time (another
 seed; it loads the model, starts the workers) and the warm one's (ComfyUI's own execution times), and saves one
 PNG: KSampler's picture, the Hybrid Sampler's, and their difference.

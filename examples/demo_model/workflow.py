@@ -29,7 +29,7 @@ def prompt(caption: str, tag: str, degrees: dict | None = None, *, seed: int = S
            cfg: float = CFG, size: int = 64, batch: int = 1, png: bool = False, sampler: str = "euler",
            scheduler: str = "simple") -> dict:
     """API prompt drawing `caption`: KSampler -> VAEDecode when `degrees` is None, else Parallel Config
-    (`degrees` over the defaults: CPU workers) -> Hybrid Sampler -> Patch VAE Decode. The image and the latent
+    (`degrees` over the defaults: CPU workers) -> Hybrid Sampler -> Parallel VAE Decode. The image and the latent
     are saved losslessly as output/img_<tag> / lat_<tag>.safetensors (and as <tag>_*.png when `png`)."""
     g = {
         "1": {"class_type": "UNETLoader", "inputs": {"unet_name": DIT_FILE, "weight_dtype": "default"}},
