@@ -26,7 +26,7 @@ class Mesh:
     name: str
     degrees: dict = field(default_factory=dict)
     kind: str = "forward"  # forward | loop (the loop job: PipeFusion, or any method in loop mode) | stale
-                           # (DistriFusion) | vae (Patch VAE Decode)
+                           # (DistriFusion) | vae (Parallel VAE Decode)
 
     @property
     def world(self) -> int:
@@ -200,7 +200,7 @@ def _run_loop(pool, config, case: _Case, mesh: Mesh, kind: str) -> dict:
 
 
 def _vae(device):
-    """A small diffusers KL VAE (what Patch VAE Decode runs on the ranks), seeded, on `device`."""
+    """A small diffusers KL VAE (what Parallel VAE Decode runs on the ranks), seeded, on `device`."""
     from diffusers import AutoencoderKL
     torch.manual_seed(7)
     vae = AutoencoderKL(in_channels=3, out_channels=3, down_block_types=["DownEncoderBlock2D"] * 2,
@@ -210,7 +210,7 @@ def _vae(device):
 
 
 def _run_vae(pool, config, vae, device) -> dict:
-    """Patch VAE Decode (halo exchange, group norm statistics across ranks) against the VAE's own decode, on latent
+    """Parallel VAE Decode (halo exchange, group norm statistics across ranks) against the VAE's own decode, on latent
     heights that split evenly over the ranks and one that does not."""
     rels = []
     for i, size in enumerate(((13, 10), (16, 12))):
