@@ -93,7 +93,8 @@ def main():
         rel = ((par.double() - ref.double()).norm() / ref.double().norm()).item()
         speedup = results["ksampler"][1][1] / results["hybrid"][1][1]
         why = (" (a 3.8M-parameter model on 16 image + 8 text tokens: a matmul of 12-24 rows costs what reading its "
-               "weights costs, so half the rows save ~20 %, and each step adds 6 all-to-alls; README, Quick start)"
+               "weights costs, so half the rows save ~20 %, and each step adds 6 all-to-alls; docs/development.md, "
+               "Quick start)"
                if speedup < 1 else "")
         print(f"Hybrid Sampler ({label}) vs KSampler: max |diff| {diff.max().item():.2e}, relative {rel:.2e}; "
               f"warm speedup {speedup:.2f}x{why}")
