@@ -44,7 +44,9 @@ def guider_inputs(guider, args: tuple, kwargs: dict):
     keeps cfg1 / cfg2; BasicGuider has no negative."""
     latent = args[1] if len(args) > 1 else kwargs.get("latent_image")
     conds = getattr(guider, "conds", None) or getattr(guider, "original_conds", {}) or {}
-    as_conditioning = lambda k: [[c["cross_attn"], c] for c in conds.get(k) or [] if "cross_attn" in c] or None  # noqa: E731
+
+    def as_conditioning(k):
+        return [[c["cross_attn"], c] for c in conds.get(k) or [] if "cross_attn" in c] or None
     scales = [getattr(guider, n) for n in ("cfg", "cfg1", "cfg2") if isinstance(getattr(guider, n, None), (int, float))]
     cfg = next((c for c in scales if not math.isclose(float(c), 1.0)), 1.0)
     negative = as_conditioning("negative") or (conds.get("negative") and [[None, {}]]) or None

@@ -117,6 +117,26 @@ def auto_device_count(device: str) -> int:
     return max(1, min(os.cpu_count() or 1, max_cpu_workers()))
 
 
+# Tooltips say when to use a setting, not only what it is.
+DEGREE_TIPS = {
+    "dp_degree": "Data parallel: the latent batch is split over this many replicas. Use it for batches of several "
+                 "images / videos (batch >= degree); 1 otherwise.",
+    "cfg_degree": "2 = the positive and negative prompts run on different devices. Use it when cfg > 1 (SD3.5, Qwen-"
+                  "Image, Wan with cfg); with cfg 1 (Flux dev, distilled models) it only repeats work: keep 1.",
+    "ulysses_degree": "Ulysses sequence parallel: the image tokens are split and attention heads exchanged. The usual "
+                      "choice for one large image or video on GPUs with NVLink; heads need not divide.",
+    "ring_degree": "Ring attention: the image tokens are split and K/V blocks passed around. Sends less than Ulysses per"
+                   " step: prefer it over PCIe, or combine (ulysses x ring) for 8 GPUs.",
+    "pp_degree": "PipeFusion: layers split across devices, the image into patches, with one-step-stale K/V "
+                 "(approximate). For models too large for one device when sharding is too slow; Hybrid Sampler only.",
+    "num_pipeline_patch": "PipeFusion patches (0 = pp_degree). Leave at 0 unless tuning PipeFusion.",
+    "warmup_steps": "Exact steps before PipeFusion / DistriFusion switch to stale K/V. More = closer to one device, "
+                    "slower. Ignored by the exact methods.",
+    "tp_degree": "Tensor parallel: each layer's weights split across devices (less memory per device, more "
+                 "communication). Prefer shard_weights for memory; TP for NVLink GPUs only.",
+}
+
+
 def _int(default, lo, hi, tip):
     return ("INT", {"default": default, "min": lo, "max": hi, "tooltip": tip})
 
@@ -141,14 +161,14 @@ class ParallelConfigNode:
     @classmethod
     def INPUT_TYPES(cls):
         return {"required": {
-            "dp_degree": _int(1, 1, 64, "Data parallel: the latent batch is split over this many replicas."),
-            "cfg_degree": _int(1, 1, 2, "2 = the conditional and unconditional passes run on different devices."),
-            "ulysses_degree": _int(1, 1, 64, "Ulysses sequence parallel: all-to-all over attention heads."),
-            "ring_degree": _int(1, 1, 64, "Ring attention: K/V blocks rotate around this many devices."),
-            "pp_degree": _int(1, 1, 16, "PipeFusion: pipeline stages (layers split across devices)."),
-            "num_pipeline_patch": _int(0, 0, 64, "PipeFusion patches (0 = pp_degree)."),
-            "warmup_steps": _int(1, 0, 1000, "Synchronous steps before PipeFusion/DistriFusion use stale K/V."),
-            "tp_degree": _int(1, 1, 16, "Tensor parallel: weights of attention and MLP split across devices."),
+            "dp_degree": _int(1, 1, 64, DEGREE_TIPS["dp_degree"]),
+            "cfg_degree": _int(1, 1, 2, DEGREE_TIPS["cfg_degree"]),
+            "ulysses_degree": _int(1, 1, 64, DEGREE_TIPS["ulysses_degree"]),
+            "ring_degree": _int(1, 1, 64, DEGREE_TIPS["ring_degree"]),
+            "pp_degree": _int(1, 1, 16, DEGREE_TIPS["pp_degree"]),
+            "num_pipeline_patch": _int(0, 0, 64, DEGREE_TIPS["num_pipeline_patch"]),
+            "warmup_steps": _int(1, 0, 1000, DEGREE_TIPS["warmup_steps"]),
+            "tp_degree": _int(1, 1, 16, DEGREE_TIPS["tp_degree"]),
             "method": (["usp", "distrifusion"], {"tooltip": "What the sequence ranks do: exact USP attention, "
                                                  "or DistriFusion's displaced patches (stale activations)."}),
             "device": (["auto", "cpu", "cuda"], {"tooltip": "auto = CUDA when available, else CPU processes."}),
