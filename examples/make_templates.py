@@ -1,0 +1,392 @@
+"""The pack's ComfyUI templates: example_workflows/<name>.json (what ComfyUI's Templates browser lists for a custom
+node pack) and their API form examples/template_prompts/<name>.json.
+
+One template per common case of a GPU owner, on ComfyUI's own loaders and file names (those of ComfyUI's official
+templates, package comfyui_workflow_templates 0.7.25, whose `properties.models` download links are copied here).
+`python examples/make_templates.py` writes the API prompts; the drag-and-drop UI files are made from them by the
+real frontend (tests/test_web_browser.py with HP_UPDATE_TEMPLATES=1: loadApiJson, then the Note node and the model
+links added, then the frontend's own serialize) together with a screenshot of each as its Templates-browser
+thumbnail (<name>.jpg). docs/templates.md describes them.
+"""
+import json
+from pathlib import Path
+
+try:
+    from make_api_prompts import PARALLEL
+except ImportError:  # imported as examples.make_templates
+    from .make_api_prompts import PARALLEL
+
+HERE = Path(__file__).resolve().parent
+UI_DIR = HERE.parent / "example_workflows"
+API_DIR = HERE / "template_prompts"
+
+HF = "https://huggingface.co/"
+FLUX_TE = HF + "comfyanonymous/flux_text_encoders/resolve/main/"
+WAN21 = HF + "Comfy-Org/Wan_2.1_ComfyUI_repackaged/resolve/main/split_files/"
+WAN22 = HF + "Comfy-Org/Wan_2.2_ComfyUI_Repackaged/resolve/main/split_files/"
+QWEN = HF + "Comfy-Org/Qwen-Image_ComfyUI/resolve/main/split_files/"
+HYV15 = HF + "Comfy-Org/HunyuanVideo_1.5_repackaged/resolve/main/split_files/"
+
+# file name -> (download URL, models/ folder), as ComfyUI's official templates give them
+MODELS = {
+    "flux1-dev-fp8.safetensors": (HF + "Comfy-Org/flux1-dev/resolve/main/flux1-dev-fp8.safetensors?download=true",
+                                  "checkpoints"),
+    "sd3.5_large_fp8_scaled.safetensors": (
+        HF + "Comfy-Org/stable-diffusion-3.5-fp8/resolve/main/sd3.5_large_fp8_scaled.safetensors?download=true",
+        "checkpoints"),
+    "qwen_image_fp8_e4m3fn.safetensors": (QWEN + "diffusion_models/qwen_image_fp8_e4m3fn.safetensors",
+                                          "diffusion_models"),
+    "qwen_image_vae.safetensors": (QWEN + "vae/qwen_image_vae.safetensors", "vae"),
+    "wan2.2_i2v_high_noise_14B_fp8_scaled.safetensors": (
+        WAN22 + "diffusion_models/wan2.2_i2v_high_noise_14B_fp8_scaled.safetensors", "diffusion_models"),
+    "wan2.2_i2v_low_noise_14B_fp8_scaled.safetensors": (
+        WAN22 + "diffusion_models/wan2.2_i2v_low_noise_14B_fp8_scaled.safetensors", "diffusion_models"),
+    "umt5_xxl_fp8_e4m3fn_scaled.safetensors": (WAN21 + "text_encoders/umt5_xxl_fp8_e4m3fn_scaled.safetensors",
+                                               "text_encoders"),
+    "wan_2.1_vae.safetensors": (WAN22 + "vae/wan_2.1_vae.safetensors", "vae"),
+    "wan2.2_ti2v_5B_fp16.safetensors": (WAN22 + "diffusion_models/wan2.2_ti2v_5B_fp16.safetensors",
+                                        "diffusion_models"),
+    "wan2.2_vae.safetensors": (WAN22 + "vae/wan2.2_vae.safetensors", "vae"),
+    "hunyuanvideo1.5_720p_t2v_fp16.safetensors": (
+        HYV15 + "diffusion_models/hunyuanvideo1.5_720p_t2v_fp16.safetensors", "diffusion_models"),
+    "byt5_small_glyphxl_fp16.safetensors": (HYV15 + "text_encoders/byt5_small_glyphxl_fp16.safetensors",
+                                            "text_encoders"),
+    "hunyuanvideo15_vae_fp16.safetensors": (HYV15 + "vae/hunyuanvideo15_vae_fp16.safetensors", "vae"),
+    "flux1-dev-kontext_fp8_scaled.safetensors": (
+        HF + "Comfy-Org/flux1-kontext-dev_ComfyUI/resolve/main/split_files/diffusion_models/"
+        "flux1-dev-kontext_fp8_scaled.safetensors", "diffusion_models"),
+    "clip_l.safetensors": (FLUX_TE + "clip_l.safetensors", "text_encoders"),
+    "t5xxl_fp8_e4m3fn_scaled.safetensors": (FLUX_TE + "t5xxl_fp8_e4m3fn_scaled.safetensors", "text_encoders"),
+    "ae.safetensors": (HF + "Comfy-Org/Lumina_Image_2.0_Repackaged/resolve/main/split_files/vae/ae.safetensors",
+                       "vae"),
+}
+# the Qwen 2.5 VL text encoder is the same file in two repackaged repos; each template links its own model's
+QWEN_VL = "qwen_2.5_vl_7b_fp8_scaled.safetensors"
+QWEN_VL_URL = {"qwen_image": QWEN + "text_encoders/" + QWEN_VL, "hunyuan": HYV15 + "text_encoders/" + QWEN_VL}
+
+# widgets that name model files, per loader: these get `properties.models`
+LOADER_FILES = {"CheckpointLoaderSimple": ("ckpt_name",), "UNETLoader": ("unet_name",), "VAELoader": ("vae_name",),
+                "CLIPLoader": ("clip_name",), "DualCLIPLoader": ("clip_name1", "clip_name2")}
+
+WAN_NEGATIVE = ("色调艳丽，过曝，静态，细节模糊不清，字幕，风格，作品，画作，画面，静止，整体发灰，最差质量，低质量，JPEG压缩残留，丑陋的，残缺的，"
+                "多余的手指，画得不好的手部，画得不好的脸部，畸形的，毁容的，形态畸形的肢体，手指融合，静止不动的画面，杂乱的背景，三条腿，背景人很多，"
+                "倒着走")  # the official Wan templates' negative prompt
+
+
+def node(cls, **inputs):
+    return {"class_type": cls, "inputs": inputs}
+
+
+def parallel(**degrees):
+    return node("HybridParallelConfig", **dict(PARALLEL, **degrees))
+
+
+def text(clip, prompt):
+    return node("CLIPTextEncode", text=prompt, clip=clip)
+
+
+def hybrid_sampler(model, positive, negative, latent, config, steps, cfg, sampler="euler", scheduler="simple"):
+    return node("HybridSampler", model=model, seed=42, steps=steps, cfg=cfg, sampler_name=sampler,
+                scheduler=scheduler, positive=positive, negative=negative, latent_image=latent,
+                parallel_config=config, denoise=1.0)
+
+
+def patch_decode(samples, vae, config):
+    return node("HybridPatchVAEDecode", samples=samples, vae=vae, parallel_config=config, block_size=0)
+
+
+def flux_dev(ulysses):
+    """Flux.1 dev fp8 (the single-file checkpoint of ComfyUI's flux_dev_checkpoint_example): no CFG, guidance 3.5."""
+    return {
+        "1": node("CheckpointLoaderSimple", ckpt_name="flux1-dev-fp8.safetensors"),
+        "2": text(["1", 1], "a lighthouse on a cliff at dawn, waves below, warm light, detailed oil painting"),
+        "3": node("FluxGuidance", conditioning=["2", 0], guidance=3.5),
+        "4": node("ConditioningZeroOut", conditioning=["2", 0]),
+        "5": node("EmptySD3LatentImage", width=1024, height=1024, batch_size=1),
+        "6": parallel(cfg_degree=1, ulysses_degree=ulysses),
+        "7": hybrid_sampler(["1", 0], ["3", 0], ["4", 0], ["5", 0], ["6", 0], 20, 1.0),
+        "8": patch_decode(["7", 0], ["1", 2], ["6", 0]),
+        "9": node("SaveImage", images=["8", 0], filename_prefix="hybrid/flux_dev"),
+    }
+
+
+def sd35_large():
+    """SD3.5 Large fp8 (ComfyUI's sd3.5_simple_example): CFG 4 split over 2 ranks x Ulysses 2."""
+    return {
+        "1": node("CheckpointLoaderSimple", ckpt_name="sd3.5_large_fp8_scaled.safetensors"),
+        "2": text(["1", 1], "a bottle with a pink and red galaxy inside it on a wooden table in a modern kitchen, "
+                            "window to a mountain range, bright sun"),
+        "3": text(["1", 1], "blurry, low quality"),
+        "4": node("EmptySD3LatentImage", width=1024, height=1024, batch_size=1),
+        "5": parallel(cfg_degree=2, ulysses_degree=2),
+        "6": hybrid_sampler(["1", 0], ["2", 0], ["3", 0], ["4", 0], ["5", 0], 20, 4.0, scheduler="sgm_uniform"),
+        "7": patch_decode(["6", 0], ["1", 2], ["5", 0]),
+        "8": node("SaveImage", images=["7", 0], filename_prefix="hybrid/sd35_large"),
+    }
+
+
+def qwen_image():
+    """Qwen-Image fp8 (ComfyUI's image_qwen_image, without the Lightning LoRA): CFG 2.5 over 2 x Ulysses 2, the
+    20 GB of fp8 weights sharded over the Ulysses pair (10 GB per GPU)."""
+    return {
+        "1": node("UNETLoader", unet_name="qwen_image_fp8_e4m3fn.safetensors", weight_dtype="default"),
+        "2": node("CLIPLoader", clip_name=QWEN_VL, type="qwen_image", device="default"),
+        "3": node("VAELoader", vae_name="qwen_image_vae.safetensors"),
+        "4": text(["2", 0], "a lighthouse on a cliff at dawn, a wooden sign on its door reading \"HYBRID PARALLEL\""),
+        "5": text(["2", 0], ""),
+        "6": node("ModelSamplingAuraFlow", model=["1", 0], shift=3.1),
+        "7": node("EmptySD3LatentImage", width=1328, height=1328, batch_size=1),
+        "8": parallel(cfg_degree=2, ulysses_degree=2, shard_weights="sequence"),
+        "9": hybrid_sampler(["6", 0], ["4", 0], ["5", 0], ["7", 0], ["8", 0], 20, 2.5),
+        "10": patch_decode(["9", 0], ["3", 0], ["8", 0]),
+        "11": node("SaveImage", images=["10", 0], filename_prefix="hybrid/qwen_image"),
+    }
+
+
+def wan22_i2v_14b():
+    """Wan 2.2 14B image-to-video (ComfyUI's video_wan2_2_14B_i2v, its 20-step pair): high-noise expert for steps
+    0-10, low-noise expert for 10-20, both on one pool through Parallel Model; shard_weights 'all' keeps 1/4 of
+    each expert per GPU (2 x 14.3 GB fp8 / 4 = 7.2 GB), so both fit a 24 GB card with the activations."""
+    adv = dict(noise_seed=42, steps=20, cfg=3.5, sampler_name="euler", scheduler="simple", positive=["9", 0],
+               negative=["9", 1])
+    return {
+        "1": node("UNETLoader", unet_name="wan2.2_i2v_high_noise_14B_fp8_scaled.safetensors", weight_dtype="default"),
+        "2": node("UNETLoader", unet_name="wan2.2_i2v_low_noise_14B_fp8_scaled.safetensors", weight_dtype="default"),
+        "3": node("CLIPLoader", clip_name="umt5_xxl_fp8_e4m3fn_scaled.safetensors", type="wan", device="default"),
+        "4": node("VAELoader", vae_name="wan_2.1_vae.safetensors"),
+        "5": node("LoadImage", image="example.png"),
+        "6": text(["3", 0], "the camera slowly circles the subject, soft wind moves the hair, cinematic light"),
+        "7": text(["3", 0], WAN_NEGATIVE),
+        "8": parallel(cfg_degree=2, ulysses_degree=2, shard_weights="all"),
+        "9": node("WanImageToVideo", positive=["6", 0], negative=["7", 0], vae=["4", 0], width=640, height=640,
+                  length=81, batch_size=1, start_image=["5", 0]),
+        "10": node("ModelSamplingSD3", model=["1", 0], shift=8.0),
+        "11": node("ModelSamplingSD3", model=["2", 0], shift=8.0),
+        "12": node("HybridParallelModel", model=["10", 0], parallel_config=["8", 0]),
+        "13": node("HybridParallelModel", model=["11", 0], parallel_config=["8", 0]),
+        "14": node("KSamplerAdvanced", model=["12", 0], add_noise="enable", **adv, latent_image=["9", 2],
+                   start_at_step=0, end_at_step=10, return_with_leftover_noise="enable"),
+        "15": node("KSamplerAdvanced", model=["13", 0], add_noise="disable", **adv, latent_image=["14", 0],
+                   start_at_step=10, end_at_step=10000, return_with_leftover_noise="disable"),
+        "16": patch_decode(["15", 0], ["4", 0], ["8", 0]),
+        "17": node("CreateVideo", images=["16", 0], fps=16.0),
+        "18": node("SaveVideo", video=["17", 0], filename_prefix="hybrid/wan22_i2v", format="auto", codec="auto"),
+    }
+
+
+def wan22_ti2v_5b():
+    """Wan 2.2 TI2V 5B (ComfyUI's video_wan2_2_5B_ti2v): 1280x704, 121 frames, CFG 5 over 2 x Ulysses 2."""
+    return {
+        "1": node("UNETLoader", unet_name="wan2.2_ti2v_5B_fp16.safetensors", weight_dtype="default"),
+        "2": node("CLIPLoader", clip_name="umt5_xxl_fp8_e4m3fn_scaled.safetensors", type="wan", device="default"),
+        "3": node("VAELoader", vae_name="wan2.2_vae.safetensors"),
+        "4": node("LoadImage", image="example.png"),
+        "5": text(["2", 0], "a street musician plays guitar in a retro subway station, commuters pass by, the camera "
+                            "slowly moves right"),
+        "6": text(["2", 0], WAN_NEGATIVE),
+        "7": node("Wan22ImageToVideoLatent", vae=["3", 0], width=1280, height=704, length=121, batch_size=1,
+                  start_image=["4", 0]),
+        "8": node("ModelSamplingSD3", model=["1", 0], shift=8.0),
+        "9": parallel(cfg_degree=2, ulysses_degree=2),
+        "10": hybrid_sampler(["8", 0], ["5", 0], ["6", 0], ["7", 0], ["9", 0], 20, 5.0, sampler="uni_pc"),
+        "11": patch_decode(["10", 0], ["3", 0], ["9", 0]),
+        "12": node("CreateVideo", images=["11", 0], fps=24.0),
+        "13": node("SaveVideo", video=["12", 0], filename_prefix="hybrid/wan22_ti2v", format="auto", codec="auto"),
+    }
+
+
+def hunyuan_video15():
+    """HunyuanVideo 1.5 720p text-to-video (ComfyUI's video_hunyuan_video_1.5_720p_t2v, base pass): CFG 6 over
+    2 x Ulysses 2, the 16.7 GB fp16 model sharded over the Ulysses pair. Its VAE is not one Patch VAE Decode
+    splits: VAE Decode, as in the official template."""
+    return {
+        "1": node("UNETLoader", unet_name="hunyuanvideo1.5_720p_t2v_fp16.safetensors", weight_dtype="default"),
+        "2": node("DualCLIPLoader", clip_name1=QWEN_VL, clip_name2="byt5_small_glyphxl_fp16.safetensors",
+                  type="hunyuan_video_15", device="default"),
+        "3": node("VAELoader", vae_name="hunyuanvideo15_vae_fp16.safetensors"),
+        "4": text(["2", 0], "a paper airplane glides between skyscrapers at sunset, the camera follows it, "
+                            "golden light"),
+        "5": text(["2", 0], ""),
+        "6": node("ModelSamplingSD3", model=["1", 0], shift=7.0),
+        "7": node("EmptyHunyuanVideo15Latent", width=1280, height=720, length=121, batch_size=1),
+        "8": parallel(cfg_degree=2, ulysses_degree=2, shard_weights="sequence"),
+        "9": hybrid_sampler(["6", 0], ["4", 0], ["5", 0], ["7", 0], ["8", 0], 20, 6.0),
+        "10": node("VAEDecode", samples=["9", 0], vae=["3", 0]),
+        "11": node("CreateVideo", images=["10", 0], fps=24.0),
+        "12": node("SaveVideo", video=["11", 0], filename_prefix="hybrid/hunyuan_video15", format="auto",
+                   codec="auto"),
+    }
+
+
+def flux_kontext():
+    """Flux.1 Kontext dev fp8 image edit (ComfyUI's flux_kontext_dev_basic, one input image): the scaled input is
+    the reference latent and the start latent; guidance 2.5, no CFG; Ulysses 2."""
+    return {
+        "1": node("UNETLoader", unet_name="flux1-dev-kontext_fp8_scaled.safetensors", weight_dtype="default"),
+        "2": node("DualCLIPLoader", clip_name1="clip_l.safetensors", clip_name2="t5xxl_fp8_e4m3fn_scaled.safetensors",
+                  type="flux", device="default"),
+        "3": node("VAELoader", vae_name="ae.safetensors"),
+        "4": node("LoadImage", image="example.png"),
+        "5": node("FluxKontextImageScale", image=["4", 0]),
+        "6": node("VAEEncode", pixels=["5", 0], vae=["3", 0]),
+        "7": text(["2", 0], "make it a winter scene with snow on the ground, keep everything else the same"),
+        "8": node("ReferenceLatent", conditioning=["7", 0], latent=["6", 0]),
+        "9": node("FluxGuidance", conditioning=["8", 0], guidance=2.5),
+        "10": node("ConditioningZeroOut", conditioning=["7", 0]),
+        "11": parallel(cfg_degree=1, ulysses_degree=2),
+        "12": hybrid_sampler(["1", 0], ["9", 0], ["10", 0], ["6", 0], ["11", 0], 20, 1.0),
+        "13": patch_decode(["12", 0], ["3", 0], ["11", 0]),
+        "14": node("SaveImage", images=["13", 0], filename_prefix="hybrid/flux_kontext"),
+    }
+
+
+def _where(*files):
+    lines = []
+    for f in files:
+        folder = MODELS[f][1] if f in MODELS else "text_encoders"
+        lines.append(f"  models/{folder}/{f}")
+    return "\n".join(lines)
+
+
+COMMON = ("Missing files: ComfyUI's 'missing models' dialog offers each download (links are on the loader nodes).\n"
+          "GPU count = the product of Parallel Config's degrees (dp x cfg x ulysses x ring); it must not exceed your "
+          "GPUs. Leave device 'auto'. The first run starts the workers (a minute); later runs reuse them.")
+
+NOTES = {
+    "flux1_dev_fp8_2gpu_ulysses2": f"""Flux.1 dev fp8 on 2 GPUs (Ulysses 2)
+
+Flux dev is guidance-distilled: cfg stays 1 (FluxGuidance 3.5 steers it), so there is no CFG half to split; both GPUs
+split the image tokens (ulysses_degree 2, cfg_degree 1).
+Memory: each GPU holds the whole fp8 diffusion model (12 GB) plus half the activations: 16 GB cards work, 24 GB
+comfortable at 1024x1024. Less than 16 GB: set shard_weights to 'sequence' (6 GB of weights per GPU).
+System RAM: about 32 GB (ComfyUI keeps its own copy of the checkpoint on the host).
+Files (one checkpoint holding the model, CLIP-L, T5-XXL fp8 and the VAE):
+{_where("flux1-dev-fp8.safetensors")}
+4 GPUs: see the 4-GPU template, or set ulysses_degree 4 (Flux has 24 heads: 2, 3, 4, 6 or 8 divide them).
+{COMMON}""",
+    "flux1_dev_fp8_4gpu_ulysses4": f"""Flux.1 dev fp8 on 4 GPUs (Ulysses 4)
+
+As the 2-GPU template with ulysses_degree 4: each GPU computes a quarter of the image tokens. cfg stays 1 (Flux dev
+uses guidance, not CFG), so cfg_degree stays 1. 2 machines x 2 GPUs: add a Hybrid Parallel Cluster node.
+Memory: 12 GB of fp8 weights per GPU plus a quarter of the activations: 16 GB cards; with shard_weights 'sequence'
+each GPU keeps 3 GB of weights (12 GB cards), at the cost of gathering each block before use.
+System RAM: about 32 GB.
+Files:
+{_where("flux1-dev-fp8.safetensors")}
+{COMMON}""",
+    "sd35_large_fp8_cfg2_ulysses2": f"""SD3.5 Large fp8 with CFG on 4 GPUs (cfg 2 x ulysses 2)
+
+cfg 4 > 1: the conditional and unconditional passes run side by side (cfg_degree 2), and each half splits its
+image tokens over 2 GPUs (ulysses_degree 2) = 4 GPUs.
+2 GPUs: ulysses_degree 1 (CFG parallel only). 8 GPUs: ring_degree 2 (SD3.5 Large has 38 heads, so Ulysses
+stops at 2; Ring splits the tokens without that limit).
+Memory: the 8B diffusion model in fp8 is 8 GB per GPU plus activations: 12-16 GB cards at 1024x1024.
+System RAM: about 32 GB.
+Files (one checkpoint with CLIP-L, CLIP-G, T5-XXL fp8 and the VAE):
+{_where("sd3.5_large_fp8_scaled.safetensors")}
+{COMMON}""",
+    "qwen_image_cfg2_ulysses2": f"""Qwen-Image fp8 with CFG on 4 x 24 GB GPUs (cfg 2 x ulysses 2, weights sharded)
+
+cfg 2.5: CFG halves side by side (cfg_degree 2) x the image tokens over 2 GPUs (ulysses_degree 2) = 4 GPUs.
+The fp8 model is 20 GB: shard_weights 'sequence' keeps half of it on each GPU of an Ulysses pair (10 GB) and
+gathers each block just before use, so 24 GB cards have room for the 1328x1328 activations.
+48 GB cards or more: set shard_weights 'none' (faster: no gathering). 2 GPUs: cfg_degree 2, ulysses_degree 1,
+shard_weights 'none' (needs ~26 GB per GPU) or 'all'.
+System RAM: about 48 GB (the model and the 9 GB text encoder stay on the host).
+Files:
+{_where("qwen_image_fp8_e4m3fn.safetensors", QWEN_VL, "qwen_image_vae.safetensors")}
+{COMMON}""",
+    "wan22_i2v_14b_two_experts_24gb": f"""Wan 2.2 14B image-to-video, two experts, 4 x 24 GB GPUs (cfg 2 x ulysses 2, weights sharded)
+
+The high-noise expert samples steps 0-10, the low-noise expert 10-20 (two KSamplerAdvanced, each model through
+Parallel Model onto the same workers). Each expert is 14.3 GB in fp8: replicated, the pair (28.6 GB) fits no
+24 GB card. shard_weights 'all' keeps 1/4 of each on every GPU (7.2 GB for both) and gathers a block's weights one
+block ahead of use.
+2 GPUs: cfg_degree 1 (or ulysses_degree 1), keep shard_weights 'all': 14.3 GB of weights per GPU.
+8 GPUs: ring_degree 2. 48 GB+ cards: shard_weights 'none' is faster.
+Pick your start image in Load Image; 640x640, 81 frames (5 s at 16 fps).
+System RAM: about 64 GB (both experts and the text encoder stay on the host).
+Files:
+{_where("wan2.2_i2v_high_noise_14B_fp8_scaled.safetensors", "wan2.2_i2v_low_noise_14B_fp8_scaled.safetensors",
+        "umt5_xxl_fp8_e4m3fn_scaled.safetensors", "wan_2.1_vae.safetensors")}
+{COMMON}""",
+    "wan22_ti2v_5b_cfg2_ulysses2": f"""Wan 2.2 TI2V 5B, text/image to video on 4 GPUs (cfg 2 x ulysses 2)
+
+cfg 5: CFG halves side by side (cfg_degree 2) x the video tokens over 2 GPUs (ulysses_degree 2) = 4 GPUs.
+The start image is optional: disconnect Load Image for text-to-video. 1280x704, 121 frames (5 s at 24 fps).
+2 GPUs: ulysses_degree 1. 8 GPUs: ring_degree 2 (or ulysses_degree 4: 24 heads).
+Memory: 10 GB of fp16 weights per GPU plus activations: 16-24 GB cards. Less: shard_weights 'sequence'.
+Patch VAE Decode splits the Wan 2.2 VAE decode over the same GPUs.
+System RAM: about 32 GB.
+Files:
+{_where("wan2.2_ti2v_5B_fp16.safetensors", "umt5_xxl_fp8_e4m3fn_scaled.safetensors", "wan2.2_vae.safetensors")}
+{COMMON}""",
+    "hunyuan_video15_720p_t2v_cfg2_ulysses2": f"""HunyuanVideo 1.5 720p text-to-video on 4 x 24 GB GPUs (cfg 2 x ulysses 2, weights sharded)
+
+cfg 6: CFG halves side by side (cfg_degree 2) x the video tokens over 2 GPUs (ulysses_degree 2) = 4 GPUs.
+The 8.3B model is 16.7 GB in fp16: shard_weights 'sequence' keeps half on each GPU of an Ulysses pair (8.3 GB),
+leaving room for the 1280x720x121 activations on 24 GB cards. 48 GB+ cards: shard_weights 'none'.
+2 GPUs: ulysses_degree 1, shard_weights 'all'. 8 GPUs: ulysses_degree 4 (16 heads).
+The VAE decode runs in ComfyUI (VAE Decode), as in ComfyUI's own template.
+System RAM: about 48 GB.
+Files:
+{_where("hunyuanvideo1.5_720p_t2v_fp16.safetensors", QWEN_VL, "byt5_small_glyphxl_fp16.safetensors",
+        "hunyuanvideo15_vae_fp16.safetensors")}
+{COMMON}""",
+    "flux1_kontext_dev_edit_ulysses2": f"""Flux.1 Kontext dev fp8, image edit on 2 GPUs (Ulysses 2)
+
+Load your image and describe the change. The image joins as a reference latent: its tokens are split over the
+GPUs with the generated image's. cfg stays 1 (guidance 2.5), so cfg_degree stays 1.
+4 GPUs: ulysses_degree 4.
+Memory: 12 GB of fp8 weights per GPU plus half the activations: 16 GB cards, 24 GB comfortable.
+Less: shard_weights 'sequence'.
+System RAM: about 32 GB.
+Files:
+{_where("flux1-dev-kontext_fp8_scaled.safetensors", "clip_l.safetensors", "t5xxl_fp8_e4m3fn_scaled.safetensors",
+        "ae.safetensors")}
+{COMMON}""",
+}
+
+
+def templates():
+    """name -> (API prompt, note text, the Qwen 2.5 VL link to use or None)."""
+    graphs = {
+        "flux1_dev_fp8_2gpu_ulysses2": (flux_dev(2), None),
+        "flux1_dev_fp8_4gpu_ulysses4": (flux_dev(4), None),
+        "sd35_large_fp8_cfg2_ulysses2": (sd35_large(), None),
+        "qwen_image_cfg2_ulysses2": (qwen_image(), "qwen_image"),
+        "wan22_i2v_14b_two_experts_24gb": (wan22_i2v_14b(), None),
+        "wan22_ti2v_5b_cfg2_ulysses2": (wan22_ti2v_5b(), None),
+        "hunyuan_video15_720p_t2v_cfg2_ulysses2": (hunyuan_video15(), "hunyuan"),
+        "flux1_kontext_dev_edit_ulysses2": (flux_kontext(), None),
+    }
+    return {name: (g, NOTES[name], vl) for name, (g, vl) in graphs.items()}
+
+
+def model_links(prompt: dict, qwen_vl: str = None) -> dict:
+    """node id -> ComfyUI's `properties.models` list ({name, url, directory}) for each loader of `prompt`."""
+    out = {}
+    for nid, n in prompt.items():
+        keys = LOADER_FILES.get(n["class_type"], ())
+        files = [n["inputs"][k] for k in keys]
+        links = []
+        for f in files:
+            if f == QWEN_VL:
+                links.append({"name": f, "url": QWEN_VL_URL[qwen_vl], "directory": "text_encoders"})
+            else:
+                url, directory = MODELS[f]
+                links.append({"name": f, "url": url, "directory": directory})
+        if links:
+            out[nid] = links
+    return out
+
+
+def write_api_prompts():
+    API_DIR.mkdir(exist_ok=True)
+    for name, (g, _, _) in templates().items():
+        (API_DIR / f"{name}.json").write_text(json.dumps(g, indent=1, ensure_ascii=False) + "\n")
+        print("wrote", API_DIR / f"{name}.json")
+
+
+if __name__ == "__main__":
+    write_api_prompts()
