@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from ..workers.platform_support import decide, read_facts
 from .kernels import check_kernels, kernel_table
 from .machine import environment, find_comfyui, import_comfyui, print_environment
 from .methods import check_methods, meshes_for, method_table
@@ -62,6 +63,10 @@ def main(argv=None) -> int:
     print("== machine ==")
     print_environment(env)
     report = {"environment": env, "kernels": [], "methods": [], "args": vars(args)}
+    support = decide(read_facts())
+    if not (support.cpu or support.cuda):  # Windows, or a torch without torch.distributed: no world can start
+        print(f"the worker pool cannot run here: {support.why_not_cpu or support.why_not_cuda}", file=sys.stderr)
+        return EXIT_CANNOT_RUN
     if comfy_dir is None:
         print("ComfyUI not found: pass --comfyui DIR (the folder holding comfy/ and main.py) or set COMFYUI_DIR",
               file=sys.stderr)

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import torch
 
+from ..workers.platform_support import describe_platform
+
 
 def find_comfyui(explicit: str | None = None) -> Path | None:
     """ComfyUI's directory: --comfyui, $COMFYUI_DIR, the ComfyUI this pack sits in (custom_nodes/<pack>), else
@@ -52,7 +54,8 @@ def environment(comfy_dir: Path | None) -> dict:
     env = {"python": platform.python_version(), "torch": torch.__version__, "cpu_cores": os.cpu_count(),
            "platform": platform.platform(), "cuda": torch.cuda.is_available(), "gpus": [],
            "nccl": None, "gloo": dist.is_available() and dist.is_gloo_available(), "peer_access": None,
-           "shm": _shm(), "comfyui": str(comfy_dir) if comfy_dir else None, "flash_attn": None, "notes": []}
+           "shm": _shm(), "comfyui": str(comfy_dir) if comfy_dir else None, "flash_attn": None, "notes": [],
+           "pool": describe_platform()}  # what the worker pool runs on this operating system
     try:
         import flash_attn
         env["flash_attn"] = getattr(flash_attn, "__version__", "installed")
@@ -98,6 +101,7 @@ def print_environment(env: dict) -> None:
           f"{env['flash_attn'] or 'not installed'}; /dev/shm {shm_text}")
     if env["peer_access"] is not None:
         print("peer access: " + " ".join("".join("x" if a else "." for a in row) for row in env["peer_access"]))
+    print(env["pool"])
     print(f"ComfyUI: {env['comfyui'] or 'NOT FOUND'}")
     for n in env["notes"]:
         print(f"note: {n}")

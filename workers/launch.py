@@ -55,6 +55,7 @@ BOOTSTRAP = ("import runpy, sys, types; root = sys.argv.pop(1); module = sys.arg
 
 
 REAP_INTERVAL_S = 0.5
+UNIX_PATH_MAX = 100  # bytes of a unix socket path, under macOS's 104 (sun_path) and Linux's 108
 
 
 GLOO_COLLECTIVE_TIMEOUT_S = 120.0
@@ -245,8 +246,9 @@ class World:
             time.sleep(REAP_INTERVAL_S)
 
     def _listen(self) -> socket.socket:
-        """The control listener: a 0600 unix socket; loopback TCP without unix sockets (Windows); the
-        cluster's TCP address. The HMAC challenge gates every peer on all of them."""
+        """The control listener: a 0600 unix socket; loopback TCP without unix sockets or where the socket's path is
+        too long for one; the cluster's TCP address. The HMAC challenge gates every peer on all of them. (Windows
+        never gets here: platform_support refuses it before a world starts.)"""
         if self.cluster is not None:
             from .cluster import bind_control
             listener = bind_control(self.cluster)
@@ -254,7 +256,8 @@ class World:
             host = self.cluster.master_addr if host in ("0.0.0.0", "") else host
             self.address = f"{host}:{listener.getsockname()[1]}"
             return listener
-        unix = hasattr(socket, "AF_UNIX")
+        # a path longer than sun_path holds (104 bytes on macOS, 108 on Linux; a long TMPDIR) cannot be bound
+        unix = hasattr(socket, "AF_UNIX") and len(os.fsencode(self.address)) <= UNIX_PATH_MAX
         listener = socket.socket(socket.AF_UNIX if unix else socket.AF_INET, socket.SOCK_STREAM)
         try:
             if unix:

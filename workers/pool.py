@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import wait as wait_conns
 
 from .launch import PoolError, StartupError, World, balance_spec
+from .platform_support import check_os, check_pool
 from .protocol import MODEL_FAMILIES, ProtocolError
 from .transport import (WEIGHT_PREFIX, Arena, cleanup_prefix, nbytes, new_name, new_prefix, read_tensor, shm_dir,
                         sweep_stale, unlink, write_tensor)
@@ -179,17 +180,26 @@ class WorkerPool:
         return self.world is not None and self.world.alive()
 
     def _device_kind(self, config) -> str:
+        """"cpu" or "cuda" for `config`'s world; refuses (ValueError, with the fix) what this operating system
+        cannot run - Windows, a torch without gloo or NCCL (platform_support) - before any process starts."""
         if self.fake:
+            check_os()  # the fake workers use the same channel and transport
             return "cpu"
         kind = self.device
         if kind == "auto" or kind == "cuda":
             import torch
             has = torch.cuda.is_available()
             if kind == "cuda" and not has:
+                check_os()  # Windows: its own message first
                 raise PoolError("device='cuda' but torch sees no CUDA device; use device='cpu'")
             kind = "cuda" if has else "cpu"
-            if kind == "cuda" and not config.devices and not self.share_devices:
-                config.check_world(self.gpus.get("count") or torch.cuda.device_count(), "GPU")
+        # a devices list places the ranks itself (World._devices): its kind decides the backend (World.backend)
+        listed = any(str(d).startswith("cuda") for d in config.devices or ())
+        check_pool("cuda" if listed else kind, world_size=config.world_size,
+                   share_devices=self.share_devices and self.cluster is None)
+        if kind == "cuda" and not config.devices and not self.share_devices:
+            import torch
+            config.check_world(self.gpus.get("count") or torch.cuda.device_count(), "GPU")
         return kind
 
     def ensure_world(self, config) -> World:
