@@ -34,7 +34,9 @@ def parse_args(argv=None):
     ap.add_argument("--share-devices", action="store_true",
                     help="ranks share the GPUs (gloo through host copies: slow, but every multi-rank method runs its "
                          "CUDA code on a machine with fewer GPUs than ranks, even one)")
-    ap.add_argument("--json", default="hp-doctor.json", help="where to write the full report")
+    ap.add_argument("--json", default=os.path.join(tempfile.gettempdir(), "hp-doctor.json"),
+                    help="where to write the full report (default: the temp dir, not the folder you run it in, which "
+                         "is often ComfyUI's own)")
     ap.add_argument("--comfyui", default=None, help="ComfyUI directory (default: found automatically)")
     return ap.parse_args(argv)
 

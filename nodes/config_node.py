@@ -75,6 +75,13 @@ def check_placement(config: ParallelConfig, device: str, cluster=None) -> None:
     a CUDA device that does not exist, more GPU ranks than GPUs, a CPU world beyond max_cpu_workers(). In a
     cluster this machine holds one launch group (nproc_per_node ranks); the others are checked by their torchrun."""
     n = config.world_size
+    from ..parallel import staged
+    from ..workers.platform_support import check_pool
+    try:  # Windows (no pool), macOS (CPU ranks only), a torch without NCCL / gloo: said with the fix, here
+        check_pool(device if device in ("auto", "cpu", "cuda") else "auto", world_size=n,
+                   share_devices=staged.enabled())
+    except ValueError as e:
+        raise ValueError(f"Parallel Config: {e}") from None
     from .runtime import comfy_gpus
     gpus = comfy_gpus().get("count", 0)  # every GPU, also those ComfyUI's --cuda-device hid from itself
     if cluster is not None:
@@ -95,7 +102,6 @@ def check_placement(config: ParallelConfig, device: str, cluster=None) -> None:
         raise ValueError("Parallel Config: device is 'cuda' but torch sees no CUDA device on this machine; "
                          "use device 'cpu' or 'auto'")
     if device in ("cuda", "auto") and gpus:
-        from ..parallel import staged
         if n > gpus and not staged.enabled():  # HP_SHARE_DEVICES: ranks share GPUs (the GPU suite, tests)
             raise ValueError(f"Parallel Config: {config.describe()} needs {n} GPUs but {gpus} are visible; "
                              f"lower the degrees so their product is at most {gpus}")

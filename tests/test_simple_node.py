@@ -96,3 +96,28 @@ def test_guider_inputs_read_what_auto_needs_from_comfys_guiders():
     assert guider_inputs(dual, (), {"latent_image": lat})[1] == 2.0
     basic = types.SimpleNamespace(cfg=1.0, conds={"positive": pos})
     assert guider_inputs(basic, (None, lat), {})[1:3] == (1.0, None)
+
+
+def test_the_config_nodes_say_what_this_system_cannot_run_before_anything_starts(monkeypatch):
+    """Windows (no worker pool) and macOS with device cuda: Parallel GPUs and Parallel Config refuse at once with the
+    fix (workers/platform_support.py decides; simulated here), and nothing is started."""
+    from comfyui_hybrid_parallel.nodes.config_node import ParallelConfigNode
+    from comfyui_hybrid_parallel.workers import platform_support as ps
+
+    class Runtime:
+        def prestart(self, hp):
+            raise AssertionError("started workers")
+    monkeypatch.setattr(ParallelGPUsNode, "runtime", Runtime())
+    monkeypatch.setattr(ParallelConfigNode, "runtime", Runtime())
+    widgets = dict(dp_degree=1, cfg_degree=1, ulysses_degree=2, ring_degree=1, pp_degree=1, num_pipeline_patch=0,
+                   warmup_steps=1, tp_degree=1, method="usp", attention="auto")
+    monkeypatch.setattr(ps, "_system", lambda: "win32")
+    with pytest.raises(ValueError, match=r"^Parallel GPUs: .*WSL2"):
+        ParallelGPUsNode().build("cpu,cpu", "split the image")
+    with pytest.raises(ValueError, match=r"^Parallel Config: .*WSL2"):
+        ParallelConfigNode().build(device="cpu", **widgets)
+    monkeypatch.setattr(ps, "_system", lambda: "darwin")
+    monkeypatch.setattr(ps, "_torch_facts", lambda: dict(distributed=True, gloo=True, nccl=False, cuda=False,
+                                                         mps=True))
+    with pytest.raises(ValueError, match="macOS has no CUDA"):
+        ParallelConfigNode().build(device="cuda", **widgets)
