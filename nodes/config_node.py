@@ -74,14 +74,19 @@ def check_placement(config: ParallelConfig, device: str, cluster=None) -> None:
     """Refuse a world this machine cannot place - before any worker starts and without touching a running pool:
     a CUDA device that does not exist, more GPU ranks than GPUs, a CPU world beyond max_cpu_workers(). In a
     cluster this machine holds one launch group (nproc_per_node ranks); the others are checked by their torchrun."""
-    n = config.world_size
+    _check_devices(config, device, cluster)  # the devices first: "no CUDA device here" is the more precise message
     from ..parallel import staged
     from ..workers.platform_support import check_pool
     try:  # Windows (no pool), macOS (CPU ranks only), a torch without NCCL / gloo: said with the fix, here
-        check_pool(device if device in ("auto", "cpu", "cuda") else "auto", world_size=n,
+        check_pool(device if device in ("auto", "cpu", "cuda") else "auto", world_size=config.world_size,
                    share_devices=staged.enabled())
     except ValueError as e:
         raise ValueError(f"Parallel Config: {e}") from None
+
+
+def _check_devices(config: ParallelConfig, device: str, cluster=None) -> None:
+    n = config.world_size
+    from ..parallel import staged
     from .runtime import comfy_gpus
     gpus = comfy_gpus().get("count", 0)  # every GPU, also those ComfyUI's --cuda-device hid from itself
     if cluster is not None:

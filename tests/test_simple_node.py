@@ -119,5 +119,7 @@ def test_the_config_nodes_say_what_this_system_cannot_run_before_anything_starts
     monkeypatch.setattr(ps, "_system", lambda: "darwin")
     monkeypatch.setattr(ps, "_torch_facts", lambda: dict(distributed=True, gloo=True, nccl=False, cuda=False,
                                                          mps=True))
-    with pytest.raises(ValueError, match="macOS has no CUDA"):
+    with pytest.raises(ValueError, match="no CUDA device.*use device 'cpu' or 'auto'"):  # the devices' own message
         ParallelConfigNode().build(device="cuda", **widgets)
+    monkeypatch.setattr(ParallelGPUsNode, "runtime", None)  # CPU ranks do run on macOS: nothing refused
+    assert ParallelGPUsNode().build("cpu,cpu", "split the image")["result"][0].config.ulysses_degree == 2
