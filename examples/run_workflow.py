@@ -6,6 +6,10 @@ KSampler -> VAE Decode, and Parallel Config -> Hybrid Sampler -> Parallel VAE De
 (the classifier trained with the model) sees in each picture, their difference, the first prompt's time (another
 seed; it loads the model, starts the workers) and the warm one's (ComfyUI's own execution times), and saves one
 PNG: KSampler's picture, the Hybrid Sampler's, and their difference.
+
+The demo model is too small for splitting to pay on two CPU cores (its matmuls have 12-24 rows), so the same run then
+shows the other side: a medium model (1024 image tokens, cfg 4) under KSampler and under Parallel GPUs (preset auto)
+-> Parallel Model -> the same KSampler, timed the same way (--medium-steps 0 skips it).
 """
 import argparse
 import os
@@ -39,6 +43,71 @@ def side_by_side(images: list, labels: list, path: Path, scale: int = 4) -> None
     canvas.save(path)
 
 
+MEDIUM = dict(depth=4, size=512, tokens=77)  # ComfyUI's MMDiT (SD3), hidden 256, 4 blocks; 64 x 64 latent
+
+
+def medium_prompt(tag: str, node: str | None, seed: int, steps: int, cfg: float) -> dict:
+    """API prompt on the medium model: KSampler (node None), or Parallel GPUs (preset auto: the pack picks the split
+    from the model, latent and cfg) -> Parallel Model -> the same KSampler. The latent is saved losslessly."""
+    def cond(s):
+        return {"class_type": "HPExampleConditioning", "inputs": {"seed": s, "tokens": MEDIUM["tokens"],
+                                                                  "context_dim": 32, "pooled_dim": 24,
+                                                                  "guidance": -1.0}}
+    g = {"1": {"class_type": "UNETLoader", "inputs": {"unet_name": "hp_medium_sd3.safetensors",
+                                                      "weight_dtype": "default"}},
+         "2": cond(1), "3": cond(2),
+         "4": {"class_type": "EmptySD3LatentImage", "inputs": {"width": MEDIUM["size"], "height": MEDIUM["size"],
+                                                              "batch_size": 1}}}
+    model = ["1", 0]
+    if node == "auto":
+        g["9"] = {"class_type": "HybridParallelGPUs", "inputs": {"devices": "2", "preset": "auto"}}
+        g["40"] = {"class_type": "HybridParallelModel", "inputs": {"model": model, "parallel_config": ["9", 0]}}
+        model = ["40", 0]
+    g["5"] = {"class_type": "KSampler", "inputs": {"model": model, "seed": seed, "steps": steps, "cfg": cfg,
+                                                   "sampler_name": "euler", "scheduler": "simple",
+                                                   "positive": ["2", 0], "negative": ["3", 0],
+                                                   "latent_image": ["4", 0], "denoise": 1.0}}
+    g["10"] = {"class_type": "HPSaveLatentTensor", "inputs": {"samples": ["5", 0], "filename": f"lat_{tag}"}}
+    return g
+
+
+def pool_wins_case(srv, base: Path, comfy: Path, steps: int, seed: int) -> None:
+    """The other side of the demo, measured in the same run: a model with enough tokens per matmul (1024 image
+    tokens, cfg 4 so a batch of 2) where splitting pays on two CPU cores. Random weights (no picture to look at):
+    what counts is the time and that the latents agree."""
+    from safetensors.torch import load_file
+
+    from comfyui_hybrid_parallel.doctor.machine import import_comfyui
+    import_comfyui(comfy, cpu=True)
+    from comfyui_hybrid_parallel.doctor import tiny_checkpoints as tc
+    path = base / "models" / "diffusion_models" / "hp_medium_sd3.safetensors"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tc.write_sd3(path, depth=MEDIUM["depth"], pos_embed_max_size=MEDIUM["size"] // 16, seed=7)
+    times = {}
+    for side in ("ksampler", "auto"):
+        times[side] = []
+        for run, s in (("first", seed + 1), ("warm", seed)):
+            entry = srv.run(medium_prompt(f"medium_{side}_{run}", None if side == "ksampler" else "auto", s, steps,
+                                          4.0))
+            if entry.get("status", {}).get("status_str") != "success":
+                print(srv.tail(30))
+                sys.exit(f"medium {side} prompt failed: {entry.get('rejected') or entry.get('status')}")
+            times[side].append(srv.seconds(entry))
+    ref = load_file(str(srv.output("lat_medium_ksampler_warm.safetensors")))["images"]
+    par = load_file(str(srv.output("lat_medium_auto_warm.safetensors")))["images"]
+    rel = ((par.double() - ref.double()).norm() / ref.double().norm()).item()
+    chosen = (srv.get("/hybrid_parallel/mesh?degrees=auto").get("auto") or {}).get("chosen", "?")
+    print(f"medium model (ComfyUI's MMDiT, 4 blocks, random weights), {MEDIUM['size']}² = 1024 image tokens, cfg 4, "
+          f"{steps} steps:")
+    print(f"  ksampler                : first prompt {times['ksampler'][0]:6.2f} s, warm {times['ksampler'][1]:6.2f} s")
+    print(f"  parallel gpus auto ({chosen}): first prompt {times['auto'][0]:6.2f} s, warm {times['auto'][1]:6.2f} s")
+    print(f"Parallel GPUs auto ({chosen}) -> Parallel Model -> KSampler vs KSampler: latent relative {rel:.2e}; "
+          f"warm speedup {times['ksampler'][1] / times['auto'][1]:.2f}x")
+    if rel > 1e-4:
+        sys.exit("the parallel latent differs from the KSampler reference")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--caption", default=shapes.TEST_SCENES[3].caption,  # a cross: no shape is less ambiguous
@@ -49,6 +118,8 @@ def main():
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--base", default=None, help="ComfyUI base directory (default: a temp dir)")
     ap.add_argument("--save", default=None, help="where to write the side-by-side PNG (default: <base>/output)")
+    ap.add_argument("--medium-steps", type=int, default=6,
+                    help="steps of the second case, where splitting pays (the medium model); 0 skips it")
     args = ap.parse_args()
 
     from comfyui_hybrid_parallel.doctor.machine import find_comfyui
@@ -111,10 +182,13 @@ def main():
         print(f"side by side: {out}")
         if rel > 1e-4:
             sys.exit("the parallel image differs from the KSampler reference")
+        if args.medium_steps > 0:
+            pool_wins_case(srv, base, comfy, args.medium_steps, args.seed)
     finally:
         srv.stop()
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    # No OMP_NUM_THREADS here: ComfyUI (the server, started from this process) computes KSampler with every core,
+    # as a user's ComfyUI does; the workers set their own thread counts (workers/launch.py).
     main()
