@@ -84,6 +84,14 @@ def check_placement(config: ParallelConfig, device: str, cluster=None) -> None:
         raise ValueError(f"Parallel Config: {e}") from None
 
 
+def check_hp_placement(hp: HybridParallelConfig) -> None:
+    """check_placement for a PARALLEL_CONFIG: its world, and for degrees "auto" the devices listed for it (the
+    world is chosen later, at the sampler, but a device that does not exist is refused now)."""
+    check_placement(hp.config, hp.device, hp.cluster)
+    if hp.device_list:
+        check_placement(ParallelConfig(dp_degree=len(hp.device_list), devices=hp.device_list), hp.device)
+
+
 def _check_devices(config: ParallelConfig, device: str, cluster=None) -> None:
     n = config.world_size
     from ..parallel import staged
@@ -259,9 +267,7 @@ class ParallelConfigNode:
         hp = self.configure(dp_degree, cfg_degree, ulysses_degree, ring_degree, pp_degree, num_pipeline_patch,
                             warmup_steps, tp_degree, method, device, attention, devices, sampling_mode, cluster,
                             shard_weights, step_cache, degrees)
-        check_placement(hp.config, device, cluster)  # this machine must be able to run it: before any worker starts
-        if hp.device_list:
-            check_placement(ParallelConfig(dp_degree=len(hp.device_list), devices=hp.device_list), device)
+        check_hp_placement(hp)  # this machine must be able to run it: before any worker starts
         # in a ComfyUI server: start the workers while the model loads (auto: the world is chosen at the sampler)
         if self.runtime is not None and not hp.auto_devices:
             self.runtime.prestart(hp)

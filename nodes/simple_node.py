@@ -7,7 +7,9 @@ and every sampler path (Hybrid Sampler, Parallel Model, Parallel VAE Decode) tak
 """
 from __future__ import annotations
 
-from .config_node import ParallelConfigNode, auto_device_count, check_placement, summary
+from contextlib import contextmanager
+
+from .config_node import ParallelConfigNode, auto_device_count, check_hp_placement, summary
 from ..parallel.config import normalize_devices
 
 # preset -> (what it sets, given n devices); "auto" is Parallel Config's degrees "auto"
@@ -60,6 +62,15 @@ def parse_devices(devices: str) -> tuple[int, tuple]:
     return len(listed), tuple(listed)
 
 
+@contextmanager
+def _as_this_node():
+    """Parallel Config's own refusals, said in this node's name (the one the user sees)."""
+    try:
+        yield
+    except ValueError as e:
+        raise ValueError(str(e).replace("Parallel Config:", "Parallel GPUs:", 1)) from None
+
+
 class ParallelGPUsNode:
     DESCRIPTION = ("Use several GPUs for one generation: pick the GPUs and 'auto' (or a preset). Connect it where a "
                    "Parallel Config goes (Hybrid Sampler, Parallel Model, Parallel VAE Decode). The result equals one "
@@ -91,10 +102,8 @@ class ParallelGPUsNode:
                        devices=",".join(listed), sampling_mode="auto", cluster=None, shard_weights="none",
                        step_cache=0.0, degrees="manual")
         widgets.update(degrees)
-        try:
+        with _as_this_node():
             hp = ParallelConfigNode.configure(**widgets)
-        except ValueError as e:
-            raise ValueError(str(e).replace("Parallel Config:", "Parallel GPUs:", 1)) from None
         if hp.auto_devices and not listed and hp.auto_devices != n:
             from dataclasses import replace
             hp = replace(hp, auto_devices=n)  # "4": auto chooses among the first four devices
@@ -105,10 +114,8 @@ class ParallelGPUsNode:
 
     def build(self, devices: str = "all", preset: str = "auto"):
         hp = self.configure(devices, preset)
-        try:
-            check_placement(hp.config, hp.device)  # this machine must be able to run it: before any worker starts
-        except ValueError as e:
-            raise ValueError(str(e).replace("Parallel Config:", "Parallel GPUs:", 1)) from None
+        with _as_this_node():
+            check_hp_placement(hp)  # this machine must be able to run it: before any worker starts
         if self.runtime is not None and not hp.auto_devices:
             self.runtime.prestart(hp)
         return {"ui": {"text": summary(hp)}, "result": (hp,)}
