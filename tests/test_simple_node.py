@@ -55,6 +55,13 @@ def test_bad_input_names_the_fix_and_the_node(devices, preset, match):
     assert str(e.value).startswith("Parallel GPUs:"), e.value
 
 
+def test_auto_with_a_listed_device_this_machine_lacks_is_refused_before_anything_starts(monkeypatch):
+    """degrees auto chooses the world later, at the sampler; the devices it may use are checked now."""
+    monkeypatch.setattr(ParallelGPUsNode, "runtime", None)
+    with pytest.raises(ValueError, match=r"^Parallel GPUs: device 'cuda:6' does not exist here"):
+        ParallelGPUsNode().build("cuda:6,cuda:7", "auto")
+
+
 def test_one_category_and_display_names_that_say_what_each_node_is():
     from comfy_env import setup_comfy
     setup_comfy()  # Hybrid Sampler's inputs list ComfyUI's samplers
