@@ -104,3 +104,18 @@ def write_flux_controlnet(path: Path, *, guidance: bool = True, depth: int = 1, 
                               guidance_embed=guidance, operations=_ops(), device="meta")
 
     return _save(make, path, seed, dtype)
+
+
+def write_sd15_controlnet(path: Path, *, seed: int = 0, dtype: torch.dtype = torch.float16) -> dict[str, torch.Tensor]:
+    """An SD1.5 ControlNet (ComfyUI's cldm layout, no key prefix: `zero_convs.0.0.weight` marks it) for the tiny
+    SD1.5 UNet of tiny_checkpoints.write_unet: ComfyUI reads its UNet config from the same weights' shapes.
+    Returns the state dict written."""
+    from comfy.cldm.cldm import ControlNet
+
+    def make():
+        return ControlNet(image_size=32, in_channels=4, model_channels=320, hint_channels=3, num_res_blocks=[1],
+                          channel_mult=[1], use_spatial_transformer=True, transformer_depth=[1],
+                          transformer_depth_middle=1, context_dim=768, num_heads=8, num_head_channels=-1,
+                          use_linear_in_transformer=False, legacy=False, operations=_ops(), device="meta")
+
+    return _save(make, path, seed, dtype)

@@ -150,6 +150,25 @@ def _time_both(kernel, dev, dtype, shape, reps: int) -> dict:
     return best
 
 
+def _batch_split(hp, name: str, latent_shape, active: bool, report: dict | None):
+    """Degrees auto for a model no family adapter knows: CFG parallel when ComfyUI batches an unconditional half,
+    data parallel over the latent's batch with the devices left. Each rank runs the whole model on its share of the
+    batch and the only traffic is one gather of the output per step, so the split is taken whenever there is a batch
+    to split (no cost model reads this model's blocks)."""
+    n = hp.auto_devices
+    cfg_degree = 2 if active and n >= 2 else 1
+    dp = max(1, min(int(latent_shape[0]), n // cfg_degree))
+    base = hp.config
+    config = ParallelConfig(dp_degree=dp, cfg_degree=cfg_degree, warmup_steps=base.warmup_steps,
+                            devices=tuple(hp.device_list[:dp * cfg_degree]))
+    log.info("Parallel Config degrees auto: %s for %s (no family adapter: its batch splits, cfg %s, batch %d) on up to "
+             "%d %s device(s)", config.describe(), name, "on" if active else "off", int(latent_shape[0]), n, hp.device)
+    if report is not None:
+        report.update(model=name, batch=int(latent_shape[0]) * (2 if active else 1), cfg=active, devices=n,
+                      chosen=config.describe(), candidates=[], batch_only=True)
+    return replace(hp, config=config, auto_devices=0, device_list=())
+
+
 def resolve_auto(hp, model_patcher, latent_shape, cfg: float, negative, positive=None, report: dict | None = None,
                  probes: dict | None = None):
     """`hp` unchanged unless its degrees are "auto"; else a HybridParallelConfig with the degrees the cost model
@@ -159,12 +178,11 @@ def resolve_auto(hp, model_patcher, latent_shape, cfg: float, negative, positive
     across prompts (the Runtime's)."""
     if not getattr(hp, "auto_devices", 0):
         return hp
+    active = cfg_active(cfg, negative)
     try:
         shape = shape_from_module(model_patcher.model.diffusion_model)
-    except ValueError as e:  # a model no family adapter knows: one rank; the sampler's own checks report the rest
-        log.warning("Parallel Config degrees auto: %s; running on one rank", e)
-        return replace(hp, auto_devices=0, device_list=())
-    active = cfg_active(cfg, negative)
+    except ValueError:  # a model no family adapter knows: only its batch splits (parallel/models/any_model.py)
+        return _batch_split(hp, type(model_patcher.model.diffusion_model).__name__, latent_shape, active, report)
     batch = int(latent_shape[0]) * (2 if active else 1)
     tokens = shape.tokens(latent_shape)
     text = text_tokens(positive, negative if active else None)

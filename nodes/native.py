@@ -17,7 +17,8 @@ import os
 
 import torch
 
-from ..parallel.models import adapter_for, supported_titles
+from ..parallel.models import ANY, adapter_for, supported_titles, unchecked_base
+from ..parallel.models.any_model import RECIPE
 from ..workers.comfy_native import FORWARDED_ARGS, picked_attention
 from ..workers.transport import _DTYPES
 
@@ -42,12 +43,35 @@ def encode_value(v):
 
 
 def family_adapter(diffusion_model):
-    """The family adapter of this ComfyUI diffusion model, or NotCarried naming what works."""
+    """The family adapter of this ComfyUI diffusion model; `ANY` (CFG / data parallel only) where no adapter declares
+    its class (check_any_model refuses the other methods for it)."""
     a = adapter_for(diffusion_model)
-    if a is None or a.comfy_class not in {c.__name__ for c in type(diffusion_model).__mro__}:
-        raise NotCarried(f"Hybrid Sampler has no adapter for {type(diffusion_model).__name__}; it runs "
-                         f"{supported_titles()}. Use KSampler for this model.")
+    if a is None or a.comfy_class != type(diffusion_model).__name__ and \
+            type(diffusion_model).__name__ not in a.comfy_subclasses:
+        return ANY
     return a
+
+
+def check_any_model(diffusion_model, hp) -> None:
+    """Refuse, before any worker starts, a method that splits inside a model no family adapter declares: only CFG
+    and data parallel (the batch) run it, every rank holding the whole model. The message names the class, why (a
+    subclass of a supported class that nobody checked is not its base), what runs, and how to add an adapter."""
+    if family_adapter(diffusion_model) is not ANY:
+        return
+    config = hp.config
+    loop = config.pp_degree > 1 or getattr(hp, "mode", "auto") == "loop"
+    if config.batch_only and not loop:
+        return
+    name = type(diffusion_model).__name__
+    base = unchecked_base(diffusion_model)
+    why = (f"{name} is a variant of {base.title}'s {base.comfy_class} whose forward the {base.title} plan was not "
+           f"checked against (its extra inputs would not be split with the tokens)" if base is not None else
+           f"{name} has no family adapter")
+    asked = "sampling_mode loop" if config.batch_only else config.describe()
+    raise NotCarried(f"{why}, so only CFG parallel and data parallel run it (every rank holds the whole model): "
+                     f"{asked} cannot. Set ulysses/ring/tp/pp degrees to 1, shard_weights none and sampling_mode "
+                     f"auto, and use cfg_degree 2 (cfg > 1 with a negative prompt) or dp_degree (batch > 1). "
+                     f"Every method runs {supported_titles()}; to add an adapter for {name} see {RECIPE}")
 
 
 def check_weights(diffusion_model) -> int:
@@ -296,5 +320,5 @@ def check_diffusers_path(diffusion_model, config) -> None:
                          f"ComfyUI's own fp8 ops), or load the model with weight_dtype 'default'")
 
 
-__all__ = ["DRIVER_WRAPPERS", "NotCarried", "check_diffusers_path", "check_diffusion_wrappers", "diffusion_wrappers", "loop_step_cache", "runs_diffusion_wrappers", "check_memory", "check_native_pipefusion", "check_native_tp", "check_weights",
+__all__ = ["DRIVER_WRAPPERS", "NotCarried", "check_diffusers_path", "check_diffusion_wrappers", "diffusion_wrappers", "loop_step_cache", "runs_diffusion_wrappers", "check_memory", "check_native_pipefusion", "check_native_tp", "check_weights", "check_any_model",
            "comfy_runtime", "encode_value", "family_adapter", "native_spec", "native_supported", "portable_options"]

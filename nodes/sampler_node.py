@@ -17,7 +17,7 @@ import torch
 from ..parallel.checkpoints import family_module
 from ..parallel.models import adapter
 from .loop_mode import Captured, check_loop_mode, make_loop_sampler, uses_loop_mode
-from .native import (NotCarried, check_diffusers_path, check_diffusion_wrappers, check_memory, check_native_pipefusion,
+from .native import (NotCarried, check_any_model, check_diffusers_path, check_diffusion_wrappers, check_memory, check_native_pipefusion,
                      check_native_tp, check_weights, diffusion_wrappers, native_spec, native_supported,
                      portable_options, runs_diffusion_wrappers)
 from .runtime import to_diffusers, weights_key
@@ -274,6 +274,7 @@ def pool_state(model, hp) -> dict:
     method = f"{hp.config.method}" + (f"-w{hp.config.warmup_steps}" if hp.config.method != "usp" else "")
     state = {"key": f"{weights_key(model.model, model.patches_uuid)}|{method}", "calls": 0,
              "lineage": f"{model.model._hp_uid}|{method}"}  # this model under other patches: replaced, not kept
+    check_any_model(model.model.diffusion_model, hp)  # a model no adapter declares: cfg / dp only
     if native_supported(hp.config, model.model.diffusion_model):
         # ComfyUI's own model on the workers; refused here, before any worker starts, if it cannot travel
         state["native"] = native_spec(model.model)

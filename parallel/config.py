@@ -181,6 +181,12 @@ class ParallelConfig:
         then can a rank rebuild another layout from its weights, or apply weight patches to them."""
         return self.tp_degree == 1 and self.pp_degree == 1 and self.shard_weights == "none"
 
+    @property
+    def batch_only(self) -> bool:
+        """Only the batch is split (cfg / dp): every rank runs the whole model as it is, so any model can run it
+        (parallel/models/any_model.py)."""
+        return self.whole_model and self.sp_degree == 1
+
     def layout_key(self) -> tuple:
         """What a resident model's parallelized layout depends on: the mesh and the method. USP and DistriFusion on
         the same ranks share process groups but not a model: DistriFusion's hooks keep stale K/V and a step count,

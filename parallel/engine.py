@@ -215,13 +215,14 @@ class Engine:
         """Make a built host model resident: parallelize it for ctx (DiT families), keep a PipeFusion stage's
         own blocks only, then move what this rank holds to `device` (room made first: make_room)."""
         from . import parallelize
-        from .models import ADAPTERS, plan_for
-        parallelized = family in ADAPTERS
+        from .models import ADAPTERS, ANY, plan_for
+        parallelized = family in ADAPTERS or family == ANY.family
         base_key = key
         self.drop_other_meshes(key)
         if parallelized:
             key = self._scoped(key, ctx)
-            model = parallelize(model, ctx, attention_kernel) or model
+            plan = ANY.comfy_plan if family == ANY.family else None  # no class to match: the batch split only
+            model = parallelize(model, ctx, attention_kernel, plan=plan) or model
             if ctx.config.pp_degree > 1 and plan_for(model).pipeline is not None:
                 from .pipefusion.plans import keep_stage_blocks
                 keep_stage_blocks(model, ctx)  # a stage holds only its own blocks' weights

@@ -8,7 +8,7 @@ from .models import plan_for
 from .plan import apply_plan, remove_plan
 
 
-def parallelize(transformer: torch.nn.Module, ctx, attention_kernel=None) -> torch.nn.Module:
+def parallelize(transformer: torch.nn.Module, ctx, attention_kernel=None, plan=None) -> torch.nn.Module:
     """Apply the family plan for ctx.config to `transformer` in place and return it.
 
     `attention_kernel`: ComfyUI's attention function for Ulysses' local attention (see `apply_plan`).
@@ -23,7 +23,12 @@ def parallelize(transformer: torch.nn.Module, ctx, attention_kernel=None) -> tor
         # PipeFusion drives the model itself, inside its loop (pipefusion.run_pipefusion_loop installs
         # and removes its stage hooks per run); there is no per-forward plan to apply here.
         return transformer
-    plan = plan_for(transformer)
+    plan = plan or plan_for(transformer)
+    if plan.model_class == "*":  # no family adapter: the batch split alone (the driver refused the rest first)
+        if not ctx.config.batch_only:
+            raise ValueError(f"{type(transformer).__name__} has no family adapter: only cfg_degree and dp_degree "
+                             f"can split its work (got {ctx.config.describe()})")
+        return apply_plan(transformer, plan, ctx)
     if ctx.config.method == "distrifusion":  # stale-patch attention instead of USP; run state: distrifusion_state()
         return apply_distrifusion(transformer, ctx, plan)
     if ctx.config.tp_degree > 1:

@@ -370,7 +370,10 @@ def _root_wrapper(applied):
             kwargs = dict(sig.bind(*args, **kwargs).arguments)
             kwargs.update(kwargs.pop("kwargs", {}) or {})
             applied.state = _RunState()
-            B = kwargs[plan.batch_inputs[0]].shape[0]
+            batched = plan.batch_inputs
+            if batched == ("*",):  # a model no adapter names (parallel/models/any_model.py): every tensor argument
+                batched = tuple(k for k in kwargs if k != "transformer_options")
+            B = kwargs[batched[0]].shape[0]
             if plan.comfy and ctx.sp.size > 1:  # ComfyUI's attention seam, for this call only
                 options = dict(kwargs.get("transformer_options") or {})
                 options["optimized_attention_override"] = applied.override
@@ -380,7 +383,7 @@ def _root_wrapper(applied):
             if batch_ax.size > 1 and B >= batch_ax.size:
                 sizes = split_sizes(B, batch_ax.size)
                 start, n = sum(sizes[: batch_ax.rank]), sizes[batch_ax.rank]
-                kwargs = {k: _slice_batch(v, B, start, n) if k in plan.batch_inputs else v
+                kwargs = {k: _slice_batch(v, B, start, n) if k in batched else v
                           for k, v in kwargs.items()}
             if ctx.sp.size > 1:
                 carried = sorted(n for n in plan.sequence_refusals if kwargs.get(n) is not None)

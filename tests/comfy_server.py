@@ -37,6 +37,12 @@ FAMILIES = {  # the tiny checkpoints each family's workflow loads, and the shape
                    context_dim=32, pooled_dim=4),
     "flux2": dict(unet="tiny_flux2.safetensors", vae=None, latent="EmptyFlux2LatentImage", tokens=7,
                   context_dim=32, pooled_dim=4, guidance=3.5),
+    # SD1.5 and an SDXL-class UNet (KOALA-700M's depths at width 320): no family adapter, CFG / data parallel only;
+    # written on demand by their test, with the SD VAE
+    "sd15": dict(unet="tiny_sd15.safetensors", vae="tiny_kl4.safetensors", latent="EmptyLatentImage", tokens=7,
+                 context_dim=768, pooled_dim=0),
+    "sdxl": dict(unet="tiny_sdxl.safetensors", vae="tiny_kl4.safetensors", latent="EmptyLatentImage", tokens=7,
+                 context_dim=2048, pooled_dim=1280),
     # Flux.1-dev: ComfyUI 0.3.75 fixes its width at 3072, so even one block of each kind is 531M parameters;
     # written on demand (write_flux_checkpoint), not with the others
     "flux": dict(unet="tiny_flux.safetensors", vae="tiny_kl16.safetensors", latent="EmptySD3LatentImage",

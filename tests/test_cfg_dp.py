@@ -66,3 +66,68 @@ def test_cfg_rank_zero_gets_the_conditional_half(dist_pools):
     res = dist_pools(4).run(_batch_layout_body, 4)  # ComfyUI order: [cond0, cond1, uncond0, uncond1]
     for cfg_rank, samples in res:
         assert all((s < 2) == (cfg_rank == 0) for s in samples), res
+
+
+class _AnyUNet(torch.nn.Module):
+    """Stands for a model no family adapter knows (ComfyUI's UNet signature): every tensor argument whose first
+    dimension is the batch is split, ControlNet-style nested residuals included; a non-batch tensor is not."""
+
+    def __init__(self, dtype):
+        super().__init__()
+        g = torch.Generator().manual_seed(5)
+        self.conv = torch.nn.Conv2d(4, 4, 3, padding=1).to(dtype)
+        self.ctx = torch.nn.Linear(12, 4).to(dtype)
+        with torch.no_grad():
+            for p in self.parameters():
+                p.copy_(torch.randn(p.shape, generator=g).to(dtype) * 0.3)
+
+    def forward(self, x, timesteps=None, context=None, y=None, control=None, transformer_options={}, **kwargs):
+        h = self.conv(x) * (1 + timesteps[:, None, None, None] / 1000)
+        h = h + self.ctx(context).mean(1)[:, :, None, None] + y[:, :4, None, None]
+        for r in control["input"]:
+            h = h + r
+        return h + kwargs["table"].sum()  # a shared table (its first dim is not the batch): used whole
+
+
+def _any_body(degrees, seed, batch, dtype):
+    from comfyui_hybrid_parallel.parallel import parallelize
+    from comfyui_hybrid_parallel.parallel.models import ANY
+    from dist_harness import context_for
+    ctx = context_for(ParallelConfig(**degrees))
+    model = _AnyUNet(dtype)
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=g).to(dtype)  # noqa: E731
+    kw = dict(x=r(batch, 4, 5, 7), timesteps=torch.rand(batch, generator=g) * 1000, context=r(batch, 3, 12),
+              y=r(batch, 6), control={"input": [r(batch, 4, 5, 7), r(batch, 4, 5, 7)]}, table=r(batch + 1, 2),
+              transformer_options={"cond_or_uncond": [0, 1]})
+    with torch.no_grad():
+        serial = model(**kw)
+        parallelize(model, ctx, plan=ANY.comfy_plan)
+        par = model(**kw)
+    return (par.double() - serial.double()).norm().item() / serial.double().norm().item(), ctx.stats.snapshot()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("degrees, batch", [(dict(cfg_degree=2), 2), (dict(dp_degree=2), 3), (dict(cfg_degree=2), 1)],
+                         ids=["cfg2-b2", "dp2-b3", "cfg2-b1"])
+def test_a_model_no_adapter_knows_splits_its_batch_exactly(dist_pools, degrees, batch, dtype):
+    """parallel/models/any_model.py: CFG / data parallel of a whole model per rank equals the serial model."""
+    res = dist_pools(2).run(_any_body, degrees, 31 + batch, batch, dtype)
+    assert max(e for e, _ in res) <= 1e-5, res  # bf16 / fp16 come out bitwise here (rows are independent)
+    if batch >= 2:
+        assert all(s.get("all_gather") for _, s in res), "the batch was not split and gathered"
+
+
+def _any_refused_body():
+    from comfyui_hybrid_parallel.parallel import parallelize
+    from comfyui_hybrid_parallel.parallel.models import ANY
+    from dist_harness import context_for
+    try:
+        parallelize(_AnyUNet(torch.float32), context_for(ParallelConfig(ulysses_degree=2)), plan=ANY.comfy_plan)
+    except ValueError as e:
+        return str(e)
+    return "not refused"
+
+
+def test_a_model_no_adapter_knows_is_refused_sequence_parallel(dist_pools):
+    assert all("no family adapter: only cfg_degree and dp_degree" in m for m in dist_pools(2).run(_any_refused_body))

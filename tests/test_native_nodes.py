@@ -114,7 +114,38 @@ def test_model_without_adapter_refused_before_workers(comfy):
 
     model = comfy()
     model.model.diffusion_model = UnknownDiT()
-    _refused(model, "no adapter for UnknownDiT.*Flux", ulysses_degree=2)
+    # only the batch splits for it: the message names the class, what runs it, what runs everything, the recipe
+    _refused(model, "UnknownDiT has no family adapter, so only CFG parallel and data parallel run it.*ulysses2"
+                    ".*cfg_degree 2.*Flux.*docs/adding-a-model.md", ulysses_degree=2)
+    for degrees in (dict(tp_degree=2), dict(pp_degree=2, num_pipeline_patch=2), dict(ulysses_degree=2, method="distrifusion"),
+                    dict(cfg_degree=2, sampling_mode="loop")):
+        model = comfy()
+        model.model.diffusion_model = UnknownDiT()
+        _refused(model, "UnknownDiT has no family adapter", **degrees)
+
+
+def test_an_unchecked_subclass_of_a_supported_class_does_not_inherit_its_plan(comfy):
+    """Wan's VACE, S2V, HuMo, Camera and Animate models subclass WanModel and add inputs the Wan plan does not split
+    with the tokens (ulysses crashed mid-run on VACE): a subclass no adapter lists runs CFG / data parallel only,
+    and anything else is refused before any worker starts, saying it is a variant nobody checked."""
+    from comfy.ldm.wan.model import VaceWanModel, WanModel
+    from comfy.ops import disable_weight_init
+
+    from comfyui_hybrid_parallel.nodes.native import family_adapter
+    from comfyui_hybrid_parallel.parallel.models import ANY, adapter_for, plan_for, unchecked_base
+
+    kw = dict(model_type="t2v", patch_size=(1, 2, 2), dim=128, ffn_dim=256, num_heads=1, num_layers=1,
+              in_dim=16, out_dim=16, text_dim=32, device="meta",
+              operations=disable_weight_init)
+    base, vace = WanModel(**kw), VaceWanModel(**kw, vace_layers=1, vace_in_dim=32)
+    assert adapter_for(base).family == "wan" and family_adapter(base).family == "wan"
+    assert adapter_for(vace) is None and family_adapter(vace) is ANY and unchecked_base(vace).family == "wan"
+    with pytest.raises(ValueError, match="VaceWanModel is not supported.*CFG / data parallel"):
+        plan_for(vace)
+    model = comfy()
+    model.model.diffusion_model = vace
+    _refused(model, "VaceWanModel is a variant of Wan 2.1/2.2's WanModel whose forward.*not checked.*cfg_degree",
+             ulysses_degree=2)
 
 
 def test_fp8_on_the_diffusers_path_refused_before_workers(comfy, tmp_path):

@@ -132,6 +132,11 @@ function autoTable(auto) {
       text: "degrees auto: Hybrid Sampler picks them from the model, latent and cfg; the predicted time per step of each choice shows here after a run" }));
     return box;
   }
+  if (auto.batch_only) {  // a model no family adapter knows: only its batch splits, no cost model
+    box.append(el("div", { class: "hp-mesh-hint",
+      text: `latest run: ${auto.model} (no family adapter: CFG / data parallel only), batch ${auto.batch}, cfg ${auto.cfg ? "on" : "off"}, up to ${auto.devices} device(s) - chose ${auto.chosen}` }));
+    return box;
+  }
   box.append(el("div", { class: "hp-mesh-hint",
     text: `latest run: ${auto.model}, ${auto.tokens} image + ${auto.text_tokens} text tokens, cfg ${auto.cfg ? "on" : "off"}, up to ${auto.devices} device(s) (${auto.cost}) - predicted per step:` }));
   for (const c of auto.candidates) {

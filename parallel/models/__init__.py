@@ -5,7 +5,7 @@ Each adapter holds two plans on the same mechanism: `comfy_plan` for ComfyUI's o
 class (what the workers run for the nodes) and `plan` for the diffusers class (the library API and
 the reference in tests).
 """
-from . import chroma, flux, hunyuan_video, lumina2, pixart, qwen_image, sd3, wan
+from . import any_model, chroma, flux, hunyuan_video, lumina2, pixart, qwen_image, sd3, wan
 from .adapter import FamilyAdapter
 
 ADAPTERS = {m.ADAPTER.family: m.ADAPTER for m in (flux, sd3, pixart, wan, qwen_image, chroma, lumina2, hunyuan_video)}
@@ -14,20 +14,41 @@ COMFY_PLANS = {a.comfy_class: a.comfy_plan for a in ADAPTERS.values()}
 FAMILIES = {f: a.plan for f, a in ADAPTERS.items() if a.plan is not None}
 
 
+ANY = any_model.ADAPTER  # CFG / data parallel for a model no adapter declares (not in ADAPTERS: it matches no class)
+
+
 def adapter(family: str) -> FamilyAdapter:
+    if family == ANY.family:
+        return ANY
     if family not in ADAPTERS:
         raise ValueError(f"unknown model family {family!r}; known: {', '.join(ADAPTERS)}")
     return ADAPTERS[family]
 
 
 def _match(model):
-    """(adapter, plan) for a ComfyUI or diffusers transformer instance (a subclass uses its base's), or None."""
-    for cls in type(model).__mro__:
+    """(adapter, plan) for a ComfyUI or diffusers transformer instance, or None.
+
+    The class itself must be the one an adapter declares (or a subclass it lists as checked): a subclass
+    inherits its base's blocks but may change its forward (Wan's VACE adds hint blocks whose inputs the Wan
+    plan does not split), so it does not inherit the plan - it runs as `ANY` (CFG / data parallel) instead."""
+    cls = type(model)
+    for a in ADAPTERS.values():
+        if cls.__name__ == a.comfy_class or cls.__name__ in a.comfy_subclasses:
+            return a, a.comfy_plan
+        if a.plan is not None and cls.__name__ == a.diffusers_class:
+            return a, a.plan
+    return None
+
+
+def unchecked_base(model) -> FamilyAdapter | None:
+    """The adapter of a supported base class of this model's class, when the class itself is not declared (a
+    subclass nobody checked): for a message that says why its family's methods do not apply."""
+    if _match(model) is not None:
+        return None
+    for cls in type(model).__mro__[1:]:
         for a in ADAPTERS.values():
             if cls.__name__ == a.comfy_class:
-                return a, a.comfy_plan
-            if a.plan is not None and cls.__name__ == a.diffusers_class:
-                return a, a.plan
+                return a
     return None
 
 
@@ -41,7 +62,8 @@ def plan_for(model):
     m = _match(model)
     if m is None:
         raise ValueError(f"{type(model).__name__} is not supported for parallel sampling; supported: "
-                         f"{sorted(COMFY_PLANS)} (ComfyUI) and {sorted(PLANS)} (diffusers)")
+                         f"{sorted(COMFY_PLANS)} (ComfyUI) and {sorted(PLANS)} (diffusers); any other ComfyUI "
+                         f"model runs CFG / data parallel only; to add a family see {any_model.RECIPE}")
     return m[1]
 
 

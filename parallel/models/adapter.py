@@ -22,6 +22,9 @@ class FamilyAdapter:
     plan: Optional[FamilyPlan]     # the diffusers class (library API, test reference, TP / PipeFusion); None: none
     # ComfyUI diffusion-model keyword arguments the diffusers path maps (the native path passes any tensor)
     diffusers_extra: frozenset = field(default_factory=frozenset)
+    # subclasses of comfy_class checked to run under comfy_plan (tests vs KSampler); any other subclass does not
+    # inherit the plan (parallel/models/__init__.py: _match)
+    comfy_subclasses: tuple = ()
 
     @property
     def comfy_class(self) -> str:
