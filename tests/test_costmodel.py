@@ -269,11 +269,13 @@ def test_resolve_auto(comfy_models, monkeypatch):
         auto.resolve_auto(hp, model, (1, 16, 64, 64), 4.0, cond, cond, probes=probes)
         assert len(probes) == 2  # nothing measured again
 
-    class Unknown(torch.nn.Module):  # no adapter: one rank, and the sampler's checks name the problem later
+    class Unknown(torch.nn.Module):  # no adapter: only its batch splits (cfg when on, then dp over the batch)
         pass
     patcher = type("P", (), {"model": type("M", (), {"diffusion_model": Unknown()})()})()
     out = auto.resolve_auto(hp, patcher, (1, 16, 64, 64), 4.0, cond, cond)
-    assert out.config.world_size == 1 and out.auto_devices == 0
+    assert out.config.describe() == "cfg2" and out.auto_devices == 0
+    assert auto.resolve_auto(hp, patcher, (3, 16, 64, 64), 1.0, cond, cond).config.describe() == "dp2"
+    assert auto.resolve_auto(hp, patcher, (1, 16, 64, 64), 1.0, cond, cond).config.world_size == 1
 
 
 @pytest.mark.comfy
