@@ -188,17 +188,20 @@ def write_wan(path: Path, *, dim: int = 128, ffn_dim: int = 256, num_layers: int
     ComfyUI detects it as a t2v-type model and joins WanImageToVideo's concat latent to x itself.
     in_dim = out_dim = 48 is Wan 2.2 TI2V 5B's layout (48-channel latents; ComfyUI's WAN22 model class, whose
     noise mask becomes per-frame timesteps). model_type "i2v" with in_dim 36 is Wan 2.1 image-to-video: the
-    CLIP-vision projection (img_emb) and the image key/value projections of every cross-attention."""
-    from comfy.ldm.wan.model import WanModel
+    CLIP-vision projection (img_emb) and the image key/value projections of every cross-attention.
+    model_type "vace" is Wan 2.1 VACE (ComfyUI's VaceWanModel, detected by its vace_patch_embedding): one VACE
+    block beside the first block, taking WanVaceToVideo's 96-channel control latent (inactive + reactive + mask)."""
+    from comfy.ldm.wan.model import VaceWanModel, WanModel
 
     if dim % 128:
         raise ValueError(f"Wan dim must be a multiple of 128 (ComfyUI uses heads = dim/128), got {dim}")
+    cls, extra = (VaceWanModel, dict(vace_layers=1, vace_in_dim=96)) if model_type == "vace" else (WanModel, {})
 
     def make():
-        return WanModel(model_type=model_type, patch_size=(1, 2, 2), text_len=512, in_dim=in_dim, dim=dim,
-                        ffn_dim=ffn_dim, freq_dim=256, text_dim=4096, out_dim=out_dim, num_heads=dim // 128,
-                        num_layers=num_layers, window_size=(-1, -1), qk_norm=True, cross_attn_norm=True,
-                        eps=1e-6, operations=_ops(), device="meta")
+        return cls(model_type=model_type, patch_size=(1, 2, 2), text_len=512, in_dim=in_dim, dim=dim,
+                   ffn_dim=ffn_dim, freq_dim=256, text_dim=4096, out_dim=out_dim, num_heads=dim // 128,
+                   num_layers=num_layers, window_size=(-1, -1), qk_norm=True, cross_attn_norm=True,
+                   eps=1e-6, operations=_ops(), device="meta", **extra)
 
     return _save(make, path, seed, dtype)
 

@@ -2,6 +2,8 @@
 and a MODEL the workers cannot carry is refused before any worker starts."""
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 
@@ -296,3 +298,42 @@ def test_a_lora_strength_change_moves_only_the_patch_and_equals_ksampler(comfy, 
     assert in_place == [[1, 1]] * 3  # one resident version per rank: the old one was patched over, not kept
     for a, b in zip(outs, outs[1:]):  # each strength really changed the result
         assert ((a.double() - b.double()).norm() / b.double().norm()).item() > 1e-3
+
+
+def test_every_comfyui_subclass_of_a_supported_class_runs_cfg_dp_only(comfy):
+    """Every subclass ComfyUI 0.3.75 ships of a class an adapter declares (VACE, Camera, S2V, HuMo and Animate Wan
+    models, Chroma Radiance, ...) is refused sequence parallel before any worker starts, with the reason - unless
+    its adapter lists it as checked."""
+    import importlib
+    import pkgutil
+
+    import comfy.ldm
+
+    from comfyui_hybrid_parallel.nodes.native import NotCarried, check_any_model, family_adapter
+    from comfyui_hybrid_parallel.parallel.models import ADAPTERS, ANY
+    for info in pkgutil.walk_packages(comfy.ldm.__path__, "comfy.ldm."):
+        try:
+            importlib.import_module(info.name)
+        except Exception:  # noqa: BLE001 - a module needing an optional dependency (torchaudio...)
+            pass
+    bases = {a.comfy_class: a for a in ADAPTERS.values()}
+    found = []
+
+    def walk(cls, a):
+        for sub in cls.__subclasses__():
+            found.append((sub, a))
+            walk(sub, a)
+    for cls in {c for m in list(sys.modules.values()) if getattr(m, "__name__", "").startswith("comfy.ldm")
+                for c in vars(m).values() if isinstance(c, type) and c.__name__ in bases}:
+        walk(cls, bases[cls.__name__])
+    names = {sub.__name__ for sub, _ in found}
+    assert {"VaceWanModel", "CameraWanModel", "WanModel_S2V", "HumoWanModel", "AnimateWanModel",
+            "ChromaRadiance"} <= names, names
+    for sub, a in found:
+        if sub.__name__ in a.comfy_subclasses or sub.__name__ in bases:
+            continue
+        dm = sub.__new__(sub)  # no __init__: only the class is read
+        assert family_adapter(dm) is ANY, sub
+        with pytest.raises(NotCarried, match=f"{sub.__name__} is a variant of .*not checked"):
+            check_any_model(dm, _hp(ulysses_degree=2))
+        check_any_model(dm, _hp(cfg_degree=2))  # the batch split runs it
