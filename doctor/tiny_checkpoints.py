@@ -206,6 +206,23 @@ def write_wan(path: Path, *, dim: int = 128, ffn_dim: int = 256, num_layers: int
     return _save(make, path, seed, dtype)
 
 
+def write_ltxv(path: Path, *, head_dim: int = 8, num_layers: int = 1, seed: int = 0,
+               dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    """LTX-Video: detection fixes 32 heads (head dim = attn2's width / 32), 128 latent channels and the 4096-wide
+    caption projection (not read); the width is 32 x head_dim and the text width equals it. head_dim 8: 1.9M
+    parameters for one block."""
+    from comfy.ldm.lightricks.model import LTXVModel
+
+    inner = 32 * head_dim
+
+    def make():
+        return LTXVModel(in_channels=128, cross_attention_dim=inner, attention_head_dim=head_dim,
+                         num_attention_heads=32, caption_channels=4096, num_layers=num_layers,
+                         operations=_ops(), device="meta")
+
+    return _save(make, path, seed, dtype)
+
+
 def write_qwen_image(path: Path, *, num_layers: int = 1, seed: int = 0,
                      dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
     """Qwen-Image: detection reads only the input channels and the block count; 24 heads x 128, the 3584-wide

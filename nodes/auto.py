@@ -181,8 +181,13 @@ def resolve_auto(hp, model_patcher, latent_shape, cfg: float, negative, positive
     active = cfg_active(cfg, negative)
     try:
         shape = shape_from_module(model_patcher.model.diffusion_model)
-    except ValueError:  # a model no family adapter knows: only its batch splits (parallel/models/any_model.py)
-        return _batch_split(hp, type(model_patcher.model.diffusion_model).__name__, latent_shape, active, report)
+    except ValueError as e:
+        from .native import ANY, family_adapter
+        dm = model_patcher.model.diffusion_model
+        if family_adapter(dm) is ANY:  # a model no family adapter knows: only its batch splits (any_model.py)
+            return _batch_split(hp, type(dm).__name__, latent_shape, active, report)
+        log.warning("Parallel Config degrees auto: %s; running on one rank", e)
+        return replace(hp, auto_devices=0, device_list=())
     batch = int(latent_shape[0]) * (2 if active else 1)
     tokens = shape.tokens(latent_shape)
     text = text_tokens(positive, negative if active else None)

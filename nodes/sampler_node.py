@@ -36,6 +36,19 @@ class PoolDiffusionModel(torch.nn.Module):
         self.device = getattr(original, "device", None)
         self._original = [original]  # not a submodule: keep ComfyUI's weights out of this proxy
 
+    def __getattr__(self, name):
+        """ComfyUI's BaseModel reads helpers of its diffusion model while the proxy stands in (LTX-Video's
+        process_timestep: `diffusion_model.patchifier`): those come from the original. Its submodules and weights do
+        not - anything that would compute with the driver's copy fails here instead of running there."""
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            value = getattr(self.__dict__["_original"][0], name)
+            if isinstance(value, (torch.nn.Module, torch.Tensor)):
+                raise AttributeError(f"the diffusion model runs on the workers: its {name!r} cannot be used by the "
+                                     f"driver during a model call") from None
+            return value
+
     def _ensure_resident(self):
         st = self.state
         if st.get("resident"):

@@ -23,7 +23,7 @@ from .comm import split_sizes
 from .config import ConfigError, ParallelConfig
 
 # families whose text enters by cross-attention (the rest put it in the self-attention: MMDiT / single stream)
-CROSS_TEXT = frozenset({"pixart", "wan"})
+CROSS_TEXT = frozenset({"pixart", "wan", "ltxv"})
 ULYSSES_CALLS_PER_LAYER = 2  # parallel/usp.py: q|k|v in one all-to-all, output (+ replicated text's heads) back
 _TEXT_NAMES = ("txt", "context", "add_", "cap_", "kv_linear", "cross_attn.k", "cross_attn.v", "attn2.to_k",
                "attn2.to_v")
@@ -444,6 +444,9 @@ def shape_from_module(model, act_bytes: Optional[int] = None) -> ModelShape:
     heads = 0
     for attr in (plan.heads_attr, "num_heads", "n_heads", "heads", "num_attention_heads"):
         heads = heads or getattr(getattr(model, "config", None), attr, None) or getattr(model, attr, 0)
+    if not heads:  # a model that keeps the count on its attention modules only (LTX-Video)
+        heads = next((getattr(modules[n], plan.heads_attr, 0) for n in modules for p in plan.attention
+                      if _matches(p, n) and getattr(modules[n], plan.heads_attr, 0)), 0)
     img = txt = 0
     widths, text_blocks = Counter(), 0
     for name in blocks:
@@ -469,7 +472,8 @@ def shape_from_module(model, act_bytes: Optional[int] = None) -> ModelShape:
     final = [m for n, m in modules.items() if isinstance(m, torch.nn.Linear) and "mod" not in n
              and n.split(".")[0] in ("final_layer", "head", "proj_out", "norm_out")]
     out_per_token = final[-1].out_features if final else hidden
-    patch = getattr(model, "patch_size", None) or getattr(getattr(model, "config", None), "patch_size", 2)
+    patch = (getattr(model, "patch_size", None) or getattr(getattr(model, "patchifier", None), "patch_size", None)
+             or getattr(getattr(model, "config", None), "patch_size", 2))  # LTX-Video's patchifier: (1, 1, 1)
     patch = tuple(patch) if isinstance(patch, (tuple, list)) else (1, int(patch), int(patch))
     patch = (1,) * (3 - len(patch)) + patch
     if act_bytes is None:

@@ -37,6 +37,9 @@ FAMILIES = {  # the tiny checkpoints each family's workflow loads, and the shape
                    context_dim=32, pooled_dim=4),
     "flux2": dict(unet="tiny_flux2.safetensors", vae=None, latent="EmptyFlux2LatentImage", tokens=7,
                   context_dim=32, pooled_dim=4, guidance=3.5),
+    # LTX-Video: 128-channel latents at 32x spatial and 8x temporal, 4096-wide captions; written on demand by its test
+    "ltxv": dict(unet="tiny_ltxv.safetensors", vae=None, latent="EmptyLTXVLatentVideo", tokens=7, context_dim=4096,
+                 pooled_dim=0),
     # SD1.5 and an SDXL-class UNet (KOALA-700M's depths at width 320): no family adapter, CFG / data parallel only;
     # written on demand by their test, with the SD VAE
     "sd15": dict(unet="tiny_sd15.safetensors", vae="tiny_kl4.safetensors", latent="EmptyLatentImage", tokens=7,
@@ -127,7 +130,7 @@ def workflow(degrees, tag: str, width: int, height: int, steps: int = 3, cfg: fl
             "seed": seed, "tokens": f["tokens"], "context_dim": f["context_dim"], "pooled_dim": f["pooled_dim"],
             "guidance": f.get("guidance", -1.0)}}
     latent = {"width": width, "height": height, "batch_size": batch}
-    if family in ("wan", "hunyuan_video15"):
+    if family in ("wan", "hunyuan_video15", "ltxv"):
         latent["length"] = length
     g = {
         "1": {"class_type": "UNETLoader", "inputs": {"unet_name": f["unet"], "weight_dtype": weight_dtype}},

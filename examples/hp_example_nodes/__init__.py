@@ -27,11 +27,18 @@ class HPExampleConditioning:
             "context_dim": ("INT", {"default": 32, "min": 1, "max": 8192}),
             "pooled_dim": ("INT", {"default": 0, "min": 0, "max": 8192, "tooltip": "0 = no pooled output"}),
             "guidance": ("FLOAT", {"default": -1.0, "min": -1.0, "max": 100.0, "tooltip": "-1 = none"}),
+        }, "optional": {
+            "padded": ("INT", {"default": 0, "min": 0, "max": 4096, "tooltip": "> 0: an attention mask (as T5 "
+                               "encoders give LTX-Video) whose last `padded` tokens are padding"}),
         }}
 
-    def make(self, seed, tokens, context_dim, pooled_dim, guidance):
+    def make(self, seed, tokens, context_dim, pooled_dim, guidance, padded=0):
         g = torch.Generator().manual_seed(seed)
         extra = {}
+        if padded:
+            mask = torch.ones(1, tokens, dtype=torch.int64)
+            mask[:, tokens - min(padded, tokens - 1):] = 0
+            extra["attention_mask"] = mask
         if pooled_dim:
             extra["pooled_output"] = torch.randn(1, pooled_dim, generator=g)
         if guidance >= 0:

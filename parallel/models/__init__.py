@@ -5,10 +5,11 @@ Each adapter holds two plans on the same mechanism: `comfy_plan` for ComfyUI's o
 class (what the workers run for the nodes) and `plan` for the diffusers class (the library API and
 the reference in tests).
 """
-from . import any_model, chroma, flux, hunyuan_video, lumina2, pixart, qwen_image, sd3, wan
+from . import any_model, chroma, flux, hunyuan_video, lumina2, ltxv, pixart, qwen_image, sd3, wan
 from .adapter import FamilyAdapter
 
-ADAPTERS = {m.ADAPTER.family: m.ADAPTER for m in (flux, sd3, pixart, wan, qwen_image, chroma, lumina2, hunyuan_video)}
+ADAPTERS = {m.ADAPTER.family: m.ADAPTER for m in (flux, sd3, pixart, wan, qwen_image, chroma, lumina2, hunyuan_video,
+                                                  ltxv)}
 PLANS = {a.diffusers_class: a.plan for a in ADAPTERS.values() if a.plan is not None}
 COMFY_PLANS = {a.comfy_class: a.comfy_plan for a in ADAPTERS.values()}
 FAMILIES = {f: a.plan for f, a in ADAPTERS.items() if a.plan is not None}

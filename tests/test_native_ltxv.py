@@ -1,0 +1,72 @@
+"""LTX-Video on the workers (ComfyUI's LTXVModel), against ComfyUI's own forward.
+
+Patch size 1 (a token per latent voxel), RoPE over (frame, row, col) computed for the whole video and split per
+block, per-token timesteps (a noise mask) split with the tokens, the sequence gathered at `norm_out`. Fresh random
+inputs; token counts that divide the degree and that do not (3 x 5 x 7 = 105); each precision ComfyUI loads LTXV in
+(fp32, bf16, fp16 weights and fp8 `weight_dtype`); DistriFusion and sharded weights.
+"""
+import pytest
+import torch
+
+from test_native_pool import comfy, comfy_forward, rel, tolerance  # noqa: F401
+
+pytestmark = pytest.mark.comfy
+
+
+def _forward(pool, config, key, base, inp):
+    """The pool's forward with the plain-int frame rate in the JSON part of the call, as the nodes send it."""
+    from comfyui_hybrid_parallel.nodes.native import family_adapter, native_spec
+    dm = base.diffusion_model
+    pool.ensure_model(config, key, family_adapter(dm).family, {}, native=native_spec(base),
+                      state_dict=lambda: dict(dm.state_dict()))
+    tensors = {k: v for k, v in inp.items() if isinstance(v, torch.Tensor)}
+    structure = {"transformer_options": {}, **{k: v for k, v in inp.items() if k not in tensors}}
+    return pool.submit(config, "forward", {"key": key, "structure": structure}, tensors).tensors["out"]
+
+
+def _model(tmp_path, weight_dtype):
+    from comfy.sd import load_diffusion_model
+    from comfyui_hybrid_parallel.doctor import tiny_checkpoints as tiny
+    stored = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(weight_dtype, torch.float32)
+    path = tmp_path / f"ltxv_{weight_dtype}.safetensors"
+    tiny.write_ltxv(path, seed=81, dtype=stored)
+    opts = {"dtype": torch.float8_e4m3fn} if weight_dtype == "fp8_e4m3fn" else {}
+    return load_diffusion_model(str(path), model_options=opts).model
+
+
+def _inputs(base, frames, h, w, seed, per_token=False):
+    dtype = base.manual_cast_dtype or base.diffusion_model.dtype
+    g = torch.Generator().manual_seed(seed)
+    mask = torch.ones(2, 6, dtype=torch.int64)
+    mask[:, 4:] = 0
+    t = torch.rand(2, frames * h * w, generator=g) if per_token else torch.rand(2, generator=g)
+    return {"x": torch.randn(2, 128, frames, h, w, generator=g).to(dtype), "timestep": t,
+            "context": torch.randn(2, 6, 4096, generator=g).to(dtype), "attention_mask": mask, "frame_rate": 24}
+
+
+@pytest.mark.parametrize("weight_dtype", ["fp32", pytest.param("bf16", marks=pytest.mark.slow),
+                                          pytest.param("fp16", marks=pytest.mark.slow), "fp8_e4m3fn"])
+def test_ltxv_equals_comfyui(comfy, cpu_pool, tmp_path, weight_dtype):  # noqa: F811
+    from comfyui_hybrid_parallel.nodes.native import family_adapter
+    from comfyui_hybrid_parallel.parallel import ParallelConfig
+    base = _model(tmp_path, weight_dtype)
+    assert family_adapter(base.diffusion_model).family == "ltxv"
+    cases = [({"ulysses_degree": 2}, (3, 5, 7), False), ({"ring_degree": 2}, (2, 4, 6), True),
+             ({"ulysses_degree": 2, "ring_degree": 2}, (3, 5, 7), True), ({"cfg_degree": 2}, (3, 5, 7), False)]
+    for degrees, (f, h, w), per_token in cases:
+        config = ParallelConfig(**degrees)
+        inp = _inputs(base, f, h, w, seed=82 + h, per_token=per_token)
+        ref = comfy_forward(base, inp)
+        out = _forward(cpu_pool, config, f"ltxv:{weight_dtype}:{config.describe()}", base, inp)
+        err = rel(out, ref)
+        print(f"LTXV {weight_dtype} {config.describe()} {f}x{h}x{w} per-token {per_token}: rel {err:.2e}")
+        assert out.shape == ref.shape and err <= tolerance(base), (degrees, err)
+
+
+def test_ltxv_distrifusion_and_sharded_weights(comfy, cpu_pool, tmp_path):  # noqa: F811
+    from test_native_hunyuan_video import distrifusion_and_sharded
+    base = _model(tmp_path, "fp32")
+    inp = _inputs(base, 3, 5, 7, seed=88)
+    errs = distrifusion_and_sharded(cpu_pool, "ltxv", base, inp, _forward, comfy_forward(base, inp))
+    print(f"LTX-Video: {errs}")
+    assert all(e <= 1e-5 for e in errs.values()), errs
