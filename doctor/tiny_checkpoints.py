@@ -265,20 +265,24 @@ def write_hunyuan_video(path: Path, *, version: str = "1.5", hidden: int = 256, 
     """HunyuanVideo: detection reads heads = hidden / 128 and the text width from the weights, so the model can be
     small. "1.5": 65 input channels (32 latent + 32 start-image latent + 1 mask, ComfyUI's HunyuanVideo15 concat),
     32 out, 1x1x1 patches, the 1152-wide CLIP-vision input that selects the 1.5 class, the ByT5 glyph mapper and
-    the condition-type embedding. "1.0": 16 channels, 1x2x2 patches, the 768-wide pooled CLIP input, guidance."""
+    the condition-type embedding. "1.0": 16 channels, 1x2x2 patches, the 768-wide pooled CLIP input, guidance.
+    "image2.1": HunyuanImage 2.1 on the same class - 64-channel image latents, 2-D 1x1 patches (2-D RoPE ids),
+    the ByT5 glyph mapper, no pooled or vision input (ComfyUI's HunyuanImage21 model class)."""
     from comfy.ldm.hunyuan_video.model import HunyuanVideo
 
-    v15 = version == "1.5"
-    if version not in ("1.0", "1.5"):
-        raise ValueError(f"HunyuanVideo version must be '1.0' or '1.5', got {version!r}")
+    if version not in ("1.0", "1.5", "image2.1"):
+        raise ValueError(f"HunyuanVideo version must be '1.0', '1.5' or 'image2.1', got {version!r}")
+    v15, image = version == "1.5", version == "image2.1"
+    channels = (65, 32) if v15 else (64, 64) if image else (16, 16)
+    patch = [1, 1, 1] if v15 else [1, 1] if image else [1, 2, 2]
 
     def make():
-        return HunyuanVideo(image_model="hunyuan_video", in_channels=65 if v15 else 16, out_channels=32 if v15 else 16,
-                            vec_in_dim=None if v15 else 768, context_in_dim=TINY_CONTEXT_DIM, hidden_size=hidden,
-                            mlp_ratio=4.0, num_heads=hidden // 128, depth=depth, depth_single_blocks=depth_single,
-                            axes_dim=[16, 56, 56], theta=256, patch_size=[1, 1, 1] if v15 else [1, 2, 2],
-                            qkv_bias=True, guidance_embed=not v15, byt5=v15, meanflow=False,
-                            use_cond_type_embedding=v15, vision_in_dim=1152 if v15 else None,
+        return HunyuanVideo(image_model="hunyuan_video", in_channels=channels[0], out_channels=channels[1],
+                            vec_in_dim=768 if version == "1.0" else None, context_in_dim=TINY_CONTEXT_DIM,
+                            hidden_size=hidden, mlp_ratio=4.0, num_heads=hidden // 128, depth=depth,
+                            depth_single_blocks=depth_single, axes_dim=[64, 64] if image else [16, 56, 56], theta=256,
+                            patch_size=patch, qkv_bias=True, guidance_embed=version == "1.0", byt5=not version == "1.0",
+                            meanflow=False, use_cond_type_embedding=v15, vision_in_dim=1152 if v15 else None,
                             operations=_ops(), device="meta")
 
     return _save(make, path, seed, dtype)

@@ -24,13 +24,16 @@ def _model(tmp_path, version):
     path = tmp_path / f"hunyuan_video_{version}.safetensors"
     tiny.write_hunyuan_video(path, version=version, seed=81)
     base = load_diffusion_model(str(path)).model
-    want = "HunyuanVideo15" if version == "1.5" else "HunyuanVideo"
+    want = {"1.5": "HunyuanVideo15", "image2.1": "HunyuanImage21"}.get(version, "HunyuanVideo")
     assert type(base).__name__ == want and family_adapter(base.diffusion_model).family == "hunyuan_video"
     return base
 
 
 def _inputs(version, frames, h, w, seed):
     g = torch.Generator().manual_seed(seed)
+    if version == "image2.1":  # an image: (B, 64, H, W) latents, ByT5 glyph tokens beside the text
+        return {"x": torch.randn(2, 64, h, w, generator=g), "timestep": torch.rand(2, generator=g),
+                "context": torch.randn(2, 6, 32, generator=g), "txt_byt5": torch.randn(2, 4, 1472, generator=g)}
     if version == "1.5":
         return {"x": torch.randn(2, 65, frames, h, w, generator=g), "timestep": torch.rand(2, generator=g),
                 "context": torch.randn(2, 6, 32, generator=g), "clip_fea": torch.randn(2, 3, 1152, generator=g),
@@ -40,13 +43,14 @@ def _inputs(version, frames, h, w, seed):
             "guidance": torch.full((2,), 6.0)}
 
 
-@pytest.mark.parametrize("version", ["1.5", "1.0"])
+@pytest.mark.parametrize("version", ["1.5", "1.0", "image2.1"])
 def test_hunyuan_video_equals_comfyui(comfy, cpu_pool, tmp_path, version):  # noqa: F811
+    """HunyuanImage 2.1 runs on the same class with 2-D patches and ids: checked here, not assumed."""
     from comfyui_hybrid_parallel.parallel import ParallelConfig
     base = _model(tmp_path, version)
     # 1.5 (1x1x1 patches): 2x5x7 = 70 and 3x4x4 = 48 tokens; 1.0 (1x2x2; ComfyUI itself needs even sizes there):
-    # 2x3x4 = 24 and 3x2x3 = 18 tokens
-    sizes = [(2, 5, 7), (3, 4, 4)] if version == "1.5" else [(2, 6, 8), (3, 4, 6)]
+    # 2x3x4 = 24 and 3x2x3 = 18 tokens; image 2.1 (1x1, 2-D): 5x7 = 35 and 4x6 = 24 tokens
+    sizes = {"1.5": [(2, 5, 7), (3, 4, 4)], "1.0": [(2, 6, 8), (3, 4, 6)], "image2.1": [(1, 5, 7), (1, 4, 6)]}[version]
     for degrees in CASES:
         config = ParallelConfig(**degrees)
         for frames, h, w in sizes:
