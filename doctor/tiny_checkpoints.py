@@ -223,6 +223,21 @@ def write_ltxv(path: Path, *, head_dim: int = 8, num_layers: int = 1, seed: int 
     return _save(make, path, seed, dtype)
 
 
+def write_auraflow(path: Path, *, max_seq: int = 64, seed: int = 0,
+                   dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
+    """AuraFlow: detection reads the position table's length, the text width (2048, matched) and the layer counts;
+    the width (3072), 12 heads and the 3072-wide timestep conditioning are fixed, so one double (joint) layer and one
+    single layer - the structure of the real model, whose last layer is single - are 0.5B parameters (bf16: 1 GB).
+    max_seq 64: an 8 x 8 position grid (larger latents interpolate it, as ComfyUI does)."""
+    from comfy.ldm.aura.mmdit import MMDiT
+
+    def make():
+        return MMDiT(in_channels=4, out_channels=4, patch_size=2, dim=3072, n_layers=2, n_double_layers=1, n_heads=12,
+                     global_conddim=3072, cond_seq_dim=2048, max_seq=max_seq, operations=_ops(), device="meta")
+
+    return _save(make, path, seed, dtype)
+
+
 def write_qwen_image(path: Path, *, num_layers: int = 1, seed: int = 0,
                      dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
     """Qwen-Image: detection reads only the input channels and the block count; 24 heads x 128, the 3584-wide

@@ -46,8 +46,7 @@ def family_adapter(diffusion_model):
     """The family adapter of this ComfyUI diffusion model; `ANY` (CFG / data parallel only) where no adapter declares
     its class (check_any_model refuses the other methods for it)."""
     a = adapter_for(diffusion_model)
-    if a is None or a.comfy_class != type(diffusion_model).__name__ and \
-            type(diffusion_model).__name__ not in a.comfy_subclasses:
+    if a is None or not a.declares(type(diffusion_model)):  # (a diffusers class: not what the workers run)
         return ANY
     return a
 

@@ -26,7 +26,7 @@ from .config import ConfigError, ParallelConfig
 CROSS_TEXT = frozenset({"pixart", "wan", "ltxv"})
 ULYSSES_CALLS_PER_LAYER = 2  # parallel/usp.py: q|k|v in one all-to-all, output (+ replicated text's heads) back
 _TEXT_NAMES = ("txt", "context", "add_", "cap_", "kv_linear", "cross_attn.k", "cross_attn.v", "attn2.to_k",
-               "attn2.to_v")
+               "attn2.to_v", "attn.w1", "mlpC")  # AuraFlow's text projections: attn.w1q/k/v/o, mlpC
 
 
 @dataclass(frozen=True)
@@ -470,7 +470,7 @@ def shape_from_module(model, act_bytes: Optional[int] = None) -> ModelShape:
     if not isinstance(heads, int) or heads < 1:
         raise ValueError(f"{type(model).__name__}: no head count ({plan.heads_attr}) to read for auto")
     final = [m for n, m in modules.items() if isinstance(m, torch.nn.Linear) and "mod" not in n
-             and n.split(".")[0] in ("final_layer", "head", "proj_out", "norm_out")]
+             and n.split(".")[0] in ("final_layer", "head", "proj_out", "norm_out", "final_linear")]
     out_per_token = final[-1].out_features if final else hidden
     patch = (getattr(model, "patch_size", None) or getattr(getattr(model, "patchifier", None), "patch_size", None)
              or getattr(getattr(model, "config", None), "patch_size", 2))  # LTX-Video's patchifier: (1, 1, 1)

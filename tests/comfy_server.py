@@ -40,6 +40,9 @@ FAMILIES = {  # the tiny checkpoints each family's workflow loads, and the shape
     # LTX-Video: 128-channel latents at 32x spatial and 8x temporal, 4096-wide captions; written on demand by its test
     "ltxv": dict(unet="tiny_ltxv.safetensors", vae=None, latent="EmptyLTXVLatentVideo", tokens=7, context_dim=4096,
                  pooled_dim=0),
+    # AuraFlow: width 3072 fixed by detection (0.55B with one layer of each kind), 2048-wide text; written on demand
+    "auraflow": dict(unet="tiny_auraflow.safetensors", vae=None, latent="EmptyLatentImage", tokens=7, context_dim=2048,
+                     pooled_dim=0),
     # SD1.5 and an SDXL-class UNet (KOALA-700M's depths at width 320): no family adapter, CFG / data parallel only;
     # written on demand by their test, with the SD VAE
     "sd15": dict(unet="tiny_sd15.safetensors", vae="tiny_kl4.safetensors", latent="EmptyLatentImage", tokens=7,

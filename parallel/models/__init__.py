@@ -5,11 +5,11 @@ Each adapter holds two plans on the same mechanism: `comfy_plan` for ComfyUI's o
 class (what the workers run for the nodes) and `plan` for the diffusers class (the library API and
 the reference in tests).
 """
-from . import any_model, chroma, flux, hunyuan_video, lumina2, ltxv, pixart, qwen_image, sd3, wan
+from . import any_model, auraflow, chroma, flux, hunyuan_video, lumina2, ltxv, pixart, qwen_image, sd3, wan
 from .adapter import FamilyAdapter
 
 ADAPTERS = {m.ADAPTER.family: m.ADAPTER for m in (flux, sd3, pixart, wan, qwen_image, chroma, lumina2, hunyuan_video,
-                                                  ltxv)}
+                                                  ltxv, auraflow)}
 PLANS = {a.diffusers_class: a.plan for a in ADAPTERS.values() if a.plan is not None}
 COMFY_PLANS = {a.comfy_class: a.comfy_plan for a in ADAPTERS.values()}
 FAMILIES = {f: a.plan for f, a in ADAPTERS.items() if a.plan is not None}
@@ -34,7 +34,7 @@ def _match(model):
     plan does not split), so it does not inherit the plan - it runs as `ANY` (CFG / data parallel) instead."""
     cls = type(model)
     for a in ADAPTERS.values():
-        if cls.__name__ == a.comfy_class or cls.__name__ in a.comfy_subclasses:
+        if a.declares(cls):
             return a, a.comfy_plan
         if a.plan is not None and cls.__name__ == a.diffusers_class:
             return a, a.plan
@@ -48,7 +48,7 @@ def unchecked_base(model) -> FamilyAdapter | None:
         return None
     for cls in type(model).__mro__[1:]:
         for a in ADAPTERS.values():
-            if cls.__name__ == a.comfy_class:
+            if a.declares(cls):
                 return a
     return None
 

@@ -25,6 +25,15 @@ class FamilyAdapter:
     # subclasses of comfy_class checked to run under comfy_plan (tests vs KSampler); any other subclass does not
     # inherit the plan (parallel/models/__init__.py: _match)
     comfy_subclasses: tuple = ()
+    # the module of comfy_class where its name alone is ambiguous (AuraFlow's `MMDiT` beside SD3's); "" = any
+    comfy_module: str = ""
+
+    def declares(self, cls) -> bool:
+        """Whether this adapter's ComfyUI plan applies to instances of `cls` (the class itself, or a subclass listed
+        as checked; in comfy_module where that is set)."""
+        if self.comfy_module and cls.__module__ != self.comfy_module:
+            return False
+        return cls.__name__ == self.comfy_class or cls.__name__ in self.comfy_subclasses
 
     @property
     def comfy_class(self) -> str:
