@@ -1,9 +1,10 @@
 """Wan variants in a real ComfyUI: Wan 2.1 VACE (ComfyUI's VaceWanModel) through WanVaceToVideo, against KSampler.
 
 VaceWanModel subclasses WanModel and adds VACE blocks fed by a control latent (a control video, its masks and a
-reference image's latent, joined in front of the video's frames): the Wan plan does not split those with the tokens
-(ulysses 2 crashed mid-run on rank 0 before adapters matched exact classes), so VACE runs CFG / data parallel -
-every rank holds the whole model - and sequence parallel is refused before any worker starts, saying why.
+reference image's latent, joined in front of the video's frames). Wan's plan did not split those with the tokens
+(ulysses 2 crashed mid-run on rank 0, cfg 2 with a reference image too, while subclasses inherited their base's
+plan); VACE has its own plan (parallel/models/wan.py VACE_PLAN): the VACE blocks take their rows of the control
+tokens, of the unsplit patch embedding and of the RoPE table. Tensor parallel is refused before any worker starts.
 """
 import pytest
 
@@ -24,8 +25,8 @@ def vace_model(server):
     return VACE
 
 
-def _graph(tag, degrees=None, node="model", reference=True):
-    g = workflow(None, tag, W, H, family="wan", length=FRAMES)
+def _graph(tag, degrees=None, node="model", reference=True, weight_dtype="default"):
+    g = workflow(None, tag, W, H, family="wan", length=FRAMES, weight_dtype=weight_dtype)
     for k in ("5", "7", "8", "10", "11", "4"):
         g.pop(k, None)
     g["1"]["inputs"]["unet_name"] = VACE
@@ -42,20 +43,33 @@ def _graph(tag, degrees=None, node="model", reference=True):
     return g if degrees is None else on_pool(g, degrees, node)
 
 
-def test_wan_vace_cfg_parallel_equals_ksampler(server, vace_model):
+def test_wan_vace_equals_ksampler(server, vace_model):
     assert_ok(server, server.run(_graph("vace_ref")))
     ref = latent(server, "vace_ref")
     assert ref.shape[2] == 3  # 2 latent frames + the reference image's frame in front
-    for name, degrees, node in [("cfg2", {"cfg_degree": 2}, "model"), ("cfg2_hybrid", {"cfg_degree": 2}, "sampler")]:
+    cases = [("u2", {"ulysses_degree": 2}, "model"), ("r2", {"ring_degree": 2}, "model"),
+             ("cfg2", {"cfg_degree": 2}, "model"), ("u2_hybrid", {"ulysses_degree": 2}, "sampler")]
+    for name, degrees, node in cases:
         tag = f"vace_{name}"
         assert_ok(server, server.run(_graph(tag, degrees, node)))
         err = rel(latent(server, tag), ref)
         print(f"Wan VACE {name}: latent relative error vs KSampler {err:.2e}")
         assert err <= 1e-5, (name, err)
+    assert_ok(server, server.run(_graph("vace_noref", reference=False)))  # the reference frame matters
+    assert latent(server, "vace_noref").shape[2] == 2
 
 
-def test_wan_vace_sequence_parallel_is_refused_before_any_worker_starts(server, vace_model):
-    entry = server.run(_graph("vace_u2", {"ulysses_degree": 2}))
+def test_wan_vace_fp8_equals_ksampler(server, vace_model):
+    """Loaded fp8 (UNETLoader's weight_dtype): the ranks hold fp8 weights and compute as ComfyUI does."""
+    assert_ok(server, server.run(_graph("vace8_ref", weight_dtype="fp8_e4m3fn")))
+    assert_ok(server, server.run(_graph("vace8_u2", {"ulysses_degree": 2}, weight_dtype="fp8_e4m3fn")))
+    err = rel(latent(server, "vace8_u2"), latent(server, "vace8_ref"))
+    print(f"Wan VACE fp8 u2: latent relative error vs KSampler {err:.2e}")
+    assert err <= 1e-5, err
+
+
+def test_wan_vace_tensor_parallel_is_refused_before_any_worker_starts(server, vace_model):
+    entry = server.run(_graph("vace_tp", {"tp_degree": 2}))
     assert entry["status"]["status_str"] == "error"
     msg = error_text(entry)
-    assert "VaceWanModel is a variant of Wan 2.1/2.2's WanModel" in msg and "cfg_degree 2" in msg, msg
+    assert "Wan 2.1 VACE" in msg and "ulysses/ring/cfg" in msg, msg

@@ -127,10 +127,11 @@ def test_model_without_adapter_refused_before_workers(comfy):
 
 
 def test_an_unchecked_subclass_of_a_supported_class_does_not_inherit_its_plan(comfy):
-    """Wan's VACE, S2V, HuMo, Camera and Animate models subclass WanModel and add inputs the Wan plan does not split
-    with the tokens (ulysses crashed mid-run on VACE): a subclass no adapter lists runs CFG / data parallel only,
+    """Wan's S2V, HuMo, Camera and Animate models subclass WanModel and add inputs the Wan plan does not split with the
+    tokens (ulysses crashed mid-run on VACE before it had a plan of its own): a subclass no adapter lists runs CFG /
+    data parallel only,
     and anything else is refused before any worker starts, saying it is a variant nobody checked."""
-    from comfy.ldm.wan.model import VaceWanModel, WanModel
+    from comfy.ldm.wan.model import HumoWanModel, WanModel
     from comfy.ops import disable_weight_init
 
     from comfyui_hybrid_parallel.nodes.native import family_adapter
@@ -139,14 +140,14 @@ def test_an_unchecked_subclass_of_a_supported_class_does_not_inherit_its_plan(co
     kw = dict(model_type="t2v", patch_size=(1, 2, 2), dim=128, ffn_dim=256, num_heads=1, num_layers=1,
               in_dim=16, out_dim=16, text_dim=32, device="meta",
               operations=disable_weight_init)
-    base, vace = WanModel(**kw), VaceWanModel(**kw, vace_layers=1, vace_in_dim=32)
+    base, vace = WanModel(**kw), HumoWanModel(**kw)
     assert adapter_for(base).family == "wan" and family_adapter(base).family == "wan"
     assert adapter_for(vace) is None and family_adapter(vace) is ANY and unchecked_base(vace).family == "wan"
-    with pytest.raises(ValueError, match="VaceWanModel is not supported.*CFG / data parallel"):
+    with pytest.raises(ValueError, match="HumoWanModel is not supported.*CFG / data parallel"):
         plan_for(vace)
     model = comfy()
     model.model.diffusion_model = vace
-    _refused(model, "VaceWanModel is a variant of Wan 2.1/2.2's WanModel whose forward.*not checked.*cfg_degree",
+    _refused(model, "HumoWanModel is a variant of Wan 2.1/2.2's WanModel whose forward.*not checked.*cfg_degree",
              ulysses_degree=2)
 
 
@@ -330,6 +331,7 @@ def test_every_comfyui_subclass_of_a_supported_class_runs_cfg_dp_only(comfy):
     names = {sub.__name__ for sub, _ in found}
     assert {"VaceWanModel", "CameraWanModel", "WanModel_S2V", "HumoWanModel", "AnimateWanModel",
             "ChromaRadiance"} <= names, names
+    assert ADAPTERS["wan_vace"].declares(next(sub for sub, _ in found if sub.__name__ == "VaceWanModel"))
     for sub, a in found:
         if sub.__name__ in a.comfy_subclasses or sub.__name__ in bases:
             continue

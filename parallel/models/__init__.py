@@ -8,8 +8,8 @@ the reference in tests).
 from . import any_model, auraflow, chroma, flux, hunyuan_video, lumina2, ltxv, pixart, qwen_image, sd3, wan
 from .adapter import FamilyAdapter
 
-ADAPTERS = {m.ADAPTER.family: m.ADAPTER for m in (flux, sd3, pixart, wan, qwen_image, chroma, lumina2, hunyuan_video,
-                                                  ltxv, auraflow)}
+ADAPTERS = {a.family: a for m in (flux, sd3, pixart, wan, qwen_image, chroma, lumina2, hunyuan_video, ltxv, auraflow)
+            for a in (m.ADAPTER, *getattr(m, "VARIANTS", ()))}  # a variant: its own class, its own plan (Wan VACE)
 PLANS = {a.diffusers_class: a.plan for a in ADAPTERS.values() if a.plan is not None}
 COMFY_PLANS = {a.comfy_class: a.comfy_plan for a in ADAPTERS.values()}
 FAMILIES = {f: a.plan for f, a in ADAPTERS.items() if a.plan is not None}

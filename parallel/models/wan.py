@@ -6,6 +6,8 @@ tokens are split at the first block's input; per-token timesteps (Wan 2.2
 TI2V, 2-D `timestep`) are split at the model input. Cross-attention to the
 text (`attn2`) needs no communication.
 """
+from dataclasses import replace
+
 from .adapter import FamilyAdapter
 from ..tp import Colwise, Divide, Rowwise, ShardedNorm
 from ..plan import Attention, FamilyPlan, GatherOutput, SplitInput, SplitOutput
@@ -71,3 +73,21 @@ ADAPTER = FamilyAdapter(
     family="wan", title="Wan 2.1/2.2", comfy_plan=COMFY_PLAN, plan=PLAN,
     diffusers_extra=frozenset(set()),
 )
+
+
+# Wan 2.1 VACE (ComfyUI's VaceWanModel, a WanModel subclass): beside every k-th block a VACE block refines the
+# control tokens `c` (the control video's latent, its masks and a reference frame, patchified exactly like x: as many
+# tokens) against the *unsplit* patch embedding `x_orig` and adds a hint to x. `forward_orig` keeps x_orig before the
+# first block's split, so each VACE block takes its rows of x_orig, of the RoPE table and - at the first VACE block,
+# where it is still whole - of c; the c it returns is local and stays so. Its self-attention goes through the seam.
+VACE_PLAN = replace(
+    COMFY_PLAN, family="wan_vace", model_class="VaceWanModel",
+    batch_inputs=COMFY_PLAN.batch_inputs + ("vace_context",),
+    sequence={**COMFY_PLAN.sequence,
+              "vace_blocks.*": [SplitInput("c", dim=1, position=0, only_full=True),
+                                SplitInput("x", dim=1, only_full=True), SplitInput("freqs", dim=1, only_full=True)]},
+    attention={**COMFY_PLAN.attention, "vace_blocks.*.self_attn": Attention(seam="comfy")},
+    tp=None, tp_refusal="tensor parallel is not declared for Wan VACE's hint blocks; use ulysses/ring/cfg degrees",
+)
+
+VARIANTS = (FamilyAdapter(family="wan_vace", title="Wan 2.1 VACE", comfy_plan=VACE_PLAN, plan=None),)
