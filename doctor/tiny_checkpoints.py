@@ -190,12 +190,16 @@ def write_wan(path: Path, *, dim: int = 128, ffn_dim: int = 256, num_layers: int
     noise mask becomes per-frame timesteps). model_type "i2v" with in_dim 36 is Wan 2.1 image-to-video: the
     CLIP-vision projection (img_emb) and the image key/value projections of every cross-attention.
     model_type "vace" is Wan 2.1 VACE (ComfyUI's VaceWanModel, detected by its vace_patch_embedding): one VACE
-    block beside the first block, taking WanVaceToVideo's 96-channel control latent (inactive + reactive + mask)."""
+    block beside the first block, taking WanVaceToVideo's 96-channel control latent (inactive + reactive + mask).
+    model_type "camera_2.2" is Wan 2.2 Fun Camera (ComfyUI's CameraWanModel, detected by its control adapter): the
+    camera embedding (24-channel Plücker maps at pixel resolution) is added to the patch embedding."""
     from comfy.ldm.wan.model import VaceWanModel, WanModel
 
     if dim % 128:
         raise ValueError(f"Wan dim must be a multiple of 128 (ComfyUI uses heads = dim/128), got {dim}")
-    cls, extra = (VaceWanModel, dict(vace_layers=1, vace_in_dim=96)) if model_type == "vace" else (WanModel, {})
+    from comfy.ldm.wan.model import CameraWanModel
+    cls, extra = {"vace": (VaceWanModel, dict(vace_layers=1, vace_in_dim=96)),
+                  "camera_2.2": (CameraWanModel, {})}.get(model_type, (WanModel, {}))
 
     def make():
         return cls(model_type=model_type, patch_size=(1, 2, 2), text_len=512, in_dim=in_dim, dim=dim,

@@ -55,3 +55,28 @@ def test_per_frame_timesteps_equal_comfyui(wan22, cpu_pool, degrees):
             print(f"Wan 2.2 per-frame timesteps {config.describe()} {config.method} {precision} "
                   f"{'odd' if odd else 'even'}: rel {err:.2e}")
             assert err <= 1e-5, err
+
+
+def test_wan_fun_camera_equals_comfyui(comfy, cpu_pool, tmp_path):  # noqa: F811
+    """Wan 2.2 Fun Camera (ComfyUI's CameraWanModel, its own adapter): the camera embedding joins the patch
+    embedding before the split; its camera conditions are split with the batch under cfg. Odd 5 x 7 token grid."""
+    from comfy.sd import load_diffusion_model
+    from comfyui_hybrid_parallel.doctor import tiny_checkpoints as tiny
+    from comfyui_hybrid_parallel.nodes.native import family_adapter
+    from comfyui_hybrid_parallel.parallel import ParallelConfig
+
+    path = tmp_path / "wan_camera.safetensors"
+    tiny.write_wan(path, dim=256, ffn_dim=256, seed=95, model_type="camera_2.2", in_dim=36)  # (ComfyUI matches 36)
+    base = load_diffusion_model(str(path)).model
+    assert type(base).__name__ == "WAN21_Camera" and family_adapter(base.diffusion_model).family == "wan_camera"
+    g = torch.Generator().manual_seed(96)
+    inp = {"x": torch.randn(2, 36, 2, 10, 14, generator=g), "timestep": torch.rand(2, generator=g),
+           "context": torch.randn(2, 6, 4096, generator=g),
+           "camera_conditions": torch.randn(2, 24, 2, 80, 112, generator=g)}
+    ref = comfy_forward(base, inp)
+    assert rel(ref, comfy_forward(base, {k: v for k, v in inp.items() if k != "camera_conditions"})) > 1e-3
+    for degrees in ({"ulysses_degree": 2}, {"ring_degree": 2}, {"cfg_degree": 2}):
+        config = ParallelConfig(**degrees)
+        err = rel(pool_forward(cpu_pool, config, f"camera:{config.describe()}", base, inp), ref)
+        print(f"Wan Fun Camera {config.describe()}: rel {err:.2e}")
+        assert err <= 1e-5, (degrees, err)

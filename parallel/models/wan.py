@@ -90,4 +90,13 @@ VACE_PLAN = replace(
     tp=None, tp_refusal="tensor parallel is not declared for Wan VACE's hint blocks; use ulysses/ring/cfg degrees",
 )
 
-VARIANTS = (FamilyAdapter(family="wan_vace", title="Wan 2.1 VACE", comfy_plan=VACE_PLAN, plan=None),)
+# Wan Fun Camera (ComfyUI's CameraWanModel, 2.1 and 2.2): the camera adapter's embedding is added to the patch
+# embedding before the tokens are flattened, so the sequence plan is Wan's; its `camera_conditions` carry the batch.
+CAMERA_PLAN = replace(
+    COMFY_PLAN, family="wan_camera", model_class="CameraWanModel",
+    batch_inputs=COMFY_PLAN.batch_inputs + ("camera_conditions",),
+    tp=None, tp_refusal="tensor parallel is not declared for Wan Fun Camera; use ulysses/ring/cfg degrees",
+)
+
+VARIANTS = (FamilyAdapter(family="wan_vace", title="Wan 2.1 VACE", comfy_plan=VACE_PLAN, plan=None),
+            FamilyAdapter(family="wan_camera", title="Wan Fun Camera", comfy_plan=CAMERA_PLAN, plan=None))
