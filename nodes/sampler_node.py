@@ -279,6 +279,17 @@ def check_not_on_pool(model, who: str) -> None:
                          f"sample it with KSampler or any sampler node, or remove the Parallel Model node")
 
 
+def check_not_compiled(model) -> None:
+    """ComfyUI's TorchCompileModel swaps the diffusion model for a compiled copy of the driver's own around each model
+    call (an APPLY_MODEL wrapper): beside the pool's wrapper that would either run the model in the driver, unsplit,
+    or hand the workers a compiled module. The workers do not compile yet: refuse it, before any worker starts."""
+    import comfy.patcher_extension as ext
+    if (model.wrappers.get(ext.WrappersMP.APPLY_MODEL) or {}).get("torch.compile"):
+        raise NotCarried("this MODEL is compiled by a TorchCompileModel node, which compiles ComfyUI's own copy in this "
+                         "process; the workers run the diffusion model and do not compile it yet - remove the "
+                         "TorchCompileModel node (or sample with KSampler alone)")
+
+
 def pool_state(model, hp) -> dict:
     """How the pool runs this MODEL for `hp`: its residency key (weights, patches, method), ComfyUI's own model
     spec where the config runs natively, and the call counter. Refuses, before any worker starts, what cannot
@@ -288,6 +299,7 @@ def pool_state(model, hp) -> dict:
     state = {"key": f"{weights_key(model.model, model.patches_uuid)}|{method}", "calls": 0,
              "lineage": f"{model.model._hp_uid}|{method}"}  # this model under other patches: replaced, not kept
     check_any_model(model.model.diffusion_model, hp)  # a model no adapter declares: cfg / dp only
+    check_not_compiled(model)
     if native_supported(hp.config, model.model.diffusion_model):
         # ComfyUI's own model on the workers; refused here, before any worker starts, if it cannot travel
         state["native"] = native_spec(model.model)

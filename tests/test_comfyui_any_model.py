@@ -127,3 +127,19 @@ def test_parallel_gpus_auto_splits_the_cfg_of_sd15(server, unets):
     assert rel(latent(server, "sd15_auto"), latent(server, "sd15_auto_ref")) <= BOUND
     auto = server.get("/hybrid_parallel/mesh?degrees=auto")["auto"]
     assert auto["batch_only"] and auto["model"] == "UNetModel" and auto["chosen"] == "cfg2", auto
+
+
+@pytest.mark.parametrize("compile_first", [True, False], ids=["compile-then-parallel", "parallel-then-compile"])
+def test_torch_compile_model_is_refused_naming_the_fix(server, unets, compile_first):
+    """ComfyUI's TorchCompileModel compiles the driver's copy; the workers do not compile yet: the prompt fails
+    before any worker starts, in either order of the two nodes, and the next prompt runs."""
+    g = _graph("sd15", "sd15_compiled", {"cfg_degree": 2})
+    if compile_first:
+        g["60"] = {"class_type": "TorchCompileModel", "inputs": {"model": ["1", 0], "backend": "inductor"}}
+        g["40"]["inputs"]["model"] = ["60", 0]
+    else:
+        g["60"] = {"class_type": "TorchCompileModel", "inputs": {"model": ["40", 0], "backend": "inductor"}}
+        g["5"]["inputs"]["model"] = ["60", 0]
+    entry = server.run(g)
+    assert entry["status"]["status_str"] == "error"
+    assert "remove the TorchCompileModel node" in error_text(entry), error_text(entry)

@@ -340,3 +340,22 @@ def test_every_comfyui_subclass_of_a_supported_class_runs_cfg_dp_only(comfy):
         with pytest.raises(NotCarried, match=f"{sub.__name__} is a variant of .*not checked"):
             check_any_model(dm, _hp(ulysses_degree=2))
         check_any_model(dm, _hp(cfg_degree=2))  # the batch split runs it
+
+
+def test_a_torch_compiled_model_is_refused_before_workers(comfy):
+    """TorchCompileModel's wrapper would put a compiled copy of the driver's model back in place of the pool's proxy:
+    refused with the fix, through Hybrid Sampler and through Parallel Model's patch, before any worker starts."""
+    from comfy_api.torch_helpers import set_torch_compile_wrapper
+
+    from comfyui_hybrid_parallel.nodes.model_node import ParallelModel
+    from comfyui_hybrid_parallel.nodes.native import NotCarried
+    from comfyui_hybrid_parallel.nodes.runtime import Runtime
+    model = comfy()
+    set_torch_compile_wrapper(model, backend="eager")  # what ComfyUI's TorchCompileModel node does
+    _refused(model, "TorchCompileModel", ulysses_degree=2)
+    ParallelModel.runtime = Runtime(make_pool=_NoPool())
+    try:
+        with pytest.raises(NotCarried, match="remove the TorchCompileModel node"):
+            ParallelModel().patch(model, _hp(ulysses_degree=2))
+    finally:
+        ParallelModel.runtime = None
