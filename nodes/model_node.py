@@ -12,7 +12,8 @@ latent and the cfg are known only to the guider, at the run.
 from __future__ import annotations
 
 from .auto import guider_inputs, resolve_auto, warn_idle_cfg
-from .sampler_node import WRAPPER_KEY, check_not_on_pool, make_apply_model_wrapper, patches_on_workers, pool_state
+from .sampler_node import (WRAPPER_KEY, check_not_on_pool, make_apply_model_wrapper, patches_on_workers, pool_state,
+                           without_compile_wrapper)
 
 
 class ParallelModel:
@@ -63,6 +64,7 @@ class ParallelModel:
             chosen["hp"] = run_hp
             state.clear()
             state.update(pool_state(patcher, run_hp))
+            without_compile_wrapper(guider.model_options["transformer_options"].get("wrappers") or {})  # this run's
             with runtime.track("sample"), runtime.quiet_driver(run_hp), patches_on_workers(patcher, state):
                 return executor(*args, **kwargs)
 

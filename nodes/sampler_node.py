@@ -69,6 +69,8 @@ class PoolDiffusionModel(torch.nn.Module):
         tensors.update(x=x, timestep=timestep)
         structure["transformer_options"] = portable_options(transformer_options)
         values = {"key": self.state["key"], "call_index": self.state["calls"], "structure": structure}
+        if self.state.get("compile"):
+            values["compile"] = self.state["compile"]
         self._ensure_resident()
         self.state["calls"] += 1
         res = submit_once(self.runtime.pool(self.hp), self.hp.config, values, tensors, self.state, ("x", "timestep"))
@@ -279,15 +281,39 @@ def check_not_on_pool(model, who: str) -> None:
                          f"sample it with KSampler or any sampler node, or remove the Parallel Model node")
 
 
-def check_not_compiled(model) -> None:
-    """ComfyUI's TorchCompileModel swaps the diffusion model for a compiled copy of the driver's own around each model
-    call (an APPLY_MODEL wrapper): beside the pool's wrapper that would either run the model in the driver, unsplit,
-    or hand the workers a compiled module. The workers do not compile yet: refuse it, before any worker starts."""
+COMPILE_KEY = "torch.compile"  # ComfyUI's TorchCompileModel wrapper (comfy_api/torch_helpers/torch_compile.py)
+
+
+def compile_spec(model, hp) -> dict | None:
+    """ComfyUI's TorchCompileModel options on this MODEL, for the workers to compile their model with (None: not
+    compiled). ComfyUI's own wrapper would swap in a compiled copy of the driver's model around each call: the nodes
+    take it out (without_compile_wrapper) and the workers compile theirs instead, once per resident model and mesh.
+    Refused, before any worker starts: a backend that is not a name (a callable cannot travel), and loop mode /
+    PipeFusion, which run the model from the workers' own loop."""
     import comfy.patcher_extension as ext
-    if (model.wrappers.get(ext.WrappersMP.APPLY_MODEL) or {}).get("torch.compile"):
-        raise NotCarried("this MODEL is compiled by a TorchCompileModel node, which compiles ComfyUI's own copy in this "
-                         "process; the workers run the diffusion model and do not compile it yet - remove the "
-                         "TorchCompileModel node (or sample with KSampler alone)")
+    if not (model.wrappers.get(ext.WrappersMP.APPLY_MODEL) or {}).get(COMPILE_KEY):
+        return None
+    kw = dict(model.model_options.get("torch_compile_kwargs") or {})
+    if not isinstance(kw.get("backend"), str):
+        raise NotCarried(f"this MODEL is compiled with a torch.compile backend that is not a name "
+                         f"({kw.get('backend')!r:.60}); the workers compile by name (inductor, cudagraphs...): use "
+                         f"TorchCompileModel's own backends")
+    if hp.config.pp_degree > 1 or hp.mode == "loop":
+        raise NotCarried("a MODEL compiled by TorchCompileModel runs compiled in step mode only: set sampling_mode to "
+                         "auto or step and pp_degree to 1, or remove the TorchCompileModel node")
+    options = kw.get("options")
+    if options is not None and not (isinstance(options, dict) and all(
+            isinstance(k, str) and isinstance(v, (str, int, float, bool)) for k, v in options.items())):
+        raise NotCarried(f"TorchCompileModel options {options!r:.80} cannot travel to the workers (plain values only)")
+    return {"backend": kw["backend"], "options": options, "mode": kw.get("mode"),
+            "fullgraph": bool(kw.get("fullgraph")), "dynamic": kw.get("dynamic")}
+
+
+def without_compile_wrapper(wrappers: dict) -> None:
+    """Take ComfyUI's TorchCompileModel wrapper out of `wrappers` (a clone's, or a run's model options): the workers
+    compile their own model; the driver's compiled copy must never stand in for the pool's proxy."""
+    import comfy.patcher_extension as ext
+    (wrappers.get(ext.WrappersMP.APPLY_MODEL) or {}).pop(COMPILE_KEY, None)
 
 
 def pool_state(model, hp) -> dict:
@@ -299,7 +325,7 @@ def pool_state(model, hp) -> dict:
     state = {"key": f"{weights_key(model.model, model.patches_uuid)}|{method}", "calls": 0,
              "lineage": f"{model.model._hp_uid}|{method}"}  # this model under other patches: replaced, not kept
     check_any_model(model.model.diffusion_model, hp)  # a model no adapter declares: cfg / dp only
-    check_not_compiled(model)
+    compiled = compile_spec(model, hp)
     if native_supported(hp.config, model.model.diffusion_model):
         # ComfyUI's own model on the workers; refused here, before any worker starts, if it cannot travel
         state["native"] = native_spec(model.model)
@@ -308,8 +334,13 @@ def pool_state(model, hp) -> dict:
         portable_options(model.model_options.get("transformer_options"))  # other nodes' patches: refused now
         state["key"] = "native:" + state["key"]
         state["patches"] = portable_patches(model, hp.config)  # LoRA & co travel as patches where they can
+        state["compile"] = compiled
     else:
         check_diffusers_path(model.model.diffusion_model, hp.config)
+        if compiled:
+            raise NotCarried("a MODEL compiled by TorchCompileModel runs compiled on ComfyUI's own model, not on the "
+                             "diffusers path (tensor parallel / PipeFusion of this family): remove the node or use "
+                             "ulysses/ring/cfg degrees")
     check_diffusion_wrappers(model.wrappers)  # EasyCache: the driver (step mode) or the workers (loop) apply it
     return state
 
@@ -395,6 +426,7 @@ class HybridSampler:
         # device, ComfyUI still applies the weight patches (LoRA) there, and those patched weights are what
         # travels to the workers.
         m.load_device = m.offload_device
+        without_compile_wrapper(m.wrappers)  # the workers compile their own model (compile_spec)
         check_not_on_pool(model, "Hybrid Sampler")
         state = pool_state(model, hp)
         if state.get("native"):

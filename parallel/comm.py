@@ -24,6 +24,8 @@ class CommStats:
         self.bytes = defaultdict(int)
 
     def record(self, op: str, nbytes: int) -> None:
+        if torch.compiler.is_compiling():  # a compiled model: a counter in its graph would be guarded, and every
+            return                          # new value would recompile it (compiled calls are not counted)
         self.calls[op] += 1
         self.bytes[op] += int(nbytes)
 

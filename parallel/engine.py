@@ -10,7 +10,7 @@ function that calls it with ComfyUI's signature.
 from __future__ import annotations
 
 import collections
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import torch
@@ -27,6 +27,23 @@ class Resident:
     lineage: Optional[str] = None               # the driver's model object: other patch versions share it
     base: Optional[dict] = None                 # its unpatched weights (host), where patches are applied here
     patched: frozenset = frozenset()            # the keys the current patches changed (restored from `base` next)
+    compiled: dict = field(default_factory=dict)  # torch.compile options (JSON) -> the compiled model, built once
+
+    def callable_for(self, compile_spec: Optional[dict]):
+        """The model to call: itself, or - with ComfyUI's TorchCompileModel options - its torch.compile'd module,
+        built on first use and kept while the model is resident (a new latent size recompiles as dynamo guards
+        decide, as in ComfyUI). It wraps the parallelized model, hooks and collectives included: dynamo traces the
+        model's own code and breaks the graph at each collective."""
+        if not compile_spec:
+            return self.model
+        import json
+        key = json.dumps(compile_spec, sort_keys=True)
+        if key not in self.compiled:
+            from .strict import opaque_to_dynamo
+            opaque_to_dynamo()  # tests' strict mode: its collective checks run as they are, not traced
+            kw = {k: compile_spec.get(k) for k in ("backend", "options", "mode", "fullgraph", "dynamic")}
+            self.compiled[key] = torch.compile(self.model, **{k: v for k, v in kw.items() if v is not None})
+        return self.compiled[key]
 
     @property
     def is_vae(self) -> bool:
@@ -265,8 +282,9 @@ class Engine:
             set_resolution(r.model, *[int(v) for v in resolution])
 
     def forward(self, key: str, ctx, kwargs: dict, *, call_index=None, resolution=None,
-                before: Optional[Callable] = None) -> torch.Tensor:
-        """Step mode: the model on the full inputs; every rank returns the full output."""
+                before: Optional[Callable] = None, compile_spec: Optional[dict] = None) -> torch.Tensor:
+        """Step mode: the model on the full inputs; every rank returns the full output. `compile_spec`: ComfyUI's
+        TorchCompileModel options (the native model runs compiled: Resident.callable_for)."""
         r = self.get(key, ctx)
         if ctx.config.pp_degree > 1:
             raise ValueError("PipeFusion (pp_degree > 1) runs the whole denoising loop in the workers "
@@ -280,6 +298,10 @@ class Engine:
             before()
         with torch.no_grad():
             if r.native_call is not None:
+                if compile_spec:
+                    from .strict import lenient
+                    with lenient():  # tests' strict mode: dynamo cannot trace its bookkeeping
+                        return r.native_call(r.callable_for(compile_spec), kwargs)
                 return r.native_call(r.model, kwargs)
             return r.model(**kwargs, return_dict=False)[0]
 

@@ -107,8 +107,12 @@ def _shape(t) -> tuple:
 class DeviceDiscipline(TorchFunctionMode):
     """Tracks which CPU tensors stand for host memory and which for the rank's compute device (module docstring)."""
 
+    lenient = 0  # > 0 inside `lenient()`: calls pass through unchecked
+
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if self.lenient:
+            return func(*args, **kwargs)
         if getattr(func, "__self__", None) is _DEVICE:
             d = func(*args)
             return COMPUTE if d.type == "cpu" and not is_host(args[0]) else d
@@ -288,3 +292,38 @@ class StrictComm:
 def compute_device(device: torch.device) -> torch.device:
     """The device a strict CPU rank computes on: the virtual `cpu:0` instead of `cpu` (an accelerator stays)."""
     return COMPUTE if device.type == "cpu" else device
+
+
+class lenient:
+    """Suspend the device discipline of the enclosing DeviceDiscipline modes for a block: torch.compile's dynamo
+    cannot trace through the mode's bookkeeping (tensor tags), so a compiled call runs unchecked (the collectives
+    stay strict: StrictComm wraps torch.distributed itself). Outside strict mode it does nothing."""
+
+    def __enter__(self):
+        from torch.overrides import _get_current_function_mode_stack
+        self.modes = [m for m in _get_current_function_mode_stack() if isinstance(m, DeviceDiscipline)]
+        for m in self.modes:
+            m.lenient += 1
+        return self
+
+    def __exit__(self, *exc):
+        for m in self.modes:
+            m.lenient -= 1
+        return False
+
+
+def opaque_to_dynamo() -> None:
+    """Make the strict collective wrappers opaque to torch.compile (dynamo runs them as they are, a graph break, instead
+    of tracing their checks): called when a model is first compiled, so worker processes that never compile never
+    import dynamo. Outside strict mode it does nothing."""
+    if not StrictComm.installed():
+        return
+    import torch._dynamo
+    for mod in (dist, c10d):
+        for name in _COLLECTIVES + _P2P:
+            fn = getattr(mod, name, None)
+            if getattr(fn, "strict", False) and not getattr(fn, "opaque", False):
+                opaque = torch._dynamo.disable(fn)
+                opaque.opaque = True
+                setattr(mod, name, opaque)
+

@@ -342,20 +342,18 @@ def test_every_comfyui_subclass_of_a_supported_class_runs_cfg_dp_only(comfy):
         check_any_model(dm, _hp(cfg_degree=2))  # the batch split runs it
 
 
-def test_a_torch_compiled_model_is_refused_before_workers(comfy):
-    """TorchCompileModel's wrapper would put a compiled copy of the driver's model back in place of the pool's proxy:
-    refused with the fix, through Hybrid Sampler and through Parallel Model's patch, before any worker starts."""
+def test_torch_compile_options_travel_and_what_cannot_is_refused_before_workers(comfy):
+    """TorchCompileModel's options go to the workers (which compile their model); a callable backend and loop mode
+    are refused before any worker starts, naming the fix."""
     from comfy_api.torch_helpers import set_torch_compile_wrapper
 
-    from comfyui_hybrid_parallel.nodes.model_node import ParallelModel
-    from comfyui_hybrid_parallel.nodes.native import NotCarried
-    from comfyui_hybrid_parallel.nodes.runtime import Runtime
+    from comfyui_hybrid_parallel.nodes.sampler_node import compile_spec
     model = comfy()
-    set_torch_compile_wrapper(model, backend="eager")  # what ComfyUI's TorchCompileModel node does
-    _refused(model, "TorchCompileModel", ulysses_degree=2)
-    ParallelModel.runtime = Runtime(make_pool=_NoPool())
-    try:
-        with pytest.raises(NotCarried, match="remove the TorchCompileModel node"):
-            ParallelModel().patch(model, _hp(ulysses_degree=2))
-    finally:
-        ParallelModel.runtime = None
+    assert compile_spec(model, _hp()) is None
+    set_torch_compile_wrapper(model, backend="inductor", mode="max-autotune", dynamic=False)
+    assert compile_spec(model, _hp(ulysses_degree=2)) == {"backend": "inductor", "options": None,
+                                                         "mode": "max-autotune", "fullgraph": False, "dynamic": False}
+    _refused(model, "step mode only", ulysses_degree=2, sampling_mode="loop")
+    model = comfy()
+    set_torch_compile_wrapper(model, backend=lambda gm, inputs: gm)
+    _refused(model, "backend that is not a name", ulysses_degree=2)

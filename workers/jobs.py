@@ -270,8 +270,14 @@ def job_forward(state: WorkerState, ctx, payload: dict) -> dict:
     _reuse_inputs(state, key, payload)
     kwargs = _inputs(state, payload)
     out = state.engine.forward(key, ctx, kwargs, call_index=payload.get("call_index"),
-                               resolution=payload.get("resolution"), before=lambda: state.stop_point(ctx))
-    return {"out": out, "parallelized": state.engine.get(key, ctx).parallelized}
+                               resolution=payload.get("resolution"), before=lambda: state.stop_point(ctx),
+                               compile_spec=payload.get("compile"))
+    r = state.engine.get(key, ctx)
+    reply = {"out": out, "parallelized": r.parallelized}
+    if payload.get("compile"):  # how often dynamo compiled a graph in this process (a second prompt adds none)
+        from torch._dynamo.utils import counters
+        reply["compiled_graphs"] = int(counters["stats"]["unique_graphs"])
+    return reply
 
 
 def job_loop(state: WorkerState, ctx, payload: dict) -> dict:
