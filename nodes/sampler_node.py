@@ -43,7 +43,10 @@ class PoolDiffusionModel(torch.nn.Module):
         try:
             return super().__getattr__(name)
         except AttributeError:
-            value = getattr(self.__dict__["_original"][0], name)
+            original = self.__dict__.get("_original")
+            if not original:  # still being built (or copied): nothing to fall back to
+                raise
+            value = getattr(original[0], name)
             if isinstance(value, (torch.nn.Module, torch.Tensor)):
                 raise AttributeError(f"the diffusion model runs on the workers: its {name!r} cannot be used by the "
                                      f"driver during a model call") from None
