@@ -8,20 +8,10 @@ inputs; token counts that divide the degree and that do not (3 x 5 x 7 = 105); e
 import pytest
 import torch
 
+from test_native_lumina2 import _pool_forward as _forward  # plain values (the frame rate) in the JSON part
 from test_native_pool import comfy, comfy_forward, rel, tolerance  # noqa: F401
 
 pytestmark = pytest.mark.comfy
-
-
-def _forward(pool, config, key, base, inp):
-    """The pool's forward with the plain-int frame rate in the JSON part of the call, as the nodes send it."""
-    from comfyui_hybrid_parallel.nodes.native import family_adapter, native_spec
-    dm = base.diffusion_model
-    pool.ensure_model(config, key, family_adapter(dm).family, {}, native=native_spec(base),
-                      state_dict=lambda: dict(dm.state_dict()))
-    tensors = {k: v for k, v in inp.items() if isinstance(v, torch.Tensor)}
-    structure = {"transformer_options": {}, **{k: v for k, v in inp.items() if k not in tensors}}
-    return pool.submit(config, "forward", {"key": key, "structure": structure}, tensors).tensors["out"]
 
 
 def _model(tmp_path, weight_dtype):
