@@ -74,19 +74,62 @@ def check_any_model(diffusion_model, hp) -> None:
 
 
 def check_weights(diffusion_model) -> int:
-    """Refuse weights the workers cannot carry (before any worker starts); returns their bytes."""
+    """Refuse weights the workers cannot carry (before any worker starts); returns their bytes. A custom loader's
+    tensor subclass (GGUF's quantized weights) travels as its raw bytes plus what rebuilds it
+    (workers/loader_types.py); what cannot be rebuilt is refused with the reason."""
+    from ..workers.loader_types import NotCarriable, describe, raw
     total = 0
-    for name, t in diffusion_model.state_dict().items():
-        if type(t) not in (torch.Tensor, torch.nn.Parameter):
-            raise NotCarried(f"weight {name!r} of this MODEL is a {type(t).__name__} (a custom loader's tensor "
-                             f"type, e.g. GGUF), which the workers cannot carry; load the model with ComfyUI's "
-                             f"Load Diffusion Model / Load Checkpoint (any weight_dtype, fp8 included)")
-        dtype = str(t.dtype).removeprefix("torch.")
+    for name, t in host_tensors(diffusion_model).items():
+        try:
+            describe(t, name)
+        except NotCarriable as e:
+            raise NotCarried(f"{e}; load the model with ComfyUI's Load Diffusion Model / Load Checkpoint (any "
+                             f"weight_dtype, fp8 included) or a GGUF loader") from None
+        r = raw(t)
+        dtype = str(r.dtype).removeprefix("torch.")
         if dtype not in _DTYPES:
             raise NotCarried(f"weight {name!r} has dtype {dtype}, which the workers cannot carry; supported: "
                              f"{', '.join(_DTYPES)}")
-        total += t.numel() * t.element_size()
+        total += r.numel() * r.element_size()
     return total
+
+
+def host_tensors(diffusion_model) -> dict:
+    """The weights as the model's layers hold them (not state_dict(), which a loader's ops may fake)."""
+    from ..workers.loader_types import host_tensors as held
+    return held(diffusion_model)
+
+
+def loader_tensors(diffusion_model) -> dict:
+    """{name: description} of the weights a custom loader holds as its own tensor subclass (GGUF); {} for none."""
+    from ..workers.loader_types import describe, is_plain
+    return {k: describe(t, k) for k, t in host_tensors(diffusion_model).items() if not is_plain(t)}
+
+
+def weight_bytes(diffusion_model) -> int:
+    """Bytes of the weights as stored (a quantized GGUF weight counts its blocks, not its logical shape)."""
+    from ..workers.loader_types import nbytes
+    return sum(nbytes(t) for t in host_tensors(diffusion_model).values())
+
+
+def check_loader_methods(diffusion_model, config, patched: bool) -> None:
+    """Refuse, before any worker starts, what a custom loader's quantized weights cannot run: tensor parallel
+    (it cuts weight rows and columns; a quantized weight packs a row's values in blocks of 32 or 256 with their
+    scales, so a shard would have to be re-quantized - not the loader's weights any more), PipeFusion (not
+    checked with a loader's ops), and weight patches (LoRA) on ranks that do not hold the whole model (the loader
+    keeps them on the tensor beside its bytes; sharded bytes would leave them behind)."""
+    if not loader_tensors(diffusion_model):
+        return
+    kind = next(iter(loader_tensors(diffusion_model).values()))["class"].rpartition(":")[2]
+    if config.tp_degree > 1 or config.pp_degree > 1:
+        what = "tensor parallel (tp_degree > 1)" if config.tp_degree > 1 else "PipeFusion (pp_degree > 1)"
+        raise NotCarried(f"{what} does not run on a custom loader's quantized weights ({kind}: a quantized row is "
+                         f"blocks of values with their scales, which tensor parallel would cut and PipeFusion was "
+                         f"not checked with); use ulysses/ring/cfg/dp degrees, shard_weights or DistriFusion")
+    if patched and not config.whole_model:
+        raise NotCarried(f"weight patches (LoRA) on a custom loader's quantized weights ({kind}) run where every rank "
+                         f"holds the whole model: set shard_weights none (ulysses/ring/cfg/dp degrees), or remove "
+                         f"the LoRA")
 
 
 def _comfy_args() -> dict:
@@ -109,9 +152,18 @@ def native_spec(base_model) -> dict:
     dm = base_model.diffusion_model
     family_adapter(dm)
     config = base_model.model_config
-    if getattr(config, "custom_operations", None) is not None:
-        raise NotCarried(f"this MODEL uses custom operations ({config.custom_operations!r:.80}), which the workers "
-                         f"cannot rebuild; load it with ComfyUI's own loaders")
+    from ..workers.loader_types import NotCarriable, describe_operations, tensor_packages
+    custom = None
+    if getattr(config, "custom_operations", None) is not None:  # a custom loader's ops (GGUF): carried by name
+        try:
+            custom = describe_operations(config.custom_operations)
+        except NotCarriable as e:
+            raise NotCarried(f"this MODEL uses custom operations: {e}; load it with ComfyUI's own loaders or a "
+                             f"GGUF loader") from None
+    try:
+        tensors = loader_tensors(dm)
+    except NotCarriable as e:
+        raise NotCarried(f"{e}; load the model with ComfyUI's own loaders or a GGUF loader") from None
     if getattr(config, "layer_quant_config", None):
         raise NotCarried("mixed-precision quantized checkpoints (layer_quant_config) do not run on the workers yet; "
                          "use an fp8/scaled-fp8/bf16 checkpoint")
@@ -123,7 +175,9 @@ def native_spec(base_model) -> dict:
         "ops": {"weight_dtype": encode_value(unet_config.get("dtype")),
                 "manual_cast_dtype": encode_value(base_model.manual_cast_dtype),
                 "fp8_optimizations": bool(config.optimizations.get("fp8", False)),
-                "scaled_fp8": encode_value(getattr(config, "scaled_fp8", None))},
+                "scaled_fp8": encode_value(getattr(config, "scaled_fp8", None)),
+                **({"custom": custom} if custom else {})},
+        **({"tensors": tensors, "packages": tensor_packages(tensors)} if tensors else {}),
         **comfy_runtime(),
     }
 
@@ -280,7 +334,7 @@ def check_memory(model, hp, latent_shape, positive, cfg: float) -> None:
         shape = shape_from_module(dm)
     except ValueError:
         return  # no adapter: nothing parallel inside the model to plan
-    weight_bytes = sum(t.numel() * t.element_size() for t in dm.state_dict().values())
+    weights = weight_bytes(dm)
     capacity, where, ranks = device_capacity(hp)
     on_gpu = where.startswith("cuda")
     compute = model.model.manual_cast_dtype or dm.dtype
@@ -289,12 +343,12 @@ def check_memory(model, hp, latent_shape, positive, cfg: float) -> None:
     act_bytes = 4 if compute == torch.float32 else 2
     text = max((int(c[0].shape[1]) for c in positive or [] if hasattr(c[0], "shape") and c[0].dim() == 3), default=0)
     batch = int(latent_shape[0]) * (2 if cfg != 1.0 else 1)
-    mem = rank_memory(shape, weight_bytes, hp.config, latent_shape, text, batch, act_bytes, cpu=ranks > 1)
+    mem = rank_memory(shape, weights, hp.config, latent_shape, text, batch, act_bytes, cpu=ranks > 1)
     try:
-        check_fits(mem, capacity, where, hp.config, ranks_on_host=ranks, weight_bytes=weight_bytes)
+        check_fits(mem, capacity, where, hp.config, ranks_on_host=ranks, weight_bytes=weights)
     except ConfigError as e:
         raise NotCarried(f"{e}") from None
-    note = shard_traffic(weight_bytes, hp.config)
+    note = shard_traffic(weights, hp.config)
     if note and on_gpu:
         import logging
         logging.getLogger(__name__).warning("hybrid parallel: %s", note)
@@ -310,7 +364,9 @@ def check_diffusers_path(diffusion_model, config) -> None:
         raise NotCarried(f"{what} is not available for {a.title} (it has no shard layout / pipeline stages for "
                          f"ComfyUI's model and no diffusers conversion); use ulysses/ring/cfg/dp degrees, "
                          f"shard_weights or DistriFusion")
-    fp8 = sorted({str(t.dtype).removeprefix("torch.") for t in diffusion_model.state_dict().values()
+    if loader_tensors(diffusion_model):
+        check_loader_methods(diffusion_model, config, patched=False)
+    fp8 = sorted({str(t.dtype).removeprefix("torch.") for t in host_tensors(diffusion_model).values()
                   if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)})
     if fp8:
         what = "tensor parallel (tp_degree > 1)" if config.tp_degree > 1 else "PipeFusion (pp_degree > 1)"
@@ -320,4 +376,5 @@ def check_diffusers_path(diffusion_model, config) -> None:
 
 
 __all__ = ["DRIVER_WRAPPERS", "NotCarried", "check_diffusers_path", "check_diffusion_wrappers", "diffusion_wrappers", "loop_step_cache", "runs_diffusion_wrappers", "check_memory", "check_native_pipefusion", "check_native_tp", "check_weights", "check_any_model",
+           "check_loader_methods", "host_tensors", "loader_tensors", "weight_bytes",
            "comfy_runtime", "encode_value", "family_adapter", "native_spec", "native_supported", "portable_options"]

@@ -153,17 +153,19 @@ class Runtime:
         The weights are the module's state dict as ComfyUI holds it now (storage dtype, patches applied),
         written once into shared memory that every local rank maps; nothing is converted or copied here.
         """
-        from .native import family_adapter
+        from ..workers.loader_types import raw
+        from .native import family_adapter, host_tensors, weight_bytes
         family = family_adapter(diffusion_model).family
         pool = self.pool(hp)
         w = pool.world
         if pool.gpus and (w is None or key not in w.resident):  # the weights will travel: beside ComfyUI's?
             pool.ensure_world(hp.config)
-            free_beside_comfy(pool, hp.config, sum(t.numel() * t.element_size()
-                                                   for t in diffusion_model.state_dict().values()), pool.gpus)
+            free_beside_comfy(pool, hp.config, weight_bytes(diffusion_model), pool.gpus)
+        # the weights as the layers hold them; a loader's tensor subclass (GGUF) as its raw bytes (spec["tensors"]
+        # says how the workers rebuild it)
         pool.ensure_model(hp.config, key, family, {}, native=spec, lineage=lineage, adopt=adopter(diffusion_model),
                           patches=patches,
-                          state_dict=lambda: {k: v.detach() for k, v in diffusion_model.state_dict().items()})
+                          state_dict=lambda: {k: raw(v) for k, v in host_tensors(diffusion_model).items()})
         self.remember(key, (family, {}))
         return family
 
@@ -339,14 +341,21 @@ def adopter(module: torch.nn.Module):
     pages of the file just written for the workers (copy-on-write: ComfyUI writing into it - an in-place LoRA
     patch - gets private pages, the workers never see it). ComfyUI's copy and every local rank's are then one set of
     pages, freed tensor by tensor as they are written; a tensor ComfyUI keeps on a GPU is left alone."""
-    targets = module.state_dict(keep_vars=True)
+    from ..workers.loader_types import describe, host_tensors, raw, rebuild
+    targets = host_tensors(module)
     owners = dict(module.named_modules())
     lock = threading.Lock()
 
     def adopt(name: str, mapped: torch.Tensor) -> None:
         t = targets.get(name)
-        if t is None or t.device.type != "cpu" or t.dtype != mapped.dtype or t.shape != mapped.shape:
+        if t is None or t.device.type != "cpu":
             return
+        r = raw(t)  # a loader's tensor (GGUF) is compared by its bytes and rebuilt around the mapped ones
+        if r.dtype != mapped.dtype or r.shape != mapped.shape:
+            return
+        if type(mapped) is not type(t):  # the loader's tensor, as ComfyUI holds it now (its patcher state included)
+            mapped = rebuild(mapped, describe(t, name))
+            mapped.__dict__.update({k: v for k, v in vars(t).items() if not k.startswith("_")})
         path, _, leaf = name.rpartition(".")
         owner = owners.get(path)
         if owner is None:

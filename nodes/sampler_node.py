@@ -17,7 +17,7 @@ import torch
 from ..parallel.checkpoints import family_module
 from ..parallel.models import adapter
 from .loop_mode import Captured, check_loop_mode, make_loop_sampler, uses_loop_mode
-from .native import (NotCarried, check_any_model, check_diffusers_path, check_diffusion_wrappers, check_memory, check_native_pipefusion,
+from .native import (NotCarried, check_any_model, check_loader_methods, check_diffusers_path, check_diffusion_wrappers, check_memory, check_native_pipefusion,
                      check_native_tp, check_weights, diffusion_wrappers, native_spec, native_supported,
                      portable_options, runs_diffusion_wrappers)
 from .runtime import to_diffusers, weights_key
@@ -336,7 +336,10 @@ def pool_state(model, hp) -> dict:
         check_native_tp(model.model.diffusion_model, hp.config)
         portable_options(model.model_options.get("transformer_options"))  # other nodes' patches: refused now
         state["key"] = "native:" + state["key"]
+        check_loader_methods(model.model.diffusion_model, hp.config, patched=bool(model.patches))  # GGUF
         state["patches"] = portable_patches(model, hp.config)  # LoRA & co travel as patches where they can
+        if state["patches"] is not None:
+            state["native"]["patcher"] = loader_patcher(model)  # a loader that patches its own way (GGUF)
         state["compile"] = compiled
     else:
         check_diffusers_path(model.model.diffusion_model, hp.config)
@@ -360,6 +363,16 @@ def portable_patches(model, config):
         return encode(model.patches)
     except NotPortable:
         return None
+
+
+def loader_patcher(model):
+    """The MODEL's ModelPatcher class when a custom loader patches weights its own way (workers/loader_types.py),
+    refused before any worker starts where the workers could not import it; None for ComfyUI's own."""
+    from ..workers.loader_types import NotCarriable, describe_patcher
+    try:
+        return describe_patcher(model)
+    except NotCarriable as e:
+        raise NotCarried(f"this MODEL's patcher cannot be rebuilt on the workers: {e}") from None
 
 
 @contextmanager

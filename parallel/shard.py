@@ -84,7 +84,9 @@ def _entries(module: torch.nn.Module, skip: set, world: int) -> tuple:
                 continue
             seen.add(id(t))
             nbytes = t.numel() * t.element_size()
-            entries.append(_Entry(owner, name, is_param, t.dtype, tuple(t.shape), offset, nbytes))
+            # size(), not shape: a loader's tensor subclass (GGUF) reports its logical shape, while its bytes are
+            # rows of quantized blocks - the shard holds and gathers those bytes, the tensor object stays its own
+            entries.append(_Entry(owner, name, is_param, t.dtype, tuple(t.size()), offset, nbytes))
             offset += math.ceil(nbytes / ALIGN) * ALIGN
     size = math.ceil(max(offset, 1) / (world * ALIGN)) * world * ALIGN
     return entries, size
@@ -115,7 +117,7 @@ class WeightSharding:
             t = self._tensor(e)
             a, b = max(lo, e.offset), min(hi, e.offset + e.nbytes)
             if a < b:
-                raw = t.detach().contiguous().reshape(-1).view(torch.uint8)
+                raw = torch.Tensor.as_subclass(t, torch.Tensor).detach().contiguous().reshape(-1).view(torch.uint8)
                 shard[a - lo:b - lo] = raw[a - e.offset:b - e.offset]
             self._set(e, torch.empty(0, dtype=e.dtype, device=t.device))  # the full tensor is dropped here
         module.register_buffer(SHARD_BUFFER, shard, persistent=False)

@@ -31,11 +31,15 @@ def dist_pools():
 def server(tmp_path_factory):
     """The session's one real ComfyUI server (ComfyUI takes ~15 s to start on 2 cores): the e2e tests and the
     web tests (routes, browser) share it. Tiny SD3 / PixArt / Wan checkpoints, a tiny LoRA
-    and the shipped demo model are on disk."""
+    and the shipped demo model are on disk; the tests' GGUF loader is in its custom_nodes."""
     from comfy_env import setup_comfy
     comfy_dir = setup_comfy()
     base = tmp_path_factory.mktemp("comfy_base")
     srv = ComfyServer(comfy_dir, base)
+    import shutil
+    from pathlib import Path
+    # the tests' GGUF loader node (ComfyUI-GGUF's contract; tests/test_comfyui_gguf.py)
+    shutil.copytree(Path(__file__).parent / "hp_gguf_loader", base / "custom_nodes" / "hp_gguf_loader")
     write_checkpoints(base, ("sd3", "pixart", "wan"))
     from demo_model.workflow import install  # examples/ is on sys.path (comfy_server)
     install(base)  # the shipped demo model (tests/test_demo_model.py)

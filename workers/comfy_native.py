@@ -114,6 +114,9 @@ def attention_function(name: str):
 
 def _operations(comfy, spec: dict, device: torch.device):
     ops = spec["ops"]
+    if ops.get("custom"):  # a custom loader's operations (ComfyUI-GGUF's), imported from its folder
+        from .loader_types import operations
+        return operations(ops["custom"])
     weight_dtype = decode_value(ops.get("weight_dtype"))
     compute_dtype = decode_value(ops.get("manual_cast_dtype"))
     scaled = decode_value(ops.get("scaled_fp8"))
@@ -121,9 +124,21 @@ def _operations(comfy, spec: dict, device: torch.device):
                                      fp8_optimizations=bool(ops.get("fp8_optimizations")), scaled_fp8=scaled)
 
 
+def loader_weights(spec: dict, weights: dict) -> dict:
+    """`weights` with every tensor a custom loader held as its own subclass (GGUF's quantized tensors) rebuilt
+    around the raw bytes that travelled (workers/loader_types.py); the dict itself where there are none."""
+    metas = spec.get("tensors")
+    if not metas:
+        return weights
+    from .loader_types import rebuild, register_packages
+    register_packages(spec.get("packages"))
+    return {k: rebuild(v, metas.get(k)) for k, v in weights.items()}
+
+
 def build_native(spec: dict, weights: dict, device: torch.device, sequence_parallel: bool) -> torch.nn.Module:
-    """ComfyUI's diffusion model of `spec`, holding `weights` (assigned, not copied), with the operations
-    ComfyUI picks for `device`; the model itself stays on the host (the engine moves its shard)."""
+    """ComfyUI's diffusion model of `spec`, holding `weights` (assigned, not copied; a loader's tensors already
+    rebuilt by `loader_weights`), with the operations ComfyUI picks for `device` - or the loader's own; the model
+    itself stays on the host (the engine moves its shard)."""
     comfy = import_comfy(spec, sequence_parallel)
     module = importlib.import_module(spec["module"])
     cls = module
@@ -132,12 +147,17 @@ def build_native(spec: dict, weights: dict, device: torch.device, sequence_paral
     unet_config = decode_value(spec["unet_config"])
     operations = _operations(comfy, spec, device)
     model = cls(**unet_config, device=torch.device("meta"), operations=operations)
-    missing = sorted(set(model.state_dict()) - set(weights))
-    unexpected = sorted(set(weights) - set(model.state_dict()))
+    from .loader_types import host_tensors
+    # (a custom loader's layers may hold no weight until loaded: compare what the model holds once loaded)
+    expected = set(host_tensors(model)) if not spec["ops"].get("custom") else set(weights)
+    missing, unexpected = sorted(expected - set(weights)), sorted(set(weights) - expected)
+    if not missing and not unexpected:
+        model.load_state_dict(weights, strict=True, assign=True)
+        held = set(host_tensors(model))
+        missing, unexpected = sorted(set(weights) - held), sorted(held - set(weights))
     if missing or unexpected:
         raise RuntimeError(f"{spec['class']} built from ComfyUI's config does not match the weights sent: "
                            f"missing {missing[:8]}, unexpected {unexpected[:8]}")
-    model.load_state_dict(weights, strict=True, assign=True)
     left = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_meta]
     if left:
         raise RuntimeError(f"{spec['class']} keeps tensors outside its state dict ({left[:8]}); the workers "

@@ -111,7 +111,7 @@ def _patch_one(holder, key: str, original: torch.Tensor, patch, device) -> torch
     return comfy.utils.get_attr(holder, key)
 
 
-def apply(dm: torch.nn.Module, base: dict, patches: dict, previous: set, device, share=None) -> set:
+def apply(dm: torch.nn.Module, base: dict, patches: dict, previous: set, device, share=None, patcher=None) -> set:
     """Patch `dm` in place from its `base` weights (name -> host tensor, unpatched): every key of `patches` gets
     ComfyUI's patched weight, every key of the `previous` version that these patches leave gets its base back.
     Returns the patched keys.
@@ -119,13 +119,19 @@ def apply(dm: torch.nn.Module, base: dict, patches: dict, previous: set, device,
     `share` (CPU ranks of one machine, which map one copy of the base): (rank, size, shm prefix, barrier, tag - the
     version's name, the same on every rank). Each rank
     then computes every size-th patched key and writes it to shared memory, and after the barrier maps the others'
-    - the work is split N ways and the patched weights are one copy for the machine, not one per rank."""
+    - the work is split N ways and the patched weights are one copy for the machine, not one per rank.
+
+    `patcher` (workers/loader_types.describe_patcher): a custom loader's ModelPatcher that patches its own way;
+    each key is then patched by that class's `patch_weight_to_device` (ComfyUI-GGUF: the quantized weight keeps
+    its bytes and holds the patches, applied as it is dequantized at each call)."""
     import comfy.utils
     holder = _Holder(dm)
     device = torch.device(device)
     for key in set(previous) | set(patches):
         if key[len(MODEL_PREFIX):] not in base:
             raise KeyError(f"patch of {key!r}: no such base weight on this rank")
+    if patcher is not None:
+        return _apply_with_loader(holder, base, patches, previous, device, patcher)
     for key in sorted(set(previous) - set(patches)):
         comfy.utils.set_attr_param(holder, key, base[key[len(MODEL_PREFIX):]].to(device))
     keys = sorted(patches)
@@ -149,6 +155,29 @@ def apply(dm: torch.nn.Module, base: dict, patches: dict, previous: set, device,
     barrier()  # every rank mapped every file: the names can go (the pages stay while mapped)
     for desc in mine.values():
         unlink(desc, prefix)
+    return set(patches)
+
+
+def _apply_with_loader(holder, base: dict, patches: dict, previous: set, device, desc: dict) -> set:
+    """`apply` through the loader's own ModelPatcher class: every key of both versions goes back to its base tensor
+    - with the patches a lazily patched tensor holds dropped, as the loader's unpatch does (ComfyUI-GGUF's contract:
+    a quantized tensor keeps its patches in its `patches` list) - then the loader patches the new version's keys."""
+    import comfy.utils
+
+    from .loader_types import patcher_class
+    cls = patcher_class(desc)
+    p = cls(holder, load_device=device, offload_device=device, size=1)  # size given: nothing is measured
+    for k, v in (desc.get("settings") or {}).items():
+        setattr(p, k, v)
+    p.patches = patches
+    for key in sorted(set(previous) | set(patches)):
+        t = base[key[len(MODEL_PREFIX):]]
+        if isinstance(getattr(t, "patches", None), list):
+            t.patches = []
+        comfy.utils.set_attr_param(holder, key, t.to(device))
+    for key in sorted(patches):
+        p.patch_weight_to_device(key, device_to=device)
+    p.backup.clear()  # the base tensors are kept by the resident model (r.base), not by this patcher
     return set(patches)
 
 

@@ -159,6 +159,14 @@ def job_load_model(state: WorkerState, ctx, payload: dict) -> dict:
     weights are the model's base and the patches are applied here; a resident version of the same lineage is
     patched in place (only the patches travelled), its previous patches undone first."""
     key, engine = payload["key"], state.engine
+    custom = (payload.get("native") or {}).get("ops", {}).get("custom")
+    if custom:
+        # a custom loader's layer settings are class attributes (ComfyUI-GGUF's dequant_dtype): the driver's class
+        # holds them for every model it loaded, so each run sets them here as they are there now
+        from .comfy_native import import_comfy
+        from .loader_types import operations
+        import_comfy(payload["native"], ctx.config.intercepts_attention)
+        operations(custom)
     if engine.touch(key, ctx):
         return {"loaded": False, "loads": engine.loads, "resident": engine.resident()}
     if payload.get("patches") is not None and payload.get("native"):
@@ -170,7 +178,8 @@ def job_load_model(state: WorkerState, ctx, payload: dict) -> dict:
         if found is not None:
             from .comfy_patches import apply
             slot, r = found
-            r.patched = frozenset(apply(r.model, r.base, patches, r.patched, state.device, _share(state, ctx, key)))
+            r.patched = frozenset(apply(r.model, r.base, patches, r.patched, state.device, _share(state, ctx, key),
+                                        patcher=payload["native"].get("patcher")))
             engine.rekey(slot, key, ctx)
             return {"loaded": True, "patched_in_place": True, "loads": engine.loads, "resident": engine.resident()}
     weights = {k[len(WEIGHT_PREFIX):]: v for k, v in payload.items() if k.startswith(WEIGHT_PREFIX)}
@@ -183,7 +192,10 @@ def job_load_model(state: WorkerState, ctx, payload: dict) -> dict:
         weights = load_file(payload["path"])  # mmapped by safetensors
     native = payload.get("native")
     if native:  # ComfyUI's own class, ops and weights (workers/comfy_native.py)
-        from .comfy_native import attention_kernel, build_native, call_native, compute_dtype
+        from .comfy_native import (attention_kernel, build_native, call_native, compute_dtype, import_comfy,
+                                   loader_weights)
+        import_comfy(native, ctx.config.intercepts_attention)  # (before a custom loader's modules import it)
+        weights = loader_weights(native, weights)  # GGUF's quantized tensors around their raw bytes
         # sequence or pipeline parallel: attention must be interceptable (ComfyUI's pytorch kernel)
         model = build_native(native, weights, state.device, sequence_parallel=ctx.config.intercepts_attention)
         kernel, kernel_name = attention_kernel(native)  # the driver's kernel, for the Ulysses ranks
@@ -203,7 +215,8 @@ def job_load_model(state: WorkerState, ctx, payload: dict) -> dict:
                              "shard_weights): the driver sends patched weights there")
         from .comfy_patches import apply
         r.base = weights
-        r.patched = frozenset(apply(r.model, weights, patches, set(), state.device, _share(state, ctx, key)))
+        r.patched = frozenset(apply(r.model, weights, patches, set(), state.device, _share(state, ctx, key),
+                                    patcher=native.get("patcher") if native else None))
     weights = None
     return {"loaded": True, "loads": engine.loads, "resident": engine.resident(), "attention": kernel_name}
 
