@@ -40,6 +40,8 @@ def server(tmp_path_factory):
     from pathlib import Path
     # the tests' GGUF loader node (ComfyUI-GGUF's contract; tests/test_comfyui_gguf.py)
     shutil.copytree(Path(__file__).parent / "hp_gguf_loader", base / "custom_nodes" / "hp_gguf_loader")
+    if os.environ.get("HP_COMFYUI_GGUF"):  # a ComfyUI-GGUF checkout: its loader joins the GGUF tests
+        shutil.copytree(os.environ["HP_COMFYUI_GGUF"], base / "custom_nodes" / "ComfyUI-GGUF")
     write_checkpoints(base, ("sd3", "pixart", "wan"))
     from demo_model.workflow import install  # examples/ is on sys.path (comfy_server)
     install(base)  # the shipped demo model (tests/test_demo_model.py)

@@ -4,8 +4,12 @@ Why: GGUF (ComfyUI-GGUF) is how many people fit Flux, Wan and Qwen-Image on cons
 subclass over the file's quantized blocks, dequantized by the loader's own operations at each call, and its LoRA
 patches stay on the tensor (workers/loader_types.py). The loader here is the tests' (tests/hp_gguf_loader, ComfyUI-
 GGUF's contract); the files are the session's tiny SD3 quantized with gguf-py: all Q8_0, and mixed Q8_0 + Q4_K (as
-a Q4_K_M file mixes types). Odd latent (13 x 9), batch 2 so data parallel splits it.
+a Q4_K_M file mixes types). Odd latent (13 x 9), batch 2 so data parallel splits it. With HP_COMFYUI_GGUF set to a
+ComfyUI-GGUF checkout (it is on no package registry this machine reaches), every test also runs on its own loader
+node, UnetLoaderGGUFAdvanced.
 """
+import os
+
 import pytest
 
 from comfy_server import assert_ok, error_text, latent, on_pool, rel, workflow
@@ -15,6 +19,14 @@ pytestmark = pytest.mark.comfy
 W, H = 104, 72
 BOUND = 1e-5
 Q8, MIXED = "tiny_sd3_q8_0.gguf", "tiny_sd3_q8_0_q4_k.gguf"
+
+
+LOADERS = ["hp_test"] + (["ComfyUI-GGUF"] if os.environ.get("HP_COMFYUI_GGUF") else [])
+
+
+@pytest.fixture(scope="module", params=LOADERS)
+def loader(request):
+    return request.param
 
 
 @pytest.fixture(scope="module")
@@ -28,32 +40,39 @@ def gguf_files(server):
     return kinds
 
 
-def _graph(tag, unet, degrees=None, node="model", lora=None, dequant="default", batch=2):
+def _graph(tag, unet, degrees=None, node="model", lora=None, dequant="default", batch=2, loader="hp_test"):
     g = workflow(None, tag, W, H, family="sd3", steps=2, batch=batch, lora=lora)
     for k in ("6", "7", "8", "11"):  # the latent is what is compared
         g.pop(k, None)
-    g["1"] = {"class_type": "HPTestUnetLoaderGGUF", "inputs": {"unet_name": unet, "dequant_dtype": dequant,
-                                                              "patch_on_device": False}}
+    if loader == "hp_test":
+        g["1"] = {"class_type": "HPTestUnetLoaderGGUF", "inputs": {"unet_name": unet, "dequant_dtype": dequant,
+                                                                  "patch_on_device": False}}
+    else:
+        g["1"] = {"class_type": "UnetLoaderGGUFAdvanced", "inputs": {"unet_name": unet, "dequant_dtype": dequant,
+                                                                    "patch_dtype": "default",
+                                                                    "patch_on_device": False}}
     return g if degrees is None else on_pool(g, degrees, node)
 
 
-def _equal_ksampler(server, tag, unet, cases, **kw):
-    assert_ok(server, server.run(_graph(f"{tag}_ref", unet, **kw)))
+def _equal_ksampler(server, tag, unet, cases, loader, **kw):
+    tag = f"{loader}_{tag}"
+    assert_ok(server, server.run(_graph(f"{tag}_ref", unet, loader=loader, **kw)))
     ref = latent(server, f"{tag}_ref")
     for name, degrees, node in cases:
-        assert_ok(server, server.run(_graph(f"{tag}_{name}", unet, degrees, node, **kw)))
+        assert_ok(server, server.run(_graph(f"{tag}_{name}", unet, degrees, node, loader=loader, **kw)))
         err = rel(latent(server, f"{tag}_{name}"), ref)
         print(f"GGUF {tag} {name}: latent relative error vs KSampler {err:.2e}")
         assert err <= BOUND, (name, err)
     return ref
 
 
-def test_gguf_weights_equal_ksampler(server, gguf_files):
+def test_gguf_weights_equal_ksampler(server, gguf_files, loader):
     """Mixed Q8_0 / Q4_K / F16 file: Hybrid Sampler ulysses 2, Parallel Model cfg 2, data parallel 2 and ulysses 2
     with the weights sharded as raw bytes, each against KSampler on the same GGUF model."""
     ref = _equal_ksampler(server, "mixed", MIXED, [
         ("u2", {"ulysses_degree": 2}, "sampler"), ("cfg2", {"cfg_degree": 2}, "model"),
-        ("dp2", {"dp_degree": 2}, "model"), ("u2_sharded", {"ulysses_degree": 2, "shard_weights": "sequence"}, "model")])
+        ("dp2", {"dp_degree": 2}, "model"), ("u2_sharded", {"ulysses_degree": 2, "shard_weights": "sequence"}, "model")],
+        loader)
     # the quantization is real: the GGUF model is not the fp32 checkpoint it was made from
     g = workflow(None, "mixed_fp32", W, H, family="sd3", steps=2, batch=2)
     for k in ("6", "7", "8", "11"):
@@ -62,27 +81,27 @@ def test_gguf_weights_equal_ksampler(server, gguf_files):
     assert rel(ref, latent(server, "mixed_fp32")) > 1e-3
 
 
-def test_gguf_lora_equals_ksampler(server, gguf_files):
+def test_gguf_lora_equals_ksampler(server, gguf_files, loader):
     """A LoRA on the Q8_0 file's quantized attention weights, applied on the workers by the loader's own patcher (the
     patches ride on the quantized tensor, dequantized with it at each call), at two strengths (the second patched in
     place on the resident model), against KSampler with the same loader."""
-    assert_ok(server, server.run(_graph("q8_nolora", Q8)))
+    assert_ok(server, server.run(_graph(f"{loader}_q8_nolora", Q8, loader=loader)))
     for strength in (1.0, 0.5):
-        ref = _equal_ksampler(server, f"q8_lora{strength}", Q8, [("u2", {"ulysses_degree": 2}, "model")],
+        ref = _equal_ksampler(server, f"q8_lora{strength}", Q8, [("u2", {"ulysses_degree": 2}, "model")], loader,
                               lora=("tiny_lora.safetensors", strength))
-        assert rel(ref, latent(server, "q8_nolora")) > 1e-3, "the LoRA changed nothing: the test proves nothing"
+        assert rel(ref, latent(server, f"{loader}_q8_nolora")) > 1e-3, "the LoRA changed nothing: the test proves nothing"
 
 
-def test_gguf_loader_settings_travel(server, gguf_files):
+def test_gguf_loader_settings_travel(server, gguf_files, loader):
     """The loader's dequant_dtype is a class attribute of its Linear (set when it loads): float16 dequantization
     changes the result, and the workers dequantize as the driver's class says at each run."""
-    f16 = _equal_ksampler(server, "q8_f16", Q8, [("cfg2", {"cfg_degree": 2}, "model")], dequant="float16")
-    f32 = _equal_ksampler(server, "q8_f32", Q8, [("cfg2", {"cfg_degree": 2}, "model")], dequant="float32")
+    f16 = _equal_ksampler(server, "q8_f16", Q8, [("cfg2", {"cfg_degree": 2}, "model")], loader, dequant="float16")
+    f32 = _equal_ksampler(server, "q8_f32", Q8, [("cfg2", {"cfg_degree": 2}, "model")], loader, dequant="float32")
     assert rel(f16, f32) > 1e-7, "float16 dequantization changed nothing: the test proves nothing"
 
 
-def test_tensor_parallel_on_gguf_is_refused(server, gguf_files):
-    entry = server.run(_graph("q8_tp", Q8, {"tp_degree": 2}))
+def test_tensor_parallel_on_gguf_is_refused(server, gguf_files, loader):
+    entry = server.run(_graph(f"{loader}_q8_tp", Q8, {"tp_degree": 2}, loader=loader))
     assert entry["status"]["status_str"] == "error"
     msg = error_text(entry)
     assert "tensor parallel" in msg and "quantized" in msg and "ulysses/ring/cfg/dp" in msg, msg
