@@ -196,3 +196,31 @@ def test_what_gguf_weights_cannot_run_is_refused(gguf_model):
             describe(w, "qkv")
     finally:
         del w.extra
+
+
+def test_gguf_wan_equals_comfyui(loader, tmp_path, cpu_pool):
+    """Wan 2.1 (the family most GGUF users run, 14B in Q4_K / Q8_0) from a mixed Q8_0 / Q4_K file: ulysses 2 and
+    ulysses 2 with the quantized bytes sharded, on a video latent whose 5 x 7 token grid and 2 frames do not divide
+    evenly, against ComfyUI's forward of the loader's model."""
+    import folder_paths
+
+    from comfyui_hybrid_parallel.doctor import tiny_checkpoints as tc
+    from comfyui_hybrid_parallel.parallel import ParallelConfig
+    from gguf_files import gguf_from_safetensors
+    tc.write_wan(tmp_path / "wan.safetensors", dim=256, ffn_dim=512, seed=37)
+    kinds = gguf_from_safetensors(tmp_path / "wan.safetensors", tmp_path / "wan.gguf", "wan",
+                                  qtypes=("Q4_K", "Q8_0"))
+    assert {"Q4_K", "Q8_0"} <= set(kinds.values())
+    folder_paths.folder_names_and_paths[loader.FOLDER] = ([str(tmp_path)], {".gguf"})
+    base = loader.HPTestUnetLoaderGGUF().load_unet("wan.gguf")[0].model
+    assert type(base.diffusion_model).__name__ == "WanModel"
+    g = torch.Generator().manual_seed(38)
+    inp = {"x": torch.randn(1, 16, 2, 10, 14, generator=g), "timestep": torch.rand(1, generator=g),
+           "context": torch.randn(1, 7, 4096, generator=g)}
+    ref = comfy_forward(base, inp)
+    for degrees in ({"ulysses_degree": 2}, {"ulysses_degree": 2, "shard_weights": "sequence"}):
+        config = ParallelConfig(**degrees)
+        _load(cpu_pool, config, f"gguf-wan:{config.describe()}", base)
+        err = rel(_forward(cpu_pool, config, f"gguf-wan:{config.describe()}", inp), ref)
+        print(f"GGUF Wan {config.describe()}: rel {err:.2e}")
+        assert err <= 1e-5, (degrees, err)
