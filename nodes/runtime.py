@@ -147,15 +147,16 @@ class Runtime:
         self._prestart.start()
 
     def ensure_native(self, hp, key: str, spec: dict, diffusion_model, lineage: str | None = None,
-                      patches: tuple | None = None) -> str:
-        """Make ComfyUI's own diffusion model resident on the workers under `key`; returns its family.
+                      patches: tuple | None = None, family: str | None = None) -> str:
+        """Make ComfyUI's own diffusion model (or, with `family` "vae_comfy", its VAE model) resident on the workers
+        under `key`; returns its family.
 
-        The weights are the module's state dict as ComfyUI holds it now (storage dtype, patches applied),
+        The weights are the module's tensors as ComfyUI holds them now (storage dtype, patches applied),
         written once into shared memory that every local rank maps; nothing is converted or copied here.
         """
         from ..workers.loader_types import raw
         from .native import family_adapter, host_tensors, weight_bytes
-        family = family_adapter(diffusion_model).family
+        family = family or family_adapter(diffusion_model).family
         pool = self.pool(hp)
         w = pool.world
         if pool.gpus and (w is None or key not in w.resident):  # the weights will travel: beside ComfyUI's?

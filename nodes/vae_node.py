@@ -1,19 +1,17 @@
 """Parallel VAE Decode: ComfyUI's VAEDecode with the decode split into row patches across the workers.
 
-The workers rebuild ComfyUI's VAE as the diffusers class that computes the same decode (diffusers
-AutoencoderKL for the KL image VAE, AutoencoderKLWan for the Wan 2.1 and 2.2 video VAEs,
-AutoencoderTiny for TAESD) and split it with parallel/vae. Any other VAE ComfyUI loads (HunyuanVideo
-1.5's, TAEHV, LTXV, Mochi, Cosmos, audio VAEs...) has no such twin: `check_vae` refuses it by class,
-naming the workaround, before the VAE travels or a worker starts.
+The workers run ComfyUI's own VAE model - the class its detection builds from the weights, its decode loop - with
+the ops that mix rows swapped for patch-aware ones for the duration of the decode (parallel/vae/native.py); which
+VAE classes were read for that, and which are refused with the reason, is parallel/vae/comfy_vaes.py. Everything
+is checked here, on ComfyUI's copy, before the VAE travels or a worker starts.
 """
 from __future__ import annotations
 
 import torch
 
-from ..parallel.checkpoints import CheckpointError, detect_family, family_module
-from ..parallel.checkpoints.vae import (kl_config_from_state_dict, taesd_config_from_state_dict, taesd_latent_in,
-                                        wan_config_from_state_dict)
-from .runtime import to_diffusers, weights_key
+from ..parallel.config import ConfigError
+from .native import comfy_runtime, encode_value
+from .runtime import weights_key
 from .sampler_node import submit_interruptible
 
 
@@ -47,51 +45,25 @@ class PatchVAEDecode:
 
     def _decode(self, samples, vae, hp, block_size):
         first = vae.first_stage_model
-        if samples["samples"].is_nested:
+        latent = samples["samples"]
+        if latent.is_nested:
             raise ValueError("Parallel VAE Decode does not take nested (multi-part) latents; use VAE Decode")
-        check_rows(samples["samples"], first, hp.config.world_size)  # before the VAE travels or a world starts
-        family = check_vae(first, samples["samples"])
+        declared = check_vae(first, latent, hp.config.world_size, block_size or None)  # before anything travels
         key = weights_key(first, "vae")
-        self.runtime.ensure_resident(hp, key, lambda: to_diffusers(first, family))
+        spec = {"vae": {"class": _qualname(first), "dtype": encode_value(vae.vae_dtype)}, **comfy_runtime()}
+        self.runtime.ensure_native(hp, key, spec, first, family="vae_comfy")
         pool = self.runtime.pool(hp)
-        latent = samples["samples"].float()
-        if family == "vae_taesd":  # ComfyUI's TAESD.decode shifts and scales the latent before its decoder
-            latent = taesd_latent_in(latent, first.vae_scale, first.vae_shift)
         values = {"key": key}
         if block_size:
             values["block_size"] = int(block_size)
-        res = submit_interruptible(pool, hp.config, "vae_decode", values, {"latent": latent})
-        images = family_module(family).diffusers_to_comfy_images(res.tensors["image"])
+        # as ComfyUI's VAE.decode: the latent in the VAE's dtype into first_stage_model.decode, the output as float
+        # through the VAE's process_output, channels last
+        res = submit_interruptible(pool, hp.config, "vae_decode", values, {"latent": latent.to(vae.vae_dtype)})
+        images = vae.process_output(res.tensors["image"].float()).movedim(1, -1)
         if images.ndim == 5:  # video: (B, T, H, W, C) -> frames in the batch, as VAEDecode does
             images = images.reshape(-1, *images.shape[-3:])
+        del declared
         return (images.to(torch.float32),)
-
-
-def check_rows(latent, first_stage_model, ranks: int) -> None:
-    """Every rank decodes a band of latent rows and needs at least a convolution's halo of them: refuse a latent
-    too short for `ranks` from ComfyUI's own VAE (its largest kernel), naming the degree that fits."""
-    if ranks <= 1 or latent.is_nested:
-        return
-    halo = 1
-    for m in first_stage_model.modules():
-        if isinstance(m, (torch.nn.Conv2d, torch.nn.Conv3d)):
-            halo = max(halo, int(m.kernel_size[-2]) // 2)
-    rows = int(latent.shape[-2])
-    if rows // halo < ranks:
-        raise ValueError(f"Parallel VAE Decode: a latent {rows} rows tall cannot be split over {ranks} ranks (each needs "
-                         f"at least {halo} row(s)); use a Parallel Config with at most {max(1, rows // halo)} ranks "
-                         f"for the decode, or ComfyUI's VAE Decode")
-
-
-# ComfyUI's VAE classes (module.qualname) whose decode the workers reproduce with a diffusers class.
-_WAN_VAES = ("comfy.ldm.wan.vae.WanVAE", "comfy.ldm.wan.vae2_2.WanVAE")
-_KL_VAE = "comfy.ldm.models.autoencoder.AutoencodingEngine"  # AutoencoderKL derives from it
-_KL_DECODER = "comfy.ldm.modules.diffusionmodules.model.Decoder"
-_TAESD = "comfy.taesd.taesd.TAESD"  # taesd, taesdxl (4 channels), taesd3, taef1 (16); not TAEHV (video)
-SUPPORTED_VAES = ("the KL image VAE (SD 1.x, SDXL, SD3, Flux.1, PixArt, Lumina 2, Z-Image), TAESD (taesd, taesdxl, "
-                  "taesd3, taef1) and the Wan 2.1 and Wan 2.2 video VAEs")
-_CONFIG = {"vae_kl": kl_config_from_state_dict, "vae_wan": wan_config_from_state_dict,
-           "vae_taesd": taesd_config_from_state_dict}
 
 
 def _qualname(obj) -> str:
@@ -99,42 +71,39 @@ def _qualname(obj) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-def check_vae(first_stage_model, latent=None) -> str:
-    """'vae_kl', 'vae_wan' (the Wan 2.2 VAE included) or 'vae_taesd' for a ComfyUI VAE the workers can split and a
-    latent it takes, else a ValueError naming the VAE's class and the workaround. Why: no other VAE has a diffusers
-    twin here whose decoder was checked to split by rows (HunyuanVideo 1.5's, for one, attends over every frame's
-    tokens at once in its mid block and its detected size is fixed at ~1B parameters), and the refusal must come
-    before the VAE travels or a worker starts. The converter's own shape checks (a Flux.2 batch-norm latent, an SVD
-    temporal decoder, a TAESD whose layer layout is not AutoencoderTiny's) run here too, on the state dict's names
-    and shapes only."""
-    names = {f"{c.__module__}.{c.__qualname__}" for c in type(first_stage_model).__mro__}
-    decoder = getattr(first_stage_model, "decoder", None)
+class _Axis:
+    """The axis a plan is checked against on the driver (sizes only; nothing is communicated)."""
+
+    def __init__(self, size: int):
+        self.size, self.rank = size, 0
+
+
+def check_vae(first_stage_model, latent=None, ranks: int = 1, block_size=None):
+    """The declaration (parallel/vae/comfy_vaes.py) of a ComfyUI VAE model Patch VAE Decode splits, with its plan
+    checked on ComfyUI's copy (every module of its decode path read, a latent of the right rank, tall enough for
+    `ranks`); a ValueError naming the VAE, why and the workaround otherwise - before the VAE travels or a worker
+    starts."""
+    from ..parallel.vae.comfy_vaes import REFUSED, comfy_vae_for, supported_titles
+    from ..parallel.vae.native import plan_native
     what = _qualname(first_stage_model)
-    if names & set(_WAN_VAES):
-        family = "vae_wan"
-    elif _TAESD in names:
-        family = "vae_taesd"
-    elif _KL_VAE in names and _qualname(decoder) == _KL_DECODER and isinstance(decoder.conv_in, torch.nn.Conv2d):
-        family = "vae_kl"  # not the 3-D variant of the same Decoder (conv3d=True: VideoConv3d convs)
-    else:
-        if decoder is not None:
-            what += f" with decoder {_qualname(decoder)}"
-        raise ValueError(f"Parallel VAE Decode does not split this VAE ({what}): it covers {SUPPORTED_VAES}. "
-                         f"Decode it with ComfyUI's VAE Decode, or VAE Decode (Tiled) when it does not fit in memory")
-    sd = first_stage_model.state_dict()  # references, not copies: only names and shapes are read
+    workaround = "Decode it with ComfyUI's VAE Decode, or VAE Decode (Tiled) when it does not fit in memory"
+    declared = comfy_vae_for(first_stage_model)
+    if declared is None:
+        why = REFUSED.get(what)
+        raise ValueError(f"Parallel VAE Decode does not split this VAE ({what})"
+                         + (f": {why}" if why else f"; it splits {supported_titles()}") + f". {workaround}")
     try:
-        found = detect_family(sd)
-        if found != family:
-            raise CheckpointError(f"its weights look like {found}, its class like {family}")
-        config = _CONFIG[family](sd)
-    except CheckpointError as e:
-        raise ValueError(f"Parallel VAE Decode cannot split this VAE ({what}): {e}. Decode it with ComfyUI's VAE "
-                         f"Decode, or VAE Decode (Tiled) when it does not fit in memory") from None
+        plan = plan_native(first_stage_model, declared, _Axis(max(1, ranks)), block_size=block_size)
+    except ConfigError as e:
+        raise ValueError(f"Parallel VAE Decode cannot split this VAE ({what}): {e}. {workaround}") from None
     if latent is not None:
-        dims, channels = (5, config["z_dim"]) if family == "vae_wan" else (4, config["latent_channels"])
-        if latent.dim() != dims or latent.shape[1] != channels:
-            kind = "image (B, C, H, W)" if dims == 4 else "video (B, C, T, H, W)"
-            raise ValueError(f"Parallel VAE Decode: this VAE ({what}) decodes {kind} latents with {channels} channels, "
-                             f"got shape {tuple(latent.shape)}; connect the VAE that belongs to the model that "
-                             f"made this latent")
-    return family
+        if latent.dim() != declared.dims:
+            kind = "image (B, C, H, W)" if declared.dims == 4 else "video (B, C, T, H, W)"
+            raise ValueError(f"Parallel VAE Decode: {declared.title} ({what}) decodes {kind} latents, got shape "
+                             f"{tuple(latent.shape)}; connect the VAE that belongs to the model that made this latent")
+        rows = int(latent.shape[-2])
+        if ranks > 1 and rows // plan.min_rows < ranks:
+            raise ValueError(f"Parallel VAE Decode: a latent {rows} rows tall cannot be split over {ranks} ranks "
+                             f"(each needs at least {plan.min_rows} row(s)); use a Parallel Config with at most "
+                             f"{max(1, rows // plan.min_rows)} ranks for the decode, or ComfyUI's VAE Decode")
+    return declared

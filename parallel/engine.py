@@ -366,9 +366,13 @@ class Engine:
         """Patch-parallel VAE decode over `axis` (every rank of the world by default); the full image on the axis'
         first rank (the one whose result the job returns), None on the others."""
         from .vae import patch_decode, world_axis
-        vae = self.get(key, ctx).model
+        r = self.get(key, ctx)
         ax = world_axis(ctx) if axis == "world" else ctx.axis(axis)
         if before is not None:
             before()
+        if r.family == "vae_comfy":  # ComfyUI's own VAE module, split by its declaration (vae/comfy_vaes.py)
+            from .vae.comfy_vaes import comfy_vae_for
+            from .vae.native import native_patch_decode
+            return native_patch_decode(r.model, comfy_vae_for(r.model), latent, ax, block_size=block_size)
         with torch.no_grad():
-            return patch_decode(vae, latent, ax, block_size=block_size, gather="first")  # rank 0 returns it
+            return patch_decode(r.model, latent, ax, block_size=block_size, gather="first")  # rank 0 returns it

@@ -166,6 +166,35 @@ def build_native(spec: dict, weights: dict, device: torch.device, sequence_paral
     return model.eval().requires_grad_(False)
 
 
+def build_native_vae(spec: dict, weights: dict) -> torch.nn.Module:
+    """ComfyUI's own VAE model (the `first_stage_model` its VAE Decode runs) for `weights`, picked by ComfyUI's own
+    detection from the weights' names and shapes - the class and configuration the driver's ComfyUI built - on the
+    meta device, then holding `weights` (assigned, not copied: the ranks share the mapped pages)."""
+    import_comfy(spec, sequence_parallel=False)
+    import comfy.sd
+
+    from .loader_types import host_tensors
+    want = spec["vae"]
+    meta = {k: torch.empty(tuple(v.shape), dtype=v.dtype, device="meta") for k, v in weights.items()}
+    with torch.device("meta"):
+        vae = comfy.sd.VAE(sd=meta, dtype=decode_value(want.get("dtype")))
+    model = vae.first_stage_model
+    got = f"{type(model).__module__}.{type(model).__qualname__}"
+    if got != want["class"]:
+        raise RuntimeError(f"ComfyUI built a {got} from the VAE weights sent, the driver holds a {want['class']}")
+    expected = set(host_tensors(model))
+    missing, unexpected = sorted(expected - set(weights)), sorted(set(weights) - expected)
+    if missing or unexpected:
+        raise RuntimeError(f"{got} does not match the VAE weights sent: missing {missing[:8]}, unexpected "
+                           f"{unexpected[:8]}")
+    model.load_state_dict(weights, strict=True, assign=True)
+    left = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_meta]
+    if left:
+        raise RuntimeError(f"{got} keeps tensors outside its state dict ({left[:8]}); the workers cannot build it "
+                           f"without initialising them - report this VAE")
+    return model.eval().requires_grad_(False)
+
+
 def compute_dtype(spec: dict) -> torch.dtype:
     """The dtype ComfyUI hands the spec's model its latent in (BaseModel._apply_model: the manual-cast dtype,
     else the model's own)."""

@@ -191,7 +191,10 @@ def job_load_model(state: WorkerState, ctx, payload: dict) -> dict:
         from safetensors.torch import load_file
         weights = load_file(payload["path"])  # mmapped by safetensors
     native = payload.get("native")
-    if native:  # ComfyUI's own class, ops and weights (workers/comfy_native.py)
+    if native and native.get("vae"):  # ComfyUI's own VAE, for Patch VAE Decode
+        from .comfy_native import build_native_vae
+        model, extra, kernel_name = build_native_vae(native, weights), {}, None
+    elif native:  # ComfyUI's own class, ops and weights (workers/comfy_native.py)
         from .comfy_native import (attention_kernel, build_native, call_native, compute_dtype, import_comfy,
                                    loader_weights)
         import_comfy(native, ctx.config.intercepts_attention)  # (before a custom loader's modules import it)

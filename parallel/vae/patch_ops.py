@@ -158,12 +158,19 @@ class PatchConv(nn.Module):
 
     def _conv(self, x: torch.Tensor, pad_h: int = 0) -> torch.Tensor:
         c = self.conv
+        weight, bias = c.weight, c.bias
+        if weight.dtype != x.dtype:  # ComfyUI's manual-cast ops compute in the input's dtype
+            weight, bias = weight.to(x.dtype), None if bias is None else bias.to(x.dtype)
         if self.nd == 2:
-            return F.conv2d(x, c.weight, c.bias, c.stride, (pad_h, self.pad[1]), c.dilation, c.groups)
+            return F.conv2d(x, weight, bias, c.stride, (pad_h, self.pad[1]), c.dilation, c.groups)
         pad_t = 0 if self.causal else self.pad[0]
-        return F.conv3d(x, c.weight, c.bias, c.stride, (pad_t, pad_h, self.pad[2]), c.dilation, c.groups)
+        return F.conv3d(x, weight, bias, c.stride, (pad_t, pad_h, self.pad[2]), c.dilation, c.groups)
 
-    def forward(self, x: torch.Tensor, cache_x: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache_x: Optional[torch.Tensor] = None, cache_list=None,
+                cache_idx=None) -> torch.Tensor:
+        if cache_list is not None:  # ComfyUI's CausalConv3d: the cached frames handed over in a list, taken out
+            cache_x = cache_list[cache_idx]
+            cache_list[cache_idx] = None
         if self.causal:
             t_pad = self.pad[0]
             if cache_x is not None and t_pad > 0:

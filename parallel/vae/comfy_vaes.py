@@ -1,0 +1,103 @@
+"""The ComfyUI VAEs Patch VAE Decode splits, each declared after reading its decode path (ComfyUI 0.3.75), and the
+ones it refuses with the reason. The mechanism is native.py; a new VAE is an entry here plus a test against
+ComfyUI's VAE Decode.
+
+Row-local, read: a module listed under `row_local` does nothing across rows itself (its children are walked and
+checked on their own): residual sums, per-pixel activations and norms over channels (Wan's RMS_norm), nearest
+upsampling by integer factors, rearranges that move channels into blocks of rows in order (Wan 2.2's DupUp3D and
+unpatchify, Flux.2's latent un-shuffle), the frame caches of causal decoders (they hold this rank's rows).
+"""
+from __future__ import annotations
+
+from .native import ComfyVae, qualname
+
+_MODEL = "comfy.ldm.modules.diffusionmodules.model"
+_WAN = "comfy.ldm.wan.vae"
+_WAN22 = "comfy.ldm.wan.vae2_2"
+
+
+def _kl_problems(model) -> list:
+    """The KL decoder's 3-D variant (conv3d=True: VideoConv3d, replicate padding before each conv) is a different
+    decoder; a decoder returning its pre-output features or batching inside decode is not ComfyUI's VAE Decode."""
+    decoder = getattr(model, "decoder", None)
+    out = []
+    if qualname(decoder) != f"{_MODEL}.Decoder":
+        out.append(f"its decoder is {qualname(decoder)}, not the KL Decoder")
+    elif qualname(getattr(decoder, "conv_in", None)).endswith("VideoConv3d"):
+        out.append("the 3-D KL decoder (VideoConv3d with replicate padding) is not split by rows yet")
+    if getattr(model, "max_batch_size", None) is not None:
+        out.append("it decodes in sub-batches (max_batch_size)")
+    return out
+
+
+KL = ComfyVae(
+    title="the KL image VAE",
+    classes=("comfy.ldm.models.autoencoder.AutoencoderKL", "comfy.ldm.models.autoencoder.AutoencodingEngineLegacy",
+             "comfy.ldm.models.autoencoder.AutoencodingEngine"),  # SD / SDXL / SD3 / Flux.2 (batch-norm latent:
+    # decode un-shuffles channels into 2x2 pixel blocks first, rows in order), Flux.1 / Lumina 2 (no quant convs)
+    parts=("post_quant_conv", "decoder"),
+    # Decoder: conv_in, mid (ResnetBlock, AttnBlock, ResnetBlock), up levels (ResnetBlocks, AttnBlocks, Upsample:
+    # nearest x2 then a 3x3 conv), GroupNorm, SiLU, conv_out (tanh_out per pixel). ResnetBlock: GroupNorm, SiLU,
+    # 3x3 convs, 1x1 shortcut, sum.
+    row_local=(f"{_MODEL}.Decoder", f"{_MODEL}.ResnetBlock", f"{_MODEL}.Upsample"),
+    attention=(f"{_MODEL}.AttnBlock",),  # GroupNorm, 1x1 q/k/v, optimized_attention over the frame's h*w tokens
+    check=_kl_problems,
+)
+
+TAESD = ComfyVae(
+    title="TAESD",
+    classes=("comfy.taesd.taesd.TAESD",),
+    parts=("taesd_decoder",),  # decode: (x - shift) * scale, the decoder, *2-1: per element
+    # Decoder: Clamp (tanh(x/3)*3), 3x3 convs, ReLU, Block (conv stack + 1x1 skip, ReLU), nearest x2 Upsample
+    row_local=("comfy.taesd.taesd.Clamp", "comfy.taesd.taesd.Block"),
+)
+
+
+def _wan_problems(model) -> list:
+    return [] if qualname(getattr(model, "decoder", None)).endswith(".Decoder3d") else ["an unknown decoder"]
+
+
+WAN21 = ComfyVae(
+    title="the Wan 2.1 video VAE",
+    classes=(f"{_WAN}.WanVAE",),
+    # decode: conv2 (1x1x1), then the decoder frame by frame with its causal caches (cached frames: this rank's rows)
+    parts=("conv2", "decoder"),
+    # Decoder3d: CausalConv3d (3x3x3, causal in time, zero padding in space), middle ResidualBlock / AttentionBlock,
+    # upsample ResidualBlocks and Resample (nearest-exact x2 in space then a 3x3 Conv2d; time_conv 3x1x1 in time),
+    # head RMS_norm (over channels), SiLU, CausalConv3d
+    row_local=(f"{_WAN}.Decoder3d", f"{_WAN}.ResidualBlock", f"{_WAN}.Resample", f"{_WAN}.RMS_norm"),
+    attention=(f"{_WAN}.AttentionBlock",),  # per frame: RMS_norm, fused 1x1 qkv, optimized_attention, 1x1 proj
+    dims=5,
+    check=_wan_problems,
+)
+
+WAN22 = ComfyVae(
+    title="the Wan 2.2 video VAE",
+    classes=(f"{_WAN22}.WanVAE",),
+    parts=("conv2", "decoder"),  # then unpatchify (patch 2: channels into 2x2 pixel blocks, rows in order)
+    # Decoder3d as Wan 2.1's, with Up_ResidualBlock (ResidualBlocks + Resample, DupUp3D shortcut: channels repeated
+    # into 2x time/space blocks, rows in order)
+    row_local=(f"{_WAN22}.Decoder3d", f"{_WAN22}.Up_ResidualBlock", f"{_WAN22}.ResidualBlock",
+               f"{_WAN22}.Resample", f"{_WAN22}.DupUp3D", f"{_WAN}.RMS_norm"),
+    attention=(f"{_WAN}.AttentionBlock",),
+    dims=5,
+    check=_wan_problems,
+)
+
+DECLARED = (KL, TAESD, WAN21, WAN22)
+
+# Read and refused, with the reason (what an entry would need).
+REFUSED = {
+}
+
+
+def comfy_vae_for(model) -> ComfyVae | None:
+    """The declaration covering this first_stage_model's exact class - the first whose own check passes where one
+    class hosts several decoders (AutoencodingEngine) - or None."""
+    name = qualname(model)
+    found = [v for v in DECLARED if name in v.classes]
+    return next((v for v in found if v.check is None or not v.check(model)), found[0] if found else None)
+
+
+def supported_titles() -> str:
+    return ", ".join(v.title for v in DECLARED)
