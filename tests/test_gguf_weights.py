@@ -192,7 +192,7 @@ def test_what_gguf_weights_cannot_run_is_refused(gguf_model):
     w = dm.joint_blocks[0].x_block.attn.qkv.weight
     w.extra = object()  # an attribute the workers could not rebuild
     try:
-        with pytest.raises(NotCarriable, match="'extra' holds a object"):
+        with pytest.raises(NotCarriable, match="'extra' holds a value of type object"):
             describe(w, "qkv")
     finally:
         del w.extra

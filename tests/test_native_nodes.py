@@ -84,7 +84,8 @@ def test_comfyui_copy_stays_off_its_load_device(comfy, monkeypatch):
 
 
 class _Wrapped(torch.Tensor):
-    """Stands for a custom loader's tensor type (GGUF and the like)."""
+    """Stands for a custom loader's tensor type (GGUF and the like; those the workers rebuild:
+    tests/test_gguf_weights.py)."""
 
 
 def _refused(model, match: str, latent=(1, 16, 8, 8), **degrees) -> None:
@@ -104,10 +105,21 @@ def _refused(model, match: str, latent=(1, 16, 8, 8), **degrees) -> None:
 
 def test_tensor_subclass_weights_refused_before_workers(comfy):
     model = comfy()
+    """A loader's tensor subclass is carried as its bytes plus its class and plain attributes; one holding anything
+    else, or whose class the workers cannot import (defined inside a function), is refused naming why."""
     dm = model.model.diffusion_model
     w = dm.final_layer.linear.weight
     dm.final_layer.linear.weight = torch.nn.Parameter(w.data.as_subclass(_Wrapped), requires_grad=False)
-    _refused(model, "Load Diffusion Model", ulysses_degree=2)
+    dm.final_layer.linear.weight.codebook = object()
+    _refused(model, "weight 'final_layer.linear.weight' is a _Wrapped whose 'codebook' holds a value of type "
+                    "object.*ComfyUI's own loaders", ulysses_degree=2)
+
+    class Local(torch.Tensor):
+        pass
+    model = comfy()
+    dm = model.model.diffusion_model
+    dm.final_layer.linear.weight = torch.nn.Parameter(w.data.as_subclass(Local), requires_grad=False)
+    _refused(model, "Local is defined inside a function, so the workers cannot import it", ulysses_degree=2)
 
 
 def test_model_without_adapter_refused_before_workers(comfy):

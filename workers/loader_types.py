@@ -152,7 +152,7 @@ def encode(value):
         return value
     if isinstance(value, (list, tuple)) and all(isinstance(v, PLAIN) for v in value):
         return {"$list": list(value)} if isinstance(value, list) else {"$tuple": list(value)}
-    what = "a non-empty list" if isinstance(value, list) else f"a {type(value).__name__}"
+    what = "a non-empty list" if isinstance(value, list) else f"a value of type {type(value).__name__}"
     raise NotCarriable(f"{what} ({value!r:.60})")
 
 
