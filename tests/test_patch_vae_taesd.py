@@ -5,12 +5,10 @@ base class's reset_parameters) and non-trivial vae_scale / vae_shift (1.7 / 0.3)
 (taesd, taesdxl) and 16 (taesd3, taef1), goes through `comfy.sd.VAE(sd=...)` (the reference: what VAEDecode returns
 as IMAGE) and through the node's converter (nodes.runtime.to_diffusers -> diffusers AutoencoderTiny). The ranks get
 the twin as plain tensors (they never import ComfyUI) and decode the latent split by rows over 1, 2, 3 and 4 gloo
-ranks, heights that divide by the rank count and heights that do not, with and without `block_size`. The node
-itself (check_vae, the latent's scale/shift, the IMAGE mapping) runs against a pool whose workers are those gloo
-ranks; which VAEs check_vae accepts and refuses is checked before any worker could start.
+ranks, heights that divide by the rank count and heights that do not, with and without `block_size`. This is the
+diffusers library API (parallel/vae/decode.py); the node decodes with ComfyUI's own TAESD module
+(tests/test_patch_vae_native.py).
 """
-import types
-
 import pytest
 import torch
 import torch.nn as nn
@@ -151,101 +149,6 @@ def test_scale_and_shift_are_applied_as_comfyui_does(taesd):
         ref = vae.decode(latent)
         plain = diffusers_to_comfy_images(build_model(*twin).decode(latent).sample)
     assert _rel(plain, ref) > 1e-2
-
-
-class _GlooPool:
-    """A stand-in for the worker pool whose workers are the test's gloo ranks: ensure_model keeps the twin the node
-    converted, submit("vae_decode") runs what a worker's job does (patch_decode over the world) and returns rank 0's
-    full decoder output, as workers/jobs.py job_vae_decode does."""
-
-    def __init__(self, dist_pools, device):
-        self.dist_pools, self.device, self.models, self.submitted = dist_pools, device, {}, []
-
-    def ensure_model(self, config, key, family, diffusers_config, state_dict=None, **kw):
-        sd = state_dict() if callable(state_dict) else state_dict
-        self.models[key] = (family, ("AutoencoderTiny", diffusers_config, sd))
-        return {"loaded": True}
-
-    def submit(self, config, kind, values, tensors, cancel=None):
-        assert kind == "vae_decode"
-        family, twin = self.models[values["key"]]
-        assert family == "vae_taesd"
-        self.submitted.append((dict(values), tensors["latent"]))
-        out, _ = _decode(self.dist_pools, config.world_size, twin, tensors["latent"], values.get("block_size"))
-        return types.SimpleNamespace(tensors={"image": out})
-
-    def close(self):
-        pass
-
-
-@pytest.mark.parametrize("n, z, shape, block_size", [(2, 4, (1, 4, 7, 6), 0), (3, 16, (1, 16, 6, 5), 4)])
-def test_patch_vae_decode_node_equals_vae_decode(dist_pools, taesd, n, z, shape, block_size):
-    """The node end to end on the driver (check_vae, to_diffusers, the latent's scale/shift, IMAGE layout) with the
-    decode on n gloo ranks: its IMAGE equals ComfyUI's VAEDecode's to 1e-5."""
-    from comfyui_hybrid_parallel.nodes.config_node import HybridParallelConfig
-    from comfyui_hybrid_parallel.nodes.runtime import Runtime
-    from comfyui_hybrid_parallel.nodes.vae_node import PatchVAEDecode
-    vae, _ = taesd(z)
-    latent = torch.randn(*shape, generator=torch.Generator().manual_seed(sum(shape) + 17))
-    with torch.no_grad():
-        ref = vae.decode(latent)  # what ComfyUI's VAEDecode returns for an image latent
-    pools = []
-    node = PatchVAEDecode()
-    node.runtime = Runtime(make_pool=lambda device: pools.append(_GlooPool(dist_pools, device)) or pools[-1])
-    hp = HybridParallelConfig(ParallelConfig(ulysses_degree=n), device="cpu")
-    with torch.no_grad():
-        (got,) = node.decode({"samples": latent}, vae, hp, block_size=block_size)
-    err = _rel(got, ref)
-    print(f"Parallel VAE Decode, TAESD z={z} {shape} over {n} ranks: IMAGE relative error vs VAE Decode {err:.2e}")
-    assert got.shape == ref.shape and got.dtype == torch.float32 and err <= TOL, err
-    (values, sent), = pools[0].submitted
-    assert values.get("block_size") == (block_size or None)
-    torch.testing.assert_close(sent, (latent - SHIFT) * SCALE, rtol=0, atol=0)  # ComfyUI's affine, bit for bit
-
-
-def _refuse(first_stage_model, latent, ranks=2):
-    """Parallel VAE Decode's error for a VAE it must refuse, with a pool that fails the test if anything started."""
-    from comfyui_hybrid_parallel.nodes.config_node import HybridParallelConfig
-    from comfyui_hybrid_parallel.nodes.runtime import Runtime
-    from comfyui_hybrid_parallel.nodes.vae_node import PatchVAEDecode
-
-    def no_pool(device):
-        raise AssertionError("a worker pool was started for a decode that must be refused first")
-    node = PatchVAEDecode()
-    node.runtime = Runtime(make_pool=no_pool)
-    hp = HybridParallelConfig(ParallelConfig(ulysses_degree=ranks), device="cpu")
-    with pytest.raises(ValueError) as e:
-        node.decode({"samples": latent}, types.SimpleNamespace(first_stage_model=first_stage_model), hp)
-    return str(e.value)
-
-
-def test_check_vae_accepts_taesd_and_refuses_others(comfy):
-    """TAESD with 4 and 16 latent channels is 'vae_taesd'; a latent that does not fit it, a TAESD whose layers are
-    not AutoencoderTiny's, and the video TAEHV (taew2_2) are refused before any pool starts, naming VAE Decode."""
-    from comfy.taesd.taehv import TAEHV
-    from comfy.taesd.taesd import TAESD
-
-    from comfyui_hybrid_parallel.nodes.vae_node import check_vae
-    with torch.device("meta"):
-        small, large = TAESD(latent_channels=4), TAESD(latent_channels=16)
-        taehv = TAEHV(latent_channels=48, latent_format=None)
-    assert check_vae(small, torch.zeros(1, 4, 8, 8)) == "vae_taesd"
-    assert check_vae(large, torch.zeros(1, 16, 3, 5)) == "vae_taesd"
-    assert check_vae(large) == "vae_taesd"
-
-    msg = _refuse(large, torch.zeros(1, 4, 8, 8))
-    assert "image (B, C, H, W) latents with 16 channels" in msg and "(1, 4, 8, 8)" in msg, msg
-    msg = _refuse(small, torch.zeros(1, 4, 2, 8, 8))
-    assert "latents with 4 channels" in msg, msg
-
-    with torch.device("meta"):
-        odd = TAESD(latent_channels=4)
-        odd.taesd_decoder[6] = nn.Conv2d(64, 64, 3, padding=1)  # a conv where the first x2 upsample belongs
-    msg = _refuse(odd, torch.zeros(1, 4, 8, 8))
-    assert "cannot split this VAE" in msg and "decoder layout" in msg and "VAE Decode" in msg, msg
-
-    msg = _refuse(taehv, torch.zeros(1, 48, 2, 3, 5))
-    assert "comfy.taesd.taehv.TAEHV" in msg and "VAE Decode (Tiled)" in msg, msg
 
 
 def test_non_nearest_upsampling_is_refused():

@@ -1,0 +1,191 @@
+"""Patch VAE Decode on ComfyUI's own VAE modules, end to end through the node and the worker pool, against ComfyUI's
+VAE.decode (what VAE Decode returns).
+
+The workers build the VAE model ComfyUI's detection builds from the weights (workers/comfy_native.build_native_vae)
+and split its decode by rows with the declared stand-ins (parallel/vae/native.py, comfy_vaes.py). Every VAE class
+declared is here, with random weights in ComfyUI's format: the KL VAE as SD (quant convs, 4 channels), as Flux.1
+(AutoencodingEngine, 16 channels) and as Flux.2 (batch-norm latent un-shuffled into 2x2 pixel blocks), TAESD with 4
+and 16 channels, the Wan 2.1 and Wan 2.2 video VAEs; over 2 and 3 ranks, latents whose heights do and do not divide,
+with and without `block_size`; a bf16 VAE. The VAEs nobody declared, and latents that do not fit, are refused before
+any worker starts.
+"""
+import types
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.comfy
+
+TOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def comfy():
+    from comfy_env import setup_comfy
+    return setup_comfy()
+
+
+def _flux2_sd(seed: int) -> dict:
+    """The SD KL VAE's weights with Flux.2's batch-norm statistics (ComfyUI then decodes 4 x 4 = 16-channel latents
+    at twice the downscale: channels un-shuffled into 2 x 2 pixel blocks before the decoder)."""
+    import tempfile
+
+    from safetensors.torch import load_file
+
+    from comfyui_hybrid_parallel.doctor import tiny_checkpoints as tc
+    with tempfile.TemporaryDirectory() as d:
+        tc.write_kl_vae(f"{d}/kl.safetensors", style="sd", seed=seed)
+        sd = load_file(f"{d}/kl.safetensors")
+    g = torch.Generator().manual_seed(seed)
+    sd["bn.running_mean"] = torch.randn(16, generator=g) * 0.3
+    sd["bn.running_var"] = torch.rand(16, generator=g) + 0.5
+    sd["bn.num_batches_tracked"] = torch.tensor(10)
+    return sd
+
+
+@pytest.fixture(scope="module")
+def vaes(comfy, tmp_path_factory):
+    """name -> ComfyUI's VAE (comfy.sd.VAE from a state dict, as VAELoader builds it)."""
+    import comfy.sd
+    import comfy.utils
+
+    from comfyui_hybrid_parallel.doctor import tiny_checkpoints as tc
+    from test_patch_vae_taesd import _random_taesd_sd
+    d = tmp_path_factory.mktemp("vaes")
+    tc.write_kl_vae(d / "kl4.safetensors", style="sd", seed=41)
+    tc.write_kl_vae(d / "kl16.safetensors", style="flux", seed=42)
+    tc.write_wan_vae(d / "wan21.safetensors", seed=43)
+    tc.write_wan22_vae(d / "wan22.safetensors", seed=44)
+    sds = {name: comfy.utils.load_torch_file(str(d / f"{name}.safetensors"))
+           for name in ("kl4", "kl16", "wan21", "wan22")}
+    sds["flux2"] = _flux2_sd(45)
+    sds["taesd4"], sds["taesd16"] = _random_taesd_sd(4, seed=46), _random_taesd_sd(16, seed=47)
+    out = {name: comfy.sd.VAE(sd=sd) for name, sd in sds.items()}
+    assert type(out["flux2"].first_stage_model).__name__ == "AutoencoderKL" and out["flux2"].latent_channels == 16
+    assert type(out["kl16"].first_stage_model).__name__ == "AutoencodingEngine"
+    return out
+
+
+@pytest.fixture(scope="module")
+def runtime():
+    from comfyui_hybrid_parallel.nodes.runtime import Runtime
+    rt = Runtime()
+    yield rt
+    rt.stop()
+
+
+def _node(runtime):
+    from comfyui_hybrid_parallel.nodes.vae_node import PatchVAEDecode
+    node = PatchVAEDecode()
+    node.runtime = runtime
+    return node
+
+
+def _hp(n):
+    from comfyui_hybrid_parallel.nodes.config_node import HybridParallelConfig
+    from comfyui_hybrid_parallel.parallel import ParallelConfig
+    return HybridParallelConfig(ParallelConfig(ulysses_degree=n), device="cpu")
+
+
+def _vae_decode(vae, latent):
+    """ComfyUI's VAEDecode node: VAE.decode, frames folded into the batch."""
+    images = vae.decode(latent)
+    return images.reshape(-1, *images.shape[-3:]) if images.ndim == 5 else images
+
+
+def _rel(a, b) -> float:
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+CASES = [  # (VAE, ranks, latent shape, block_size): heights that divide and heights that do not; grouped by ranks
+    ("kl4", 2, (2, 4, 10, 6), 0), ("kl16", 2, (1, 16, 9, 7), 0), ("flux2", 2, (1, 16, 5, 4), 0),
+    ("taesd4", 2, (1, 4, 7, 6), 0), ("wan21", 2, (1, 16, 3, 7, 6), 0), ("wan22", 2, (1, 48, 2, 5, 4), 0),
+    ("kl4", 3, (1, 4, 7, 5), 3), ("kl16", 3, (1, 16, 6, 4), 0), ("taesd16", 3, (1, 16, 6, 5), 4),
+    ("wan21", 3, (1, 16, 2, 6, 5), 2), ("wan22", 3, (1, 48, 2, 6, 3), 0),
+]
+
+
+@pytest.mark.parametrize("name, n, shape, block_size", CASES, ids=[f"{c[0]}-{c[1]}r-{c[2][-2]}rows" for c in CASES])
+def test_patch_vae_decode_equals_vae_decode(vaes, runtime, name, n, shape, block_size):
+    vae = vaes[name]
+    latent = torch.randn(*shape, generator=torch.Generator().manual_seed(sum(shape) + n))
+    ref = _vae_decode(vae, latent)
+    (got,) = _node(runtime).decode({"samples": latent}, vae, _hp(n), block_size=block_size)
+    err = _rel(got, ref)
+    print(f"Patch VAE Decode {name} {shape} over {n} ranks (block {block_size}): rel {err:.2e}")
+    assert got.shape == ref.shape and got.dtype == torch.float32 and err <= TOL, (name, err)
+    assert 0.05 < (ref < 1).float().mean().item(), "the decode is not clamped flat: the test proves something"
+
+
+def test_bf16_vae_decodes_in_bf16(comfy, vaes, runtime):
+    """A bf16 VAE (ComfyUI's choice on GPUs) decodes in bf16 on the workers, the latent cast as ComfyUI casts it: the
+    split's only difference is rounding (GroupNorm statistics in fp32, attention kernel), within bf16's."""
+    import comfy.sd
+    sd = {k: v.to(torch.bfloat16) for k, v in vaes["kl16"].first_stage_model.state_dict().items()}
+    vae = comfy.sd.VAE(sd=sd, dtype=torch.bfloat16)
+    assert vae.vae_dtype == torch.bfloat16
+    latent = torch.randn(1, 16, 7, 5, generator=torch.Generator().manual_seed(48))
+    ref = _vae_decode(vae, latent)
+    (got,) = _node(runtime).decode({"samples": latent}, vae, _hp(2))
+    err = _rel(got, ref)
+    print(f"Patch VAE Decode bf16 KL: rel {err:.2e}")
+    assert err <= 2e-2, err
+
+
+def _refuse(first_stage_model, latent, ranks=2, **vae_attrs):
+    """Patch VAE Decode's error for what it must refuse, with a pool that fails the test if anything started."""
+    from comfyui_hybrid_parallel.nodes.runtime import Runtime
+
+    def no_pool(device):
+        raise AssertionError("a worker pool was started for a decode that must be refused first")
+    node = _node(Runtime(make_pool=no_pool))
+    with pytest.raises(ValueError) as e:
+        node.decode({"samples": latent}, types.SimpleNamespace(first_stage_model=first_stage_model, **vae_attrs),
+                    _hp(ranks))
+    return str(e.value)
+
+
+def test_vaes_nobody_declared_are_refused_before_any_worker(comfy, vaes):
+    """TAEHV (Wan 2.2's preview VAE), HunyuanVideo 1.5's VAE (a KL engine with another decoder) and HunyuanVideo
+    1.0's 3-D KL decoder are refused naming the class and VAE Decode; so are a latent of the wrong rank and one too
+    short for the ranks. Nothing starts a pool."""
+    from comfy.ldm.models.autoencoder import AutoencoderKL, AutoencodingEngine
+    from comfy.taesd.taehv import TAEHV
+    with torch.device("meta"):
+        taehv = TAEHV(latent_channels=48, latent_format=None)
+        hv15 = {"block_out_channels": [128, 256, 512, 1024, 1024], "in_channels": 3, "out_channels": 3,
+                "num_res_blocks": 2, "ffactor_spatial": 16, "ffactor_temporal": 4, "downsample_match_channel": True,
+                "upsample_match_channel": True, "refiner_vae": False, "z_channels": 32}
+        hunyuan15 = AutoencodingEngine(
+            regularizer_config={"target": "comfy.ldm.models.autoencoder.DiagonalGaussianRegularizer"},
+            encoder_config={"target": "comfy.ldm.hunyuan_video.vae_refiner.Encoder", "params": hv15},
+            decoder_config={"target": "comfy.ldm.hunyuan_video.vae_refiner.Decoder", "params": hv15})
+        dd3 = {"double_z": True, "z_channels": 16, "resolution": 256, "in_channels": 3, "out_ch": 3, "ch": 128,
+               "ch_mult": [1, 2, 4, 4], "num_res_blocks": 2, "attn_resolutions": [], "dropout": 0.0, "conv3d": True,
+               "time_compress": 4}
+        hunyuan10 = AutoencoderKL(ddconfig=dd3, embed_dim=16)
+    msg = _refuse(taehv, torch.zeros(1, 48, 2, 3, 5))
+    assert "comfy.taesd.taehv.TAEHV" in msg and "VAE Decode (Tiled)" in msg, msg
+    msg = _refuse(hunyuan15, torch.zeros(1, 32, 2, 4, 4))
+    assert "vae_refiner.Decoder, not the KL Decoder" in msg, msg
+    msg = _refuse(hunyuan10, torch.zeros(1, 16, 2, 4, 4))
+    assert "3-D KL decoder" in msg, msg
+    msg = _refuse(vaes["wan22"].first_stage_model, torch.zeros(1, 48, 4, 4))
+    assert "video (B, C, T, H, W)" in msg and "(1, 48, 4, 4)" in msg, msg
+    msg = _refuse(vaes["kl16"].first_stage_model, torch.zeros(1, 16, 3, 8), ranks=4)
+    assert "3 rows tall cannot be split over 4 ranks" in msg and "at most 3 ranks" in msg, msg
+
+
+def test_the_driver_copy_becomes_the_workers_pages(comfy, vaes, runtime):
+    """ComfyUI's own VAE weights are what the workers map (one host copy): after a decode each of them lives in a
+    shared-memory file's pages, and ComfyUI's VAE still decodes the same."""
+    import comfy.sd
+    vae = comfy.sd.VAE(sd={k: v.clone() for k, v in vaes["kl4"].first_stage_model.state_dict().items()})
+    latent = torch.randn(1, 4, 6, 6, generator=torch.Generator().manual_seed(49))
+    before = _vae_decode(vae, latent)
+    w = vae.first_stage_model.decoder.conv_in.weight
+    ptr = w.untyped_storage().data_ptr()
+    _node(runtime).decode({"samples": latent}, vae, _hp(2))
+    w = vae.first_stage_model.decoder.conv_in.weight
+    assert w.untyped_storage().data_ptr() != ptr
+    assert torch.equal(_vae_decode(vae, latent), before)
