@@ -50,7 +50,8 @@ class PatchVAEDecode:
             raise ValueError("Parallel VAE Decode does not take nested (multi-part) latents; use VAE Decode")
         declared = check_vae(first, latent, hp.config.world_size, block_size or None)  # before anything travels
         key = weights_key(first, "vae")
-        spec = {"vae": {"class": _qualname(first), "dtype": encode_value(vae.vae_dtype)}, **comfy_runtime()}
+        spec = {"vae": {"class": _qualname(first), "dtype": encode_value(vae.vae_dtype), "attrs": settings(first)},
+                **comfy_runtime()}
         self.runtime.ensure_native(hp, key, spec, first, family="vae_comfy")
         pool = self.runtime.pool(hp)
         values = {"key": key}
@@ -64,6 +65,14 @@ class PatchVAEDecode:
             images = images.reshape(-1, *images.shape[-3:])
         del declared
         return (images.to(torch.float32),)
+
+
+def settings(module) -> dict:
+    """The classes the VAE model was built with (TAEHV's latent format, which ComfyUI picks from the weights' dtype),
+    by name: the workers' build must reproduce them (workers/comfy_native.build_native_vae compares). Plain numbers
+    are left out: ComfyUI's model management keeps its own bookkeeping on the module."""
+    return {k: f"class {v.__module__}.{v.__qualname__}" for k, v in vars(module).items()
+            if not k.startswith("_") and isinstance(v, type)}
 
 
 def _qualname(obj) -> str:

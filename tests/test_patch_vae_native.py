@@ -5,7 +5,7 @@ The workers build the VAE model ComfyUI's detection builds from the weights (wor
 and split its decode by rows with the declared stand-ins (parallel/vae/native.py, comfy_vaes.py). Every VAE class
 declared is here, with random weights in ComfyUI's format: the KL VAE as SD (quant convs, 4 channels), as Flux.1
 (AutoencodingEngine, 16 channels) and as Flux.2 (batch-norm latent un-shuffled into 2x2 pixel blocks), TAESD with 4
-and 16 channels, the Wan 2.1 and Wan 2.2 video VAEs; over 2 and 3 ranks, latents whose heights do and do not divide,
+and 16 channels, the Wan 2.1 and Wan 2.2 video VAEs, TAEHV (16 and 48 channels: the frame-by-frame memory blocks); over 2 and 3 ranks, latents whose heights do and do not divide,
 with and without `block_size`; a bf16 VAE. The VAEs nobody declared, and latents that do not fit, are refused before
 any worker starts.
 """
@@ -60,6 +60,13 @@ def vaes(comfy, tmp_path_factory):
            for name in ("kl4", "kl16", "wan21", "wan22")}
     sds["flux2"] = _flux2_sd(45)
     sds["taesd4"], sds["taesd16"] = _random_taesd_sd(4, seed=46), _random_taesd_sd(16, seed=47)
+    from comfy.taesd.taehv import TAEHV
+
+    from comfyui_hybrid_parallel.doctor.tiny_checkpoints import _random_state_dict
+    for z in (16, 48):  # lighttaew2_1 (fp32 weights: no latent format) and Wan 2.2's taew2_2
+        with torch.device("meta"):
+            taehv = TAEHV(latent_channels=z)
+        sds[f"taehv{z}"] = _random_state_dict(taehv, 50 + z, torch.float32)
     out = {name: comfy.sd.VAE(sd=sd) for name, sd in sds.items()}
     assert type(out["flux2"].first_stage_model).__name__ == "AutoencoderKL" and out["flux2"].latent_channels == 16
     assert type(out["kl16"].first_stage_model).__name__ == "AutoencodingEngine"
@@ -101,7 +108,8 @@ CASES = [  # (VAE, ranks, latent shape, block_size): heights that divide and hei
     ("kl4", 2, (2, 4, 10, 6), 0), ("kl16", 2, (1, 16, 9, 7), 0), ("flux2", 2, (1, 16, 5, 4), 0),
     ("taesd4", 2, (1, 4, 7, 6), 0), ("wan21", 2, (1, 16, 3, 7, 6), 0), ("wan22", 2, (1, 48, 2, 5, 4), 0),
     ("kl4", 3, (1, 4, 7, 5), 3), ("kl16", 3, (1, 16, 6, 4), 0), ("taesd16", 3, (1, 16, 6, 5), 4),
-    ("wan21", 3, (1, 16, 2, 6, 5), 2), ("wan22", 3, (1, 48, 2, 6, 3), 0),
+    ("wan21", 3, (1, 16, 2, 6, 5), 2), ("wan22", 3, (1, 48, 2, 6, 3), 0), ("taehv16", 3, (1, 16, 3, 7, 5), 0),
+    ("taehv48", 3, (1, 48, 2, 5, 4), 0),
 ]
 
 
@@ -146,13 +154,11 @@ def _refuse(first_stage_model, latent, ranks=2, **vae_attrs):
 
 
 def test_vaes_nobody_declared_are_refused_before_any_worker(comfy, vaes):
-    """TAEHV (Wan 2.2's preview VAE), HunyuanVideo 1.5's VAE (a KL engine with another decoder) and HunyuanVideo
-    1.0's 3-D KL decoder are refused naming the class and VAE Decode; so are a latent of the wrong rank and one too
-    short for the ranks. Nothing starts a pool."""
+    """HunyuanVideo 1.5's VAE (a KL engine with another decoder) and HunyuanVideo 1.0's 3-D KL decoder are refused
+    naming the class, why and VAE Decode; so are a latent of the wrong rank and one too short for the ranks. Nothing
+    starts a pool."""
     from comfy.ldm.models.autoencoder import AutoencoderKL, AutoencodingEngine
-    from comfy.taesd.taehv import TAEHV
     with torch.device("meta"):
-        taehv = TAEHV(latent_channels=48, latent_format=None)
         hv15 = {"block_out_channels": [128, 256, 512, 1024, 1024], "in_channels": 3, "out_channels": 3,
                 "num_res_blocks": 2, "ffactor_spatial": 16, "ffactor_temporal": 4, "downsample_match_channel": True,
                 "upsample_match_channel": True, "refiner_vae": False, "z_channels": 32}
@@ -164,8 +170,6 @@ def test_vaes_nobody_declared_are_refused_before_any_worker(comfy, vaes):
                "ch_mult": [1, 2, 4, 4], "num_res_blocks": 2, "attn_resolutions": [], "dropout": 0.0, "conv3d": True,
                "time_compress": 4}
         hunyuan10 = AutoencoderKL(ddconfig=dd3, embed_dim=16)
-    msg = _refuse(taehv, torch.zeros(1, 48, 2, 3, 5))
-    assert "comfy.taesd.taehv.TAEHV" in msg and "VAE Decode (Tiled)" in msg, msg
     msg = _refuse(hunyuan15, torch.zeros(1, 32, 2, 4, 4))
     assert "vae_refiner.Decoder, not the KL Decoder" in msg, msg
     msg = _refuse(hunyuan10, torch.zeros(1, 16, 2, 4, 4))

@@ -187,6 +187,12 @@ def build_native_vae(spec: dict, weights: dict) -> torch.nn.Module:
     if missing or unexpected:
         raise RuntimeError(f"{got} does not match the VAE weights sent: missing {missing[:8]}, unexpected "
                            f"{unexpected[:8]}")
+    for k, v in (want.get("attrs") or {}).items():  # e.g. TAEHV's latent format, which ComfyUI picks by weight dtype
+        mine = getattr(model, k, None)
+        mine = f"class {mine.__module__}.{mine.__qualname__}" if isinstance(mine, type) else mine
+        if mine != v:
+            raise RuntimeError(f"ComfyUI built this {got} with {k} = {mine!r} from the weights sent, the driver's has "
+                               f"{v!r}; report this VAE")
     model.load_state_dict(weights, strict=True, assign=True)
     left = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_meta]
     if left:

@@ -84,7 +84,21 @@ WAN22 = ComfyVae(
     check=_wan_problems,
 )
 
-DECLARED = (KL, TAESD, WAN21, WAN22)
+_TAEHV = "comfy.taesd.taehv"
+TAEHV = ComfyVae(
+    title="TAEHV (the tiny video VAEs: taehv, lighttaew2_1 / 2_2, lighttae_hv15)",
+    classes=(f"{_TAEHV}.TAEHV",),
+    # decode: the latent format's process_in (per element), the decoder frame by frame (apply_model_with_memblocks:
+    # a MemBlock sees its frame and the previous one - this rank's rows of both), pixel_shuffle for the 32 / 48-channel
+    # latents (channels into 2x2 pixel blocks), leading frames trimmed
+    parts=("decoder",),
+    # Clamp (tanh), 3x3 convs, ReLU / LeakyReLU, MemBlock (conv stack over [frame, previous frame] + 1x1 skip), TGrow
+    # (1x1 conv, channels into frames), nearest Upsample
+    row_local=(f"{_TAEHV}.Clamp", f"{_TAEHV}.MemBlock", f"{_TAEHV}.TGrow"),
+    dims=5,
+)
+
+DECLARED = (KL, TAESD, WAN21, WAN22, TAEHV)
 
 # Read and refused, with the reason (what an entry would need).
 REFUSED = {
