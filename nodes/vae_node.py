@@ -92,13 +92,13 @@ def check_vae(first_stage_model, latent=None, ranks: int = 1, block_size=None):
     checked on ComfyUI's copy (every module of its decode path read, a latent of the right rank, tall enough for
     `ranks`); a ValueError naming the VAE, why and the workaround otherwise - before the VAE travels or a worker
     starts."""
-    from ..parallel.vae.comfy_vaes import REFUSED, comfy_vae_for, supported_titles
+    from ..parallel.vae.comfy_vaes import comfy_vae_for, refusal, supported_titles
     from ..parallel.vae.native import plan_native
     what = _qualname(first_stage_model)
     workaround = "Decode it with ComfyUI's VAE Decode, or VAE Decode (Tiled) when it does not fit in memory"
     declared = comfy_vae_for(first_stage_model)
-    if declared is None:
-        why = REFUSED.get(what)
+    why = refusal(first_stage_model)
+    if declared is None or (why and declared.check is not None and declared.check(first_stage_model)):
         raise ValueError(f"Parallel VAE Decode does not split this VAE ({what})"
                          + (f": {why}" if why else f"; it splits {supported_titles()}") + f". {workaround}")
     try:

@@ -171,9 +171,9 @@ def test_vaes_nobody_declared_are_refused_before_any_worker(comfy, vaes):
                "time_compress": 4}
         hunyuan10 = AutoencoderKL(ddconfig=dd3, embed_dim=16)
     msg = _refuse(hunyuan15, torch.zeros(1, 32, 2, 4, 4))
-    assert "vae_refiner.Decoder, not the KL Decoder" in msg, msg
+    assert "HunyuanVideo 1.5's decoder" in msg and "VAE Decode (Tiled)" in msg, msg
     msg = _refuse(hunyuan10, torch.zeros(1, 16, 2, 4, 4))
-    assert "3-D KL decoder" in msg, msg
+    assert "3-D KL decoder (HunyuanVideo 1.0)" in msg, msg
     msg = _refuse(vaes["wan22"].first_stage_model, torch.zeros(1, 48, 4, 4))
     assert "video (B, C, T, H, W)" in msg and "(1, 48, 4, 4)" in msg, msg
     msg = _refuse(vaes["kl16"].first_stage_model, torch.zeros(1, 16, 3, 8), ranks=4)
@@ -193,3 +193,16 @@ def test_the_driver_copy_becomes_the_workers_pages(comfy, vaes, runtime):
     w = vae.first_stage_model.decoder.conv_in.weight
     assert w.untyped_storage().data_ptr() != ptr
     assert torch.equal(_vae_decode(vae, latent), before)
+
+
+def test_every_written_refusal_names_a_class_of_this_comfyui(comfy):
+    """The refused VAEs' reasons are keyed by class names: each must name a class ComfyUI 0.3.75 has (a typo would
+    silently fall back to the generic message)."""
+    import importlib
+
+    from comfyui_hybrid_parallel.parallel.vae.comfy_vaes import DECLARED, REFUSED
+    names = [n for key in REFUSED for n in key.split("/") if n != "3d"]
+    names += [n for v in DECLARED for n in (*v.classes, *v.row_local, *v.attention, *v.convs)]
+    for name in names:
+        module, _, cls = name.rpartition(".")
+        assert isinstance(getattr(importlib.import_module(module), cls, None), type), name

@@ -67,6 +67,7 @@ WAN21 = ComfyVae(
     # head RMS_norm (over channels), SiLU, CausalConv3d
     row_local=(f"{_WAN}.Decoder3d", f"{_WAN}.ResidualBlock", f"{_WAN}.Resample", f"{_WAN}.RMS_norm"),
     attention=(f"{_WAN}.AttentionBlock",),  # per frame: RMS_norm, fused 1x1 qkv, optimized_attention, 1x1 proj
+    convs=(f"{_WAN}.CausalConv3d",),  # zero F.pad in space, cached frames or zeros in front in time: PatchConv's causal
     dims=5,
     check=_wan_problems,
 )
@@ -80,6 +81,7 @@ WAN22 = ComfyVae(
     row_local=(f"{_WAN22}.Decoder3d", f"{_WAN22}.Up_ResidualBlock", f"{_WAN22}.ResidualBlock",
                f"{_WAN22}.Resample", f"{_WAN22}.DupUp3D", f"{_WAN}.RMS_norm"),
     attention=(f"{_WAN}.AttentionBlock",),
+    convs=(f"{_WAN}.CausalConv3d",),
     dims=5,
     check=_wan_problems,
 )
@@ -100,9 +102,39 @@ TAEHV = ComfyVae(
 
 DECLARED = (KL, TAESD, WAN21, WAN22, TAEHV)
 
-# Read and refused, with the reason (what an entry would need).
+# Read and refused, with the reason (what an entry would need). Keys: the first_stage_model class, or
+# "class/decoder class" where one class hosts several decoders.
+_PAD = ("its convolutions pad the image border by repeating (replicate) or mirroring (reflect) rows, which a band's "
+        "halo must reproduce only at the true top and bottom: not split yet")
 REFUSED = {
+    "comfy.ldm.models.autoencoder.AutoencoderKL/3d": "the 3-D KL decoder (HunyuanVideo 1.0) pads with replicated "
+    "rows before each conv and its mid attention spans every frame: not split yet",
+    "comfy.ldm.models.autoencoder.AutoencodingEngine/comfy.ldm.hunyuan_video.vae_refiner.Decoder": "HunyuanVideo "
+    "1.5's decoder carries convolution inputs across 2-frame chunks with replicate padding and attends over every "
+    "frame's pixels at once: not split yet",
+    "comfy.ldm.models.autoencoder.AutoencodingEngine/comfy.ldm.hunyuan_video.vae.Decoder": "HunyuanImage 2.1's decoder "
+    "(32x, pixel un-shuffle upsampling) was not read for a row split yet",
+    "comfy.ldm.models.autoencoder.AutoencodingEngine/comfy.ldm.modules.temporal_ae.VideoDecoder": "SVD's temporal "
+    "decoder keeps frames in the batch and normalizes over all of them (GroupNorm over time): not split yet",
+    "comfy.ldm.lightricks.vae.causal_video_autoencoder.VideoVAE": f"LTX-Video's VAE: {_PAD}; its timestep-"
+    f"conditioned decode also adds unseeded noise, so no two decodes agree exactly",
+    "comfy.ldm.genmo.vae.model.VideoVAE": f"Mochi's VAE: {_PAD}",
+    "comfy.ldm.cosmos.vae.CausalContinuousVideoTokenizer": "Cosmos' tokenizer pads inside its own causal conv module "
+    "(a stand-in for that class is not written yet)",
+    "comfy.ldm.cascade.stage_a.StageA": "Stable Cascade stage A upsamples with an overlapping transposed convolution "
+    "(kernel 4, stride 2): not split by rows",
+    "comfy.ldm.cascade.stage_c_coder.StageC_coder": "the Stable Cascade previewer was not read for a row split yet",
+    "comfy.ldm.audio.autoencoder.AudioOobleckVAE": "an audio VAE: its latent has no image rows to split",
 }
+
+
+def refusal(model) -> str | None:
+    """The written reason this first_stage_model is not split, if it is one of those read and refused."""
+    name = qualname(model)
+    decoder = getattr(model, "decoder", None)
+    if name.endswith("AutoencoderKL") and qualname(getattr(decoder, "conv_in", None)).endswith("VideoConv3d"):
+        return REFUSED[f"{name}/3d"]
+    return REFUSED.get(f"{name}/{qualname(decoder)}") or REFUSED.get(name)
 
 
 def comfy_vae_for(model) -> ComfyVae | None:

@@ -44,6 +44,7 @@ class ComfyVae:
     parts: tuple                     # its attributes that `decode` runs, walked in order
     row_local: tuple = ()            # module classes read and found row-local apart from their children
     attention: tuple = ()            # blocks whose `optimized_attention(q, k, v)` attends over one frame's rows
+    convs: tuple = ()                # conv subclasses whose forward PatchConv reproduces (Wan's causal conv)
     dims: int = 4                    # latent (B, C, H, W) or (B, C, T, H, W)
     check: Optional[Callable] = None  # model -> [problems] beyond the module walk (a variant the entry excludes)
 
@@ -95,6 +96,10 @@ def _walk(m: nn.Module, path: str, vae: ComfyVae, ax, plan: NativePlan, block_si
     if isinstance(m, (nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)):
         raise ConfigError(f"{path}: a transposed convolution ({name}) is not split by rows by Patch VAE Decode")
     if isinstance(m, (nn.Conv2d, nn.Conv3d)):
+        if not (type(m) in (nn.Conv2d, nn.Conv3d) or type(m).__module__ == "comfy.ops" or name in vae.convs):
+            # a subclass whose forward does more than convolve (pads, caches frames) would lose that in the stand-in
+            raise ConfigError(f"{path}: convolution class {name} was not read for a row split; decode this VAE with "
+                              f"VAE Decode")
         conv = PatchConv(m, ax, block_size=block_size, timeout_s=timeout_s, name=path)
         if conv.halo or block_size:
             plan.add(m, "forward", conv.forward, conv.halo)
