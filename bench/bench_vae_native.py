@@ -27,8 +27,8 @@ import torch  # noqa: E402
 
 # name: (writer, its kwargs, latent shape, quick latent shape)
 MODELS = {
-    "KL (SD layout, 4 ch)": ("write_kl_vae", dict(style="sd"), (1, 4, 64, 64), (1, 4, 24, 20)),
-    "Wan 2.1 (dim 32)": ("write_wan_vae", dict(dim=32), (1, 16, 5, 40, 52), (1, 16, 2, 12, 16)),
+    "KL (SD layout, 4 ch)": ("write_kl_vae", dict(style="sd"), (1, 4, 48, 48), (1, 4, 24, 20)),
+    "Wan 2.1 (dim 32)": ("write_wan_vae", dict(dim=32), (1, 16, 3, 30, 40), (1, 16, 2, 12, 16)),
 }
 
 
@@ -92,7 +92,7 @@ def main():
         getattr(tc, writer)(path, seed=3, **kw)
         shape = quick if args.quick else shape
         for n in (int(w) for w in args.worlds.split(",")):
-            pool = DistPool(n)
+            pool = DistPool(n, collective_timeout_s=3600.0)  # rank 0 decodes serially and tiled first
             try:
                 per_rank = pool.run(_body, n, name, str(path), shape, timeout=1800)
             finally:

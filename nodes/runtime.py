@@ -317,6 +317,7 @@ class Runtime:
     def _model_label(self, key: str) -> str:
         info = self.model_info.get(key)
         family = info[0] if info else ("vae" if ":vae" in key else "model")
+        family = "vae" if family.startswith("vae") else family  # ComfyUI's own VAE module, whatever its class
         return f"{family} {key.split(':')[0][:8]}"
 
 

@@ -22,7 +22,9 @@ where DTensor would need every cast in ComfyUI's ops to understand sharding. The
   together): its weight is sharded like the features and its mean of squares is summed over the tp
   group (one small all-reduce of (B, L, 1)) - Megatron's treatment of a norm across a sharded width.
 * `Divide`: attributes that size a per-rank view (ComfyUI's `num_heads`, Flux's `hidden_size` used to
-  split `linear1`'s output) are divided by the degree; diffusers' `Attention.heads` likewise.
+  split `linear1`'s output) are divided by the degree; diffusers' `Attention.heads` likewise. A module that
+  reads the width from its input instead (ComfyUI's PixArt attention: `B, N, C = x.shape`) is shown its input
+  with the local width (`input_width`: an alias whose `shape` reports C / n; its ops return plain tensors).
 
 Composes with USP: attention sees this rank's heads only, and Ulysses splits those further - rank
 order puts tp innermost, so its all-reduces stay on the closest devices. Layouts are validated in
@@ -61,6 +63,34 @@ class ShardedNorm:
 @dataclass(frozen=True)
 class Divide:
     attrs: tuple
+    input_width: bool = False  # the module reads the model width from its input (B, N, C = x.shape): show it C / n
+
+
+class _LocalWidth(torch.Tensor):
+    """The input of a module that takes the model width from `x.shape` (ComfyUI's PixArt attention), as that module
+    must see it under tensor parallel: the same tensor (an alias, no copy) whose `shape` reports this rank's share
+    of the last dimension. Every op on it runs on the plain tensor and returns a plain tensor, so the local width
+    goes no further than the module's own shape arithmetic."""
+
+    @property
+    def shape(self):
+        with torch._C.DisableTorchFunctionSubclass():
+            size = torch.Tensor.size(self)
+        return torch.Size((*size[:-1], size[-1] // self._hp_tp))
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **(kwargs or {}))
+
+
+def _local_width(forward, n: int):
+    @functools.wraps(forward)
+    def wrapped(x, *args, **kwargs):
+        view = x.as_subclass(_LocalWidth)
+        view._hp_tp = n
+        return forward(view, *args, **kwargs)
+    return wrapped
 
 
 def _normalise(value):
@@ -128,6 +158,13 @@ def _resolve(model: torch.nn.Module, plan, n: int) -> tuple:
                         if v % n:
                             problems.append(f"{path}.{a} = {v} is not divisible by tp_degree={n}")
                         divides.append((mod, a))
+                if style.input_width:
+                    norms = [f"{path}.{k}" for k, c in mod.named_children()
+                             if isinstance(c, (torch.nn.LayerNorm, torch.nn.RMSNorm, torch.nn.GroupNorm))]
+                    if norms:  # a norm over the full width inside (PixArt's qk_norm): not sharded here
+                        problems.append(f"{norms[0]} normalises the full width of a sharded attention; tensor "
+                                        f"parallel does not run it")
+                    divides.append((mod, _LocalWidth))
                 continue
             if isinstance(style, ShardedNorm):
                 w = getattr(mod, "weight", None)
@@ -209,7 +246,10 @@ def apply_tp(model: torch.nn.Module, plan, ax) -> torch.nn.Module:
                 m.bias = None  # added once, by tp rank 0, before the sum
             m.forward = _row_reduced(m.forward, ax)
     for mod, a in divides:
-        setattr(mod, a, getattr(mod, a) // n)
+        if a is _LocalWidth:
+            mod.forward = _local_width(mod.forward, n)
+        else:
+            setattr(mod, a, getattr(mod, a) // n)
     # diffusers' attention processors derive the head layout from attn.heads: give them the local count.
     paths = {s.path for s in shards if isinstance(s.style, Colwise)}
     for path, mod in model.named_modules():

@@ -68,10 +68,12 @@ def _equal_ksampler(server, tag, unet, cases, loader, **kw):
 
 def test_gguf_weights_equal_ksampler(server, gguf_files, loader):
     """Mixed Q8_0 / Q4_K / F16 file: Hybrid Sampler ulysses 2, Parallel Model cfg 2, data parallel 2 and ulysses 2
-    with the weights sharded as raw bytes, each against KSampler on the same GGUF model."""
+    with the weights sharded as raw bytes, Hybrid Sampler ulysses 2 with the loop in the workers, each against
+    KSampler on the same GGUF model."""
     ref = _equal_ksampler(server, "mixed", MIXED, [
         ("u2", {"ulysses_degree": 2}, "sampler"), ("cfg2", {"cfg_degree": 2}, "model"),
-        ("dp2", {"dp_degree": 2}, "model"), ("u2_sharded", {"ulysses_degree": 2, "shard_weights": "sequence"}, "model")],
+        ("dp2", {"dp_degree": 2}, "model"), ("u2_sharded", {"ulysses_degree": 2, "shard_weights": "sequence"}, "model"),
+        ("u2_loop", {"ulysses_degree": 2, "sampling_mode": "loop"}, "sampler")],
         loader)
     # the quantization is real: the GGUF model is not the fp32 checkpoint it was made from
     g = workflow(None, "mixed_fp32", W, H, family="sd3", steps=2, batch=2)

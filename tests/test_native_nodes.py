@@ -164,13 +164,14 @@ def test_an_unchecked_subclass_of_a_supported_class_does_not_inherit_its_plan(co
 
 
 def test_fp8_on_the_diffusers_path_refused_before_workers(comfy, tmp_path):
-    """PixArt's tensor parallel still runs a diffusers conversion, which cannot compute with fp8 weights."""
+    """Wan's PipeFusion still runs a diffusers conversion, which cannot compute with fp8 weights."""
     import comfy.sd
     from comfyui_hybrid_parallel.doctor import tiny_checkpoints as tc
-    path = tmp_path / "pixart.safetensors"
-    tc.write_pixart(path, seed=32)
+    path = tmp_path / "wan.safetensors"
+    tc.write_wan(path, seed=32)
     model = comfy.sd.load_diffusion_model(str(path), model_options={"dtype": torch.float8_e4m3fn})
-    _refused(model, "tensor parallel.*float8_e4m3fn.*ulysses", tp_degree=2)
+    _refused(model, "PipeFusion.*float8_e4m3fn.*ulysses", latent=(1, 16, 2, 8, 8), pp_degree=2,
+             num_pipeline_patch=2)
 
 
 def test_tp_degree_the_model_cannot_split_refused_before_workers(comfy):

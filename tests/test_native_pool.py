@@ -152,9 +152,9 @@ def _cases(mesh):
         return [("sd3", "bf16"), ("wan", "fp32")]
     if mesh == "t2":
         return [("sd3", "fp32"), ("sd3", "bf16"), ("sd3", "fp8_e4m3fn_fast"), ("sd3", "scaled_fp8"), ("wan", "fp32"),
-                ("wan", "fp8_e4m3fn"), ("flux", "fp8_e4m3fn")]
+                ("wan", "fp8_e4m3fn"), ("flux", "fp8_e4m3fn"), ("pixart", "fp32"), ("pixart", "fp8_e4m3fn")]
     if mesh == "t2u2":
-        return [("sd3", "fp16"), ("wan", "scaled_fp8"), ("flux", "scaled_fp8")]
+        return [("sd3", "fp16"), ("wan", "scaled_fp8"), ("flux", "scaled_fp8"), ("pixart", "bf16")]
     return [("sd3", "fp32"), ("wan", "fp8_e4m3fn"), ("flux", "fp8_e5m2")]
 
 

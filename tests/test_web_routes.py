@@ -153,7 +153,7 @@ def test_pool_route_follows_a_run_a_stop_and_a_dead_worker(server):
     assert [w["rank"] for w in ready["workers"]] == [0, 1]
     for w in ready["workers"]:
         assert _alive(w["pid"]) and w["device"] and w["rss_bytes"] > 0
-        assert any(m.startswith("sd3 ") for m in w["models"]) and any(m.startswith("vae_kl ") for m in w["models"])
+        assert any(m.startswith("sd3 ") for m in w["models"]) and any(m.startswith("vae ") for m in w["models"])
     last = ready["last_job"]
     assert last["ok"] and last["kind"] == "vae_decode"
 

@@ -6,6 +6,7 @@ the text (`attn2`) has local image queries and full text K/V already.
 """
 from .adapter import FamilyAdapter
 from ..plan import Attention, BlockList, FamilyPlan, GatherOutput, PipelinePlan, SplitInput, SplitOutput
+from ..tp import Colwise, Divide, Rowwise
 
 PLAN = FamilyPlan(
     family="pixart",
@@ -41,10 +42,18 @@ COMFY_PLAN = FamilyPlan(
         "final_layer": [GatherOutput(dim=1)],
     },
     attention={"blocks.*.attn": Attention(seam="sdpa")},
-    tp=None,
-    tp_refusal=("ComfyUI's PixArt attention reads the model width from its input (B, N, C = x.shape) to lay out "
-                "the heads, so a shard of its heads cannot run through ComfyUI's code; tensor parallel for PixArt "
-                "runs on the diffusers conversion (not with fp8 weights)"),
+    # Megatron placement on ComfyUI's PixArt blocks: the self-attention's fused qkv and the cross-attention's q and
+    # packed kv column sharded per head, their projections row sharded, the MLP likewise. Both attentions read the
+    # model width from their input (B, N, C = x.shape) to lay out the heads: they are shown the local width.
+    tp={
+        "blocks.*.attn.qkv": Colwise(3), "blocks.*.attn.proj": Rowwise(),
+        "blocks.*.cross_attn.q_linear": Colwise(), "blocks.*.cross_attn.kv_linear": Colwise(2),
+        "blocks.*.cross_attn.proj": Rowwise(),
+        "blocks.*.attn": Divide(("num_heads",), input_width=True),
+        "blocks.*.cross_attn": Divide(("num_heads",), input_width=True),
+        "blocks.*.mlp.fc1": Colwise(), "blocks.*.mlp.fc2": Rowwise(),
+    },
+    heads_attr="num_heads",
     pipeline=PipelinePlan((BlockList("blocks", streams=("x",), returns=("x",)),), "image"),
     comfy=True,
 )
