@@ -3,7 +3,7 @@
 Each rank of a gloo world (tests/dist_harness.DistPool, 2 and 4 CPU processes) imports ComfyUI, builds the VAE with
 ComfyUI's own detection (comfy.sd.VAE from a state dict in ComfyUI's format, random weights, the real layout) and
 decodes one latent: rank 0 first serially as VAE Decode does (first_stage_model.decode) and tiled as VAE Decode
-(Tiled) does at its defaults (VAE.decode_tiled), then every rank its band of rows (parallel/vae/native.py, the
+(Tiled) does with 256-pixel tiles, 64 overlap (VAE.decode_tiled), then every rank its band of rows (parallel/vae/native.py, the
 node's decode without the final gather). Memory is the bytes of live tensor storages created inside the decode
 (bench_vae.LiveBytes: activations; the weights and the input latent are not counted) - on CUDA it would be
 torch.cuda.max_memory_allocated. Times are recorded with N processes sharing this machine's cores: not a speed result.
@@ -41,6 +41,21 @@ def _measure(fn):
     return out, mode.peak, time.perf_counter() - t0
 
 
+TILE, OVERLAP, TEMPORAL, TEMPORAL_OVERLAP = 256, 64, 64, 8  # VAE Decode (Tiled)'s widgets (its default tile is 512)
+
+
+def _decode_tiled(vae, latent):
+    """What ComfyUI's VAEDecodeTiled node runs with the widgets above (pixel sizes turned into latent sizes)."""
+    c = vae.spacial_compression_decode()
+    t_c = vae.temporal_compression_decode()
+    t_size = t_overlap = None
+    if t_c is not None:
+        t_size = max(2, TEMPORAL // t_c)
+        t_overlap = max(1, min(t_size // 2, TEMPORAL_OVERLAP // t_c))
+    return vae.decode_tiled(latent, tile_x=TILE // c, tile_y=TILE // c, overlap=OVERLAP // c, tile_t=t_size,
+                            overlap_t=t_overlap)
+
+
 def _body(n, name, path, shape):
     from comfy_env import setup_comfy
     setup_comfy()
@@ -61,7 +76,7 @@ def _body(n, name, path, shape):
     res = {}
     if ax.rank == 0:
         serial, res["serial_peak"], res["serial_s"] = _measure(lambda: model.decode(latent))
-        _, res["tiled_peak"], res["tiled_s"] = _measure(lambda: vae.decode_tiled(latent))
+        _, res["tiled_peak"], res["tiled_s"] = _measure(lambda: _decode_tiled(vae, latent))
         res["out_shape"] = list(serial.shape)
     torch.distributed.barrier()
     (rows, first), res["patch_peak"], res["patch_s"] = _measure(
