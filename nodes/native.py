@@ -8,8 +8,9 @@ worker builds the same class with the same ops (workers/comfy_native.py). The we
 ComfyUI holds them: the diffusion model's state dict in storage dtype, patches (LoRA) already
 applied by ComfyUI's model management — fp8 stays fp8.
 
-Everything here is checked before any worker starts: a MODEL whose weights cannot be carried
-(a tensor subclass from a custom loader) or whose class has no adapter is refused with what works.
+A custom loader's model (GGUF: its own tensor subclass, operations and patcher) travels the same way, its tensors as
+raw bytes plus what rebuilds them (workers/loader_types.py). Everything here is checked before any worker starts:
+weights that cannot be carried, or a method the model's class or weights cannot run, are refused with what works.
 """
 from __future__ import annotations
 
