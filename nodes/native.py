@@ -119,9 +119,10 @@ def check_loader_methods(diffusion_model, config, patched: bool) -> None:
     scales, so a shard would have to be re-quantized - not the loader's weights any more), PipeFusion (not
     checked with a loader's ops), and weight patches (LoRA) on ranks that do not hold the whole model (the loader
     keeps them on the tensor beside its bytes; sharded bytes would leave them behind)."""
-    if not loader_tensors(diffusion_model):
+    tensors = loader_tensors(diffusion_model)
+    if not tensors:
         return
-    kind = next(iter(loader_tensors(diffusion_model).values()))["class"].rpartition(":")[2]
+    kind = next(iter(tensors.values()))["class"].rpartition(":")[2]
     if config.tp_degree > 1 or config.pp_degree > 1:
         what = "tensor parallel (tp_degree > 1)" if config.tp_degree > 1 else "PipeFusion (pp_degree > 1)"
         raise NotCarried(f"{what} does not run on a custom loader's quantized weights ({kind}: a quantized row is "
@@ -365,8 +366,7 @@ def check_diffusers_path(diffusion_model, config) -> None:
         raise NotCarried(f"{what} is not available for {a.title} (it has no shard layout / pipeline stages for "
                          f"ComfyUI's model and no diffusers conversion); use ulysses/ring/cfg/dp degrees, "
                          f"shard_weights or DistriFusion")
-    if loader_tensors(diffusion_model):
-        check_loader_methods(diffusion_model, config, patched=False)
+    check_loader_methods(diffusion_model, config, patched=False)  # (nothing to check for ComfyUI's own loaders)
     fp8 = sorted({str(t.dtype).removeprefix("torch.") for t in host_tensors(diffusion_model).values()
                   if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)})
     if fp8:

@@ -13,9 +13,10 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from ..comm import all_gather_uneven, gather_to_first, split_sizes
+from ..comm import all_gather_uneven, split_sizes
 from ..config import ConfigError
 from ..context import AxisGroup
+from .native import gather_rows
 from .plan import build_plan, swapped
 
 
@@ -107,12 +108,5 @@ def patch_decode(vae, latent: torch.Tensor, ax, block_size: Optional[int] = None
     local = latent.narrow(-2, start, sizes[ax.rank]).contiguous()
     with torch.no_grad(), swapped(vae, plan):
         out = vae.decode(local).sample
-    # Output rows per rank are exchanged rather than assumed (a tiny collective): the last rank's patch
-    # differs from the others when a conv is not height-preserving.
-    mine = torch.tensor([[out.shape[-2]]], dtype=torch.int64, device=out.device)
-    out_sizes = [int(v) for v in all_gather_uneven(mine, dim=0, ax=ax, sizes=[1] * ax.size).flatten()]
-    if not gather:
-        return out, sum(out_sizes[: ax.rank])
-    if gather == "first":
-        return gather_to_first(out, dim=out.dim() - 2, ax=ax, sizes=out_sizes)
-    return all_gather_uneven(out, dim=out.dim() - 2, ax=ax, sizes=out_sizes)
+    return gather_rows(out, ax, gather)
+

@@ -179,6 +179,13 @@ def native_patch_decode(model: nn.Module, vae: ComfyVae, latent: torch.Tensor, a
     local = latent.narrow(-2, start, sizes[ax.rank]).contiguous()
     with torch.no_grad(), installed(plan):
         out = model.decode(local)
+    return gather_rows(out, ax, gather)
+
+
+def gather_rows(out: torch.Tensor, ax, gather):
+    """This rank's decoded rows `out` assembled as `gather` asks (see patch_decode): True on every rank, "first" on
+    axis rank 0 only (None elsewhere), False as (rows, first row). Output rows per rank are exchanged rather than
+    assumed (a tiny collective): the last rank's patch differs from the others when a conv is not height-preserving."""
     mine = torch.tensor([[out.shape[-2]]], dtype=torch.int64, device=out.device)
     out_sizes = [int(v) for v in all_gather_uneven(mine, dim=0, ax=ax, sizes=[1] * ax.size).flatten()]
     if not gather:
