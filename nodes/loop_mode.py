@@ -95,6 +95,11 @@ def make_loop_sampler(runtime, hp, state: dict, sampler_name: str, cfg: float, m
                 names = [a.title for a in ADAPTERS.values() if a.pipefusion_nodes]
                 raise ValueError(f"PipeFusion through Hybrid Sampler supports {names} models; "
                                  f"this is {family}: use pp_degree=1 (USP/CFG/DP/TP/DistriFusion work for it)")
+            refusals = ADAPTERS[family].comfy_plan.pipeline_refusals
+            carried = [refusals[n] for n in sorted(refusals) if cap.inputs.get(n) is not None]
+            if carried:
+                raise ValueError(f"PipeFusion (pp_degree={hp.config.pp_degree}) cannot run this {family} "
+                                 f"conditioning: {'; '.join(carried)}")
             if x.shape[-1] % 2 or x.shape[-2] % 2:
                 raise ValueError(f"PipeFusion needs an even latent height and width, got {tuple(x.shape[-2:])}: "
                                  "use an image size that is a multiple of 16")
@@ -107,8 +112,7 @@ def make_loop_sampler(runtime, hp, state: dict, sampler_name: str, cfg: float, m
             scale = float(model_sampling.timestep(torch.ones(1)).item())
             convention = {"kind": "flow", "timestep_scale": scale}
         values = {"key": state["key"], "structure": _structure(inputs), "sampler": sampler_name,
-                  "cfg_scale": float(cfg) if has_uncond else None, "convention": convention,
-                  "resolution": list(x.shape[-2:])}
+                  "cfg_scale": float(cfg) if has_uncond else None, "convention": convention}
         model_options = extra_args.get("model_options")
         step_cache = loop_step_cache(model_options, base_model, cap.cond_or_uncond, has_uncond,
                                      concat=cap.x_shape[1] != x.shape[1])

@@ -268,15 +268,16 @@ def loop_step_cache(model_options: dict | None, base_model, cond_or_uncond: list
             "shift_input": bool(shift)}
 
 
-def native_supported(config, diffusion_model=None) -> bool:
-    """Whether a parallel config runs on ComfyUI's own model: USP (Ulysses/Ring), CFG, DP and DistriFusion do;
-    tensor parallel and PipeFusion where the family's ComfyUI plan declares a shard layout / pipeline stages
-    (otherwise they run a diffusers conversion of the weights)."""
-    if config.pp_degree > 1:
-        return diffusion_model is not None and family_adapter(diffusion_model).pipefusion_nodes
-    if config.tp_degree > 1:
-        return diffusion_model is not None and family_adapter(diffusion_model).comfy_plan.tp_layout() is not None
-    return True
+def check_declared(diffusion_model, config) -> None:
+    """Refuse, before any worker starts, tensor parallel or PipeFusion on a family whose ComfyUI plan declares no
+    shard layout / pipeline stages, with the family's reason and what runs it instead."""
+    a = family_adapter(diffusion_model)
+    if config.pp_degree > 1 and not a.pipefusion_nodes:
+        raise NotCarried(f"PipeFusion (pp_degree={config.pp_degree}) is not available for {a.title}: "
+                         f"{a.comfy_plan.pipeline_refusal or 'no pipeline stages are declared for it'}")
+    if config.tp_degree > 1 and a.comfy_plan.tp_layout() is None:
+        raise NotCarried(f"tensor parallel (tp_degree={config.tp_degree}) is not available for {a.title}: "
+                         f"{a.comfy_plan.tp_refusal or 'no shard layout is declared for it'}")
 
 
 def check_native_pipefusion(diffusion_model, config, latent_shape) -> None:
@@ -356,26 +357,6 @@ def check_memory(model, hp, latent_shape, positive, cfg: float) -> None:
         logging.getLogger(__name__).warning("hybrid parallel: %s", note)
 
 
-def check_diffusers_path(diffusion_model, config) -> None:
-    """The diffusers path converts weights to a diffusers model in their storage dtype, which runs in that
-    dtype: fp8 storage (weight_dtype fp8_*, fp8 or scaled-fp8 checkpoints) cannot run there. Refuse it before
-    any worker starts, naming what works."""
-    a = family_adapter(diffusion_model)
-    if a.plan is None:
-        what = "tensor parallel" if config.tp_degree > 1 else "PipeFusion"
-        raise NotCarried(f"{what} is not available for {a.title} (it has no shard layout / pipeline stages for "
-                         f"ComfyUI's model and no diffusers conversion); use ulysses/ring/cfg/dp degrees, "
-                         f"shard_weights or DistriFusion")
-    check_loader_methods(diffusion_model, config, patched=False)  # (nothing to check for ComfyUI's own loaders)
-    fp8 = sorted({str(t.dtype).removeprefix("torch.") for t in host_tensors(diffusion_model).values()
-                  if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)})
-    if fp8:
-        what = "tensor parallel (tp_degree > 1)" if config.tp_degree > 1 else "PipeFusion (pp_degree > 1)"
-        raise NotCarried(f"{what} runs on a diffusers conversion of the weights, which cannot compute with {fp8[0]} "
-                         f"weights; with this fp8 MODEL use ulysses/ring/cfg/dp degrees or DistriFusion (they run "
-                         f"ComfyUI's own fp8 ops), or load the model with weight_dtype 'default'")
-
-
-__all__ = ["DRIVER_WRAPPERS", "NotCarried", "check_diffusers_path", "check_diffusion_wrappers", "diffusion_wrappers", "loop_step_cache", "runs_diffusion_wrappers", "check_memory", "check_native_pipefusion", "check_native_tp", "check_weights", "check_any_model",
+__all__ = ["DRIVER_WRAPPERS", "NotCarried", "check_declared", "check_diffusion_wrappers", "diffusion_wrappers", "loop_step_cache", "runs_diffusion_wrappers", "check_memory", "check_native_pipefusion", "check_native_tp", "check_weights", "check_any_model",
            "check_loader_methods", "host_tensors", "loader_tensors", "weight_bytes",
-           "comfy_runtime", "encode_value", "family_adapter", "native_spec", "native_supported", "portable_options"]
+           "comfy_runtime", "encode_value", "family_adapter", "native_spec", "portable_options"]

@@ -15,8 +15,6 @@ from contextlib import contextmanager
 
 import torch
 
-from ..parallel.checkpoints import convert, detect_family
-from ..parallel.models import adapter_for, supported_titles
 from ..workers.pool import JobCancelled, PoolError, WorkerPool
 from .cluster_node import join_commands
 
@@ -30,7 +28,7 @@ class Runtime:
         self._pool = None
         self._pool_cluster = None  # the NodeCluster the pool was made for (None: this machine only)
         self._lock = threading.Lock()
-        self.model_info = {}  # weights key -> (family, diffusers config): skip converting weights twice
+        self.model_info = {}  # weights key -> (family, {}): the panel's label of a resident model
         self._prestart = None  # the background thread of prestart(), if one runs
         self.job = None        # the node run in progress: {kind, step, total, started} (the worker panel)
         self.last_job = None   # the previous one, with ok / error / elapsed_s
@@ -99,23 +97,6 @@ class Runtime:
                 self._pool.spares = self._spares
                 self._pool_cluster = cluster
             return self._pool
-
-    def ensure_resident(self, hp, key: str, convert_weights):
-        """Make `key` resident on the workers; returns (family, diffusers config).
-
-        `convert_weights()` -> (family, diffusers config, diffusers state dict) runs the first time a key
-        is seen here, and later only when the workers lost the weights (restart, eviction).
-        """
-        pool = self.pool(hp)
-        info = self.model_info.get(key)
-        if info is None:
-            family, config, dsd = convert_weights()
-            pool.ensure_model(hp.config, key, family, config, state_dict=dsd)
-            self.remember(key, (family, config))
-            return family, config
-        family, config = info
-        pool.ensure_model(hp.config, key, family, config, state_dict=lambda: convert_weights()[2])
-        return family, config
 
     def prestart(self, hp) -> None:
         """Start the workers for `hp` and import ComfyUI in them, in the background (Parallel Config calls this).
@@ -456,24 +437,3 @@ def weights_key(base_model, patches_uuid) -> str:
         uid = uuid.uuid4().hex
         base_model._hp_uid = uid
     return f"{uid}:{patches_uuid}"
-
-
-def family_of(diffusion_model: torch.nn.Module, state_dict=None) -> str:
-    a = adapter_for(diffusion_model)
-    if a is not None:
-        return a.family
-    if state_dict is not None:
-        try:
-            return detect_family(state_dict)
-        except Exception:  # noqa: BLE001 - fall through to the clear error below
-            pass
-    raise ValueError(f"Hybrid Sampler supports {supported_titles()}; this MODEL's diffusion model is "
-                     f"{type(diffusion_model).__name__}")
-
-
-def to_diffusers(module: torch.nn.Module, family: str = None):
-    """(family, diffusers config, diffusers state dict) of a ComfyUI module's current (patched) weights."""
-    sd = {k: v.detach() for k, v in module.state_dict().items()}
-    family = family or family_of(module, sd)
-    _class_name, config, dsd = convert(family, sd)
-    return family, config, dsd

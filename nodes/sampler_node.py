@@ -8,26 +8,24 @@ scaling, timestep conversion, denoised output - stays ComfyUI's code.
 """
 from __future__ import annotations
 
-import inspect
 import uuid
 from contextlib import contextmanager
 
 import torch
 
-from ..parallel.checkpoints import family_module
-from ..parallel.models import adapter
 from .loop_mode import Captured, check_loop_mode, make_loop_sampler, uses_loop_mode
-from .native import (NotCarried, check_any_model, check_loader_methods, check_diffusers_path, check_diffusion_wrappers, check_memory, check_native_pipefusion,
-                     check_native_tp, check_weights, diffusion_wrappers, native_spec, native_supported,
-                     portable_options, runs_diffusion_wrappers)
-from .runtime import to_diffusers, weights_key
+from .native import (NotCarried, check_any_model, check_declared, check_diffusion_wrappers, check_loader_methods,
+                     check_memory, check_native_pipefusion, check_native_tp, check_weights, diffusion_wrappers,
+                     native_spec, portable_options, runs_diffusion_wrappers)
+from .runtime import weights_key
 
 WRAPPER_KEY = "comfyui_hybrid_parallel"
 
 
 
 class PoolDiffusionModel(torch.nn.Module):
-    """Stands in for ComfyUI's diffusion model during one call: converts, submits, converts back."""
+    """Stands in for ComfyUI's diffusion model during one call: sends the call's arguments to the workers, which run
+    ComfyUI's own model, and returns their output."""
 
     def __init__(self, runtime, hp, original: torch.nn.Module, state: dict):
         super().__init__()
@@ -54,16 +52,10 @@ class PoolDiffusionModel(torch.nn.Module):
 
     def _ensure_resident(self):
         st = self.state
-        if st.get("resident"):
-            return
-        original = self._original[0]
-        if st.get("native"):
-            family = self.runtime.ensure_native(self.hp, st["key"], st["native"], original, st.get("lineage"),
-                                                st.get("patches"))
-            st.update(family=family, config={}, resident=True)
-            return
-        family, config = self.runtime.ensure_resident(self.hp, st["key"], lambda: to_diffusers(original))
-        st.update(family=family, config=config, resident=True)
+        if not st.get("resident"):
+            st["family"] = self.runtime.ensure_native(self.hp, st["key"], st["native"], self._original[0],
+                                                      st.get("lineage"), st.get("patches"))
+            st["resident"] = True
 
     def _native_forward(self, x, timestep, context, transformer_options, extra):
         """ComfyUI's own model on the workers: its call's arguments go as they are (call_payload), its output
@@ -92,52 +84,22 @@ class PoolDiffusionModel(torch.nn.Module):
             .execute(x, timestep, context, control, transformer_options, **extra)
 
     def _call(self, x, timestep, context=None, control=None, transformer_options=None, **extra):
-        if control is not None and (not self.state.get("native") or self.state.get("capture")):
-            if not self.state.get("native"):
-                how = "the diffusers path (tensor parallel / PipeFusion): use ulysses/ring/cfg degrees"
-            elif self.hp.config.pp_degree > 1:  # sampling_mode step alone is refused with PipeFusion
+        if control is not None and self.state.get("capture"):
+            if self.hp.config.pp_degree > 1:  # sampling_mode step alone is refused with PipeFusion
                 how = "PipeFusion, which always loops in the workers: set pp_degree to 1 (sampling_mode auto or step)"
             else:
                 how = "loop mode: set sampling_mode to step"
-            raise ValueError(f"ControlNet runs on the workers in step mode on ComfyUI's own model; this config "
-                             f"uses {how}")
+            raise ValueError(f"ControlNet runs on the workers in step mode; this config uses {how}")
         if control is not None:
             extra = dict(extra, control=control)
-        if self.state.get("native"):
-            if self.state.get("capture"):  # loop mode: hand ComfyUI's own conditioning over, compute nothing
-                cond, structure = call_payload(context, extra)
-                if structure:
-                    raise NotCarried(f"loop mode cannot carry {sorted(structure)} (reference latents) yet; "
-                                     f"set Parallel Config's sampling_mode to step (or use Parallel Model)")
-                self._ensure_resident()
-                raise Captured(cond, list((transformer_options or {}).get("cond_or_uncond") or [0]), x.shape)
-            return self._native_forward(x, timestep, context, transformer_options, extra)
-        self._ensure_resident()
-        family, config = self.state["family"], self.state["config"]
-        mapped = adapter(family).diffusers_extra
-        unsupported = sorted(k for k, v in extra.items() if v is not None and k not in mapped)
-        if unsupported:
-            raise ValueError(f"Hybrid Sampler cannot pass {unsupported} to a {family} model with "
-                             f"{self.hp.config.describe()} yet (supported conditioning: text context"
-                             f"{', ' if mapped else ''}{', '.join(sorted(mapped))}; ulysses/ring/cfg/dp/DistriFusion "
-                             f"pass every tensor)")
-        fm = family_module(family)
-        params = inspect.signature(fm.comfy_to_diffusers_inputs).parameters
-        kw = {k: v for k, v in extra.items() if k in params}
-        if "config" in params:
-            kw["config"] = config
-        inputs = fm.comfy_to_diffusers_inputs(x, timestep, context, **kw)
-        inputs.pop("return_dict", None)
-        if self.state.get("capture"):  # loop mode: ComfyUI built the conditioning; hand it over, compute nothing
-            raise Captured(inputs, list((transformer_options or {}).get("cond_or_uncond") or [0]), x.shape)
-        tensors = _flatten(inputs)
-        values = {"key": self.state["key"], "structure": _structure(inputs), "call_index": self.state["calls"]}
-        self.state["calls"] += 1
-        if family == "pixart":
-            values["resolution"] = list(x.shape[-2:])
-        res = submit_once(self.runtime.pool(self.hp), self.hp.config, values, tensors, self.state,
-                          ("hidden_states", "timestep"))
-        return fm.diffusers_to_comfy_output(res.tensors["out"].to(x.device), x.shape)
+        if self.state.get("capture"):  # loop mode: hand ComfyUI's own conditioning over, compute nothing
+            cond, structure = call_payload(context, extra)
+            if structure:
+                raise NotCarried(f"loop mode cannot carry {sorted(structure)} (reference latents) yet; "
+                                 f"set Parallel Config's sampling_mode to step (or use Parallel Model)")
+            self._ensure_resident()
+            raise Captured(cond, list((transformer_options or {}).get("cond_or_uncond") or [0]), x.shape)
+        return self._native_forward(x, timestep, context, transformer_options, extra)
 
 
 def _encode_nested(value, path: str):
@@ -322,31 +284,25 @@ def without_compile_wrapper(wrappers: dict) -> None:
 def pool_state(model, hp) -> dict:
     """How the pool runs this MODEL for `hp`: its residency key (weights, patches, method), ComfyUI's own model
     spec where the config runs natively, and the call counter. Refuses, before any worker starts, what cannot
-    travel (other nodes' patches, fp8 on the diffusers path, tp degrees the model cannot be sharded by)."""
+    travel (other nodes' patches, tp / pp where the family declares none, tp degrees the model cannot be sharded by)."""
     # the workers keep the model parallelized for one method: the method is part of its identity
     method = f"{hp.config.method}" + (f"-w{hp.config.warmup_steps}" if hp.config.method != "usp" else "")
     state = {"key": f"{weights_key(model.model, model.patches_uuid)}|{method}", "calls": 0,
              "lineage": f"{model.model._hp_uid}|{method}"}  # this model under other patches: replaced, not kept
     check_any_model(model.model.diffusion_model, hp)  # a model no adapter declares: cfg / dp only
+    check_declared(model.model.diffusion_model, hp.config)  # tp / pp where the family declares them
     compiled = compile_spec(model, hp)
-    if native_supported(hp.config, model.model.diffusion_model):
-        # ComfyUI's own model on the workers; refused here, before any worker starts, if it cannot travel
-        state["native"] = native_spec(model.model)
-        check_weights(model.model.diffusion_model)
-        check_native_tp(model.model.diffusion_model, hp.config)
-        portable_options(model.model_options.get("transformer_options"))  # other nodes' patches: refused now
-        state["key"] = "native:" + state["key"]
-        check_loader_methods(model.model.diffusion_model, hp.config, patched=bool(model.patches))  # GGUF
-        state["patches"] = portable_patches(model, hp.config)  # LoRA & co travel as patches where they can
-        if state["patches"] is not None:
-            state["native"]["patcher"] = loader_patcher(model)  # a loader that patches its own way (GGUF)
-        state["compile"] = compiled
-    else:
-        check_diffusers_path(model.model.diffusion_model, hp.config)
-        if compiled:
-            raise NotCarried("a MODEL compiled by TorchCompileModel runs compiled on ComfyUI's own model, not on the "
-                             "diffusers path (tensor parallel / PipeFusion of this family): remove the node or use "
-                             "ulysses/ring/cfg degrees")
+    # ComfyUI's own model on the workers; refused here, before any worker starts, if it cannot travel
+    state["native"] = native_spec(model.model)
+    check_weights(model.model.diffusion_model)
+    check_native_tp(model.model.diffusion_model, hp.config)
+    portable_options(model.model_options.get("transformer_options"))  # other nodes' patches: refused now
+    state["key"] = "native:" + state["key"]
+    check_loader_methods(model.model.diffusion_model, hp.config, patched=bool(model.patches))  # GGUF
+    state["patches"] = portable_patches(model, hp.config)  # LoRA & co travel as patches where they can
+    if state["patches"] is not None:
+        state["native"]["patcher"] = loader_patcher(model)  # a loader that patches its own way (GGUF)
+    state["compile"] = compiled
     check_diffusion_wrappers(model.wrappers)  # EasyCache: the driver (step mode) or the workers (loop) apply it
     return state
 
@@ -445,8 +401,7 @@ class HybridSampler:
         without_compile_wrapper(m.wrappers)  # the workers compile their own model (compile_spec)
         check_not_on_pool(model, "Hybrid Sampler")
         state = pool_state(model, hp)
-        if state.get("native"):
-            check_native_pipefusion(model.model.diffusion_model, hp.config, tuple(latent_image["samples"].shape))
+        check_native_pipefusion(model.model.diffusion_model, hp.config, tuple(latent_image["samples"].shape))
         check_memory(model, hp, tuple(latent_image["samples"].shape), positive, cfg)  # fits the devices?
         m.add_wrapper_with_key(comfy.patcher_extension.WrappersMP.APPLY_MODEL, WRAPPER_KEY,
                                make_apply_model_wrapper(self.runtime, hp, state))

@@ -187,3 +187,17 @@ class ParallelContext:
     def __repr__(self) -> str:
         coords = ", ".join(f"{a}={self.coords[a]}" for a in AXES)
         return f"ParallelContext(rank={self.rank}/{self.world_size}, {coords}, device={self.device})"
+
+
+def world_axis(ctx) -> AxisGroup:
+    """An AxisGroup over every rank of the context's world.
+
+    The VAE decode runs after sampling, when the sp/cfg/dp split of the
+    denoiser no longer matters: the pool decodes on all ranks at once. The
+    mesh axes each cover only part of the world unless the config has a single
+    non-trivial axis, so this builds the whole-world view on the default group
+    (no new_group, no collective) and shares the context's comm counters.
+    """
+    n = ctx.world_size
+    group = dist.group.WORLD if n > 1 else None
+    return AxisGroup("world", ctx.rank, n, list(range(n)), group, ctx.stats)

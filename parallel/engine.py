@@ -66,7 +66,7 @@ def _agree_compute(want: bool, ctx) -> bool:
     """A step cache's decision, common to the whole world: compute when any rank wants to (every rank holds the
     same latent in loop mode, so they agree anyway - this makes it certain)."""
     from .comm import any_rank
-    from .vae import world_axis
+    from .context import world_axis
     return any_rank(want, (world_axis(ctx),), ctx.device)
 
 
@@ -275,13 +275,7 @@ class Engine:
                 "sharding": sharding.stats() if sharding is not None else None}
 
     # ---- compute ----
-    def _retarget(self, r: Resident, resolution) -> None:
-        """The diffusers PixArt recomputes its position table for the latent size, as ComfyUI does per call."""
-        if resolution and r.family == "pixart" and r.native_call is None:
-            from .checkpoints.pixart import set_resolution
-            set_resolution(r.model, *[int(v) for v in resolution])
-
-    def forward(self, key: str, ctx, kwargs: dict, *, call_index=None, resolution=None,
+    def forward(self, key: str, ctx, kwargs: dict, *, call_index=None,
                 before: Optional[Callable] = None, compile_spec: Optional[dict] = None) -> torch.Tensor:
         """Step mode: the model on the full inputs; every rank returns the full output. `compile_spec`: ComfyUI's
         TorchCompileModel options (the native model runs compiled: Resident.callable_for)."""
@@ -289,7 +283,6 @@ class Engine:
         if ctx.config.pp_degree > 1:
             raise ValueError("PipeFusion (pp_degree > 1) runs the whole denoising loop in the workers "
                              "(job 'loop'), not one forward per step")
-        self._retarget(r, resolution)
         if call_index is not None and ctx.config.method == "distrifusion" and ctx.world_size > 1:
             # step mode: the sampler's call index decides warmup vs stale, and 0 starts a new run
             from .distrifusion import distrifusion_state
@@ -306,14 +299,14 @@ class Engine:
             return r.model(**kwargs, return_dict=False)[0]
 
     def loop(self, key: str, ctx, inputs: dict, sigmas, noise, *, convention: dict, sampler: str, cfg_scale=None,
-             resolution=None, model_config: Optional[dict] = None, before_step: Optional[Callable] = None,
+             before_step: Optional[Callable] = None,
              callback: Optional[Callable] = None, cancel: Optional[Callable] = None,
              step_cache: Optional[dict] = None, cache_report: Optional[dict] = None) -> torch.Tensor:
         """Loop mode: the whole denoising loop; every rank returns the final latent.
 
         pp_degree > 1: PipeFusion's patch pipeline (latent in the model's layout). Otherwise one parallel forward
-        per step with the latent in ComfyUI's layout: ComfyUI's own model takes it as it is, a diffusers model
-        gets it converted on every step as ComfyUI's model would (padding, packing). callback(i, n, denoised)
+        per step: ComfyUI's own model takes ComfyUI's latent as it is, a diffusers model (library API) its own
+        layout (hidden_states). callback(i, n, denoised)
         after each step; before_step(i, n) before each forward; cancel() polled by PipeFusion.
         step_cache: ComfyUI's EasyCache rule (StepCacheSpec fields), decided alike on every rank; cache_report
         gets how many steps (PipeFusion: patch steps) it skipped.
@@ -323,7 +316,6 @@ class Engine:
         cache_spec = StepCacheSpec.from_json(step_cache)
         cache_kw = {} if cache_spec is None else dict(step_cache=cache_spec, cache_report=cache_report)
         r = self.get(key, ctx)
-        self._retarget(r, resolution)
         sigmas = sigmas.float().cpu()
         conv = _convention(convention, sigmas)
         if ctx.config.pp_degree > 1:
@@ -345,16 +337,11 @@ class Engine:
             if distri is not None:
                 distri.set_step(i, total_steps=n)  # step 0 starts a new run: fresh buffers, synchronous warmup
 
+        loop_kw = {}  # a diffusers model (library API): the latent in its own layout, its weights' dtype
         if r.native_call is not None:  # ComfyUI's own model: ComfyUI's latent layout in and out, fp32 timestep
             call = r.native_call
             loop_kw = dict(forward=lambda h, t, kw: call(r.model, {**kw, "x": h, "timestep": t}),
                            dtype=r.compute_dtype, timestep_dtype=torch.float32)
-        else:
-            from .checkpoints import family_module
-            fm = family_module(r.family)
-            config = model_config or dict(getattr(r.model, "config", {}) or {})
-            loop_kw = dict(to_model=lambda h: fm.latent_to_hidden_states(h, config),
-                           from_model=fm.diffusers_to_comfy_output)
         if cache_spec is not None:
             cache_kw["agree"] = lambda want: _agree_compute(want, ctx)
         with torch.no_grad():
@@ -365,7 +352,7 @@ class Engine:
                before: Optional[Callable] = None) -> torch.Tensor:
         """Patch-parallel VAE decode over `axis` (every rank of the world by default); the full image on the axis'
         first rank (the one whose result the job returns), None on the others."""
-        from .vae import patch_decode, world_axis
+        from .context import world_axis
         r = self.get(key, ctx)
         ax = world_axis(ctx) if axis == "world" else ctx.axis(axis)
         if before is not None:
@@ -374,5 +361,6 @@ class Engine:
             from .vae.comfy_vaes import comfy_vae_for
             from .vae.native import native_patch_decode
             return native_patch_decode(r.model, comfy_vae_for(r.model), latent, ax, block_size=block_size)
+        from .vae.decode import patch_decode  # a diffusers VAE (library API)
         with torch.no_grad():
             return patch_decode(r.model, latent, ax, block_size=block_size, gather="first")  # rank 0 returns it

@@ -125,6 +125,8 @@ class FamilyPlan:
     # forward inputs the sequence split cannot carry (name -> why, and what to do instead): a call that passes
     # one (not None) under ulysses/ring is refused with that text rather than computed wrong
     sequence_refusals: dict = field(default_factory=dict)
+    # likewise for PipeFusion's patches (checked by the nodes on the conditioning they capture, before the loop)
+    pipeline_refusals: dict = field(default_factory=dict)
 
     @property
     def splits_text(self) -> bool:

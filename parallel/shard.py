@@ -215,7 +215,7 @@ def apply_weight_sharding(model: torch.nn.Module, ctx) -> Optional[WeightShardin
     choice = getattr(ctx.config, "shard_weights", "none")
     if choice == "none":
         return None
-    from .vae.decode import world_axis
+    from .context import world_axis
     ax = ctx.sp if choice == "sequence" else world_axis(ctx)
     if ax.size <= 1:
         return None

@@ -2,7 +2,7 @@
 
 For each family a tiny random checkpoint is written in ComfyUI's own format (from ComfyUI's own
 classes), loaded by ComfyUI exactly as its loader nodes do, converted by
-comfyui_hybrid_parallel.parallel.checkpoints, built as a diffusers model, and the two forwards
+tests/converters (test references), built as a diffusers model, and the two forwards
 (diffusion model) or decodes (VAE) must agree to 1e-4 of the output's magnitude. Latent sizes are
 odd and non-square where ComfyUI accepts them, so the padding conventions are exercised.
 
@@ -26,7 +26,7 @@ import comfy.sd  # noqa: E402
 import comfy.supported_models as sm  # noqa: E402
 import comfy.utils  # noqa: E402
 
-from comfyui_hybrid_parallel.parallel import checkpoints as ck  # noqa: E402
+import converters as ck  # noqa: E402
 
 pytestmark = pytest.mark.comfy
 

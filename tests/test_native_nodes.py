@@ -163,24 +163,26 @@ def test_an_unchecked_subclass_of_a_supported_class_does_not_inherit_its_plan(co
              ulysses_degree=2)
 
 
-def test_fp8_on_the_diffusers_path_refused_before_workers(comfy, tmp_path):
-    """Wan's PipeFusion still runs a diffusers conversion, which cannot compute with fp8 weights."""
+def test_pipefusion_on_a_family_without_stages_refused_before_workers(comfy, tmp_path):
+    """Wan declares no PipeFusion stages for ComfyUI's model (its tokens are (frame, row, col) patches): pp_degree 2
+    is refused with that reason before any worker starts, fp8 or not."""
     import comfy.sd
     from comfyui_hybrid_parallel.doctor import tiny_checkpoints as tc
     path = tmp_path / "wan.safetensors"
     tc.write_wan(path, seed=32)
-    model = comfy.sd.load_diffusion_model(str(path), model_options={"dtype": torch.float8_e4m3fn})
-    _refused(model, "PipeFusion.*float8_e4m3fn.*ulysses", latent=(1, 16, 2, 8, 8), pp_degree=2,
-             num_pipeline_patch=2)
+    for dtype in (None, torch.float8_e4m3fn):
+        model = comfy.sd.load_diffusion_model(str(path), model_options={} if dtype is None else {"dtype": dtype})
+        _refused(model, r"PipeFusion \(pp_degree=2\) is not available for Wan 2.1/2.2: Wan's tokens.*ulysses",
+                 latent=(1, 16, 2, 8, 8), pp_degree=2, num_pipeline_patch=2)
 
 
 def test_tp_degree_the_model_cannot_split_refused_before_workers(comfy):
     """Tensor parallel runs on ComfyUI's own model (fp8 included); a degree that does not divide its heads is
     refused from the driver's copy before any worker starts, naming the degrees that work."""
-    from comfyui_hybrid_parallel.nodes.native import native_supported
+    from comfyui_hybrid_parallel.nodes.native import check_declared
     from comfyui_hybrid_parallel.parallel import ParallelConfig
     model = comfy(dtype=torch.float8_e4m3fn)
-    assert native_supported(ParallelConfig(tp_degree=2), model.model.diffusion_model)
+    check_declared(model.model.diffusion_model, ParallelConfig(tp_degree=2))
     _refused(model, r"tp_degree=4 does not divide the model's 2 attention heads; use a tp_degree in \[1, 2\]",
              tp_degree=4)
 

@@ -249,11 +249,11 @@ def test_fp8_stays_fp8_on_the_workers(comfy, pool):
 def test_tp_shards_stay_fp8(comfy, pool):
     """Tensor parallel on ComfyUI's own fp8 Flux: each rank holds its shard of the fp8 weights, in fp8 (half
     the block weights per rank at tp 2; the modulation, embedders and final layer stay replicated)."""
-    from comfyui_hybrid_parallel.nodes.native import native_supported
+    from comfyui_hybrid_parallel.nodes.native import check_declared
     from comfyui_hybrid_parallel.parallel import ParallelConfig
     config = ParallelConfig(tp_degree=2)
     base = load_model(comfy, "flux", "fp8_e4m3fn").model
-    assert native_supported(config, base.diffusion_model)
+    check_declared(base.diffusion_model, config)
     sd = base.diffusion_model.state_dict()
     want = {}
     for v in sd.values():
@@ -310,11 +310,12 @@ def _emulated_pipefusion(family, base, inp, sigmas, noise, cfg_scale, patches, w
     """PipeFusion's stale-KV schedule on one device in this process (run_pipefusion_loop without a ctx): what
     the distributed pipeline must reproduce. Its K/V buffers sit behind F.scaled_dot_product_attention, so
     ComfyUI's pytorch kernel is used here (the workers use it too whenever pp or sp > 1)."""
+    import comfy.ldm.flux.math as flux_math
     import comfy.ldm.modules.attention as attention
     import comfy.ldm.modules.diffusionmodules.mmdit as mmdit
     import comfy.ldm.pixart.blocks as pixart_blocks
     from comfyui_hybrid_parallel.parallel.pipefusion import run_pipefusion_loop
-    monkeypatch.setattr(pixart_blocks if family == "pixart" else mmdit, "optimized_attention",
+    monkeypatch.setattr({"pixart": pixart_blocks, "flux": flux_math}.get(family, mmdit), "optimized_attention",
                         attention.attention_pytorch)
     dm = base.diffusion_model
     cond = {k: v for k, v in inp.items() if k not in ("x", "timestep")}
@@ -331,16 +332,17 @@ def _emulated_pipefusion(family, base, inp, sigmas, noise, cfg_scale, patches, w
 @pytest.mark.parametrize("degrees", [dict(pp_degree=2, num_pipeline_patch=2), dict(pp_degree=2, num_pipeline_patch=3,
                                                                                   ulysses_degree=2)],
                          ids=["pp2", "pp2u2"])
-@pytest.mark.parametrize("family", ["sd3", "pixart"])
+@pytest.mark.parametrize("family", ["sd3", "pixart", "flux"])
 def test_native_pipefusion_loop(comfy, pool, degrees, family, monkeypatch):
-    """PipeFusion on ComfyUI's own SD3 and PixArt (fp32 and fp8 weights): each stage holds its blocks, the
+    """PipeFusion on ComfyUI's own SD3, PixArt (fp32 and fp8 weights) and Flux (fp8; its two stages meet where the
+    double blocks end and the single stream begins): each stage holds its blocks, the
     latent's token rows flow through the stages in patches. Warmup = all steps is the exact schedule (equal
     to the serial loop, ≤ 1e-5); warmup 1 uses stale K/V of the other patches: it differs from the serial
     loop (measured) and equals the one-device emulation of that schedule (≤ 1e-5)."""
     from comfyui_hybrid_parallel.parallel import ParallelConfig
     steps = 3
     sigmas = torch.linspace(1.0, 0.0, steps + 1)
-    for precision in ("fp32", "fp8_e4m3fn"):
+    for precision in ("fp32", "fp8_e4m3fn") if family != "flux" else ("fp8_e4m3fn",):
         base = load_model(comfy, family, precision).model
         g = torch.Generator().manual_seed(404)
         inp = inputs(family, base, seed=405, batch=2, odd=False)  # [cond, uncond] halves for CFG in the pipeline

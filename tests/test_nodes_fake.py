@@ -49,30 +49,6 @@ def test_loop_mode_choices():
         check_loop_mode("heun")
 
 
-def test_runtime_converts_once_and_reloads_after_a_restart():
-    rt = Runtime(make_pool=lambda device: WorkerPool(fake="serve", device=device))
-    hp = _build(ulysses_degree=2)["result"][0]
-    calls = []
-
-    def convert():
-        calls.append(1)
-        return "sd3", {"patch_size": 2}, {"w": torch.ones(3)}
-    try:
-        assert rt.ensure_resident(hp, "model-a|usp", convert) == ("sd3", {"patch_size": 2})
-        assert len(calls) == 1
-        rt.ensure_resident(hp, "model-a|usp", convert)  # resident: nothing converted, nothing sent
-        assert len(calls) == 1
-        assert rt.pool(hp).health()[0]["resident"] == ["model-a|usp"]
-        assert rt.stop() == "ulysses2"  # workers gone: the next use reloads, converting again
-        rt.ensure_resident(hp, "model-a|usp", convert)
-        assert len(calls) == 2
-        rt.ensure_resident(hp, "model-a+lora0.5|usp", convert)  # other patches: another key
-        assert len(calls) == 3
-        assert sorted(rt.pool(hp).health()[0]["resident"]) == ["model-a+lora0.5|usp", "model-a|usp"]
-    finally:
-        rt.stop()
-
-
 def test_idle_workers_exit_after_the_idle_timeout(monkeypatch):
     """HP_IDLE_TIMEOUT_S (off by default): no node run for that long and the workers exit, nothing held; a run in
     progress is never stopped, and the next prompt starts them again."""
@@ -82,7 +58,7 @@ def test_idle_workers_exit_after_the_idle_timeout(monkeypatch):
     hp = _build(ulysses_degree=2)["result"][0]
     try:
         with rt.track("sample"):
-            rt.ensure_resident(hp, "m|usp", lambda: ("sd3", {}, {"w": torch.ones(2)}))
+            rt.pool(hp).ensure_model(hp.config, "m|usp", "sd3", {}, state_dict={"w": torch.ones(2)})
             pids = [h["pid"] for h in rt.pool(hp).health()]
             time.sleep(1.0)  # longer than the timeout, but a job runs: nothing stops
             assert rt._pool is not None and rt._pool.world is not None
@@ -100,7 +76,7 @@ def test_idle_workers_exit_after_the_idle_timeout(monkeypatch):
             else:
                 raise AssertionError(f"worker {pid} still runs after the idle timeout")
         with rt.track("sample"):
-            rt.ensure_resident(hp, "m|usp", lambda: ("sd3", {}, {"w": torch.ones(2)}))
+            rt.pool(hp).ensure_model(hp.config, "m|usp", "sd3", {}, state_dict={"w": torch.ones(2)})
         assert rt._pool is not None
     finally:
         monkeypatch.delenv("HP_IDLE_TIMEOUT_S")

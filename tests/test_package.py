@@ -16,7 +16,7 @@ from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 
 ROOT = Path(__file__).resolve().parents[1]
-HEAVY = ("torch", "diffusers", "safetensors", "numpy")  # what a ComfyUI install already has its own build of
+HEAVY = ("torch", "safetensors", "numpy")  # what a ComfyUI install already has its own build of
 # versions real ComfyUI installs carry (portable builds, pip's CUDA wheels, plain PyPI) - all must be kept
 COMFY_VERSIONS = {"torch": ["2.4.1+cu121", "2.5.1+cu124", "2.6.0+cu126", "2.7.0+cu128", "2.8.0+cu129", "2.9.1",
                             "2.13.0+cpu"],
@@ -50,6 +50,17 @@ def test_dependencies_are_lower_bounds_that_keep_comfyuis_builds():
             assert spec.contains(v, prereleases=True), f"{name}{spec} would replace ComfyUI's {name} {v}"
 
 
+def test_diffusers_is_optional_with_a_lower_bound():
+    """The nodes and workers run ComfyUI's own modules: diffusers is an extra (the library API on diffusers models),
+    never a dependency ComfyUI-Manager or pip would install or replace; where listed, a lower bound only."""
+    project = _pyproject()["project"]
+    assert "diffusers" not in _requirements(project["dependencies"])
+    assert "diffusers" not in _requirements((ROOT / "requirements.txt").read_text().splitlines())
+    for extra in ("diffusers", "test"):
+        spec = _requirements(project["optional-dependencies"][extra])["diffusers"].specifier
+        assert {s.operator for s in spec} == {">="} and all(spec.contains(v) for v in ("0.35.1", "0.36.0", "0.42.1"))
+
+
 def test_requirements_txt_leaves_torch_to_comfyui_and_agrees_with_pyproject():
     """ComfyUI-Manager installs requirements.txt: no torch line at all, and the same lower bounds."""
     reqs = _requirements((ROOT / "requirements.txt").read_text().splitlines())
@@ -76,7 +87,7 @@ def test_constraints_pin_ci_within_the_ranges():
 
 def test_editable_install_keeps_the_installed_torch(tmp_path):
     """pip's own resolver, offline, in this venv (which holds its own torch build): installing the pack editable
-    installs the pack and nothing else - torch, diffusers and safetensors stay as they are."""
+    installs the pack and nothing else - torch and safetensors stay as they are."""
     report = tmp_path / "report.json"
     env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1"}
     res = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--report", str(report), "--no-index",

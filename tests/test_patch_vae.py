@@ -277,11 +277,11 @@ def comfy():
 @pytest.fixture(scope="module")
 def comfy_wan22(comfy, tmp_path_factory):
     """(ComfyUI's Wan 2.2 VAE with random weights, the diffusers (class, config, state dict) Parallel VAE Decode makes
-    of it), through the same file and converter as the node: doctor.write_wan22_vae -> nodes.runtime.to_diffusers."""
+    of it), through the same file and converter as the node: doctor.write_wan22_vae -> converters.to_diffusers."""
     from safetensors.torch import load_file
 
     from comfyui_hybrid_parallel.doctor import tiny_checkpoints as tc
-    from comfyui_hybrid_parallel.nodes.runtime import to_diffusers
+    from converters import to_diffusers
     path = tmp_path_factory.mktemp("wan22_vae") / "wan22_vae_small.safetensors"
     tc.write_wan22_vae(path, dim=8, dec_dim=16, seed=22, dtype=torch.float32)
     vae = tc.wan22_vae(8, 16, device="cpu")
@@ -301,8 +301,8 @@ def _comfy_images(vae, latent, dtype):
 
 
 def _twin_body(n, twin, latent, dtype_name):
-    from comfyui_hybrid_parallel.parallel.checkpoints import build_model
-    from comfyui_hybrid_parallel.parallel.checkpoints.vae import diffusers_to_comfy_images
+    from converters import build_model
+    from converters.vae import diffusers_to_comfy_images
     ctx = context_for(ParallelConfig(ulysses_degree=n))
     model = build_model(*twin, dtype=getattr(torch, dtype_name))
     out = patch_decode(model, latent, world_axis(ctx))

@@ -3,7 +3,7 @@
 ComfyUI's TAESD with random weights (torch's default init: ComfyUI's ops skip it, so every conv gets the torch
 base class's reset_parameters) and non-trivial vae_scale / vae_shift (1.7 / 0.3), for 4 latent channels
 (taesd, taesdxl) and 16 (taesd3, taef1), goes through `comfy.sd.VAE(sd=...)` (the reference: what VAEDecode returns
-as IMAGE) and through the node's converter (nodes.runtime.to_diffusers -> diffusers AutoencoderTiny). The ranks get
+as IMAGE) and through the node's converter (converters.to_diffusers -> diffusers AutoencoderTiny). The ranks get
 the twin as plain tensors (they never import ComfyUI) and decode the latent split by rows over 1, 2, 3 and 4 gloo
 ranks, heights that divide by the rank count and heights that do not, with and without `block_size`. This is the
 diffusers library API (parallel/vae/decode.py); the node decodes with ComfyUI's own TAESD module
@@ -48,7 +48,7 @@ def taesd(comfy):
     """z -> (ComfyUI's VAE for the TAESD, the (class, config, state dict) twin Parallel VAE Decode ships to workers)."""
     import comfy.sd
 
-    from comfyui_hybrid_parallel.nodes.runtime import to_diffusers
+    from converters import to_diffusers
     made = {}
 
     def get(z: int):
@@ -69,7 +69,7 @@ def _local_axis():
 
 def _decode_body(n, twin, latent, block_size):
     """One rank: build the twin, decode its rows of `latent`; rank 0 returns the full decoder output."""
-    from comfyui_hybrid_parallel.parallel.checkpoints import build_model
+    from converters import build_model
     ctx = context_for(ParallelConfig(ulysses_degree=n)) if n > 1 else None
     ax = world_axis(ctx) if ctx is not None else _local_axis()
     model = build_model(*twin)
@@ -107,7 +107,7 @@ CASES = [  # (ranks, latent channels, latent (B, C, H, W), block_size); the comm
 @pytest.mark.parametrize("n, z, shape, block_size", CASES)
 def test_taesd_patch_decode_equals_comfyui(dist_pools, taesd, n, z, shape, block_size):
     """The split decode, mapped to IMAGE as the node maps it, equals ComfyUI's VAE.decode: fp32 <= 1e-5 relative."""
-    from comfyui_hybrid_parallel.parallel.checkpoints.vae import diffusers_to_comfy_images, taesd_latent_in
+    from converters.vae import diffusers_to_comfy_images, taesd_latent_in
     vae, twin = taesd(z)
     latent = torch.randn(*shape, generator=torch.Generator().manual_seed(sum(shape) * 3 + n))
     with torch.no_grad():
@@ -127,8 +127,8 @@ def test_taesd_patch_decode_equals_comfyui(dist_pools, taesd, n, z, shape, block
 def test_a_split_without_halos_would_fail(taesd, comfy):
     """The comparison above can fail: decoding each rank's rows on their own (zero padding at the patch borders)
     differs from ComfyUI's decode by far more than the tolerance with these random weights."""
-    from comfyui_hybrid_parallel.parallel.checkpoints import build_model
-    from comfyui_hybrid_parallel.parallel.checkpoints.vae import diffusers_to_comfy_images, taesd_latent_in
+    from converters import build_model
+    from converters.vae import diffusers_to_comfy_images, taesd_latent_in
     vae, twin = taesd(4)
     model = build_model(*twin)
     latent = torch.randn(1, 4, 8, 6, generator=torch.Generator().manual_seed(8))
@@ -141,8 +141,8 @@ def test_a_split_without_halos_would_fail(taesd, comfy):
 
 def test_scale_and_shift_are_applied_as_comfyui_does(taesd):
     """Without ComfyUI's (z - vae_shift) * vae_scale the twin decodes something else: the affine matters here."""
-    from comfyui_hybrid_parallel.parallel.checkpoints import build_model
-    from comfyui_hybrid_parallel.parallel.checkpoints.vae import diffusers_to_comfy_images
+    from converters import build_model
+    from converters.vae import diffusers_to_comfy_images
     vae, twin = taesd(16)
     latent = torch.randn(1, 16, 4, 4, generator=torch.Generator().manual_seed(4))
     with torch.no_grad():

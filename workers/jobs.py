@@ -279,14 +279,13 @@ def _reuse_inputs(state: WorkerState, key: str, payload: dict) -> None:
 def job_forward(state: WorkerState, ctx, payload: dict) -> dict:
     """Step mode: the resident model on the full inputs; every rank returns the full output.
 
-    `resolution` [H, W] re-targets a diffusers PixArt's position embedding to the latent size first;
     `call_index` is the sampler's model call (DistriFusion's warmup / stale decision).
     """
     key = payload["key"]
     _reuse_inputs(state, key, payload)
     kwargs = _inputs(state, payload)
     out = state.engine.forward(key, ctx, kwargs, call_index=payload.get("call_index"),
-                               resolution=payload.get("resolution"), before=lambda: state.stop_point(ctx),
+                               before=lambda: state.stop_point(ctx),
                                compile_spec=payload.get("compile"))
     r = state.engine.get(key, ctx)
     reply = {"out": out, "parallelized": r.parallelized}
@@ -321,8 +320,7 @@ def job_loop(state: WorkerState, ctx, payload: dict) -> dict:
     try:
         out = state.engine.loop(payload["key"], ctx, inputs, sigmas, payload["noise"].to(state.device),
                                 convention=payload["convention"], sampler=payload["sampler"],
-                                cfg_scale=payload.get("cfg_scale"), resolution=payload.get("resolution"),
-                                model_config=payload.get("model_config"),
+                                cfg_scale=payload.get("cfg_scale"),
                                 before_step=lambda i, n: state.stop_point(ctx), callback=progress,
                                 cancel=lambda: state.run.cancel_requested, step_cache=payload.get("step_cache"),
                                 cache_report=report)

@@ -73,7 +73,7 @@ def _comfy_tp_layout() -> dict:
 # ids, then calls forward_orig(img, img_ids, txt, txt_ids, ...): splitting img and img_ids there (and
 # txt with txt_ids) makes the RoPE table, the double blocks and the [txt, img] single stream all local;
 # the single blocks drop the local text by its local length, and the final layer's output is gathered
-# before `_forward` unpatchifies. Double and single blocks run joint attention
+# before `_forward` unpatchifies (a PipeFusion patch is cut at the same place: its band of img rows). Double and single blocks run joint attention
 # with the text first, through ComfyUI's attention seam.
 COMFY_PLAN = FamilyPlan(
     family="flux",
@@ -91,8 +91,13 @@ COMFY_PLAN = FamilyPlan(
     },
     tp=_comfy_tp_layout(),
     heads_attr="num_heads",
-    pipeline_refusal=("PipeFusion on ComfyUI's Flux is not implemented (its single blocks carry text and image as "
-                      "one stream); use ulysses/ring/cfg/tp degrees for Flux"),
+    # PipeFusion: the double blocks take and return (img, txt) by keyword, the single blocks one [txt, img] stream
+    # x; a stage that starts at a single block receives (img, txt) from the last double block and joins them
+    # itself (parallel/pipefusion/stage.py), and a patch cuts img / img_ids at forward_orig
+    pipeline=PipelinePlan((BlockList("double_blocks", streams=("img", "txt"), returns=("img", "txt")),
+                           BlockList("single_blocks", streams=(("x", 0),), returns=("x",))), "image"),
+    pipeline_refusals={"ref_latents": "reference images (Flux Kontext, Flux.2 edits) join the image tokens, which "
+                                      "PipeFusion cuts into bands of rows; use ulysses/ring/cfg degrees with them"},
     comfy=True,
 )
 

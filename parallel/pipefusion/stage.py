@@ -7,16 +7,17 @@ by the family plans decide what actually happens:
   every stage: they are a few per cent of a block, and recomputing them is
   cheaper than shipping temb, RoPE tables and text embeddings between stages;
 * in patch mode the image sequence is cut to the current band of token rows
-  where the sequence-parallel plan splits it (after `pos_embed`, or at the
-  model input with `img_ids` for Flux); the patch is computed on the full
-  latent and sliced, which is exact because patch embedding is per token;
-* blocks before this stage's first block pass their streams through; the first
-  block takes its streams from the previous stage instead (one message per
-  patch, the streams concatenated plus one control element: cancel = 1, skip = 2 - a forward the step
-  cache skips runs no block on any stage); the
-  last block sends its streams on and stops the forward (`_StageDone`), so
-  norm_out / proj_out / unpatchify only run on the last stage, where the
-  patch output is scattered into a zero full-size sequence before unpatchify;
+  where the sequence-parallel plan splits it (after `pos_embed`, at the
+  model input with `img_ids` for diffusers' Flux, at `forward_orig` for ComfyUI's); the
+  patch is computed on the full latent and sliced, which is exact because patch embedding is per token;
+* blocks before this stage's first block pass their streams through, and the
+  one just before it returns what the previous stage's last block computed
+  (one message per patch: that block's outputs concatenated plus one control
+  element: cancel = 1, skip = 2 - a forward the step cache skips runs no block
+  on any stage); this stage's last block sends its outputs on and stops the
+  forward (`_StageDone`), so norm_out / proj_out / unpatchify only run on the
+  last stage, where the patch output is scattered into a zero full-size
+  sequence before unpatchify;
 * inside every self-attention module of its blocks, F.scaled_dot_product_attention
   is swapped (TorchFunctionMode, diffusers processors untouched) for attention
   over the layer's KV buffer: full mode stores the fresh image K/V of the whole
@@ -212,14 +213,31 @@ class Stage:
     def _wrap(self, module, make):
         wrap_forward(module, self._forwards, make)
 
+    def _wrap_method(self, module, name, hooks):
+        def make(old):
+            @functools.wraps(old)
+            def method(*args, **kwargs):
+                for hook in hooks:
+                    cut = hook(None, args, kwargs)
+                    if cut is not None:
+                        args, kwargs = cut
+                return old(*args, **kwargs)
+            return method
+        wrap_forward(module, self._forwards, make, name=name)
+
     def _install(self):
         mods = dict(self.model.named_modules())
-        for path, actions in self.fplan.sequence.items():
-            if path == "":
+        for key, actions in self.fplan.sequence.items():
+            if key == "":
                 continue
-            if path not in mods:
-                raise KeyError(f"{self.fplan.family} plan names module {path!r}, which the model lacks "
-                               f"(PipeFusion takes exact module paths, not patterns or methods)")
+            path, _, method = key.partition(":")
+            if path not in mods or (method and not callable(getattr(mods[path], method, None))):
+                raise KeyError(f"{self.fplan.family} plan names {key!r}, which the model lacks (PipeFusion takes "
+                               f"exact module paths or 'path:method', not patterns)")
+            if method:  # a method whose inputs carry the image sequence (ComfyUI's forward_orig): cut them there
+                cuts = [self._cut_input(a) for a in actions if isinstance(a, SplitInput) and not a.text]
+                self._wrap_method(mods[path], method, cuts)
+                continue
             for a in actions:
                 if isinstance(a, SplitOutput):
                     self._handles.append(mods[path].register_forward_hook(self._cut_output(a.dim)))
@@ -321,67 +339,73 @@ class Stage:
 
     # ---- blocks ----
     def _block(self, j, spec):
-        nxt = self.blocks[self.stop][2] if self.stop < len(self.blocks) else None
-
+        """Block j's wrapper. The message between stages s and s+1 is what stage s's last block returns: stage
+        s+1 runs that block as a pass-through and returns the received tensors in its place, so whatever the model
+        does between two blocks (Flux joins text and image into one stream after its double blocks, ControlNet adds
+        its residuals) runs on the receiving stage exactly as in the serial forward. A cancelled or skipped
+        forward passes its streams through this stage's own blocks too and forwards the flag from its last one."""
         def make(old):
             where = _locators(old, spec.streams)
-            names = [n for n, _ in where]
-            nxt_names = [st if isinstance(st, str) else st[0] for st in nxt.streams] if nxt is not None else None
 
-            def streams(args, kwargs) -> tuple:
-                """({name: value}, {name: where it sits in the call}) of this block's streams."""
-                got, at = {}, {}
+            def passed(args, kwargs) -> tuple:
+                """This block's streams as it would return them had it computed nothing."""
+                got = {}
                 for n, pos in where:
-                    got[n], at[n] = _arg(args, kwargs, n, pos)
+                    got[n], _ = _arg(args, kwargs, n, pos)
                     if got[n] is None:
                         raise RuntimeError(f"{self.fplan.family} block {j}: stream {n!r} not among its arguments")
-                return got, at
+                return tuple(got[n] for n in spec.returns)
+
+            def stop_here():
+                if self.run.cancel:
+                    raise PipelineCancelled("cancelled")
+                if self.run.skip:
+                    raise _StageSkipped
+
+            def result(outs):
+                return outs if len(outs) > 1 else outs[0]
 
             @functools.wraps(old)
             def forward(*args, **kwargs):
-                if j < self.start:  # an earlier stage's block: pass the streams through
-                    got, _ = streams(args, kwargs)
-                    outs = tuple(got[n] for n in spec.returns)
-                    return outs if len(outs) > 1 else outs[0]
-                if j == self.start:
-                    got, at = streams(args, kwargs)
-                    if not self.first:
-                        got = self._receive(got, names)
-                        for n in names:
-                            args, kwargs = _set_arg(args, kwargs, at[n], got[n])
-                    if self.run.cancel:
-                        if not self.last:
-                            self._send(got, names, flag=_FLAG_CANCEL)
-                        raise PipelineCancelled("cancelled")
-                    if self.run.skip:
-                        if not self.last:
-                            self._send(got, names, flag=_FLAG_SKIP)
-                        raise _StageSkipped
+                run = self.run
+                if j < self.start:  # an earlier stage's block
+                    outs = passed(args, kwargs)
+                    if j == self.start - 1:  # the previous stage's last block: its output comes from that stage
+                        outs = self._receive(outs)
+                        if self.last:
+                            stop_here()
+                    return result(outs)
+                if j == self.start and self.first and self.last:
+                    stop_here()
+                if run.cancel or run.skip:  # pass through; the last own block tells the next stage
+                    outs = passed(args, kwargs)
+                    if j == self.stop - 1:
+                        self._send(outs, flag=_FLAG_CANCEL if run.cancel else _FLAG_SKIP)
+                        stop_here()
+                    return result(outs)
                 out = old(*args, **kwargs)
                 if j == self.stop - 1 and not self.last:
-                    got = dict(zip(spec.returns, out if isinstance(out, tuple) else (out,)))
-                    self._send(got, nxt_names, flag=_FLAG_NONE)
+                    self._send(out if isinstance(out, tuple) else (out,), flag=_FLAG_NONE)
                     raise _StageDone
                 return out
             return forward
         return make
 
-    def _receive(self, current: dict, names) -> dict:
-        """The streams of the previous stage, in the shapes of `current` (this block's own arguments)."""
-        like = [current[n] for n in names]
+    def _receive(self, like: tuple) -> tuple:
+        """The previous stage's last block's output, in the shapes of `like` (that block passed through here)."""
         buf = torch.empty(sum(t.numel() for t in like) + 1, dtype=like[0].dtype, device=like[0].device)
         buf = self.channel.wait(self.channel.recv(buf, self.index - 1, TAG_ACT), "activations from the previous stage")
         flag = float(buf[-1])
         self.run.cancel = self.run.cancel or flag == _FLAG_CANCEL
         self.run.skip = flag == _FLAG_SKIP
-        off, out = 0, {}
-        for n, t in zip(names, like):
-            out[n] = buf[off:off + t.numel()].view(t.shape)
+        off, out = 0, []
+        for t in like:
+            out.append(buf[off:off + t.numel()].view(t.shape))
             off += t.numel()
-        return out
+        return tuple(out)
 
-    def _send(self, tensors: dict, streams, flag: float):
-        parts = [tensors[n].reshape(-1) for n in streams]
+    def _send(self, tensors: tuple, flag: float):
+        parts = [t.reshape(-1) for t in tensors]
         flag = parts[0].new_full((1,), flag)
         self.channel.send(torch.cat(parts + [flag]), self.index + 1, TAG_ACT, "pp_activations")
 

@@ -11,27 +11,12 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
-import torch.distributed as dist
 
 from ..comm import all_gather_uneven, split_sizes
 from ..config import ConfigError
-from ..context import AxisGroup
+from ..context import world_axis  # noqa: F401  (re-exported)
 from .native import gather_rows
 from .plan import build_plan, swapped
-
-
-def world_axis(ctx) -> AxisGroup:
-    """An AxisGroup over every rank of the context's world.
-
-    The VAE decode runs after sampling, when the sp/cfg/dp split of the
-    denoiser no longer matters: the pool decodes on all ranks at once. The
-    mesh axes each cover only part of the world unless the config has a single
-    non-trivial axis, so this builds the whole-world view on the default group
-    (no new_group, no collective) and shares the context's comm counters.
-    """
-    n = ctx.world_size
-    group = dist.group.WORLD if n > 1 else None
-    return AxisGroup("world", ctx.rank, n, list(range(n)), group, ctx.stats)
 
 
 def max_patch_degree(latent_height: int, min_rows: int = 1) -> int:

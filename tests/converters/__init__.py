@@ -1,7 +1,8 @@
-"""ComfyUI checkpoints -> diffusers models (pure torch + diffusers, never imports ComfyUI).
+"""ComfyUI checkpoints -> diffusers models (pure torch + diffusers, never imports ComfyUI): test references.
 
-The pack's nodes receive ComfyUI MODEL / VAE objects; the workers rebuild the same network as a
-diffusers model. `convert(family, comfy_state_dict)` gives everything a worker needs to do that
+The pack runs ComfyUI's own modules everywhere; these converters (once the nodes' diffusers path) now only let
+the tests check the diffusers library API (parallelize a diffusers transformer, the diffusers Patch VAE Decode)
+against ComfyUI's forward on the same weights. `convert(family, comfy_state_dict)` gives everything a worker needs to do that
 without hub access: the diffusers class name, a config inferred from the weights' shapes (the
 few constants that shapes cannot tell are shipped in the family modules), and the state dict in
 diffusers' layout (diffusers' own single-file converters where they exist). Each family module
@@ -21,7 +22,7 @@ from . import flux, pixart, sd3, vae, wan
 from ._util import CheckpointError, strip_prefix
 
 __all__ = ["FAMILIES", "CheckpointError", "build_model", "convert", "detect_family", "family_module",
-           "flux", "pixart", "sd3", "vae", "wan"]
+           "flux", "pixart", "sd3", "to_diffusers", "vae", "wan"]
 
 FAMILIES = ("flux", "sd3", "pixart", "wan", "vae_kl", "vae_wan", "vae_taesd")
 
@@ -101,3 +102,9 @@ def build_model(class_name: str, config: dict, state_dict: Mapping[str, torch.Te
     if dtype is not None and dtype != torch.float32:  # built in float32; load_state_dict already cast
         model = model.to(dtype)
     return model.eval()
+
+
+def to_diffusers(module: torch.nn.Module, family: str):
+    """(family, diffusers config, diffusers state dict) of a ComfyUI module's weights."""
+    _class_name, config, dsd = convert(family, {k: v.detach() for k, v in module.state_dict().items()})
+    return family, config, dsd
