@@ -23,9 +23,10 @@ SUPPORTED_SAMPLERS = ("euler", "dpmpp_2m")
 class Captured(Exception):
     """Raised by the proxy in capture mode: carries one call's diffusers inputs; nothing was computed."""
 
-    def __init__(self, inputs: dict, cond_or_uncond: list, x_shape):
+    def __init__(self, inputs: dict, cond_or_uncond: list, x: torch.Tensor):
         super().__init__("captured")
-        self.inputs, self.cond_or_uncond, self.x_shape = inputs, cond_or_uncond, x_shape
+        self.inputs, self.cond_or_uncond, self.x_shape = inputs, cond_or_uncond, x.shape
+        self.x = x  # the model's input: the scaled latent, then ComfyUI's concat conditioning (image to video)
 
 
 def uses_loop_mode(hp) -> bool:
@@ -104,6 +105,9 @@ def make_loop_sampler(runtime, hp, state: dict, sampler_name: str, cfg: float, m
                 raise ValueError(f"PipeFusion needs an even latent height and width, got {tuple(x.shape[-2:])}: "
                                  "use an image size that is a multiple of 16")
         inputs = {k: v for k, v in cap.inputs.items() if k not in ("hidden_states", "timestep", "return_dict")}
+        if cap.x_shape[1] > x.shape[1]:  # ComfyUI joined its concat conditioning (Wan image to video) to the latent:
+            # the same every step, so it travels once and the workers join it to theirs before each model call
+            inputs["c_concat"] = cap.x[:, x.shape[1]:].contiguous()
         inputs, has_uncond = _cond_uncond_order(inputs, cap.cond_or_uncond, x.shape[0])
         if family == "pixart":
             ts = [float(model_sampling.timestep(s.reshape(1)).item()) for s in sigmas.float().cpu()]

@@ -98,7 +98,7 @@ class PoolDiffusionModel(torch.nn.Module):
                 raise NotCarried(f"loop mode cannot carry {sorted(structure)} (reference latents) yet; "
                                  f"set Parallel Config's sampling_mode to step (or use Parallel Model)")
             self._ensure_resident()
-            raise Captured(cond, list((transformer_options or {}).get("cond_or_uncond") or [0]), x.shape)
+            raise Captured(cond, list((transformer_options or {}).get("cond_or_uncond") or [0]), x)
         return self._native_forward(x, timestep, context, transformer_options, extra)
 
 

@@ -54,6 +54,18 @@ class Resident:
         return _tensor_bytes(self.model, on_device=True)
 
 
+def _joining_concat(native_call):
+    """ComfyUI's model call in loop mode: a `c_concat` input (ComfyUI's concat conditioning, Wan image to video) is
+    joined to the latent's channels before the call, as ComfyUI's BaseModel does before its diffusion model."""
+    def call(model, kw):
+        concat = kw.get("c_concat")
+        if concat is not None:
+            kw = {k: v for k, v in kw.items() if k != "c_concat"}
+            kw["x"] = torch.cat([kw["x"], concat.to(kw["x"].dtype)], dim=1)
+        return native_call(model, kw)
+    return call
+
+
 def _convention(spec: dict, sigmas: torch.Tensor):
     from .pipefusion import eps, flow
     if spec["kind"] == "flow":
@@ -319,8 +331,8 @@ class Engine:
         sigmas = sigmas.float().cpu()
         conv = _convention(convention, sigmas)
         if ctx.config.pp_degree > 1:
-            native = {} if r.native_call is None else dict(native_call=r.native_call, dtype=r.compute_dtype,
-                                                           timestep_dtype=torch.float32)
+            native = {} if r.native_call is None else dict(native_call=_joining_concat(r.native_call),
+                                                           dtype=r.compute_dtype, timestep_dtype=torch.float32)
             with torch.no_grad():
                 return run_pipefusion_loop(r.model, ctx, inputs, sigmas, noise, convention=conv, sampler=sampler,
                                            cfg_scale=cfg_scale, callback=lambda i, n: callback(i, n, None),
@@ -339,7 +351,7 @@ class Engine:
 
         loop_kw = {}  # a diffusers model (library API): the latent in its own layout, its weights' dtype
         if r.native_call is not None:  # ComfyUI's own model: ComfyUI's latent layout in and out, fp32 timestep
-            call = r.native_call
+            call = _joining_concat(r.native_call)
             loop_kw = dict(forward=lambda h, t, kw: call(r.model, {**kw, "x": h, "timestep": t}),
                            dtype=r.compute_dtype, timestep_dtype=torch.float32)
         if cache_spec is not None:

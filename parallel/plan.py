@@ -102,8 +102,9 @@ class BlockList:
 @dataclass(frozen=True)
 class PipelinePlan:
     """PipeFusion: the block lists in execution order, and the latent layout the model takes: "image" =
-    (B, C, H, W) patchified by the model (patch size from its config or `patch_size` attribute), "tokens" =
-    (B, N, C) packed tokens with row-major `img_ids`."""
+    (B, C, H, W) patchified by the model (patch size from its config or `patch_size` attribute), "video" =
+    (B, C, T, H, W) patchified (1, ph, pw) into (frame, row, col)-ordered tokens (`patch_size` attribute), "tokens"
+    = (B, N, C) packed tokens with row-major `img_ids`."""
     blocks: tuple
     latent: str
 

@@ -20,11 +20,13 @@ W, H, FRAMES = 104, 72, 5
 def i2v_model(server):
     from comfyui_hybrid_parallel.doctor import tiny_checkpoints as tiny
     name = "tiny_wan22_i2v.safetensors"
-    tiny.write_wan(server.base / "models" / "diffusion_models" / name, dim=256, ffn_dim=256, seed=17, in_dim=36)
+    tiny.write_wan(server.base / "models" / "diffusion_models" / name, dim=256, ffn_dim=256, seed=17, in_dim=36,
+                   num_layers=2)  # two blocks: two PipeFusion stages
     return name
 
 
-def _graph(model_name, tag, degrees=None, node="model"):
+def _graph(model_name, tag, degrees=None, node="model", size=(W, H)):
+    W, H = size
     g = workflow(None, tag, W, H, family="wan", length=FRAMES)
     for k in ("5", "7", "8", "10", "11", "4"):
         g.pop(k, None)
@@ -51,5 +53,25 @@ def test_wan_image_to_video_equals_ksampler(server, i2v_model):
         tag = f"i2v_{name}"
         assert_ok(server, server.run(_graph(i2v_model, tag, degrees, node)))
         err = rel(latent(server, tag), ref)
+        print(f"Wan I2V {name}: latent relative error vs KSampler {err:.2e}")
+        assert err <= 1e-4, (name, err)
+
+
+def test_wan_image_to_video_in_loop_mode_and_pipefusion(server, i2v_model):
+    """Loop mode and PipeFusion run the sampler in the workers, so ComfyUI's concat latent + mask (which it joins to
+    x before each model call) travels once with the conditioning and the workers join it to their latent before
+    each call: Hybrid Sampler ulysses 2 in loop mode on the odd latent, and PipeFusion pp2 (warmup = all steps:
+    the exact schedule) with cfg in the pipeline and with cfg 2 on an even one, vs KSampler."""
+    even = (112, 80)
+    assert_ok(server, server.run(_graph(i2v_model, "i2v_ref")))
+    assert_ok(server, server.run(_graph(i2v_model, "i2v_ref_even", size=even)))
+    refs = {"odd": latent(server, "i2v_ref"), "even": latent(server, "i2v_ref_even")}
+    cases = [("u2_loop", {"ulysses_degree": 2, "sampling_mode": "loop"}, "odd"),
+             ("pp2", {"pp_degree": 2, "num_pipeline_patch": 2, "warmup_steps": 3}, "even"),
+             ("pp2_cfg2", {"pp_degree": 2, "cfg_degree": 2, "num_pipeline_patch": 3, "warmup_steps": 3}, "even")]
+    for name, degrees, which in cases:
+        tag = f"i2v_{name}"
+        assert_ok(server, server.run(_graph(i2v_model, tag, degrees, "sampler", size=(W, H) if which == "odd" else even)))
+        err = rel(latent(server, tag), refs[which])
         print(f"Wan I2V {name}: latent relative error vs KSampler {err:.2e}")
         assert err <= 1e-4, (name, err)

@@ -164,16 +164,27 @@ def test_an_unchecked_subclass_of_a_supported_class_does_not_inherit_its_plan(co
 
 
 def test_pipefusion_on_a_family_without_stages_refused_before_workers(comfy, tmp_path):
-    """Wan declares no PipeFusion stages for ComfyUI's model (its tokens are (frame, row, col) patches): pp_degree 2
-    is refused with that reason before any worker starts, fp8 or not."""
+    """Wan VACE declares no PipeFusion stages (its hint blocks run beside the blocks on the control tokens): pp_degree
+    2 is refused with that reason before any worker starts, fp8 or not; Wan itself passes the same check."""
     import comfy.sd
     from comfyui_hybrid_parallel.doctor import tiny_checkpoints as tc
-    path = tmp_path / "wan.safetensors"
-    tc.write_wan(path, seed=32)
+    from comfyui_hybrid_parallel.nodes.native import check_declared
+    from comfyui_hybrid_parallel.parallel import ParallelConfig
+    path = tmp_path / "wan_vace.safetensors"
+    tc.write_wan(path, seed=32, model_type="vace")
     for dtype in (None, torch.float8_e4m3fn):
         model = comfy.sd.load_diffusion_model(str(path), model_options={} if dtype is None else {"dtype": dtype})
-        _refused(model, r"PipeFusion \(pp_degree=2\) is not available for Wan 2.1/2.2: Wan's tokens.*ulysses",
-                 latent=(1, 16, 2, 8, 8), pp_degree=2, num_pipeline_patch=2)
+        _refused(model, r"PipeFusion \(pp_degree=2\) is not available for Wan 2.1 VACE: PipeFusion is not declared "
+                        r"for Wan VACE's hint blocks; use ulysses", latent=(1, 16, 2, 8, 8), pp_degree=2,
+                 num_pipeline_patch=2)
+    tc.write_wan(tmp_path / "wan.safetensors", seed=33, num_layers=2)
+    wan = comfy.sd.load_diffusion_model(str(tmp_path / "wan.safetensors"))
+    check_declared(wan.model.diffusion_model, ParallelConfig(pp_degree=2))
+    # a video latent's token rows run through every frame: 2 frames x 4 rows here
+    _refused(wan, "num_pipeline_patch=9 but the image has only 8 token rows", latent=(1, 16, 2, 8, 8), pp_degree=2,
+             num_pipeline_patch=9)
+    _refused(wan, r"latent 8x7 is not a multiple of the patch size 2x2", latent=(1, 16, 2, 8, 7), pp_degree=2,
+             num_pipeline_patch=2)
 
 
 def test_tp_degree_the_model_cannot_split_refused_before_workers(comfy):

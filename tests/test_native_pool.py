@@ -54,6 +54,7 @@ def _scaled_fp8(sd: dict) -> dict:
 _CKPT_ARGS = {
     "sd3": lambda tc, p: tc.write_sd3(p, depth=2, pos_embed_max_size=32, seed=21),
     "wan": lambda tc, p: tc.write_wan(p, dim=256, ffn_dim=256, seed=22),
+    "wan2": lambda tc, p: tc.write_wan(p, dim=256, ffn_dim=256, num_layers=2, seed=23),  # two PipeFusion stages
     "pixart": lambda tc, p: tc.write_pixart(p, depth=2, seed=23),  # two blocks: one per PipeFusion stage
     # ComfyUI fixes Flux.1's width at 3072: one block of each kind is 531M parameters (tested in fp8 here)
     "flux": lambda tc, p: tc.write_flux(p, guidance=True, seed=24),
@@ -314,9 +315,10 @@ def _emulated_pipefusion(family, base, inp, sigmas, noise, cfg_scale, patches, w
     import comfy.ldm.modules.attention as attention
     import comfy.ldm.modules.diffusionmodules.mmdit as mmdit
     import comfy.ldm.pixart.blocks as pixart_blocks
+    import comfy.ldm.wan.model as wan_model
     from comfyui_hybrid_parallel.parallel.pipefusion import run_pipefusion_loop
-    monkeypatch.setattr({"pixart": pixart_blocks, "flux": flux_math}.get(family, mmdit), "optimized_attention",
-                        attention.attention_pytorch)
+    monkeypatch.setattr({"pixart": pixart_blocks, "flux": flux_math, "wan": wan_model}.get(family, mmdit),
+                        "optimized_attention", attention.attention_pytorch)
     dm = base.diffusion_model
     cond = {k: v for k, v in inp.items() if k not in ("x", "timestep")}
     call = lambda m, kw: m(kw.pop("x"), kw.pop("timestep"), transformer_options={}, **kw)  # noqa: E731
@@ -332,10 +334,11 @@ def _emulated_pipefusion(family, base, inp, sigmas, noise, cfg_scale, patches, w
 @pytest.mark.parametrize("degrees", [dict(pp_degree=2, num_pipeline_patch=2), dict(pp_degree=2, num_pipeline_patch=3,
                                                                                   ulysses_degree=2)],
                          ids=["pp2", "pp2u2"])
-@pytest.mark.parametrize("family", ["sd3", "pixart", "flux"])
+@pytest.mark.parametrize("family", ["sd3", "pixart", "flux", "wan"])
 def test_native_pipefusion_loop(comfy, pool, degrees, family, monkeypatch):
-    """PipeFusion on ComfyUI's own SD3, PixArt (fp32 and fp8 weights) and Flux (fp8; its two stages meet where the
-    double blocks end and the single stream begins): each stage holds its blocks, the
+    """PipeFusion on ComfyUI's own SD3, PixArt (fp32 and fp8 weights), Flux (fp8; its two stages meet where the
+    double blocks end and the single stream begins) and Wan (fp32, fp8; a 2-frame video latent whose patches are
+    one frame's rows each, or bands across the frame boundary with 3 patches): each stage holds its blocks, the
     latent's token rows flow through the stages in patches. Warmup = all steps is the exact schedule (equal
     to the serial loop, ≤ 1e-5); warmup 1 uses stale K/V of the other patches: it differs from the serial
     loop (measured) and equals the one-device emulation of that schedule (≤ 1e-5)."""
@@ -343,7 +346,7 @@ def test_native_pipefusion_loop(comfy, pool, degrees, family, monkeypatch):
     steps = 3
     sigmas = torch.linspace(1.0, 0.0, steps + 1)
     for precision in ("fp32", "fp8_e4m3fn") if family != "flux" else ("fp8_e4m3fn",):
-        base = load_model(comfy, family, precision).model
+        base = load_model(comfy, "wan2" if family == "wan" else family, precision).model
         g = torch.Generator().manual_seed(404)
         inp = inputs(family, base, seed=405, batch=2, odd=False)  # [cond, uncond] halves for CFG in the pipeline
         noise = torch.randn(1, *inp["x"].shape[1:], generator=g)

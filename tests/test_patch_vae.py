@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from comfyui_hybrid_parallel.parallel import ConfigError, ParallelConfig
 from comfyui_hybrid_parallel.parallel.comm import all_gather_uneven, split_sizes
 from comfyui_hybrid_parallel.parallel.vae import PatchConv, PatchGroupNorm, patch_decode, world_axis
+from comfyui_hybrid_parallel.parallel.vae.patch_ops import PaddedConv
 from comfyui_hybrid_parallel.parallel.vae.decode import _unscale
 from dist_harness import context_for
 
@@ -209,6 +210,19 @@ def _ops_body(n, seed):
             y = PatchConv(conv, ax, block_size=bs)(mine)
         got = all_gather_uneven(y, dim=2, ax=ax)
         out[f"conv{bs}"] = _rel(got, ref.detach())
+    # a module that pads its own input and convolves without padding (ComfyUI's VideoConv3d: replicate; reflect too)
+    video = torch.randn(1, 8, 3, 23, 7, generator=g) + torch.arange(23).view(1, 1, 1, 23, 1) * 0.5
+    vmine = video.narrow(3, start, sizes[ax.rank])
+    for mode, pad in (("replicate", (1, 1, 1, 1, 2, 0)), ("reflect", (1, 1, 1, 1, 0, 0))):
+        padded = nn.Module()
+        padded.conv = nn.Conv3d(8, 5, 3)
+        with torch.no_grad():
+            ref = padded.conv(F.pad(video, pad, mode=mode))
+            for bs in (None, 3):
+                y = PaddedConv(padded, ax, pad, mode, block_size=bs).forward(vmine)
+                out[f"{mode}{bs}"] = _rel(all_gather_uneven(y, dim=3, ax=ax), ref)
+            y = PaddedConv(padded, ax, pad, "constant").forward(vmine)  # zero rows at the borders: they differ
+            out[f"{mode}_zero_borders_differ"] = 0.0 if _rel(all_gather_uneven(y, dim=3, ax=ax), ref) > 1e-3 else 1.0
     norm = nn.GroupNorm(4, 8)
     with torch.no_grad():
         norm.weight.normal_(generator=g)

@@ -73,6 +73,74 @@ def vaes(comfy, tmp_path_factory):
     return out
 
 
+# HunyuanVideo 1.0's VAE as ComfyUI's detection builds it (comfy/sd.py: "decoder.conv_in.conv.weight", z 16)
+HV10_DDCONFIG = {"double_z": True, "z_channels": 16, "resolution": 256, "in_channels": 3, "out_ch": 3, "ch": 128,
+                 "ch_mult": [1, 2, 4, 4], "num_res_blocks": 2, "attn_resolutions": [], "dropout": 0.0, "conv3d": True,
+                 "time_compress": 4}
+
+
+@pytest.fixture(scope="module")
+def hunyuan10(comfy):
+    """HunyuanVideo 1.0's 3-D KL VAE with random weights (its detection fixes the 128-wide, 4-level layout: 246M
+    parameters), built by ComfyUI's VAE from the state dict as VAELoader does."""
+    import comfy.sd
+    from comfy.ldm.models.autoencoder import AutoencoderKL
+
+    from comfyui_hybrid_parallel.doctor.tiny_checkpoints import _random_state_dict
+    with torch.device("meta"):
+        model = AutoencoderKL(ddconfig=HV10_DDCONFIG, embed_dim=16)
+    sd = {k: v for k, v in _random_state_dict(model, 60, torch.float32).items() if not k.startswith("encoder.")}
+    vae = comfy.sd.VAE(sd=sd)
+    assert type(vae.first_stage_model.decoder.conv_in).__name__ == "VideoConv3d"
+    return vae
+
+
+def test_hunyuan_video_10_vae_replicate_padding(hunyuan10, runtime):
+    """HunyuanVideo 1.0's 3-D KL decoder: every 3x3x3 conv pads by replicating rows (and frames in front), so a band
+    gets its neighbours' rows at inner borders and repeats its own edge row only at the image's true top and bottom;
+    the mid attention spans every frame's pixels (keys and values gathered over all ranks). 2 ranks, an odd latent
+    height (tests/test_patch_vae.py checks the padded-conv stand-in alone, replicate and reflect)."""
+    latent = torch.randn(1, 16, 2, 5, 4, generator=torch.Generator().manual_seed(61))
+    ref = _vae_decode(hunyuan10, latent)
+    (got,) = _node(runtime).decode({"samples": latent}, hunyuan10, _hp(2))
+    err = _rel(got, ref)
+    print(f"Patch VAE Decode HunyuanVideo 1.0 {tuple(latent.shape)} over 2 ranks: rel {err:.2e}")
+    assert got.shape == ref.shape and err <= TOL, err
+    assert 0.05 < (ref < 1).float().mean().item()
+
+
+HV15_DDCONFIG = {"block_out_channels": [128, 256, 512, 1024, 1024], "in_channels": 3, "out_channels": 3,
+                 "num_res_blocks": 2, "ffactor_spatial": 16, "ffactor_temporal": 4, "downsample_match_channel": True,
+                 "upsample_match_channel": True, "z_channels": 32}
+
+
+@pytest.mark.slow  # detection fixes an 871M-parameter decoder (3.5 GB in fp32)
+def test_hunyuan_video_15_vae_prepadded_convs(comfy, runtime):
+    """HunyuanVideo 1.5's VAE: its 3x3x3 convs are padded by their caller (replicated rows, the previous 2-frame
+    chunk's last frames in front), the up stages run 2-frame chunks carrying conv inputs across them, the mid
+    attention spans every frame. 2 ranks, an odd latent height, 3 latent frames (two chunks after the first)."""
+    import comfy.sd
+    from comfy.ldm.models.autoencoder import AutoencodingEngine
+
+    from comfyui_hybrid_parallel.doctor.tiny_checkpoints import _random_state_dict
+    with torch.device("meta"):
+        model = AutoencodingEngine(
+            regularizer_config={"target": "comfy.ldm.models.autoencoder.EmptyRegularizer"},
+            encoder_config={"target": "comfy.ldm.hunyuan_video.vae_refiner.Encoder", "params": HV15_DDCONFIG},
+            decoder_config={"target": "comfy.ldm.hunyuan_video.vae_refiner.Decoder", "params": HV15_DDCONFIG})
+    sd = {f"decoder.{k}": v for k, v in _random_state_dict(model.decoder, 62, torch.float32).items()}
+    vae = comfy.sd.VAE(sd=sd)  # (detection reads decoder keys only; the encoder is not used by a decode)
+    del sd
+    assert type(vae.first_stage_model.decoder).__qualname__ == "Decoder" and vae.latent_channels == 32
+    latent = torch.randn(1, 32, 3, 5, 4, generator=torch.Generator().manual_seed(63))
+    ref = _vae_decode(vae, latent)
+    (got,) = _node(runtime).decode({"samples": latent}, vae, _hp(2))
+    err = _rel(got, ref)
+    print(f"Patch VAE Decode HunyuanVideo 1.5 {tuple(latent.shape)} over 2 ranks: rel {err:.2e}")
+    assert got.shape == ref.shape and err <= TOL, err
+    assert 0.05 < (ref < 1).float().mean().item()
+
+
 @pytest.fixture(scope="module")
 def runtime():
     from comfyui_hybrid_parallel.nodes.runtime import Runtime
@@ -161,26 +229,30 @@ def _refuse(first_stage_model, latent, ranks=2, **vae_attrs):
 
 
 def test_vaes_nobody_declared_are_refused_before_any_worker(comfy, vaes):
-    """HunyuanVideo 1.5's VAE (a KL engine with another decoder) and HunyuanVideo 1.0's 3-D KL decoder are refused
-    naming the class, why and VAE Decode; so are a latent of the wrong rank and one too short for the ranks. Nothing
-    starts a pool."""
+    """HunyuanImage 2.1's VAE (a KL engine with another decoder) and HunyuanVideo 1.5's non-refiner variant are
+    refused naming the class, why and VAE Decode; so are a latent of the wrong rank (an image latent for HunyuanVideo 1.0's VAE) and one too short for the ranks.
+    Nothing starts a pool."""
     from comfy.ldm.models.autoencoder import AutoencoderKL, AutoencodingEngine
     with torch.device("meta"):
-        hv15 = {"block_out_channels": [128, 256, 512, 1024, 1024], "in_channels": 3, "out_channels": 3,
-                "num_res_blocks": 2, "ffactor_spatial": 16, "ffactor_temporal": 4, "downsample_match_channel": True,
-                "upsample_match_channel": True, "refiner_vae": False, "z_channels": 32}
-        hunyuan15 = AutoencodingEngine(
+        hi21 = {"block_out_channels": [128, 256, 512, 512, 1024, 1024], "in_channels": 3, "out_channels": 3,
+                "num_res_blocks": 2, "ffactor_spatial": 32, "downsample_match_channel": True,
+                "upsample_match_channel": True, "z_channels": 64}
+        hunyuan_image = AutoencodingEngine(
+            regularizer_config={"target": "comfy.ldm.models.autoencoder.DiagonalGaussianRegularizer"},
+            encoder_config={"target": "comfy.ldm.hunyuan_video.vae.Encoder", "params": hi21},
+            decoder_config={"target": "comfy.ldm.hunyuan_video.vae.Decoder", "params": hi21})
+        hv15 = dict(HV15_DDCONFIG, refiner_vae=False)
+        hunyuan15_plain = AutoencodingEngine(
             regularizer_config={"target": "comfy.ldm.models.autoencoder.DiagonalGaussianRegularizer"},
             encoder_config={"target": "comfy.ldm.hunyuan_video.vae_refiner.Encoder", "params": hv15},
             decoder_config={"target": "comfy.ldm.hunyuan_video.vae_refiner.Decoder", "params": hv15})
-        dd3 = {"double_z": True, "z_channels": 16, "resolution": 256, "in_channels": 3, "out_ch": 3, "ch": 128,
-               "ch_mult": [1, 2, 4, 4], "num_res_blocks": 2, "attn_resolutions": [], "dropout": 0.0, "conv3d": True,
-               "time_compress": 4}
-        hunyuan10 = AutoencoderKL(ddconfig=dd3, embed_dim=16)
-    msg = _refuse(hunyuan15, torch.zeros(1, 32, 2, 4, 4))
-    assert "HunyuanVideo 1.5's decoder" in msg and "VAE Decode (Tiled)" in msg, msg
-    msg = _refuse(hunyuan10, torch.zeros(1, 16, 2, 4, 4))
-    assert "3-D KL decoder (HunyuanVideo 1.0)" in msg, msg
+        hunyuan10 = AutoencoderKL(ddconfig=HV10_DDCONFIG, embed_dim=16)
+    msg = _refuse(hunyuan_image, torch.zeros(1, 64, 4, 4))
+    assert "HunyuanImage 2.1's decoder" in msg and "VAE Decode (Tiled)" in msg, msg
+    msg = _refuse(hunyuan15_plain, torch.zeros(1, 32, 2, 4, 4))
+    assert "non-refiner variant" in msg, msg
+    msg = _refuse(hunyuan10, torch.zeros(1, 16, 4, 4))  # declared (KL3D): a video latent it needs
+    assert "HunyuanVideo 1.0's 3-D KL video VAE" in msg and "video (B, C, T, H, W)" in msg, msg
     msg = _refuse(vaes["wan22"].first_stage_model, torch.zeros(1, 48, 4, 4))
     assert "video (B, C, T, H, W)" in msg and "(1, 48, 4, 4)" in msg, msg
     msg = _refuse(vaes["kl16"].first_stage_model, torch.zeros(1, 16, 3, 8), ranks=4)
@@ -208,8 +280,9 @@ def test_every_written_refusal_names_a_class_of_this_comfyui(comfy):
     import importlib
 
     from comfyui_hybrid_parallel.parallel.vae.comfy_vaes import DECLARED, REFUSED
-    names = [n for key in REFUSED for n in key.split("/") if n != "3d"]
-    names += [n for v in DECLARED for n in (*v.classes, *v.row_local, *v.attention, *v.convs)]
+    names = [n for key in REFUSED for n in key.split("/")]
+    names += [n for v in DECLARED for n in (*v.classes, *v.row_local, *v.attention, *v.convs, *v.padded,
+                                                *v.prepadded)]
     for name in names:
         module, _, cls = name.rpartition(".")
         assert isinstance(getattr(importlib.import_module(module), cls, None), type), name

@@ -10,10 +10,10 @@ from dataclasses import replace
 
 from .adapter import FamilyAdapter
 from ..tp import Colwise, Divide, Rowwise, ShardedNorm
-from ..plan import Attention, FamilyPlan, GatherOutput, SplitInput, SplitOutput
+from ..plan import Attention, BlockList, FamilyPlan, GatherOutput, PipelinePlan, SplitInput, SplitOutput
 
-PIPELINE_REFUSAL = ("Wan's tokens are (frame, row, col)-flattened video patches, so a band of rows is not a contiguous "
-                      "token range; PipeFusion is not implemented for Wan: use ulysses_degree/ring_degree (USP) instead")
+PIPELINE_REFUSAL = ("PipeFusion is declared for ComfyUI's Wan (the nodes' path), not for diffusers' "
+                    "WanTransformer3DModel: use ulysses_degree/ring_degree (USP) with it")
 
 PLAN = FamilyPlan(
     family="wan",
@@ -65,7 +65,10 @@ COMFY_PLAN = FamilyPlan(
         "blocks.*.ffn.0": Colwise(), "blocks.*.ffn.2": Rowwise(),
     },
     heads_attr="num_heads",
-    pipeline_refusal=PIPELINE_REFUSAL,
+    # PipeFusion: the blocks take and return x; a patch is a band of token rows of the (frame, row)-stacked grid,
+    # i.e. whole rows of one frame or several (the "video" layout); the sequence entries above cut x, the RoPE rows
+    # and a per-frame modulation to it, and the head's output is scattered back before unpatchify
+    pipeline=PipelinePlan((BlockList("blocks", streams=(("x", 0),), returns=("x",)),), "video"),
     comfy=True,
 )
 
@@ -88,6 +91,7 @@ VACE_PLAN = replace(
                                 SplitInput("x", dim=1, only_full=True), SplitInput("freqs", dim=1, only_full=True)]},
     attention={**COMFY_PLAN.attention, "vace_blocks.*.self_attn": Attention(seam="comfy")},
     tp=None, tp_refusal="tensor parallel is not declared for Wan VACE's hint blocks; use ulysses/ring/cfg degrees",
+    pipeline=None, pipeline_refusal="PipeFusion is not declared for Wan VACE's hint blocks; use ulysses/ring/cfg degrees",
 )
 
 # Wan Fun Camera (ComfyUI's CameraWanModel, 2.1 and 2.2): the camera adapter's embedding is added to the patch
@@ -96,6 +100,7 @@ CAMERA_PLAN = replace(
     COMFY_PLAN, family="wan_camera", model_class="CameraWanModel",
     batch_inputs=COMFY_PLAN.batch_inputs + ("camera_conditions",),
     tp=None, tp_refusal="tensor parallel is not declared for Wan Fun Camera; use ulysses/ring/cfg degrees",
+    pipeline=None, pipeline_refusal="PipeFusion was not checked on Wan Fun Camera; use ulysses/ring/cfg degrees",
 )
 
 VARIANTS = (FamilyAdapter(family="wan_vace", title="Wan 2.1 VACE", comfy_plan=VACE_PLAN, plan=None),

@@ -101,7 +101,8 @@ def run_pipefusion_loop(transformer, ctx, inputs: dict, sigmas, noise: torch.Ten
                           "with the whole image; set warmup_steps to 1 or more")
     samp = get_sampler(sampler)
     check_cfg_batch(inputs, noise.shape[0], cfg_scale)
-    share, inputs, noise = share_batch(ctx, fplan.batch_inputs, inputs, noise, cfg_scale)
+    # c_concat: ComfyUI's concat conditioning, one batch entry per latent (joined to it before each model call)
+    share, inputs, noise = share_batch(ctx, tuple(fplan.batch_inputs) + ("c_concat",), inputs, noise, cfg_scale)
     if step_cache is not None and share.cfg_split:  # each pipeline holds one half: its own statistics
         step_cache = dataclasses.replace(step_cache, first=0, chunks=1)
     in_pipeline_cfg = None if share.cfg_split else cfg_scale  # CFG halves batched inside this pipeline

@@ -71,8 +71,11 @@ class Layout:
         return r0 * self.cols, r1 * self.cols
 
     def latent_rows(self, x: torch.Tensor, r0: int, r1: int) -> torch.Tensor:
+        """The latent rows of token rows [r0, r1): a view of `x` (the loop writes the sampler step through it)."""
         if self.kind == "image":
             return x.narrow(-2, r0 * self.unit, (r1 - r0) * self.unit)
+        if self.kind == "video":  # (B, C, T, H, W) as (B, C, T*H, W): token row t*(H/unit) + i is latent rows unit*i..
+            return x.view(*x.shape[:2], -1, x.shape[-1]).narrow(-2, r0 * self.unit, (r1 - r0) * self.unit)
         return x.narrow(1, r0 * self.cols, (r1 - r0) * self.cols)
 
 
@@ -88,6 +91,15 @@ def latent_layout(model, plan: PipelinePlan, x: torch.Tensor, inputs: dict, num_
             raise ConfigError(f"latent {H}x{W} is not a multiple of the patch size {ps}; pad or crop the latent "
                               f"to a multiple of {ps}")
         lay = Layout("image", H // ps, W // ps, ps)
+    elif plan.latent == "video":  # (frame, row, col)-flattened patches: token rows run through every frame's rows
+        pt, ph, pw = (int(v) for v in model.patch_size)
+        if x.ndim != 5:
+            raise ConfigError(f"{type(model).__name__} expects a (B, C, T, H, W) latent, got shape {tuple(x.shape)}")
+        T, H, W = x.shape[-3:]
+        if pt != 1 or H % ph or W % pw:
+            raise ConfigError(f"latent {H}x{W} is not a multiple of the patch size {ph}x{pw} (or the temporal patch "
+                              f"{pt} is not 1); use an image size that is a multiple of {8 * ph}")
+        lay = Layout("video", T * H // ph, W // pw, ph)
     else:
         ids = inputs.get("img_ids")
         if x.ndim != 3 or ids is None:
@@ -143,7 +155,7 @@ def pipeline_problems(model, fplan, config, latent_shape) -> list:
         if P > 1 and config.warmup_steps < 1:
             raise ConfigError("PipeFusion needs warmup_steps >= 1: the first step fills the stale KV buffers with "
                               "the whole image; set warmup_steps to 1 or more")
-        if pplan.latent != "image":
+        if pplan.latent == "tokens":
             return []  # packed tokens: the layout needs the model's img_ids, checked at run start
         layout = latent_layout(model, pplan, torch.empty(latent_shape, device="meta"), {}, P)
         sp = config.ulysses_degree * config.ring_degree

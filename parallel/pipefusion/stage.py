@@ -231,21 +231,24 @@ class Stage:
             if key == "":
                 continue
             path, _, method = key.partition(":")
-            if path not in mods or (method and not callable(getattr(mods[path], method, None))):
-                raise KeyError(f"{self.fplan.family} plan names {key!r}, which the model lacks (PipeFusion takes "
-                               f"exact module paths or 'path:method', not patterns)")
             if method:  # a method whose inputs carry the image sequence (ComfyUI's forward_orig): cut them there
+                if path not in mods or not callable(getattr(mods[path], method, None)):
+                    raise KeyError(f"{self.fplan.family} plan names method {key!r}, which the model lacks")
                 cuts = [self._cut_input(a) for a in actions if isinstance(a, SplitInput) and not a.text]
                 self._wrap_method(mods[path], method, cuts)
                 continue
-            for a in actions:
-                if isinstance(a, SplitOutput):
-                    self._handles.append(mods[path].register_forward_hook(self._cut_output(a.dim)))
-                elif isinstance(a, GatherOutput):
-                    self._handles.append(mods[path].register_forward_hook(self._scatter_output(a.dim)))
-                elif isinstance(a, SplitInput) and not a.text:  # before the block wrapper: every stage cuts its
-                    # input (a patch is a band of image rows; the text goes whole with every patch)
-                    self._handles.append(mods[path].register_forward_pre_hook(self._cut_input(a), with_kwargs=True))
+            targets = [m for p, m in mods.items() if p and path_matches(p, path)]
+            if not targets:
+                raise KeyError(f"{self.fplan.family} plan names module {path!r}, which the model lacks")
+            for mod in targets:
+                for a in actions:
+                    if isinstance(a, SplitOutput):
+                        self._handles.append(mod.register_forward_hook(self._cut_output(a.dim)))
+                    elif isinstance(a, GatherOutput):
+                        self._handles.append(mod.register_forward_hook(self._scatter_output(a.dim)))
+                    elif isinstance(a, SplitInput) and not a.text:  # before the block wrapper: every stage cuts its
+                        # input (a patch is a band of image rows; the text goes whole with every patch)
+                        self._handles.append(mod.register_forward_pre_hook(self._cut_input(a), with_kwargs=True))
         own = set()
         for j, (path, mod, spec) in enumerate(self.blocks):
             self._wrap(mod, self._block(j, spec))
@@ -299,8 +302,13 @@ class Stage:
             value, where = _arg(args, kwargs, spec.name, spec.position)
             if not isinstance(value, torch.Tensor) or (spec.only_ndim is not None and value.ndim != spec.only_ndim):
                 return None
-            if spec.only_full and value.shape[spec.dim % value.ndim] != self.run.n_tokens:
-                return None
+            d = spec.dim % value.ndim
+            if spec.only_full and value.shape[d] != self.run.n_tokens:
+                n = value.shape[d]
+                if not (spec.per_group and 1 < n < self.run.n_tokens and self.run.n_tokens % n == 0):
+                    return None  # broadcast (one entry for every token): whole on every patch
+                # one entry per equal group of tokens (Wan's per-frame modulation): per token, then this patch's
+                value = value.repeat_interleave(self.run.n_tokens // n, dim=d)
             return _set_arg(args, kwargs, where, self._cut(value, spec.dim))
         return hook
 

@@ -16,15 +16,19 @@ _WAN = "comfy.ldm.wan.vae"
 _WAN22 = "comfy.ldm.wan.vae2_2"
 
 
+def _is_3d(decoder) -> bool:
+    return qualname(getattr(decoder, "conv_in", None)).endswith("VideoConv3d")
+
+
 def _kl_problems(model) -> list:
-    """The KL decoder's 3-D variant (conv3d=True: VideoConv3d, replicate padding before each conv) is a different
-    decoder; a decoder returning its pre-output features or batching inside decode is not ComfyUI's VAE Decode."""
+    """The KL decoder's 3-D variant (conv3d=True: VideoConv3d, replicate padding before each conv) is KL3D's; a
+    decoder returning its pre-output features or batching inside decode is not ComfyUI's VAE Decode."""
     decoder = getattr(model, "decoder", None)
     out = []
     if qualname(decoder) != f"{_MODEL}.Decoder":
         out.append(f"its decoder is {qualname(decoder)}, not the KL Decoder")
-    elif qualname(getattr(decoder, "conv_in", None)).endswith("VideoConv3d"):
-        out.append("the 3-D KL decoder (VideoConv3d with replicate padding) is not split by rows yet")
+    elif _is_3d(decoder):
+        out.append("its decoder is the 3-D KL decoder (VideoConv3d)")
     if getattr(model, "max_batch_size", None) is not None:
         out.append("it decodes in sub-batches (max_batch_size)")
     return out
@@ -42,6 +46,60 @@ KL = ComfyVae(
     row_local=(f"{_MODEL}.Decoder", f"{_MODEL}.ResnetBlock", f"{_MODEL}.Upsample"),
     attention=(f"{_MODEL}.AttnBlock",),  # GroupNorm, 1x1 q/k/v, optimized_attention over the frame's h*w tokens
     check=_kl_problems,
+    decoder=f"{_MODEL}.Decoder",
+)
+
+def _kl3d_problems(model) -> list:
+    decoder = getattr(model, "decoder", None)
+    if qualname(decoder) != f"{_MODEL}.Decoder" or not _is_3d(decoder):
+        return ["its decoder is not the 3-D KL decoder"]
+    return [] if getattr(model, "max_batch_size", None) is None else ["it decodes in sub-batches (max_batch_size)"]
+
+
+KL3D = ComfyVae(
+    title="HunyuanVideo 1.0's 3-D KL video VAE",
+    classes=("comfy.ldm.models.autoencoder.AutoencoderKL",),
+    parts=("post_quant_conv", "decoder"),
+    # the KL Decoder with conv3d=True: every 3x3x3 conv is a VideoConv3d (replicate F.pad in space, replicate in
+    # front in time, then a Conv3d without padding); 1x1x1 convs (shortcuts, the mid attention's q/k/v) pad nothing;
+    # Upsample: nearest x2 in space (and in time after the first frame on the time-compressed levels) then a
+    # VideoConv3d; the mid AttnBlock attends over every frame's pixels at once (gathered K/V over all rows)
+    row_local=(f"{_MODEL}.Decoder", f"{_MODEL}.ResnetBlock", f"{_MODEL}.Upsample"),
+    attention=(f"{_MODEL}.AttnBlock",),
+    padded=(f"{_MODEL}.VideoConv3d",),
+    dims=5,
+    check=_kl3d_problems,
+    decoder=f"{_MODEL}.Decoder",
+)
+
+_HV15 = "comfy.ldm.hunyuan_video.vae_refiner"
+
+
+def _hv15_problems(model) -> list:
+    decoder = getattr(model, "decoder", None)
+    if qualname(decoder) != f"{_HV15}.Decoder":
+        return ["its decoder is not HunyuanVideo 1.5's"]
+    return [] if getattr(decoder, "refiner_vae", False) else ["its non-refiner variant (GroupNorm, zero-padded Conv3d: "
+                                                              "HunyuanImage 2.1's refiner) was not checked against VAE "
+                                                              "Decode yet"]
+
+
+HV15 = ComfyVae(
+    title="HunyuanVideo 1.5's video VAE",
+    classes=("comfy.ldm.models.autoencoder.AutoencodingEngine",),
+    parts=("decoder",),
+    # Decoder (refiner_vae): conv_in + channel-repeated z, mid (resnet, AttnBlock over every frame's pixels with
+    # RMS_norm and 1x1 Conv3d q/k/v, resnet), then 2-frame chunks through the up stages: HunyuanRefinerResnetBlocks
+    # (RMS_norm over channels, SiLU, NoPadConv3d), UpSmpl (NoPadConv3d, channels into 2x2 pixel blocks - rows in
+    # order - and frames, the first frame apart), RMS_norm, SiLU, conv_out. Every 3x3x3 NoPadConv3d is called through
+    # conv_carry_causal_3d, which pads the band it is given by replicating rows (and prepends the previous chunk's
+    # last 2 frames of this rank's rows, or replicated frames): PrepaddedConv swaps the padded rows at inner borders
+    row_local=(f"{_HV15}.Decoder", f"{_HV15}.HunyuanRefinerResnetBlock", f"{_HV15}.UpSmpl", f"{_HV15}.RMS_norm"),
+    attention=(f"{_MODEL}.AttnBlock",),
+    prepadded=(f"{_HV15}.NoPadConv3d",),
+    dims=5,
+    check=_hv15_problems,
+    decoder=f"{_HV15}.Decoder",
 )
 
 TAESD = ComfyVae(
@@ -100,18 +158,13 @@ TAEHV = ComfyVae(
     dims=5,
 )
 
-DECLARED = (KL, TAESD, WAN21, WAN22, TAEHV)
+DECLARED = (KL, KL3D, HV15, TAESD, WAN21, WAN22, TAEHV)
 
 # Read and refused, with the reason (what an entry would need). Keys: the first_stage_model class, or
 # "class/decoder class" where one class hosts several decoders.
 _PAD = ("its convolutions pad the image border by repeating (replicate) or mirroring (reflect) rows, which a band's "
         "halo must reproduce only at the true top and bottom: not split yet")
 REFUSED = {
-    "comfy.ldm.models.autoencoder.AutoencoderKL/3d": "the 3-D KL decoder (HunyuanVideo 1.0) pads with replicated "
-    "rows before each conv and its mid attention spans every frame: not split yet",
-    "comfy.ldm.models.autoencoder.AutoencodingEngine/comfy.ldm.hunyuan_video.vae_refiner.Decoder": "HunyuanVideo "
-    "1.5's decoder carries convolution inputs across 2-frame chunks with replicate padding and attends over every "
-    "frame's pixels at once: not split yet",
     "comfy.ldm.models.autoencoder.AutoencodingEngine/comfy.ldm.hunyuan_video.vae.Decoder": "HunyuanImage 2.1's decoder "
     "(32x, pixel un-shuffle upsampling) was not read for a row split yet",
     "comfy.ldm.models.autoencoder.AutoencodingEngine/comfy.ldm.modules.temporal_ae.VideoDecoder": "SVD's temporal "
@@ -132,16 +185,14 @@ def refusal(model) -> str | None:
     """The written reason this first_stage_model is not split, if it is one of those read and refused."""
     name = qualname(model)
     decoder = getattr(model, "decoder", None)
-    if name.endswith("AutoencoderKL") and qualname(getattr(decoder, "conv_in", None)).endswith("VideoConv3d"):
-        return REFUSED[f"{name}/3d"]
     return REFUSED.get(f"{name}/{qualname(decoder)}") or REFUSED.get(name)
 
 
 def comfy_vae_for(model) -> ComfyVae | None:
-    """The declaration covering this first_stage_model's exact class - the first whose own check passes where one
-    class hosts several decoders (AutoencodingEngine) - or None."""
-    name = qualname(model)
-    found = [v for v in DECLARED if name in v.classes]
+    """The declaration covering this first_stage_model's exact class and decoder class - the first whose own check
+    passes where several do (the 2-D and 3-D KL decoders) - or None."""
+    name, decoder = qualname(model), qualname(getattr(model, "decoder", None))
+    found = [v for v in DECLARED if name in v.classes and v.decoder in ("", decoder)]
     return next((v for v in found if v.check is None or not v.check(model)), found[0] if found else None)
 
 

@@ -28,7 +28,7 @@ import torch.nn as nn
 
 from ..comm import all_gather_uneven, gather_to_first, split_sizes
 from ..config import ConfigError
-from .patch_ops import PatchConv, PatchGroupNorm
+from .patch_ops import PaddedConv, PatchConv, PatchGroupNorm, PrepaddedConv
 
 # torch modules that act on each pixel (or are plain containers): row-local whatever the VAE
 _TORCH_ROW_LOCAL = (nn.Sequential, nn.ModuleList, nn.ModuleDict, nn.SiLU, nn.ReLU, nn.GELU, nn.Mish, nn.Tanh,
@@ -45,7 +45,10 @@ class ComfyVae:
     row_local: tuple = ()            # module classes read and found row-local apart from their children
     attention: tuple = ()            # blocks whose `optimized_attention(q, k, v)` attends over one frame's rows
     convs: tuple = ()                # conv subclasses whose forward PatchConv reproduces (Wan's causal conv)
+    padded: tuple = ()               # modules that F.pad their input (`padding`, `padding_mode`) then run `.conv`
+    prepadded: tuple = ()            # modules whose callers pad their input (replicate), then run `.conv`
     dims: int = 4                    # latent (B, C, H, W) or (B, C, T, H, W)
+    decoder: str = ""                # its `decoder` attribute's class, where one model class hosts several
     check: Optional[Callable] = None  # model -> [problems] beyond the module walk (a variant the entry excludes)
 
 
@@ -107,6 +110,22 @@ def _walk(m: nn.Module, path: str, vae: ComfyVae, ax, plan: NativePlan, block_si
     if isinstance(m, nn.GroupNorm):
         plan.add(m, "forward", PatchGroupNorm(m, ax).forward)
         return
+    if name in vae.padded and getattr(m, "padding", 0) != 0:  # pads itself, then convolves with no padding
+        conv = getattr(m, "conv", None)
+        if not (type(conv) in (nn.Conv2d, nn.Conv3d) or type(conv).__module__ == "comfy.ops"):
+            raise ConfigError(f"{path}: {name} runs {qualname(conv)}, not a plain convolution")
+        stand_in = PaddedConv(m, ax, m.padding, getattr(m, "padding_mode", "constant"), block_size=block_size,
+                              timeout_s=timeout_s, name=path)
+        plan.add(m, "forward", stand_in.forward, stand_in.halo)
+        return
+    if name in vae.prepadded:
+        conv = getattr(m, "conv", None)
+        if not (type(conv) in (nn.Conv2d, nn.Conv3d) or type(conv).__module__ == "comfy.ops"):
+            raise ConfigError(f"{path}: {name} runs {qualname(conv)}, not a plain convolution")
+        if conv.dilation[-2] * (conv.kernel_size[-2] - 1):  # a 1x1 conv needs no rows from anyone
+            stand_in = PrepaddedConv(m, ax, timeout_s=timeout_s, name=path)
+            plan.add(m, "forward", stand_in.forward, stand_in.halo)
+        return
     if name in vae.attention:
         fn = getattr(m, "optimized_attention", None)
         if fn is None:
@@ -116,7 +135,7 @@ def _walk(m: nn.Module, path: str, vae: ComfyVae, ax, plan: NativePlan, block_si
         problem = _upsample_problem(m)
         if problem:
             raise ConfigError(f"{path}: {problem}")
-    elif not (type(m) is nn.Module or isinstance(m, _TORCH_ROW_LOCAL) or name in vae.row_local):
+    elif not (type(m) is nn.Module or isinstance(m, _TORCH_ROW_LOCAL) or name in vae.row_local or name in vae.padded):
         raise ConfigError(f"{path}: module type {name} was not read for a row split (it might mix rows across "
                           f"patches); decode this VAE with VAE Decode")
     for child_name, child in m.named_children():

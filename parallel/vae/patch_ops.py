@@ -223,6 +223,103 @@ class PatchConv(nn.Module):
         return out
 
 
+class PaddedConv:
+    """A conv module that pads its own input (`F.pad(x, padding, mode)`, then its child conv with no padding:
+    ComfyUI's VideoConv3d, replicate by default) run on this rank's rows.
+
+    The rows it pads along the height come from the neighbours (halo exchange) at inner borders and are made as
+    `mode` makes them only at the true top and bottom (replicate: the edge row repeated; reflect: the rows next to
+    it mirrored); the other dimensions are padded locally as the module does (replicate / reflect pad each
+    dimension independently, so padding the height first gives the same tensor). `block_size` convolves that many
+    output rows at a time. The module's own child conv runs (ComfyUI's ops cast its weight)."""
+
+    MODES = ("replicate", "reflect", "constant")
+
+    def __init__(self, module: nn.Module, ax, padding, mode: str, block_size: Optional[int] = None,
+                 timeout_s: Optional[float] = None, name: str = "conv"):
+        conv = module.conv
+        if mode not in self.MODES:
+            raise ConfigError(f"{name}: padding mode {mode!r} cannot be split by rows (a band would need rows from "
+                              f"the other end of the image); decode this VAE with VAE Decode")
+        if any(int(v) for v in conv.padding) or conv.stride[-2] != 1:
+            raise ConfigError(f"{name}: its conv pads ({conv.padding}) or strides ({conv.stride}) on its own as well; "
+                              f"not split by rows")
+        self.padding = tuple(int(v) for v in padding)
+        self.top, self.bottom = self.padding[2], self.padding[3]
+        self.reach = conv.dilation[-2] * (conv.kernel_size[-2] - 1)
+        if self.top + self.bottom != self.reach:
+            raise ConfigError(f"{name}: padding {self.padding} does not keep the height (kernel reach {self.reach})")
+        self.module, self.conv, self.ax, self.mode = module, conv, ax, mode
+        self.block_size, self.timeout_s = block_size, timeout_s
+        self.rest = self.padding[:2] + (0, 0) + self.padding[4:]
+
+    @property
+    def halo(self) -> int:
+        return max(self.top, self.bottom) + (1 if self.mode == "reflect" else 0)
+
+    def _border(self, x: torch.Tensor, n: int, top: bool) -> torch.Tensor:
+        rows = x.shape[-2]
+        if self.mode == "constant":
+            shape = list(x.shape)
+            shape[-2] = n
+            return x.new_zeros(shape)
+        if self.mode == "replicate":
+            edge = x.narrow(-2, 0 if top else rows - 1, 1)
+            shape = list(x.shape)
+            shape[-2] = n
+            return edge.expand(shape)
+        return x.narrow(-2, 1 if top else rows - 1 - n, n).flip(-2)  # reflect: the rows beside the edge, mirrored
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        got_top, got_bottom = exchange_halo(x, self.ax, self.top, self.bottom, timeout_s=self.timeout_s)
+        if got_top is None and self.top:
+            got_top = self._border(x, self.top, top=True)
+        if got_bottom is None and self.bottom:
+            got_bottom = self._border(x, self.bottom, top=False)
+        x = torch.cat([p for p in (got_top, x, got_bottom) if p is not None], dim=-2)
+        if any(self.rest):
+            x = F.pad(x, self.rest, mode=self.mode)
+        out_rows = x.shape[-2] - self.reach
+        step = self.block_size or out_rows
+        if step >= out_rows:
+            return self.conv(x)
+        parts = [self.conv(x.narrow(-2, start, min(step, out_rows - start) + self.reach))
+                 for start in range(0, out_rows, step)]
+        return torch.cat(parts, dim=-2)
+
+
+class PrepaddedConv:
+    """A conv without padding whose caller pads its input (HunyuanVideo 1.5's NoPadConv3d, fed by
+    `conv_carry_causal_3d`: `F.pad(x, (1, 1, 1, 1, t, 0), "replicate")` on the whole tensor) run on this rank's
+    rows. The caller pads this rank's band by repeating its own edge rows; at an inner border the rows it made are
+    replaced by the neighbour's real rows (which the neighbour's caller padded in width and time alike), and only at
+    the image's true top and bottom do the repeated rows stay, as in the serial decode."""
+
+    def __init__(self, module: nn.Module, ax, timeout_s: Optional[float] = None, name: str = "conv"):
+        conv = module.conv
+        if any(int(v) for v in conv.padding) or conv.stride[-2] != 1:
+            raise ConfigError(f"{name}: its conv pads ({conv.padding}) or strides ({conv.stride}) itself; not split "
+                              f"by rows")
+        self.reach = conv.dilation[-2] * (conv.kernel_size[-2] - 1)
+        self.top = self.reach // 2
+        self.bottom = self.reach - self.top
+        self.module, self.ax, self.timeout_s = module, ax, timeout_s
+
+    @property
+    def halo(self) -> int:
+        return max(self.top, self.bottom, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.shape[-2]
+        inner = x.narrow(-2, self.top, rows - self.reach)
+        got_top, got_bottom = exchange_halo(inner, self.ax, self.top, self.bottom, timeout_s=self.timeout_s)
+        if got_top is not None or got_bottom is not None:
+            x = torch.cat([got_top if got_top is not None else x.narrow(-2, 0, self.top), inner,
+                           got_bottom if got_bottom is not None else x.narrow(-2, rows - self.bottom, self.bottom)],
+                          dim=-2)
+        return self.module.conv(x)
+
+
 class PatchGroupNorm(nn.Module):
     """nn.GroupNorm over all ranks' rows: the statistics are those of the whole (unsplit) tensor."""
 
