@@ -199,43 +199,55 @@ def _run_loop(pool, config, case: _Case, mesh: Mesh, kind: str) -> dict:
             "ms": median_ms(lambda: pool.submit(config, "loop", values, dict(tensors))) / STEPS}
 
 
-def _vae(device):
-    """A small diffusers KL VAE (what Parallel VAE Decode runs on the ranks), seeded, on `device`."""
-    from diffusers import AutoencoderKL
-    torch.manual_seed(7)
-    vae = AutoencoderKL(in_channels=3, out_channels=3, down_block_types=["DownEncoderBlock2D"] * 2,
-                        up_block_types=["UpDecoderBlock2D"] * 2, block_out_channels=[32, 64], layers_per_block=1,
-                        latent_channels=4, norm_num_groups=8, sample_size=32).eval()
-    return vae.to(device)
+def _vae(tmp):
+    """A small KL VAE in ComfyUI's format, loaded as VAELoader does (ComfyUI's own VAE model: what Parallel VAE Decode
+    runs on the ranks), seeded."""
+    import comfy.sd
+    import comfy.utils
+
+    from . import tiny_checkpoints as tiny
+    path = tmp / "doctor_kl_vae.safetensors"
+    if not path.exists():
+        tiny.write_kl_vae(path, style="sd", seed=7)
+    return comfy.sd.VAE(sd=comfy.utils.load_torch_file(str(path)), dtype=torch.float32)
 
 
-def _run_vae(pool, config, vae, device) -> dict:
-    """Parallel VAE Decode (halo exchange, group norm statistics across ranks) against the VAE's own decode, on latent
-    heights that split evenly over the ranks and one that does not."""
+def _run_vae(pool, config, vae) -> dict:
+    """Parallel VAE Decode (halo exchange, group norm statistics across ranks, the mid attention's gathered keys)
+    against ComfyUI's own decode of the same model, on latent heights that split evenly over the ranks and one that
+    does not."""
+    model, dtype = vae.first_stage_model, vae.vae_dtype
+    device = next(model.parameters()).device
+
+    def serial(latent):
+        with torch.no_grad():
+            return model.decode(latent.to(device, dtype))
     rels = []
     for i, size in enumerate(((13, 10), (16, 12))):
         latent = torch.randn(1, 4, *size, generator=torch.Generator().manual_seed(50 + i))
-        with torch.no_grad():
-            ref = vae.decode(latent.to(device), return_dict=False)[0]
-        got = pool.vae_decode(config, "doctor:vae", latent)
+        ref = serial(latent)
+        got = pool.vae_decode(config, "doctor:vae", latent.to(dtype))
         rels.append(0.0 if torch.equal(got, ref.cpu()) else _rel(got, ref))
     sync = _sync(device)
-    with torch.no_grad():
-        serial_ms = median_ms(lambda: vae.decode(latent.to(device), return_dict=False), sync=sync)
-    return {"rel": max(rels), "serial_ms": serial_ms, "ms": median_ms(lambda: pool.vae_decode(config, "doctor:vae",
-                                                                                              latent))}
+    return {"rel": max(rels), "serial_ms": median_ms(lambda: serial(latent), sync=sync),
+            "ms": median_ms(lambda: pool.vae_decode(config, "doctor:vae", latent.to(dtype)))}
 
 
-def _vae_row(pool, config, mesh, kind, device, progress) -> dict:
+def _vae_row(pool, config, mesh, kind, tmp, progress) -> dict:
     row = {"method": mesh.name, "degrees": config.describe(), "world": mesh.world, "device": kind,
            "precision": "fp32", "weights": "float32", "compute": "float32"}
     try:
-        vae = _vae(device)
+        from ..nodes.native import comfy_runtime, encode_value
+        from ..nodes.vae_node import settings
+        vae = _vae(tmp)
+        first = vae.first_stage_model
+        spec = {"vae": {"class": f"{type(first).__module__}.{type(first).__qualname__}",
+                        "dtype": encode_value(vae.vae_dtype), "attrs": settings(first)}, **comfy_runtime()}
         t = time.perf_counter()
-        pool.ensure_model(config, "doctor:vae", "vae_kl", dict(vae.config),
-                          state_dict=lambda: {k: v.detach().cpu() for k, v in vae.state_dict().items()})
+        pool.ensure_model(config, "doctor:vae", "vae_comfy", {}, native=spec,
+                          state_dict=lambda: {k: v.detach().cpu() for k, v in first.state_dict().items()})
         row["load_s"] = round(time.perf_counter() - t, 2)
-        row.update(_run_vae(pool, config, vae, device), bound=1e-5)
+        row.update(_run_vae(pool, config, vae), bound=1e-5)
         row["ok"] = row["rel"] <= 1e-5
         if not row["ok"]:
             row["error"] = f"relative error {row['rel']:.2e} over the bound 1e-05"
@@ -264,7 +276,7 @@ def check_methods(plan, precisions, tmp, progress=print, share_devices: bool = F
             pool = pools[kind]
             config = ParallelConfig(**mesh.degrees)
             if mesh.kind == "vae":  # one VAE, decoded in fp32 whatever the DiT's precisions
-                rows.append(_vae_row(pool, config, mesh, kind, device, progress))
+                rows.append(_vae_row(pool, config, mesh, kind, tmp, progress))
                 continue
             for case in cases:
                 row = {"method": mesh.name, "degrees": config.describe(), "world": mesh.world, "device": kind,

@@ -29,9 +29,10 @@ class PatchVAEDecode:
     def INPUT_TYPES(cls):
         return {"required": {
             "samples": ("LATENT", {"tooltip": "The latent to decode."}),
-            "vae": ("VAE", {"tooltip": "A KL image VAE (SD, SDXL, SD3, Flux.1, PixArt, Lumina 2, Z-Image), a TAESD "
-                                       "(taesd, taesdxl, taesd3, taef1) or the Wan 2.1 / Wan 2.2 video VAE; other "
-                                       "VAEs: use VAE Decode."}),
+            "vae": ("VAE", {"tooltip": "A KL image VAE (SD, SDXL, SD3, Flux.1 / Flux.2, PixArt, Lumina 2, Z-Image), "
+                                       "a TAESD (taesd, taesdxl, taesd3, taef1), the Wan 2.1 / Wan 2.2 video VAE, "
+                                       "TAEHV, or HunyuanVideo 1.0 / 1.5's VAE; other VAEs (LTX-Video, Mochi, "
+                                       "Cosmos...): use VAE Decode."}),
             "parallel_config": ("PARALLEL_CONFIG", {"tooltip": "From the Parallel Config node; every rank of its "
                                                     "world decodes a band of rows."}),
         }, "optional": {
