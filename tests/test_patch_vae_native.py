@@ -100,13 +100,8 @@ def test_hunyuan_video_10_vae_replicate_padding(hunyuan10, runtime):
     gets its neighbours' rows at inner borders and repeats its own edge row only at the image's true top and bottom;
     the mid attention spans every frame's pixels (keys and values gathered over all ranks). 2 ranks, an odd latent
     height (tests/test_patch_vae.py checks the padded-conv stand-in alone, replicate and reflect)."""
-    latent = torch.randn(1, 16, 2, 5, 4, generator=torch.Generator().manual_seed(61))
-    ref = _vae_decode(hunyuan10, latent)
-    (got,) = _node(runtime).decode({"samples": latent}, hunyuan10, _hp(2))
-    err = _rel(got, ref)
-    print(f"Patch VAE Decode HunyuanVideo 1.0 {tuple(latent.shape)} over 2 ranks: rel {err:.2e}")
-    assert got.shape == ref.shape and err <= TOL, err
-    assert 0.05 < (ref < 1).float().mean().item()
+    _assert_decode_equals(runtime, hunyuan10, torch.randn(1, 16, 2, 5, 4, generator=torch.Generator().manual_seed(61)),
+                          2, "HunyuanVideo 1.0")
 
 
 HV15_DDCONFIG = {"block_out_channels": [128, 256, 512, 1024, 1024], "in_channels": 3, "out_channels": 3,
@@ -132,13 +127,8 @@ def test_hunyuan_video_15_vae_prepadded_convs(comfy, runtime):
     vae = comfy.sd.VAE(sd=sd)  # (detection reads decoder keys only; the encoder is not used by a decode)
     del sd
     assert type(vae.first_stage_model.decoder).__qualname__ == "Decoder" and vae.latent_channels == 32
-    latent = torch.randn(1, 32, 3, 5, 4, generator=torch.Generator().manual_seed(63))
-    ref = _vae_decode(vae, latent)
-    (got,) = _node(runtime).decode({"samples": latent}, vae, _hp(2))
-    err = _rel(got, ref)
-    print(f"Patch VAE Decode HunyuanVideo 1.5 {tuple(latent.shape)} over 2 ranks: rel {err:.2e}")
-    assert got.shape == ref.shape and err <= TOL, err
-    assert 0.05 < (ref < 1).float().mean().item()
+    _assert_decode_equals(runtime, vae, torch.randn(1, 32, 3, 5, 4, generator=torch.Generator().manual_seed(63)), 2,
+                          "HunyuanVideo 1.5")
 
 
 @pytest.fixture(scope="module")
@@ -190,12 +180,16 @@ def _id(c):
 
 @pytest.mark.parametrize("name, n, shape, block_size", CASES, ids=[_id(c) for c in CASES])
 def test_patch_vae_decode_equals_vae_decode(vaes, runtime, name, n, shape, block_size):
-    vae = vaes[name]
     latent = torch.randn(*shape, generator=torch.Generator().manual_seed(sum(shape) + n))
+    _assert_decode_equals(runtime, vaes[name], latent, n, name, block_size)
+
+
+def _assert_decode_equals(runtime, vae, latent, n, name, block_size=0):
+    """Parallel VAE Decode over `n` ranks equals ComfyUI's VAE Decode (float32 images, ≤ TOL)."""
     ref = _vae_decode(vae, latent)
     (got,) = _node(runtime).decode({"samples": latent}, vae, _hp(n), block_size=block_size)
     err = _rel(got, ref)
-    print(f"Patch VAE Decode {name} {shape} over {n} ranks (block {block_size}): rel {err:.2e}")
+    print(f"Patch VAE Decode {name} {tuple(latent.shape)} over {n} ranks (block {block_size}): rel {err:.2e}")
     assert got.shape == ref.shape and got.dtype == torch.float32 and err <= TOL, (name, err)
     assert 0.05 < (ref < 1).float().mean().item(), "the decode is not clamped flat: the test proves something"
 

@@ -74,3 +74,19 @@ def test_key_file_must_be_private(tmp_path):
         read_authkey_file(cluster.authkey_file)
     with pytest.raises(ClusterError, match="host:port"):
         Cluster(nnodes=2, nproc_per_node=1, authkey_file="k", control="nohost")
+
+
+def test_a_cluster_rank_keeps_broadcast_weights_on_the_host():
+    """A cluster rank receives every tensor by broadcast (NCCL: through its GPU); model weights then stay on the host
+    like a local rank's mapped weights, so TP / PipeFusion / sharding cut them before anything moves to the GPU
+    (engine.add) and the GPU never holds the whole model transiently; the job's other tensors stay on the device."""
+    import types
+
+    import torch
+
+    from comfyui_hybrid_parallel.workers.jobs import landing_device
+    from comfyui_hybrid_parallel.workers.transport import WEIGHT_PREFIX
+    gpu_rank = types.SimpleNamespace(device=torch.device("cuda", 1))
+    assert landing_device(gpu_rank, WEIGHT_PREFIX + "double_blocks.0.img_attn.qkv.weight") == torch.device("cpu")
+    assert landing_device(gpu_rank, "x") == torch.device("cuda", 1)
+    assert landing_device(types.SimpleNamespace(device=torch.device("cpu")), "context") == torch.device("cpu")

@@ -376,6 +376,14 @@ JOBS = {
 }
 
 
+def landing_device(state: WorkerState, name: str) -> torch.device:
+    """Where a broadcast tensor of a cluster job stays: a model weight on the host, as a local rank's mapped weights
+    (the model is built there and a TP / PipeFusion / sharded rank moves only its part to its GPU: engine.add),
+    everything else on the rank's device. The broadcast itself goes through the device (NCCL), one tensor at a
+    time, so a GPU never holds more than one whole weight beside the model."""
+    return torch.device("cpu") if name.startswith(WEIGHT_PREFIX) else state.device
+
+
 def _broadcast_tensors(state: WorkerState, descs: dict) -> dict:
     """Cluster worlds: rank 0 reads the job's tensors from the driver's shared memory and broadcasts
     their raw bytes to every rank (other machines cannot map those files); shapes and dtypes come
@@ -390,7 +398,8 @@ def _broadcast_tensors(state: WorkerState, descs: dict) -> dict:
         if t.numel():
             buf = t.reshape(-1).view(torch.uint8).to(state.device)
             dist.broadcast(buf, src=0)
-            t = buf.view(t.dtype).view(t.shape)
+            t = buf.view(t.dtype).view(t.shape).to(landing_device(state, name))
+            del buf
         out[name] = t
     return out
 
