@@ -162,16 +162,17 @@ DECLARED = (KL, KL3D, HV15, TAESD, WAN21, WAN22, TAEHV)
 
 # Read and refused, with the reason (what an entry would need). Keys: the first_stage_model class, or
 # "class/decoder class" where one class hosts several decoders.
-_PAD = ("its convolutions pad the image border by repeating (replicate) or mirroring (reflect) rows, which a band's "
-        "halo must reproduce only at the true top and bottom: not split yet")
 REFUSED = {
     "comfy.ldm.models.autoencoder.AutoencodingEngine/comfy.ldm.hunyuan_video.vae.Decoder": "HunyuanImage 2.1's decoder "
     "(32x, pixel un-shuffle upsampling) was not read for a row split yet",
     "comfy.ldm.models.autoencoder.AutoencodingEngine/comfy.ldm.modules.temporal_ae.VideoDecoder": "SVD's temporal "
     "decoder keeps frames in the batch and normalizes over all of them (GroupNorm over time): not split yet",
-    "comfy.ldm.lightricks.vae.causal_video_autoencoder.VideoVAE": f"LTX-Video's VAE: {_PAD}; its timestep-"
-    f"conditioned decode also adds unseeded noise, so no two decodes agree exactly",
-    "comfy.ldm.genmo.vae.model.VideoVAE": f"Mochi's VAE: {_PAD}",
+    "comfy.ldm.lightricks.vae.causal_video_autoencoder.VideoVAE": "LTX-Video's VAE: its timestep-conditioned decode "
+    "draws noise over whole frames inside its resnet blocks (unseeded: no two VAE Decodes agree), and its causal "
+    "convs (reflect padding in space), depth-to-space upsampling and mid-block attention were not declared for a row "
+    "split yet",
+    "comfy.ldm.genmo.vae.model.VideoVAE": "Mochi's VAE: its GroupNormSpatial normalizes each frame on its own and its "
+    "PConv3d pads time itself before a replicate-padded conv: not declared for a row split yet",
     "comfy.ldm.cosmos.vae.CausalContinuousVideoTokenizer": "Cosmos' tokenizer pads inside its own causal conv module "
     "(a stand-in for that class is not written yet)",
     "comfy.ldm.cascade.stage_a.StageA": "Stable Cascade stage A upsamples with an overlapping transposed convolution "
