@@ -325,9 +325,11 @@ def device_capacity(hp) -> tuple:
     return host_memory_bytes(), "this machine's RAM", config.world_size
 
 
-def check_memory(model, hp, latent_shape, positive, cfg: float) -> None:
+def check_memory(model, hp, latent_shape, positive, cfg: float) -> dict | None:
     """Refuse, before any worker starts, a config whose ranks cannot hold this model and latent (parallel/memory.py):
-    DistriFusion's K/V buffers on a video latent, weights no split makes fit, ... with the numbers and the fix."""
+    DistriFusion's K/V buffers on a video latent, weights no split makes fit, ... with the numbers and the fix.
+    Returns the plan it checked (what the mesh picture shows: bytes per rank by item against the device), or None
+    for a model no adapter describes."""
     import torch
     from ..parallel.costmodel import shape_from_module
     from ..parallel.config import ConfigError
@@ -336,7 +338,7 @@ def check_memory(model, hp, latent_shape, positive, cfg: float) -> None:
     try:
         shape = shape_from_module(dm)
     except ValueError:
-        return  # no adapter: nothing parallel inside the model to plan
+        return None  # no adapter: nothing parallel inside the model to plan
     weights = weight_bytes(dm)
     capacity, where, ranks = device_capacity(hp)
     on_gpu = where.startswith("cuda")
@@ -355,6 +357,10 @@ def check_memory(model, hp, latent_shape, positive, cfg: float) -> None:
     if note and on_gpu:
         import logging
         logging.getLogger(__name__).warning("hybrid parallel: %s", note)
+    return {"mesh": hp.config.describe(), "model": type(dm).__name__, "latent": [int(v) for v in latent_shape],
+            "per_rank": int(mem.total), "items": {k: int(v) for k, v in mem.items.items() if v},
+            "capacity": int(capacity), "where": where, "ranks_on_host": int(ranks),
+            "shared_weights": bool(mem.shared_weights), "weights": int(weights), "note": note or None}
 
 
 __all__ = ["DRIVER_WRAPPERS", "NotCarried", "check_declared", "check_diffusion_wrappers", "diffusion_wrappers", "loop_step_cache", "runs_diffusion_wrappers", "check_memory", "check_native_pipefusion", "check_native_tp", "check_weights", "check_any_model",

@@ -68,6 +68,9 @@ def mesh_payload(query: dict, runtime=None) -> dict:
                "device": hp.device, "picture": config.world_size <= MAX_PICTURE_RANKS}
     if getattr(hp, "auto_devices", 0):  # degrees auto: the predicted time per step per choice of the latest run
         payload["auto"] = getattr(runtime, "last_auto", None)
+    memory = getattr(runtime, "last_memory", None)
+    if memory:  # the memory plan the latest Hybrid Sampler run was checked against (bytes per rank by item)
+        payload["memory"] = {**memory, "this_mesh": memory.get("mesh") == config.describe()}
     if not payload["picture"]:
         payload["error_hint"] = (f"{config.world_size} ranks: too many to draw (the picture shows up to "
                                  f"{MAX_PICTURE_RANKS}); the degrees themselves are valid")

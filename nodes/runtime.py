@@ -37,6 +37,7 @@ class Runtime:
         self.driver_threads = torch.get_num_threads()  # what KSampler computes with in this process
         self._spares = None  # workers/spares.py: interpreters with torch imported, for the first world
         self.last_auto = None  # the latest degrees-"auto" choice: predicted time per step per candidate
+        self.last_memory = None  # the latest Hybrid Sampler run's memory plan (nodes/native.check_memory)
         self.cost_probes = {}  # auto's measured costs: CPU throughput, ComfyUI's attention kernel per shape (auto.py)
         self._idle = None  # the idle timer (HP_IDLE_TIMEOUT_S), re-armed after every node run
         self.warm_requests = 0  # times the frontend opened a workflow holding the pack's nodes (/hybrid_parallel/warm)

@@ -402,7 +402,8 @@ class HybridSampler:
         check_not_on_pool(model, "Hybrid Sampler")
         state = pool_state(model, hp)
         check_native_pipefusion(model.model.diffusion_model, hp.config, tuple(latent_image["samples"].shape))
-        check_memory(model, hp, tuple(latent_image["samples"].shape), positive, cfg)  # fits the devices?
+        # fits the devices? (the plan it checked is what the mesh picture shows: nodes/routes.py)
+        self.runtime.last_memory = check_memory(model, hp, tuple(latent_image["samples"].shape), positive, cfg)
         m.add_wrapper_with_key(comfy.patcher_extension.WrappersMP.APPLY_MODEL, WRAPPER_KEY,
                                make_apply_model_wrapper(self.runtime, hp, state))
         with self.runtime.track("sample", total=steps), self.runtime.quiet_driver(hp), patches_on_workers(m, state):

@@ -94,6 +94,21 @@ def to_device(model: torch.nn.Module, device: torch.device) -> None:
                 mod._buffers[name] = b.to(device)
 
 
+def held_tensors(model: torch.nn.Module, weights: dict) -> dict:
+    """`weights` (name -> tensor a model was built from) as the model holds them now: on its device after
+    `to_device`, the same tensors on the host. A config change that keeps the world rebuilds the model for the new
+    mesh from these (no transfer, no second copy on the device); a name the model does not hold keeps its tensor."""
+    held = {n: t for n, t in model.named_parameters(remove_duplicate=False)}
+    held.update((n, t) for n, t in model.named_buffers(remove_duplicate=False) if t is not None)
+
+    def now(k, v):
+        t = held.get(k)
+        if t is None or (t.device == v.device and t.untyped_storage().data_ptr() == v.untyped_storage().data_ptr()):
+            return v  # still the very tensor it was built from (a host rank: the mapped pages)
+        return t.data
+    return {k: now(k, v) for k, v in weights.items()}
+
+
 MESH_SEP = "@mesh="
 
 
@@ -259,10 +274,14 @@ class Engine:
             apply_weight_sharding(model, ctx)  # a rank keeps 1/N of every weight (shard_weights)
         device = torch.device(device) if device is not None else None
         if device is not None and device.type != "cpu":
-            self.make_room(base_key, _tensor_bytes(model), device, lineage, family.startswith("vae"))
+            # (a model rebuilt for another mesh from the tensors this rank already holds brings nothing new)
+            incoming = _tensor_bytes(model) - _tensor_bytes(model, on_device=True)
+            self.make_room(base_key, incoming, device, lineage, family.startswith("vae"))
             to_device(model, device)
         else:
             self.make_room(base_key, 0, device, lineage, family.startswith("vae"))
+        if source is not None:
+            source = held_tensors(model, source)
         r = Resident(family, model, parallelized, native_call, compute_dtype, source, lineage)
         self.models[key] = r
         self.loads += 1

@@ -82,3 +82,20 @@ def test_host_models_are_counted_not_measured():
         engine.models[key + MESH_SEP + "1-1"] = Resident("vae_kl" if key == "vae" else "sd3", _Model(0))
     engine.make_room("c", 0, torch.device("cpu"))
     assert engine.evicted == ["a" + MESH_SEP + "1-1"]
+
+
+def test_a_mesh_change_rebuilds_from_the_tensors_the_rank_holds():
+    """A config change that keeps the world (ulysses 2 -> cfg 2) rebuilds the model for the new mesh from what the rank
+    already holds, whole-model layouts only: on a host rank the very tensors it was built from (the mapped pages), on
+    an accelerator the model's own tensors after the move (here the move goes to the meta device, as a stand-in
+    for a GPU): nothing travels again and no second copy is made."""
+    from comfyui_hybrid_parallel.parallel.engine import held_tensors, to_device
+    lin = torch.nn.Linear(4, 3)
+    weights = {k: v.detach().clone() for k, v in lin.state_dict().items()}
+    lin.load_state_dict(weights, assign=True)
+    kept = held_tensors(lin, weights)
+    assert all(kept[k] is weights[k] for k in weights)  # a host rank: the tensors it was built from
+    to_device(lin, torch.device("meta"))
+    kept = held_tensors(lin, {**weights, "not_a_weight": torch.ones(1)})
+    assert kept["weight"].is_meta and kept["bias"].is_meta  # as the model holds them now
+    assert kept["weight"].shape == (3, 4) and kept["not_a_weight"].device.type == "cpu"

@@ -304,6 +304,26 @@ def test_degrees_auto_shows_the_predicted_time_per_choice(page):
         is None
 
 
+def test_the_picture_shows_the_latest_runs_memory_plan(page):
+    """After a Hybrid Sampler run, the picture shows the memory plan that run was checked against before any worker
+    started (bytes per rank by item, of the device's memory), saying whether it was this mesh or another."""
+    entry = page.comfy.run(workflow({"ulysses_degree": 2}, "browser_memory", W, H, steps=2))
+    assert entry["status"]["status_str"] == "success", entry["status"]
+    got = _set(page, dp_degree=1, cfg_degree=1, ring_degree=1, ulysses_degree=2, pp_degree=1, tp_degree=1,
+               degrees="manual")
+    payload = page.comfy.get(f"/hybrid_parallel/mesh?{got['query']}")
+    mem = payload["memory"]
+    assert mem["this_mesh"], mem
+    assert mem["per_rank"] == sum(mem["items"].values()) and "weights" in mem["items"] and mem["capacity"] > 0
+    read = APP + ("const m = node.widgets.find((w) => w.name === 'mesh_picture').element"
+                  ".querySelector('.hp-mesh-memory'); return m && [m.textContent, m.dataset.thisMesh];")
+    text, this_mesh = page.execute_script(read)
+    assert this_mesh == "true" and "this mesh" in text and "per rank of" in text and "weights" in text, text
+    _set(page, ulysses_degree=1)
+    text, this_mesh = page.execute_script(read)
+    assert this_mesh == "false" and f"another mesh, {mem['mesh']}" in text, text
+
+
 def test_opening_a_workflow_with_the_packs_nodes_warms_the_server(page):
     """Nothing starts with ComfyUI; the frontend asks for the spare interpreters when a workflow holding the pack's
     nodes is opened (once per page: the fixture opened one)."""

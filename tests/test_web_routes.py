@@ -156,6 +156,12 @@ def test_pool_route_follows_a_run_a_stop_and_a_dead_worker(server):
         assert any(m.startswith("sd3 ") for m in w["models"]) and any(m.startswith("vae ") for m in w["models"])
     last = ready["last_job"]
     assert last["ok"] and last["kind"] == "vae_decode"
+    # the mesh picture's memory line: the plan this run was checked against before any worker started
+    mem = server.get("/hybrid_parallel/mesh?ulysses_degree=2")["memory"]
+    assert mem["this_mesh"] and mem["mesh"] == "ulysses2" and mem["model"] == "OpenAISignatureMMDITWrapper", mem
+    assert mem["per_rank"] == sum(mem["items"].values()) and mem["items"]["weights"] == mem["weights"] > 0, mem
+    assert mem["capacity"] > mem["per_rank"] and mem["ranks_on_host"] == 2 and mem["where"], mem
+    assert not server.get("/hybrid_parallel/mesh?ulysses_degree=1&cfg_degree=2")["memory"]["this_mesh"]
 
     # a worker that dies while idle: failed, with the dead rank shown; the next job restarts the world
     os.kill(ready["workers"][1]["pid"], signal.SIGKILL)

@@ -146,6 +146,22 @@ function autoTable(auto) {
   return box;
 }
 
+function bytes(n) {
+  return n >= 2 ** 30 / 10 ? `${(n / 2 ** 30).toFixed(1)} GiB` : `${Math.round(n / 2 ** 20)} MiB`;
+}
+
+// the memory plan the latest Hybrid Sampler run was checked against before any worker started (nodes/native.py)
+function memoryLine(mem) {
+  const items = Object.entries(mem.items).sort((a, b) => b[1] - a[1]).map(([k, v]) => `${k} ${bytes(v)}`);
+  const host = mem.ranks_on_host > 1 ? ` (${mem.ranks_on_host} ranks share it)` : "";
+  const which = mem.this_mesh ? "this mesh" : `another mesh, ${mem.mesh}`;
+  return el("div", { class: "hp-mesh-memory hp-mesh-hint", "data-per-rank": String(mem.per_rank),
+    "data-this-mesh": String(!!mem.this_mesh),
+    text: `latest run (${which}; ${mem.model}, latent ${mem.latent.join("×")}): about ${bytes(mem.per_rank)} per rank`
+      + (mem.capacity ? ` of ${bytes(mem.capacity)} on ${mem.where}${host}` : "") + ` - ${items.join(", ")}`
+      + (mem.note ? `. ${mem.note}` : "") });
+}
+
 export function renderMesh(root, payload, colorBy, onColorBy) {
   root.replaceChildren();
   const inner = el("div", { class: "hp-mesh-inner" });
@@ -167,6 +183,7 @@ export function renderMesh(root, payload, colorBy, onColorBy) {
   inner.append(el("div", { class: "hp-mesh-summary",
     text: `${payload.world_size} rank${payload.world_size === 1 ? "" : "s"} · ${payload.describe}` }));
   if ("auto" in payload) inner.append(autoTable(payload.auto));
+  if (payload.memory) inner.append(memoryLine(payload.memory));
   if (payload.placement) {  // a valid plan this machine cannot run: drawn, with what a prompt would refuse
     inner.append(el("div", { class: "hp-mesh-error hp-mesh-placement", role: "status", text: payload.placement }));
   }

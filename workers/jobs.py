@@ -207,9 +207,10 @@ def job_load_model(state: WorkerState, ctx, payload: dict) -> dict:
         # assign=True keeps the (copy-on-write mapped) tensors: ranks share the pages until someone writes.
         model = _build_model(payload["family"], payload["config"], weights).eval().requires_grad_(False)
         extra, kernel_name = {}, None
-    # What a later mesh can rebuild from (ComfyUI's model on CPU, a layout that leaves the weights whole): these are
-    # the model's own parameters, so keeping them costs nothing
-    keep = native and state.device.type == "cpu" and ctx.config.whole_model
+    # What a later mesh can rebuild from (ComfyUI's model, a layout that leaves the weights whole): the model's own
+    # tensors (engine.add keeps them as the model holds them, on its device), so keeping them costs nothing. On an
+    # accelerator only unpatched weights: there the patches are applied to the model's own tensors in place
+    keep = native and ctx.config.whole_model and (state.device.type == "cpu" or patches is None)
     r = engine.add(key, payload["family"], model, ctx, device=state.device, source=weights if keep else None,
                    lineage=payload.get("lineage"), **extra)
     if patches is not None:  # base weights + patches: kept (host, shared by the local ranks) for the next version
