@@ -237,14 +237,11 @@ def _vae_row(pool, config, mesh, kind, tmp, progress) -> dict:
     row = {"method": mesh.name, "degrees": config.describe(), "world": mesh.world, "device": kind,
            "precision": "fp32", "weights": "float32", "compute": "float32"}
     try:
-        from ..nodes.native import comfy_runtime, encode_value
-        from ..nodes.vae_node import settings
+        from ..nodes.vae_node import native_vae_spec
         vae = _vae(tmp)
         first = vae.first_stage_model
-        spec = {"vae": {"class": f"{type(first).__module__}.{type(first).__qualname__}",
-                        "dtype": encode_value(vae.vae_dtype), "attrs": settings(first)}, **comfy_runtime()}
         t = time.perf_counter()
-        pool.ensure_model(config, "doctor:vae", "vae_comfy", {}, native=spec,
+        pool.ensure_model(config, "doctor:vae", "vae_comfy", {}, native=native_vae_spec(vae),
                           state_dict=lambda: {k: v.detach().cpu() for k, v in first.state_dict().items()})
         row["load_s"] = round(time.perf_counter() - t, 2)
         row.update(_run_vae(pool, config, vae), bound=1e-5)

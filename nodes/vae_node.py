@@ -51,9 +51,7 @@ class PatchVAEDecode:
             raise ValueError("Parallel VAE Decode does not take nested (multi-part) latents; use VAE Decode")
         declared = check_vae(first, latent, hp.config.world_size, block_size or None)  # before anything travels
         key = weights_key(first, "vae")
-        spec = {"vae": {"class": _qualname(first), "dtype": encode_value(vae.vae_dtype), "attrs": settings(first)},
-                **comfy_runtime()}
-        self.runtime.ensure_native(hp, key, spec, first, family="vae_comfy")
+        self.runtime.ensure_native(hp, key, native_vae_spec(vae), first, family="vae_comfy")
         pool = self.runtime.pool(hp)
         values = {"key": key}
         if block_size:
@@ -66,6 +64,14 @@ class PatchVAEDecode:
             images = images.reshape(-1, *images.shape[-3:])
         del declared
         return (images.to(torch.float32),)
+
+
+def native_vae_spec(vae) -> dict:
+    """What the workers build ComfyUI's VAE model from (workers/comfy_native.build_native_vae): its class, dtype and
+    the classes it was built with, plus this process's ComfyUI runtime (family "vae_comfy" in the pool)."""
+    first = vae.first_stage_model
+    return {"vae": {"class": _qualname(first), "dtype": encode_value(vae.vae_dtype), "attrs": settings(first)},
+            **comfy_runtime()}
 
 
 def settings(module) -> dict:

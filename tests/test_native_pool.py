@@ -575,11 +575,12 @@ def test_two_experts_and_a_vae_stay_resident_and_a_new_patch_version_replaces_th
     max_models=2 loads each once. A new patch version of one expert (same lineage, new key - a LoRA strength
     change) replaces the old one on the workers before it loads."""
     from comfyui_hybrid_parallel.doctor.methods import _vae
+    from comfyui_hybrid_parallel.nodes.vae_node import native_vae_spec
     from comfyui_hybrid_parallel.parallel import ParallelConfig
     from comfyui_hybrid_parallel.workers.pool import WorkerPool
     config = ParallelConfig(ulysses_degree=2)
     high, low = load_model(comfy, "sd3", "fp32").model, load_model(comfy, "wan", "fp32").model
-    vae = _vae(torch.device("cpu"))
+    vae = _vae(comfy)  # ComfyUI's own KL VAE, as Parallel VAE Decode loads it
     pool = WorkerPool(device="cpu", max_models=2)
     try:
         def load(key, base, lineage):
@@ -590,8 +591,8 @@ def test_two_experts_and_a_vae_stay_resident_and_a_new_patch_version_replaces_th
         loaded = []
         for _ in range(3):  # three prompts: high expert, low expert, decode
             loaded += [load("high:p0", high, "high"), load("low:p0", low, "low")]
-            loaded.append(pool.ensure_model(config, "vae", "vae_kl", dict(vae.config),
-                                            state_dict=lambda: dict(vae.state_dict()))["loaded"])
+            loaded.append(pool.ensure_model(config, "vae", "vae_comfy", {}, native=native_vae_spec(vae),
+                                            state_dict=lambda: dict(vae.first_stage_model.state_dict()))["loaded"])
         assert loaded == [True] * 3 + [False] * 6
         assert load("high:p1", high, "high")  # the high expert with another LoRA strength
         health = pool.health()
