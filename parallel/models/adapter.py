@@ -1,14 +1,14 @@
 """FamilyAdapter: everything the pack knows about one model family, in one object.
 
 Why one object: nodes, workers, benches and the mesh routes all ask family questions (which ComfyUI
-class is this, where is its sequence split, does PipeFusion apply, which conditioning the diffusers
-path maps). Spread over tables in several packages those answers drifted; here each family module
+class is this, where is its sequence split, does PipeFusion or tensor parallel apply, which diffusers class is
+its library-API twin). Spread over tables in several packages those answers drifted; here each family module
 (parallel/models/<family>.py) declares one `ADAPTER` and everybody reads it. Names only: nothing
 here imports ComfyUI.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
 from ..plan import FamilyPlan
@@ -19,9 +19,7 @@ class FamilyAdapter:
     family: str                    # the pack's name: "flux", "sd3", "pixart", "wan"
     title: str                     # what a user calls it, for messages: "Flux.1"
     comfy_plan: FamilyPlan         # ComfyUI's own class (what the workers run for the nodes)
-    plan: Optional[FamilyPlan]     # the diffusers class (library API, test reference, TP / PipeFusion); None: none
-    # ComfyUI diffusion-model keyword arguments the diffusers path maps (the native path passes any tensor)
-    diffusers_extra: frozenset = field(default_factory=frozenset)
+    plan: Optional[FamilyPlan]     # the diffusers class (library API and test reference); None: none
     # subclasses of comfy_class checked to run under comfy_plan (tests vs KSampler); any other subclass does not
     # inherit the plan (parallel/models/__init__.py: _match)
     comfy_subclasses: tuple = ()

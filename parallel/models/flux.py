@@ -103,5 +103,4 @@ COMFY_PLAN = FamilyPlan(
 
 ADAPTER = FamilyAdapter(
     family="flux", title="Flux.1 / Flux.2", comfy_plan=COMFY_PLAN, plan=PLAN,
-    diffusers_extra=frozenset({"y", "guidance"}),
 )

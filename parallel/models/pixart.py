@@ -60,5 +60,4 @@ COMFY_PLAN = FamilyPlan(
 
 ADAPTER = FamilyAdapter(
     family="pixart", title="PixArt-α/Σ", comfy_plan=COMFY_PLAN, plan=PLAN,
-    diffusers_extra=frozenset({"c_size", "c_ar"}),  # micro-conditioning: ComfyUI always passes it; PixArt-Sigma ignores it
 )

@@ -74,5 +74,4 @@ COMFY_PLAN = FamilyPlan(
 
 ADAPTER = FamilyAdapter(
     family="sd3", title="SD3/3.5", comfy_plan=COMFY_PLAN, plan=PLAN,
-    diffusers_extra=frozenset({"y"}),
 )

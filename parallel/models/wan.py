@@ -74,7 +74,6 @@ COMFY_PLAN = FamilyPlan(
 
 ADAPTER = FamilyAdapter(
     family="wan", title="Wan 2.1/2.2", comfy_plan=COMFY_PLAN, plan=PLAN,
-    diffusers_extra=frozenset(set()),
 )
 
 
