@@ -251,7 +251,7 @@ def test_bad_inputs_fail_before_any_work():
         stage_ranges(4, 2, (1, 2))
     assert stage_ranges(5, 2) == [(0, 3), (3, 5)] and stage_ranges(4, 2, (1, 3)) == [(0, 1), (1, 4)]
     wan = tm.build("wan")
-    with pytest.raises(ConfigError, match="not implemented for Wan"):
+    with pytest.raises(ConfigError, match="not for diffusers' WanTransformer3DModel"):
         run_pipefusion_loop(wan, None, {}, sigmas, torch.randn(1, 4, 2, 4, 4), convention=conv, num_patches=2,
                             warmup_steps=1)
     assert "forward" not in model.__dict__, "a refused run left hooks behind"
