@@ -5,7 +5,8 @@ The workers build the VAE model ComfyUI's detection builds from the weights (wor
 and split its decode by rows with the declared stand-ins (parallel/vae/native.py, comfy_vaes.py). Every VAE class
 declared is here, with random weights in ComfyUI's format: the KL VAE as SD (quant convs, 4 channels), as Flux.1
 (AutoencodingEngine, 16 channels) and as Flux.2 (batch-norm latent un-shuffled into 2x2 pixel blocks), TAESD with 4
-and 16 channels, the Wan 2.1 and Wan 2.2 video VAEs, TAEHV (16 and 48 channels: the frame-by-frame memory blocks); over 2 and 3 ranks, latents whose heights do and do not divide,
+and 16 channels, the Wan 2.1 and Wan 2.2 video VAEs, TAEHV (16 and 48 channels: the frame-by-frame memory blocks),
+HunyuanVideo 1.0 and 1.5; over 2, 3 and 4 ranks (4: slow), latents whose heights do and do not divide,
 with and without `block_size`; a bf16 VAE. The VAEs nobody declared, and latents that do not fit, are refused before
 any worker starts.
 """
@@ -104,6 +105,13 @@ def test_hunyuan_video_10_vae_replicate_padding(hunyuan10, runtime):
                           2, "HunyuanVideo 1.0")
 
 
+@pytest.mark.slow  # 4 processes on 2 cores
+def test_hunyuan_video_10_vae_over_4_ranks(hunyuan10, runtime):
+    """The same over 4 ranks: a 6-row latent split 2/2/1/1, so two ranks hold a single latent row."""
+    _assert_decode_equals(runtime, hunyuan10, torch.randn(1, 16, 2, 6, 4, generator=torch.Generator().manual_seed(64)),
+                          4, "HunyuanVideo 1.0")
+
+
 HV15_DDCONFIG = {"block_out_channels": [128, 256, 512, 1024, 1024], "in_channels": 3, "out_channels": 3,
                  "num_res_blocks": 2, "ffactor_spatial": 16, "ffactor_temporal": 4, "downsample_match_channel": True,
                  "upsample_match_channel": True, "z_channels": 32}
@@ -170,6 +178,10 @@ CASES = [  # (VAE, ranks, latent shape, block_size): heights that divide and hei
     pytest.param("taesd16", 3, (1, 16, 6, 5), 4, marks=_slow), ("wan21", 3, (1, 16, 2, 6, 5), 2),
     pytest.param("wan22", 3, (1, 48, 2, 6, 3), 0, marks=_slow), ("taehv16", 3, (1, 16, 3, 7, 5), 0),
     pytest.param("taehv48", 3, (1, 48, 2, 5, 4), 0, marks=_slow),
+    # 4 ranks (slow: 4 processes on 2 cores): heights 9 and 10 split 3/2/2/2 and 3/3/2/2
+    pytest.param("kl16", 4, (1, 16, 9, 7), 0, marks=_slow), pytest.param("kl4", 4, (1, 4, 10, 6), 2, marks=_slow),
+    pytest.param("wan21", 4, (1, 16, 2, 9, 6), 0, marks=_slow), pytest.param("taesd4", 4, (1, 4, 9, 6), 0, marks=_slow),
+    pytest.param("taehv16", 4, (1, 16, 2, 10, 5), 0, marks=_slow),
 ]
 
 
