@@ -29,6 +29,7 @@ import torch  # noqa: E402
 MODELS = {
     "KL (SD layout, 4 ch)": ("write_kl_vae", dict(style="sd"), (1, 4, 48, 48), (1, 4, 24, 20)),
     "Wan 2.1 (dim 32)": ("write_wan_vae", dict(dim=32), (1, 16, 3, 30, 40), (1, 16, 2, 12, 16)),
+    "HunyuanVideo 1.0 (real layout)": ("write_hunyuan_video_vae", {}, (1, 16, 2, 16, 16), (1, 16, 2, 8, 8)),
 }
 
 

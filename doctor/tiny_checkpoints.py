@@ -342,6 +342,25 @@ def write_wan_vae(path: Path, *, dim: int = 8, seed: int = 0,
     return _save(make, path, seed, dtype, meta_context=True)
 
 
+# what comfy/sd.py builds for any HunyuanVideo 1.0 VAE it detects ("decoder.conv_in.conv.weight", 16 channels)
+HUNYUAN_VIDEO_VAE_DDCONFIG = {"double_z": True, "z_channels": 16, "resolution": 256, "in_channels": 3, "out_ch": 3,
+                              "ch": 128, "ch_mult": [1, 2, 4, 4], "num_res_blocks": 2, "attn_resolutions": [],
+                              "dropout": 0.0, "conv3d": True, "time_compress": 4}
+
+
+def write_hunyuan_video_vae(path: Path, *, seed: int = 0, dtype: torch.dtype = torch.float32) -> dict:
+    """HunyuanVideo 1.0's 3-D KL VAE, decoder side (post_quant_conv + decoder: what a decode reads; VAELoader loads
+    with strict=False). Detection fixes the 128-wide, 4-level layout: 146M decoder parameters."""
+    from comfy.ldm.models.autoencoder import AutoencoderKL
+
+    with torch.device("meta"):
+        model = AutoencoderKL(ddconfig=HUNYUAN_VIDEO_VAE_DDCONFIG, embed_dim=16)
+    sd = {k: v for k, v in _random_state_dict(model, seed, dtype).items() if not k.startswith(("encoder.", "quant_"))}
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    save_file(sd, str(path), metadata={"format": "pt"})
+    return sd
+
+
 WAN22_VAE_DIM, WAN22_VAE_DEC_DIM = 160, 256  # what comfy/sd.py builds for any Wan 2.2 VAE it detects
 
 

@@ -74,24 +74,17 @@ def vaes(comfy, tmp_path_factory):
     return out
 
 
-# HunyuanVideo 1.0's VAE as ComfyUI's detection builds it (comfy/sd.py: "decoder.conv_in.conv.weight", z 16)
-HV10_DDCONFIG = {"double_z": True, "z_channels": 16, "resolution": 256, "in_channels": 3, "out_ch": 3, "ch": 128,
-                 "ch_mult": [1, 2, 4, 4], "num_res_blocks": 2, "attn_resolutions": [], "dropout": 0.0, "conv3d": True,
-                 "time_compress": 4}
-
-
 @pytest.fixture(scope="module")
-def hunyuan10(comfy):
-    """HunyuanVideo 1.0's 3-D KL VAE with random weights (its detection fixes the 128-wide, 4-level layout: 246M
-    parameters), built by ComfyUI's VAE from the state dict as VAELoader does."""
+def hunyuan10(comfy, tmp_path_factory):
+    """HunyuanVideo 1.0's 3-D KL VAE with random weights (its detection fixes the 128-wide, 4-level layout), built by
+    ComfyUI's VAE from the file as VAELoader does."""
     import comfy.sd
-    from comfy.ldm.models.autoencoder import AutoencoderKL
+    import comfy.utils
 
-    from comfyui_hybrid_parallel.doctor.tiny_checkpoints import _random_state_dict
-    with torch.device("meta"):
-        model = AutoencoderKL(ddconfig=HV10_DDCONFIG, embed_dim=16)
-    sd = {k: v for k, v in _random_state_dict(model, 60, torch.float32).items() if not k.startswith("encoder.")}
-    vae = comfy.sd.VAE(sd=sd)
+    from comfyui_hybrid_parallel.doctor import tiny_checkpoints as tc
+    path = tmp_path_factory.mktemp("hv10") / "hunyuan_video_vae.safetensors"
+    tc.write_hunyuan_video_vae(path, seed=60)
+    vae = comfy.sd.VAE(sd=comfy.utils.load_torch_file(str(path)))
     assert type(vae.first_stage_model.decoder.conv_in).__name__ == "VideoConv3d"
     return vae
 
@@ -236,9 +229,11 @@ def _refuse(first_stage_model, latent, ranks=2, **vae_attrs):
 
 def test_vaes_nobody_declared_are_refused_before_any_worker(comfy, vaes):
     """HunyuanImage 2.1's VAE (a KL engine with another decoder) and HunyuanVideo 1.5's non-refiner variant are
-    refused naming the class, why and VAE Decode; so are a latent of the wrong rank (an image latent for HunyuanVideo 1.0's VAE) and one too short for the ranks.
-    Nothing starts a pool."""
+    refused naming the class, why and VAE Decode; so are a latent of the wrong rank (an image latent for HunyuanVideo
+    1.0's VAE) and one too short for the ranks. Nothing starts a pool."""
     from comfy.ldm.models.autoencoder import AutoencoderKL, AutoencodingEngine
+
+    from comfyui_hybrid_parallel.doctor import tiny_checkpoints as tc
     with torch.device("meta"):
         hi21 = {"block_out_channels": [128, 256, 512, 512, 1024, 1024], "in_channels": 3, "out_channels": 3,
                 "num_res_blocks": 2, "ffactor_spatial": 32, "downsample_match_channel": True,
@@ -252,7 +247,7 @@ def test_vaes_nobody_declared_are_refused_before_any_worker(comfy, vaes):
             regularizer_config={"target": "comfy.ldm.models.autoencoder.DiagonalGaussianRegularizer"},
             encoder_config={"target": "comfy.ldm.hunyuan_video.vae_refiner.Encoder", "params": hv15},
             decoder_config={"target": "comfy.ldm.hunyuan_video.vae_refiner.Decoder", "params": hv15})
-        hunyuan10 = AutoencoderKL(ddconfig=HV10_DDCONFIG, embed_dim=16)
+        hunyuan10 = AutoencoderKL(ddconfig=tc.HUNYUAN_VIDEO_VAE_DDCONFIG, embed_dim=16)
     msg = _refuse(hunyuan_image, torch.zeros(1, 64, 4, 4))
     assert "HunyuanImage 2.1's decoder" in msg and "VAE Decode (Tiled)" in msg, msg
     msg = _refuse(hunyuan15_plain, torch.zeros(1, 32, 2, 4, 4))
