@@ -272,12 +272,16 @@ def check_declared(diffusion_model, config) -> None:
     """Refuse, before any worker starts, tensor parallel or PipeFusion on a family whose ComfyUI plan declares no
     shard layout / pipeline stages, with the family's reason and what runs it instead."""
     a = family_adapter(diffusion_model)
+
+    def refuse(what: str, why: str):
+        fix = "" if "ulysses" in why else "; use ulysses/ring/cfg/dp degrees, shard_weights or DistriFusion"
+        raise NotCarried(f"{what} is not available for {a.title}: {why}{fix}")
     if config.pp_degree > 1 and not a.pipefusion_nodes:
-        raise NotCarried(f"PipeFusion (pp_degree={config.pp_degree}) is not available for {a.title}: "
-                         f"{a.comfy_plan.pipeline_refusal or 'no pipeline stages are declared for it'}")
+        refuse(f"PipeFusion (pp_degree={config.pp_degree})",
+               a.comfy_plan.pipeline_refusal or "no pipeline stages are declared for it")
     if config.tp_degree > 1 and a.comfy_plan.tp_layout() is None:
-        raise NotCarried(f"tensor parallel (tp_degree={config.tp_degree}) is not available for {a.title}: "
-                         f"{a.comfy_plan.tp_refusal or 'no shard layout is declared for it'}")
+        refuse(f"tensor parallel (tp_degree={config.tp_degree})", a.comfy_plan.tp_refusal or
+               "no shard layout is declared for it")
 
 
 def check_native_pipefusion(diffusion_model, config, latent_shape) -> None:
