@@ -94,6 +94,14 @@ def _gather_kv(attention, ax):
     return gathered
 
 
+def _plain_child_conv(m: nn.Module, path: str, name: str) -> nn.Module:
+    """The `.conv` a padding wrapper (VideoConv3d, NoPadConv3d) runs, refused unless a plain convolution."""
+    conv = getattr(m, "conv", None)
+    if not (type(conv) in (nn.Conv2d, nn.Conv3d) or type(conv).__module__ == "comfy.ops"):
+        raise ConfigError(f"{path}: {name} runs {qualname(conv)}, not a plain convolution")
+    return conv
+
+
 def _walk(m: nn.Module, path: str, vae: ComfyVae, ax, plan: NativePlan, block_size, timeout_s) -> None:
     name = qualname(m)
     if isinstance(m, (nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)):
@@ -111,17 +119,13 @@ def _walk(m: nn.Module, path: str, vae: ComfyVae, ax, plan: NativePlan, block_si
         plan.add(m, "forward", PatchGroupNorm(m, ax).forward)
         return
     if name in vae.padded and getattr(m, "padding", 0) != 0:  # pads itself, then convolves with no padding
-        conv = getattr(m, "conv", None)
-        if not (type(conv) in (nn.Conv2d, nn.Conv3d) or type(conv).__module__ == "comfy.ops"):
-            raise ConfigError(f"{path}: {name} runs {qualname(conv)}, not a plain convolution")
+        conv = _plain_child_conv(m, path, name)
         stand_in = PaddedConv(m, ax, m.padding, getattr(m, "padding_mode", "constant"), block_size=block_size,
                               timeout_s=timeout_s, name=path)
         plan.add(m, "forward", stand_in.forward, stand_in.halo)
         return
     if name in vae.prepadded:
-        conv = getattr(m, "conv", None)
-        if not (type(conv) in (nn.Conv2d, nn.Conv3d) or type(conv).__module__ == "comfy.ops"):
-            raise ConfigError(f"{path}: {name} runs {qualname(conv)}, not a plain convolution")
+        conv = _plain_child_conv(m, path, name)
         if conv.dilation[-2] * (conv.kernel_size[-2] - 1):  # a 1x1 conv needs no rows from anyone
             stand_in = PrepaddedConv(m, ax, timeout_s=timeout_s, name=path)
             plan.add(m, "forward", stand_in.forward, stand_in.halo)
