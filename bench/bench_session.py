@@ -90,7 +90,9 @@ def child(args) -> dict:
     from comfyui_hybrid_parallel.nodes.runtime import Runtime
     from comfyui_hybrid_parallel.nodes.sampler_node import HybridSampler
     cond, latent = _inputs()
-    runtime = HybridSampler.runtime = Runtime()
+    from comfyui_hybrid_parallel.nodes.config_node import ParallelConfigNode
+    # as in a server: Parallel Config shares the runtime, so it prestarts the workers before the sampler runs
+    runtime = HybridSampler.runtime = ParallelConfigNode.runtime = Runtime()
     steps = 2
 
     def ks(model, n=steps):

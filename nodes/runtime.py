@@ -303,15 +303,21 @@ class Runtime:
         return f"{family} {key.split(':')[0][:8]}"
 
 
-def trim_host_heap() -> None:
+TRIM_EVERY_BYTES = 256 << 20  # the adopter gives freed heap back at least this often (an eighth of a smaller model)
+
+
+def trim_host_heap(collect: bool = True) -> None:
     """Give freed heap memory back to the OS (glibc's malloc_trim): ComfyUI's weights, once the mapped pages replace
     them, were freed into the heap - glibc raises its mmap threshold after large frees, so big tensors often live
-    on the heap, whose free memory stays in the process until trimmed. A no-op elsewhere."""
+    on the heap, whose free memory stays in the process until trimmed. A no-op elsewhere.
+    `collect`: run the garbage collector first (what a reference cycle held); the adopter's caller frees by
+    reference count alone and skips it - a full collection in a ComfyUI process costs 0.2 s."""
     import ctypes
     import ctypes.util
     import gc
-    gc.collect()
-    name = ctypes.util.find_library("c")
+    if collect:
+        gc.collect()
+    name = ctypes.util.find_library("c")  # (cached by ctypes: cheap enough to call every few hundred MiB)
     try:
         libc = ctypes.CDLL(name) if name else None
         if libc is not None and hasattr(libc, "malloc_trim"):
@@ -329,11 +335,27 @@ def adopter(module: torch.nn.Module):
     targets = host_tensors(module)
     owners = dict(module.named_modules())
     lock = threading.Lock()
+    freed = [0]  # bytes let go since the heap was last trimmed
+    total = sum(t.numel() * t.element_size() for t in targets.values())
+    every = max(32 << 20, min(TRIM_EVERY_BYTES, total // 8))
 
     def adopt(name: str, mapped: torch.Tensor) -> None:
-        t = targets.get(name)
+        t = targets.pop(name, None)  # held here no longer: ComfyUI's old tensor is freed as soon as it is replaced
         if t is None or t.device.type != "cpu":
             return
+        try:
+            _adopt(name, t, mapped)
+        finally:
+            nbytes = t.numel() * t.element_size()
+            del t
+            with lock:
+                freed[0] += nbytes
+                trim = freed[0] >= every
+                freed[0] = 0 if trim else freed[0]
+            if trim:  # the old tensors went to the heap: give them back while the rest is written, not at the end
+                trim_host_heap(collect=False)
+
+    def _adopt(name: str, t: torch.Tensor, mapped: torch.Tensor) -> None:
         r = raw(t)  # a loader's tensor (GGUF) is compared by its bytes and rebuilt around the mapped ones
         if r.dtype != mapped.dtype or r.shape != mapped.shape:
             return
@@ -351,7 +373,7 @@ def adopter(module: torch.nn.Module):
                 owner._parameters[leaf] = torch.nn.Parameter(mapped, requires_grad=False)
             elif leaf in owner._buffers and owner._buffers[leaf] is t:
                 owner._buffers[leaf] = mapped
-    adopt.done = trim_host_heap  # the pool calls it once every tensor is adopted
+    adopt.done = lambda: trim_host_heap(collect=False)  # once every tensor is adopted; nothing cyclic was freed
     return adopt
 
 

@@ -41,16 +41,35 @@ def _pool_bytes(pool) -> int:
     return sum(_pss(p.pid) for p in pool.world.procs) + files
 
 
+def _files_bytes(prefix: str) -> int:
+    from comfyui_hybrid_parallel.workers.transport import shm_dir
+    total = 0
+    for n in os.listdir(shm_dir()):
+        if n.startswith(prefix):
+            try:
+                total += os.path.getsize(os.path.join(shm_dir(), n))
+            except FileNotFoundError:  # removed meanwhile (the job that carried it ended)
+                pass
+    return total
+
+
 class _Peak:
-    """The driver's peak RSS while a block runs (sampled every 5 ms)."""
+    """The driver's peak RSS while a block runs (sampled every 5 ms); with `files_prefix`, plus the bytes of the
+    pool's shared-memory files at that moment (the host memory the driver's side holds)."""
+
+    def __init__(self, files_prefix: str | None = None):
+        self.files_prefix = files_prefix
+
+    def _now(self) -> int:
+        return _rss(os.getpid()) + (0 if self.files_prefix is None else _files_bytes(self.files_prefix))
 
     def __enter__(self):
-        self.base = self.peak = _rss(os.getpid())
+        self.base = self.peak = self._now()
         self._stop = threading.Event()
 
         def poll():
             while not self._stop.is_set():
-                self.peak = max(self.peak, _rss(os.getpid()))
+                self.peak = max(self.peak, self._now())
                 time.sleep(0.005)
         self._t = threading.Thread(target=poll, daemon=True)
         self._t.start()
@@ -139,17 +158,20 @@ def test_comfyuis_copy_and_the_workers_are_one_host_copy(tmp_path, ranks):
         inp = inputs("sd3", base, seed=2)
         ref = comfy_forward(base, inp)
         from comfyui_hybrid_parallel.nodes.native import family_adapter, native_spec
-        pool.ensure_model(config, "medium", family_adapter(dm).family, {}, native=native_spec(base),
-                          adopt=adopter(dm), state_dict=lambda: {k: v.detach() for k, v in dm.state_dict().items()})
+        with _Peak(files_prefix=pool.shm_prefix) as writing:  # ComfyUI's copy + the files, while they are written
+            pool.ensure_model(config, "medium", family_adapter(dm).family, {}, native=native_spec(base),
+                              adopt=adopter(dm), state_dict=lambda: {k: v.detach() for k, v in dm.state_dict().items()})
         out = pool.submit(config, "forward", {"key": "medium", "structure": {"transformer_options": {}}},
                           dict(inp)).tensors["out"]
         after_ref = comfy_forward(base, inp)  # ComfyUI's forward on the adopted weights (touches every page)
-        trim_host_heap()
+        trim_host_heap(collect=False)  # no garbage collection: the adopter frees ComfyUI's old copy by refcount
         extra = _host_bytes(pool) - before - weight_bytes  # beyond the one copy ComfyUI itself would hold
     finally:
         pool.close()
     print(f"N={ranks}: weights {weight_bytes / 2**20:.0f} MiB, host beyond ComfyUI's own copy "
-          f"{extra / 2**20:.0f} MiB ({extra / weight_bytes:.2f}x)")
+          f"{extra / 2**20:.0f} MiB ({extra / weight_bytes:.2f}x); while writing, ComfyUI's copy + the files peaked "
+          f"{(writing.peak - writing.base) / 2**20:.0f} MiB above ComfyUI's copy")
     assert weight_bytes > 500 << 20
+    assert writing.peak - writing.base <= 0.25 * weight_bytes  # each old tensor freed as its file replaces it
     assert torch.equal(after_ref, ref) and rel(out, ref) <= 1e-5
     assert extra <= 0.15 * weight_bytes

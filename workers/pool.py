@@ -22,14 +22,15 @@ import tempfile
 import threading
 import time
 import weakref
-from dataclasses import dataclass, field
 from multiprocessing.connection import wait as wait_conns
 
-from .launch import PoolError, StartupError, World, balance_spec
+from .errors import (JobCancelled, JobResult, JobTimeout, PoolError, StartupError, WorkerDied, WorkerError, WorkerOOM,
+                     WorkerStalled)
+from .launch import World, balance_spec
 from .platform_support import check_os, check_pool
 from .protocol import MODEL_FAMILIES, ProtocolError
-from .transport import (WEIGHT_PREFIX, Arena, cleanup_prefix, nbytes, new_name, new_prefix, read_tensor, shm_dir,
-                        sweep_stale, unlink, write_tensor)
+from .transport import (WEIGHT_PREFIX, Arena, cleanup_prefix, nbytes, new_prefix, read_tensor, shm_dir, sweep_stale,
+                        unlink, write_tensor, write_weights)
 
 JOB_KINDS = ("health", "release", "echo", "model_bytes", "prepare", "steps", "load_model", "forward", "vae_decode", "loop",
              "pipefusion_loop")
@@ -39,43 +40,6 @@ CANCEL_WAIT_S = 1.5   # a cancelled job gets this long to stop before the caller
 STALL_TIMEOUT_S = float(os.environ.get("HP_STALL_TIMEOUT_S", "10"))  # no heartbeat this long: a rank is stuck
 POLL_S = 0.05
 DEATH_CHECK_S = 0.5
-
-
-class WorkerError(PoolError):
-    """A rank raised; `rank` and `remote_traceback` say where and why."""
-
-    def __init__(self, message: str, rank: int = -1, remote_traceback: str = ""):
-        super().__init__(message)
-        self.rank, self.remote_traceback = rank, remote_traceback
-
-
-class WorkerOOM(WorkerError):
-    """A rank ran out of memory; the message names the parallel config to change."""
-
-
-class WorkerDied(PoolError):
-    """A worker process exited during a job."""
-
-
-class JobTimeout(PoolError):
-    """The job did not finish within its timeout (a hang); the world was torn down."""
-
-
-class JobCancelled(PoolError):
-    """The job was cancelled; all ranks stopped (or finish their step in the background) and the world is up."""
-
-
-class WorkerStalled(PoolError):
-    """A rank stopped sending heartbeats during a job (stopped, frozen or deadlocked); the world was torn down."""
-
-
-@dataclass
-class JobResult:
-    values: dict                      # rank 0's JSON values
-    tensors: dict                     # rank 0's tensors (owned by the caller; nothing left in shared memory)
-    per_rank: list = field(default_factory=list)  # every rank's JSON values
-    job_id: int = 0
-    elapsed_s: float = 0.0
 
 
 class _Holder:
@@ -410,7 +374,7 @@ class WorkerPool:
     def _drain(self, world: World) -> bool:
         """Collect the results of a job that was answered as cancelled before its ranks stopped. True: the world
         is idle again; False: a rank died or stalled, and the world was torn down (the caller starts another)."""
-        job_id, start = world.pending, time.monotonic()
+        job_id = world.pending
         seen = dict(world.seen)  # silence counts from the rank's last message in the cancelled job
         # A healthy rank beats every second even mid-step; after a cancel, a few seconds of silence is a stuck
         # rank, and the next prompt should not wait the full stall timeout to find out.
@@ -579,32 +543,9 @@ class WorkerPool:
             return res.values
 
     def _write_weights(self, sd: dict, adopt=None) -> dict:
-        """{WEIGHT_PREFIX + name: descriptor} of `sd` written into shared-memory files (a few threads: os.write
-        releases the GIL, so a large model's copy spreads over the cores). The files belong to the next submit.
-        `adopt(name, mapped)` gets each tensor mapped back from its file as soon as it is written, so the caller's
-        copy becomes those pages tensor by tensor (never a second full copy)."""
-        from concurrent.futures import ThreadPoolExecutor, wait
-
-        def write(k, t):  # named and registered before the file exists: a world restarting meanwhile keeps it
-            name = new_name(self.shm_prefix)
-            self._written.add(name)
-            desc = write_tensor(t, self.shm_prefix, name=name)
-            if adopt is not None and desc.get("name"):
-                adopt(k, read_tensor(desc, self.shm_prefix, mapped=True))
-            return desc
-        with ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1))) as ex:
-            futures = {f"{WEIGHT_PREFIX}{k}": ex.submit(write, k, sd.pop(k)) for k in list(sd)}
-            wait(list(futures.values()))
-        if adopt is not None and getattr(adopt, "done", None) is not None:
-            adopt.done()
-        failed = next((f.exception() for f in futures.values() if f.exception() is not None), None)
-        if failed is not None:  # e.g. shared memory full: remove what was written, report the first failure
-            for f in futures.values():
-                if f.exception() is None:
-                    unlink(f.result(), self.shm_prefix)
-                    self._written.discard(f.result()["name"])
-            raise failed
-        return {name: f.result() for name, f in futures.items()}
+        """The weights written for the next submit (transport.write_weights); their names are registered before each
+        file exists, so a world restarting meanwhile keeps them."""
+        return write_weights(sd, self.shm_prefix, self._written, adopt)
 
     def forward(self, config, key: str, inputs: dict, kwargs: dict | None = None, **submit_kw):
         """Step mode: the resident model `key` on the full `inputs` (tensors) and JSON `kwargs`; the output."""

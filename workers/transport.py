@@ -347,6 +347,38 @@ def unlink(desc: dict, prefix: str) -> None:
             pass
 
 
+
+def write_weights(sd: dict, prefix: str, written: set, adopt=None) -> dict:
+    """{WEIGHT_PREFIX + name: descriptor} of `sd` written into shared-memory files, `sd` emptied as they are.
+
+    A few threads: os.write releases the GIL, so a large model's copy spreads over the cores. Each file's name joins
+    `written` before the file exists (the caller's record of files not yet handed to a job). `adopt(name, mapped)`
+    gets each tensor mapped back from its file as soon as it is written, the written tensor already let go, so the
+    caller's copy becomes those pages tensor by tensor (never a second full copy); `adopt.done()`, if any, runs
+    once all are written. A failure (shared memory full) removes what was written and raises the first error."""
+    from concurrent.futures import ThreadPoolExecutor, wait
+
+    def write(k, box):
+        name = new_name(prefix)
+        written.add(name)
+        desc = write_tensor(box.pop(), prefix, name=name)  # the only reference, gone once written
+        if adopt is not None and desc.get("name"):
+            adopt(k, read_tensor(desc, prefix, mapped=True))
+        return desc
+    with ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1))) as ex:
+        futures = {f"{WEIGHT_PREFIX}{k}": ex.submit(write, k, [sd.pop(k)]) for k in list(sd)}
+        wait(list(futures.values()))
+    if adopt is not None and getattr(adopt, "done", None) is not None:
+        adopt.done()
+    failed = next((f.exception() for f in futures.values() if f.exception() is not None), None)
+    if failed is not None:
+        for f in futures.values():
+            if f.exception() is None:
+                unlink(f.result(), prefix)
+                written.discard(f.result()["name"])
+        raise failed
+    return {name: f.result() for name, f in futures.items()}
+
 def copy_blob(desc: dict, prefix: str) -> dict:
     """A new file with the same bytes (the fake worker's echo; no torch needed)."""
     if desc.get("name") is None:
