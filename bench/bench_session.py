@@ -8,7 +8,7 @@ pool's side in the same process, on ComfyUI's own Flux.1 (hidden 3072: 1 double 
 - lora:   a rank-16 LoRA on every attention qkv and MLP of the model, strength 0.5 then 0.8: the second prompt's
           time (the switch) - KSampler re-patches its copy, the pool moves only the patch (bytes shown).
 - switch: the same graph with KSampler, then with Hybrid Sampler (ulysses 2, and 4): the pool's first prompt on a
-          model ComfyUI already holds, against KSampler's first prompt.
+          model ComfyUI already holds, against KSampler's first prompt (three fresh processes: medians and ranges).
 - experts: two models (a Wan 2.2-like high / low pair: two Flux 531M with different weights) alternating for 3
           prompts of 1 step each: loads per prompt (a reload would show), seconds per prompt.
 - memory: host memory (PSS of ComfyUI's process, its workers and the pool's files) after a prompt, against the
@@ -32,7 +32,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(HERE))
 
 SIZES = {"531M": (1, 1), "1.5B": (3, 3)}
-SPARES_HEAD_START_S = 5.0  # the spares start when the workflow is opened, well before a prompt switches samplers
+SPARES_HEAD_START_S = 8.0  # the workflow is opened (spares, its world) well before a prompt switches samplers
+SWITCH_RUNS = 3
 
 
 def _checkpoint(size: str, seed: int) -> str:
@@ -128,9 +129,10 @@ def child(args) -> dict:
             for n in (2, 4):
                 runtime.stop()
                 row[f"pool_u{n}_first_s"] = round(hy(base, n), 3)
-            for n in (2, 4):  # the product's case: the spares started when the workflow was opened (/warm)
-                runtime.stop()
-                runtime.keep_spares(n)
+            for n in (2, 4):  # the product's case: the workflow was opened first - /warm with its Parallel Config
+                runtime.stop()  # started the spares and that world from them, as the route does
+                from comfyui_hybrid_parallel.nodes.routes import warm_config
+                runtime.warm(n, warm_config({"ulysses_degree": n, "device": "cpu"}))
                 time.sleep(SPARES_HEAD_START_S)
                 row[f"pool_u{n}_spares_first_s"] = round(hy(base, n), 3)
         elif args.scenario == "experts":
@@ -162,6 +164,18 @@ def child(args) -> dict:
     return row
 
 
+def _median_switch(runs: list) -> dict:
+    """The switch rows' median times, and each ratio as "median (min - max)" of the per-run ratios (each run's pool
+    side against that run's own KSampler first prompt)."""
+    import statistics
+    out = {k: round(statistics.median(r[k] for r in runs), 3) for k in runs[0] if k.endswith("_s")}
+    for label, key in (("u2", "pool_u2_first_s"), ("u4", "pool_u4_first_s"), ("u2_spares", "pool_u2_spares_first_s"),
+                       ("u4_spares", "pool_u4_spares_first_s")):
+        ratios = [r[key] / r["ksampler_first_s"] for r in runs]
+        out[f"ratio_{label}"] = f"{statistics.median(ratios):.2f}x ({min(ratios):.2f} - {max(ratios):.2f})"
+    return out
+
+
 def _run(scenario, size, ckpt, ckpt2=None, ranks=0) -> dict:
     cmd = [sys.executable, str(Path(__file__)), "--child", "--scenario", scenario, "--size", size, "--ckpt", ckpt,
            "--ranks", str(ranks)] + (["--ckpt2", ckpt2] if ckpt2 else [])
@@ -186,26 +200,28 @@ def main(argv=None):
         return
     from _worlds import write_results
     ckpt, ckpt2 = _checkpoint("531M", 5), _checkpoint("531M", 6)
-    rows = [_run("lora", "531M", ckpt), _run("switch", "531M", ckpt), _run("experts", "531M", ckpt, ckpt2)]
+    # the switch is short and this VM's timings move by 10-15 %: three fresh processes, each side by side
+    switches = [_run("switch", "531M", ckpt) for _ in range(SWITCH_RUNS)]
+    rows = [_run("lora", "531M", ckpt), *switches, _run("experts", "531M", ckpt, ckpt2)]
     for size in ["531M"] + (["1.5B"] if args.big else []):
         c = ckpt if size == "531M" else _checkpoint(size, 5)
         for n in (0, 2, 4):
             rows.append(_run("memory", size, c, ranks=n))
     by = {r["scenario"]: r for r in rows if r["scenario"] != "memory"}
-    lo, sw, ex = by["lora"], by["switch"], by["experts"]
+    lo, ex = by["lora"], by["experts"]
+    sw = _median_switch(switches)
     mib = 2 ** 20
     lines = ["# A real session, side by side with KSampler (this VM, CPU, Flux.1 in ComfyUI's format, fp32)", "",
              "| scenario | KSampler | Hybrid Sampler | note |", "|---|---|---|---|",
              f"| LoRA strength 0.5 -> 0.8, next prompt (s) | {lo['ksampler_switch_s']} | {lo['pool_switch_s']} (u2) | "
              f"moved {lo['pool_switch_bytes'] / mib:.1f} MiB = the patch ({lo['patch_bytes'] / mib:.1f} MiB), "
              f"weights {lo['weight_bytes'] / mib:.0f} MiB |",
-             f"| KSampler -> pool, first prompt on a loaded model (s) | {sw['ksampler_first_s']} (its own first; warm "
-             f"{sw['ksampler_warm_s']}) | u2 {sw['pool_u2_first_s']}, u4 {sw['pool_u4_first_s']}; with the spares "
-             f"(started at workflow open): u2 {sw['pool_u2_spares_first_s']}, u4 {sw['pool_u4_spares_first_s']} | "
-             f"ratio u2 {sw['pool_u2_first_s'] / sw['ksampler_first_s']:.2f}x, u4 "
-             f"{sw['pool_u4_first_s'] / sw['ksampler_first_s']:.2f}x; with spares u2 "
-             f"{sw['pool_u2_spares_first_s'] / sw['ksampler_first_s']:.2f}x, u4 "
-             f"{sw['pool_u4_spares_first_s'] / sw['ksampler_first_s']:.2f}x |",
+             f"| KSampler -> pool, first prompt on a loaded model (s, median of {len(switches)} runs) | "
+             f"{sw['ksampler_first_s']} (its own first; warm {sw['ksampler_warm_s']}) | u2 {sw['pool_u2_first_s']}, u4 "
+             f"{sw['pool_u4_first_s']}; the workflow opened first (/warm: spares + its world): u2 "
+             f"{sw['pool_u2_spares_first_s']}, u4 {sw['pool_u4_spares_first_s']} | ratio (median, per run) cold u2 "
+             f"{sw['ratio_u2']}, u4 {sw['ratio_u4']}; opened first u2 {sw['ratio_u2_spares']}, u4 "
+             f"{sw['ratio_u4_spares']} |",
              f"| two experts alternating, 1 step each (s per prompt) | {ex['ksampler_s']} | {ex['pool_s']} | pool loads "
              f"after each prompt {ex['pool_loads_after_each']} (2 = each expert loaded once) |", "",
              "Host memory after a prompt (PSS of ComfyUI's process + workers + the pool's files):", "",

@@ -10,7 +10,7 @@ stopping workers) runs off the server's event loop.
 from __future__ import annotations
 
 from ..parallel.mesh import AXES, rank_coords, rank_groups
-from .config_node import MAX_LISTED_RANKS, ParallelConfigNode, check_placement, summary
+from .config_node import MAX_LISTED_RANKS, ParallelConfigNode, check_hp_placement, check_placement, summary
 
 MAX_PICTURE_RANKS = MAX_LISTED_RANKS  # larger worlds get totals only: a picture of them would not be read anyway
 PICTURE_AXES = ("dp", "cfg", "pp", "ring", "ulysses", "tp", "sp")
@@ -39,6 +39,30 @@ def _coerce(name: str, value: str, default):
     return value
 
 
+def config_from_widgets(widgets: dict):
+    """The Parallel Config node's result for these widget values (missing ones take the defaults, unknown ones are
+    ignored), built and validated by the node itself; ValueError as the node would raise it."""
+    defaults = _defaults()
+    kwargs = dict(defaults)
+    for name, value in widgets.items():
+        if name in defaults:
+            kwargs[name] = _coerce(name, str(value), defaults[name])
+    return ParallelConfigNode.configure(**kwargs)
+
+
+def warm_config(widgets) -> object | None:
+    """The config a /warm request may start a world for: the workflow's Parallel Config widgets, when they are valid,
+    name a world this machine can place and fix it now (degrees "auto" choose at the sampler); else None."""
+    if not isinstance(widgets, dict) or not widgets:
+        return None
+    try:
+        hp = config_from_widgets(widgets)
+        check_hp_placement(hp)
+    except ValueError:
+        return None  # the node itself reports it when the prompt runs
+    return None if getattr(hp, "auto_devices", 0) else hp
+
+
 def mesh_payload(query: dict, runtime=None) -> dict:
     """What the mesh picture draws for these widget values: {ok, world_size, groups, ranks} or {ok: False, error}.
 
@@ -47,13 +71,8 @@ def mesh_payload(query: dict, runtime=None) -> dict:
     the picture plans a bigger machine too - with `placement` saying what running it here would refuse.
     Nothing here grows with the world beyond MAX_PICTURE_RANKS, so the route answers in milliseconds.
     """
-    defaults = _defaults()
-    kwargs = dict(defaults)
     try:
-        for name, value in query.items():
-            if name in defaults:
-                kwargs[name] = _coerce(name, str(value), defaults[name])
-        hp = ParallelConfigNode.configure(**kwargs)
+        hp = config_from_widgets(query)
     except ValueError as e:
         return {"ok": False, "error": str(e)}
     config = hp.config
@@ -101,6 +120,7 @@ def _default_devices(kind: str, n: int) -> list:
 def register(server, runtime) -> None:
     """Add the routes to ComfyUI's PromptServer (also served under /api/... by ComfyUI)."""
     import asyncio
+    import json
 
     from aiohttp import web
 
@@ -117,18 +137,23 @@ def register(server, runtime) -> None:
     @routes.post("/hybrid_parallel/warm")
     async def warm(request):
         """A workflow holding the pack's nodes was opened in the frontend: start the spare interpreters (torch
-        imported) now, so the first prompt's world does not wait for them - and not before anyone uses the pack."""
+        imported) now, and with its Parallel Config's widgets ({"config": {...}}) that world (Runtime.warm), so the
+        first prompt does not wait for them - and not before anyone uses the pack."""
+        try:
+            body = json.loads(await request.text() or "{}")
+        except ValueError:
+            body = {}
+        widgets = body.get("config") if isinstance(body, dict) else None
+
         def start():
             from ..workers.spares import default_count
             n = default_count()
-            runtime.warm_requests += 1
-            runtime.keep_spares(n)
-            return n
+            return n, runtime.warm(n, warm_config(widgets))
         try:
-            n = await asyncio.get_running_loop().run_in_executor(None, start)
+            n, mesh = await asyncio.get_running_loop().run_in_executor(None, start)
         except Exception as e:  # noqa: BLE001 - a convenience: say why, never fail the frontend
             return web.json_response({"ok": False, "error": str(e)})
-        return web.json_response({"ok": True, "spares": n})
+        return web.json_response({"ok": True, "spares": n, "world": mesh})
 
     @routes.post("/hybrid_parallel/pool/stop")
     async def stop(request):

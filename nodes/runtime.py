@@ -41,6 +41,7 @@ class Runtime:
         self.cost_probes = {}  # auto's measured costs: CPU throughput, ComfyUI's attention kernel per shape (auto.py)
         self._idle = None  # the idle timer (HP_IDLE_TIMEOUT_S), re-armed after every node run
         self.warm_requests = 0  # times the frontend opened a workflow holding the pack's nodes (/hybrid_parallel/warm)
+        self.warm_mesh = None  # the Parallel Config the latest of them sent (its describe()), if any
 
     def keep_spares(self, n: int) -> None:
         """Start `n` spare worker interpreters now (ComfyUI's start-up), so the first prompt's world does not wait
@@ -58,6 +59,22 @@ class Runtime:
         self._spares.fill(n)
         if self._pool is not None:
             self._pool.spares = self._spares
+
+    def warm(self, n: int, hp=None) -> str | None:
+        """A workflow holding the pack's nodes was opened (the frontend's /hybrid_parallel/warm): start `n` spare
+        interpreters and, given the workflow's Parallel Config `hp`, its world too - the ranks take the spares and
+        import ComfyUI while the user is still editing (prestart), so a first prompt on a model ComfyUI already holds
+        pays only for its weights. Nothing starts with n = 0 (HP_SPARE_WORKERS=0: no process before a prompt).
+        Returns the mesh prestarted, if any."""
+        self.warm_requests += 1
+        self.warm_mesh = None if hp is None else hp.describe()
+        if n <= 0:
+            return None
+        self.keep_spares(n)
+        if hp is None:
+            return None
+        self.prestart(hp)
+        return self.warm_mesh
 
     @contextmanager
     def quiet_driver(self, hp):
@@ -293,7 +310,7 @@ class Runtime:
                 "world_size": 0 if world is None else world.world_size,
                 "workers": workers, "job": dict(job) if job else None, "last_job": last,
                 "prestart": self.prestarted, "last_started": dict(self.last_started),
-                "warm_requests": self.warm_requests,
+                "warm_requests": self.warm_requests, "warm_mesh": self.warm_mesh,
                 "join_commands": None if self._pool_cluster is None else join_commands(self._pool_cluster.cluster)}
 
     def _model_label(self, key: str) -> str:

@@ -9,7 +9,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO / "examples") not in sys.path:
     sys.path.insert(0, str(REPO / "examples"))
 
-from comfy_headless import (ComfyServer, parallel_config_node,  # noqa: E402,F401
+from comfy_headless import (PARALLEL_DEFAULTS, ComfyServer, parallel_config_node,  # noqa: E402,F401
                             sample_decode_save)  # (re-exported for the tests)
 
 

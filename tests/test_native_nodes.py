@@ -25,9 +25,14 @@ def comfy(tmp_path_factory):
         spec.loader.exec_module(module)
     import comfy.sd
     from comfyui_hybrid_parallel.doctor import tiny_checkpoints as tc
+    from safetensors.torch import load_file, save_file
+    from test_native_pool import _scaled_fp8
     path = tmp_path_factory.mktemp("nodes_ckpt") / "sd3.safetensors"
     tc.write_sd3(path, depth=2, pos_embed_max_size=32, seed=31)
-    return lambda **opts: comfy.sd.load_diffusion_model(str(path), model_options=opts)
+    scaled = path.with_name("sd3_scaled_fp8.safetensors")  # ComfyUI's scaled-fp8 layout of the same weights
+    save_file(_scaled_fp8(load_file(str(path))), str(scaled))
+    return lambda scaled_fp8=False, **opts: comfy.sd.load_diffusion_model(str(scaled if scaled_fp8 else path),
+                                                                           model_options=opts)
 
 
 def _hp(**degrees):
@@ -278,18 +283,20 @@ def _lora(hidden: int, blocks: int, seed: int = 9) -> dict:
     return sd
 
 
-@pytest.mark.parametrize("precision", ["fp32", "fp8_e4m3fn"])
+@pytest.mark.parametrize("precision", ["fp32", "fp8_e4m3fn", "scaled_fp8"])
 def test_a_lora_strength_change_moves_only_the_patch_and_equals_ksampler(comfy, precision):
     """LoRA on the workers (workers/comfy_patches.py): the base weights travel once; each strength then moves only
     the patch tensors (counted), the ranks patch their base copy with ComfyUI's own code in place of the previous
-    version, and every strength equals KSampler with the same LoRA. ComfyUI's own copy stays unpatched meanwhile."""
+    version, and every strength equals KSampler with the same LoRA. ComfyUI's own copy stays unpatched meanwhile.
+    The two CPU ranks split the keys and each computes its share where the other maps it (fp32 in place, fp8 rounded
+    into it); scaled fp8 layers store their own form (the ops' set_weight) and are written after."""
     import comfy.sd as comfy_sd
     import nodes as comfy_nodes
 
     from comfyui_hybrid_parallel.nodes.runtime import Runtime
     from comfyui_hybrid_parallel.nodes.sampler_node import HybridSampler
     from comfyui_hybrid_parallel.workers.transport import nbytes
-    opts = {} if precision == "fp32" else {"dtype": torch.float8_e4m3fn}
+    opts = {"fp32": {}, "fp8_e4m3fn": {"dtype": torch.float8_e4m3fn}, "scaled_fp8": {"scaled_fp8": True}}[precision]
     base = comfy(**opts)
     dm = base.model.diffusion_model
     hidden = dm.joint_blocks[0].x_block.attn.qkv.in_features

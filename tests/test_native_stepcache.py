@@ -12,7 +12,8 @@ Fresh random inputs; a 12-step schedule with a sigma window inside it.
 import pytest
 import torch
 
-from test_native_pool import _convention, comfy, inputs, load_model, pool, rel  # noqa: F401
+from test_native_pipefusion import _convention
+from test_native_pool import comfy, inputs, load_model, pool, rel  # noqa: F401
 
 pytestmark = pytest.mark.comfy
 

@@ -102,7 +102,7 @@ def test_deep_model_holds_two_blocks_at_most_and_loop_mode_equals_serial(comfy, 
     import comfy.sd
     from comfyui_hybrid_parallel.parallel import ParallelConfig
     from comfyui_hybrid_parallel.doctor import tiny_checkpoints as tiny
-    from test_native_pool import _pool_loop, _serial_loop
+    from test_native_pipefusion import _pool_loop, _serial_loop
     path = tmp_path / "sd3_deep.safetensors"
     tiny.write_sd3(path, depth=6, pos_embed_max_size=32, seed=61)
     base = comfy.sd.load_diffusion_model(str(path), model_options={"dtype": torch.float8_e4m3fn}).model

@@ -326,9 +326,14 @@ def test_the_picture_shows_the_latest_runs_memory_plan(page):
 
 def test_opening_a_workflow_with_the_packs_nodes_warms_the_server(page):
     """Nothing starts with ComfyUI; the frontend asks for the spare interpreters when a workflow holding the pack's
-    nodes is opened (once per page: the fixture opened one)."""
+    nodes is opened (once per page: the fixture opened one), with its Parallel Config's widgets as the workflow
+    holds them - the server may start that world (this server keeps no spares, so it only records the mesh)."""
+    import urllib.parse
+    from comfy_server import PARALLEL_DEFAULTS
+    _until(lambda: page.comfy.get("/hybrid_parallel/pool")["warm_requests"] >= 1, 10, "the frontend's warm request")
     status = page.comfy.get("/hybrid_parallel/pool")
-    assert status["warm_requests"] >= 1, status
+    fixture_mesh = page.comfy.get("/hybrid_parallel/mesh?" + urllib.parse.urlencode(PARALLEL_DEFAULTS))["describe"]
+    assert status["warm_mesh"] == fixture_mesh, status
 
 
 TEMPLATE_UI, TEMPLATE_API = REPO / "example_workflows", REPO / "examples" / "template_prompts"

@@ -15,13 +15,21 @@ const CONFIG_NODE = "HybridParallelConfig";
 const PACK_NODES = new Set(["HybridParallelGPUs", "HybridParallelConfig", "HybridSampler", "HybridPatchVAEDecode", "HybridParallelModel",
                             "HybridParallelCluster"]);
 let warmed = false;
+const WARM_DELAY_MS = 300;
 
 // The server starts nothing until the pack is used: a workflow holding one of its nodes, opened or built here,
-// asks once for the spare worker interpreters (torch imported ahead of the first prompt's world).
+// asks once for the spare worker interpreters (torch imported ahead of the first prompt's world) and sends its
+// Parallel Config's widgets, so the server can start that world too while the user edits. Sent a moment after the
+// first node appears: a loaded workflow's nodes take their saved values only after nodeCreated.
 function warmOnce() {
   if (warmed) return;
   warmed = true;
-  api.fetchApi("/hybrid_parallel/warm", { method: "POST" }).catch(() => { warmed = false; });
+  setTimeout(() => {
+    const config = (app.graph?.nodes || app.graph?._nodes || []).find((n) => n.comfyClass === CONFIG_NODE);
+    const body = config ? { config: Object.fromEntries(widgetQuery(config)) } : {};
+    api.fetchApi("/hybrid_parallel/warm", { method: "POST", headers: { "Content-Type": "application/json" },
+                                            body: JSON.stringify(body) }).catch(() => { warmed = false; });
+  }, WARM_DELAY_MS);
 }
 const MESH_WIDGET = "mesh_picture";
 const DEBOUNCE_MS = 120;

@@ -91,24 +91,49 @@ class _Holder(torch.nn.Module):
         self.diffusion_model = dm
 
 
-def _patch_one(holder, key: str, original: torch.Tensor, patch, device) -> torch.Tensor:
+def _patch_one(holder, key: str, original: torch.Tensor, patch, device, into=None) -> torch.Tensor:
     """ComfyUI's patched weight for `key` from its base (ModelPatcher.patch_weight_to_device, key for key),
-    assigned in the model; returns what the model now holds there."""
+    assigned in the model; returns what the model now holds there.
+
+    `into(shape, dtype)`: where the patched weight must end (a shared-memory mapping, transport.new_mapped); a
+    float32 weight is then computed in place there (no work copy, no copy after), any other lands there once
+    rounded. Not for a layer that stores its own form (set_func: scaled fp8): that one is patched as ComfyUI does
+    and returned for the caller to write."""
     import comfy.float
     import comfy.lora
     import comfy.utils
     from comfy.model_patcher import get_key_weight, string_to_seed
     weight, set_func, convert_func = get_key_weight(holder, key)
-    temp = original.to(device=device, dtype=torch.float32, copy=True)
+    if into is not None and set_func is None:
+        into = into(original.shape, original.dtype)
+    else:
+        into = None
+    if into is not None and original.dtype == torch.float32 and convert_func is None:
+        temp = into.copy_(original)  # the float32 work copy is the destination itself
+    else:
+        temp = original.to(device=device, dtype=torch.float32, copy=True)
     if convert_func is not None:
         temp = convert_func(temp, inplace=True)
     out = comfy.lora.calculate_weight(patch, temp, key)
     if set_func is None:
         out = comfy.float.stochastic_rounding(out, original.dtype, seed=string_to_seed(key))
+        if into is not None and out is not into:
+            out = into.copy_(out)
         comfy.utils.set_attr_param(holder, key, out)
     else:
         set_func(out, inplace_update=False, seed=string_to_seed(key))
     return comfy.utils.get_attr(holder, key)
+
+
+def _owners(keys: list, base: dict, size: int) -> dict:
+    """key -> the rank that patches it: largest first to the least loaded rank (by weight elements), the same on
+    every rank - the ranks wait for each other at the end, so an even split of the work is an even split of time."""
+    load, owner = [0] * size, {}
+    for key in sorted(keys, key=lambda k: (-base[k[len(MODEL_PREFIX):]].numel(), k)):
+        r = min(range(size), key=lambda i: (load[i], i))
+        owner[key] = r
+        load[r] += base[key[len(MODEL_PREFIX):]].numel()
+    return owner
 
 
 def apply(dm: torch.nn.Module, base: dict, patches: dict, previous: set, device, share=None, patcher=None) -> set:
@@ -139,15 +164,22 @@ def apply(dm: torch.nn.Module, base: dict, patches: dict, previous: set, device,
         for key in keys:
             _patch_one(holder, key, base[key[len(MODEL_PREFIX):]], patches[key], device)
         return set(patches)
-    from .transport import read_tensor, unlink, write_tensor
+    from .transport import new_mapped, read_tensor, unlink, write_tensor
     rank, size, prefix, barrier, tag = share
-    mine = {}
-    for i, key in enumerate(keys):
-        if i % size == rank:
-            t = _patch_one(holder, key, base[key[len(MODEL_PREFIX):]], patches[key], device)
-            name = _shared_name(prefix, tag, key)
-            unlink({"name": name}, prefix)  # a failed earlier round of this version may have left it
-            mine[key] = write_tensor(t, prefix, name=name)
+    mine, owner = {}, _owners(keys, base, size)
+    for key in keys:
+        if owner[key] != rank:
+            continue
+        name = _shared_name(prefix, tag, key)
+        unlink({"name": name}, prefix)  # a failed earlier round of this version may have left it
+        made = []
+
+        def into(shape, dtype, name=name, made=made):
+            desc, t = new_mapped(prefix, name, shape, dtype)
+            made.append(desc)
+            return t
+        t = _patch_one(holder, key, base[key[len(MODEL_PREFIX):]], patches[key], device, into=into)
+        mine[key] = made[0] if made else write_tensor(t, prefix, name=name)
     barrier()
     for key in keys:
         desc = mine.get(key) or _described(holder, key, prefix, tag)

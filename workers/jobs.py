@@ -340,9 +340,12 @@ def job_vae_decode(state: WorkerState, ctx, payload: dict) -> dict:
 
 def job_prepare(state: WorkerState, ctx, payload: dict) -> dict:
     """Import ComfyUI as the driver's ComfyUI is configured (nodes/native.py: comfy_runtime), ahead of the first
-    model: the pack starts the workers and this import while ComfyUI is still loading the model."""
+    model: the pack starts the workers and this import while ComfyUI is still loading the model (or, on a model
+    ComfyUI holds already, while the driver writes its weights). Its attention module too: every diffusion model
+    imports it, it picks its kernel from the arguments just set, and it is most of a model class's import (0.1 s)."""
     from .comfy_native import import_comfy
     import_comfy(payload.get("comfy") or {}, sequence_parallel=ctx.config.intercepts_attention)
+    import comfy.ldm.modules.attention  # noqa: F401
     return {"prepared": True}
 
 

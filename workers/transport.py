@@ -348,6 +348,20 @@ def unlink(desc: dict, prefix: str) -> None:
 
 
 
+def new_mapped(prefix: str, name: str, shape, dtype) -> tuple:
+    """(descriptor, tensor): a new file `name` of that shape and dtype, its pages allocated (posix_fallocate: a full
+    tmpfs is an error here, never a SIGBUS later), mapped shared and writable - a tensor computed in place where the
+    other ranks will map it, instead of computed elsewhere, then copied by os.write and freed."""
+    import torch
+    numel = 1
+    for s in shape:
+        numel *= int(s)
+    nbytes = numel * dtype.itemsize
+    _, fd = _create(prefix, nbytes, reserve=True, name=name)
+    os.close(fd)
+    t = torch.from_file(_path(name, prefix), shared=True, size=numel, dtype=dtype).view([int(s) for s in shape])
+    return {"name": name, "dtype": str(dtype).removeprefix("torch."), "shape": [int(s) for s in shape]}, t
+
 def write_weights(sd: dict, prefix: str, written: set, adopt=None) -> dict:
     """{WEIGHT_PREFIX + name: descriptor} of `sd` written into shared-memory files, `sd` emptied as they are.
 
