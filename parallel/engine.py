@@ -28,6 +28,7 @@ class Resident:
     base: Optional[dict] = None                 # its unpatched weights (host), where patches are applied here
     patched: frozenset = frozenset()            # the keys the current patches changed (restored from `base` next)
     compiled: dict = field(default_factory=dict)  # torch.compile options (JSON) -> the compiled model, built once
+    patch_pages: dict = field(default_factory=dict)  # workers/comfy_patches.apply's record: keys the ranks map shared
 
     def callable_for(self, compile_spec: Optional[dict]):
         """The model to call: itself, or - with ComfyUI's TorchCompileModel options - its torch.compile'd module,
@@ -205,6 +206,11 @@ class Engine:
         n = len(self.models)
         self._evict(list(self.models), why="released")
         return n
+
+    def discard(self, name: str, ctx, why: str) -> None:
+        """Drop `name` (a slot, or a key's slot for this layout) at once: its weights can no longer be trusted (a
+        patch version that failed half way), so nothing may run it - the next load builds it again."""
+        self._evict([name if name in self.models else self._slot(name, ctx)], why=why)
 
     def drop_other_meshes(self, key: str) -> None:
         """Forget `key` built for other meshes (called before building it for this one)."""

@@ -306,7 +306,7 @@ def test_a_lora_strength_change_moves_only_the_patch_and_equals_ksampler(comfy, 
     pos, neg = _conds(1), _conds(2)
     runtime = Runtime()
     HybridSampler.runtime = runtime
-    moved, in_place, outs = [], [], []
+    moved, in_place, outs, rewritten = [], [], [], []
     try:
         for strength in (0.5, 0.8, 0.3):
             model = comfy_sd.load_lora_for_models(base, None, lora, strength, 0)[0]
@@ -318,6 +318,7 @@ def test_a_lora_strength_change_moves_only_the_patch_and_equals_ksampler(comfy, 
             assert rel <= 1e-5, (strength, rel)
             outs.append(out)
             moved.append(runtime._pool.last_load_bytes)
+            rewritten.append(runtime._pool.last_load.get("pages_rewritten"))
             h = runtime._pool.health()
             in_place.append([r["layouts"] for r in h])
             # ComfyUI's own copy is left unpatched by Hybrid Sampler's run (KSampler had patched it)
@@ -330,6 +331,10 @@ def test_a_lora_strength_change_moves_only_the_patch_and_equals_ksampler(comfy, 
     weight_bytes = sum(v.numel() * v.element_size() for v in dm.state_dict().values())
     assert moved[0] >= weight_bytes and moved[1] == moved[2] == patch_bytes, (moved, patch_bytes, weight_bytes)
     assert in_place == [[1, 1]] * 3  # one resident version per rank: the old one was patched over, not kept
+    # the 2nd and 3rd versions patch the same keys: their owners rewrite the pages both ranks map (fp32, fp8); a
+    # scaled-fp8 layer stores its own form, so its keys travel through new files
+    lora_keys = len(comfy_sd.load_lora_for_models(base, None, lora, 0.8, 0)[0].patches)  # the weights it patches
+    assert rewritten[1:] == ([0, 0] if precision == "scaled_fp8" else [lora_keys, lora_keys]), (rewritten, lora_keys)
     for a, b in zip(outs, outs[1:]):  # each strength really changed the result
         assert ((a.double() - b.double()).norm() / b.double().norm()).item() > 1e-3
 
@@ -390,3 +395,47 @@ def test_torch_compile_options_travel_and_what_cannot_is_refused_before_workers(
     model = comfy()
     set_torch_compile_wrapper(model, backend=lambda gm, inputs: gm)
     _refused(model, "backend that is not a name", ulysses_degree=2)
+
+
+def test_a_patch_version_that_fails_is_not_kept(comfy):
+    """A patch version the ranks cannot apply leaves no half-patched model behind: the version it was to replace is
+    dropped (its weights may be half rewritten), the job fails with the rank's error, the world stays, and the next
+    load of a good version rebuilds from the base weights - equal to ComfyUI's own patched forward."""
+    import comfy.sd as comfy_sd
+
+    from comfyui_hybrid_parallel.nodes.native import family_adapter, native_spec
+    from comfyui_hybrid_parallel.parallel import ParallelConfig
+    from comfyui_hybrid_parallel.workers.comfy_patches import encode
+    from comfyui_hybrid_parallel.workers.pool import WorkerError, WorkerPool
+    from test_native_pool import comfy_forward, inputs, rel
+    base = comfy()
+    dm = base.model.diffusion_model
+    lora = _lora(dm.joint_blocks[0].x_block.attn.qkv.in_features, len(dm.joint_blocks))
+    v1, v2 = (comfy_sd.load_lora_for_models(base, None, lora, s, 0)[0] for s in (0.5, 0.8))
+    family, spec = family_adapter(dm).family, native_spec(base.model)
+    config = ParallelConfig(ulysses_degree=2)
+    weights = lambda: {k: v.detach() for k, v in dm.state_dict().items()}  # noqa: E731
+    pool = WorkerPool(device="cpu")
+    try:
+        pool.ensure_model(config, "v1", family, {}, native=spec, lineage="L", patches=encode(v1.patches),
+                          state_dict=weights)
+        bad_spec, bad_tensors = encode(v2.patches)
+        bad_spec["diffusion_model.no_such.weight"] = next(iter(bad_spec.values()))
+        with pytest.raises(WorkerError, match="no such base weight"):
+            pool.ensure_model(config, "v2", family, {}, native=spec, lineage="L", patches=(bad_spec, bad_tensors),
+                              state_dict=weights)
+        assert all(r["resident"] == [] for r in pool.health()), pool.health()  # v1 was not kept
+        pool.ensure_model(config, "v2", family, {}, native=spec, lineage="L", patches=encode(v2.patches),
+                          state_dict=weights)
+        assert pool.last_load_bytes > sum(v.numel() * v.element_size() for v in dm.state_dict().values())
+        inp = inputs("sd3", base.model, seed=3)
+        out = pool.submit(config, "forward", {"key": "v2", "structure": {"transformer_options": {}}},
+                          dict(inp)).tensors["out"]
+    finally:
+        pool.close()
+    v2.patch_model()
+    try:
+        ref = comfy_forward(base.model, inp)
+    finally:
+        v2.unpatch_model()
+    assert rel(out, ref) <= 1e-5, rel(out, ref)

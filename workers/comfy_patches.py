@@ -136,7 +136,8 @@ def _owners(keys: list, base: dict, size: int) -> dict:
     return owner
 
 
-def apply(dm: torch.nn.Module, base: dict, patches: dict, previous: set, device, share=None, patcher=None) -> set:
+def apply(dm: torch.nn.Module, base: dict, patches: dict, previous: set, device, share=None, patcher=None,
+          held: dict | None = None) -> set:
     """Patch `dm` in place from its `base` weights (name -> host tensor, unpatched): every key of `patches` gets
     ComfyUI's patched weight, every key of the `previous` version that these patches leave gets its base back.
     Returns the patched keys.
@@ -144,7 +145,10 @@ def apply(dm: torch.nn.Module, base: dict, patches: dict, previous: set, device,
     `share` (CPU ranks of one machine, which map one copy of the base): (rank, size, shm prefix, barrier, tag - the
     version's name, the same on every rank). Each rank
     then computes every size-th patched key and writes it to shared memory, and after the barrier maps the others'
-    - the work is split N ways and the patched weights are one copy for the machine, not one per rank.
+    - the work is split N ways and the patched weights are one copy for the machine, not one per rank. Every rank
+    maps those files shared, and `held` (a dict the caller keeps with the model) records the keys so held: the next
+    version of the same keys (a strength change) is then written by each key's owner into those same pages, which
+    every rank already maps - no file made, mapped or freed.
 
     `patcher` (workers/loader_types.describe_patcher): a custom loader's ModelPatcher that patches its own way;
     each key is then patched by that class's `patch_weight_to_device` (ComfyUI-GGUF: the quantized weight keeps
@@ -164,14 +168,30 @@ def apply(dm: torch.nn.Module, base: dict, patches: dict, previous: set, device,
         for key in keys:
             _patch_one(holder, key, base[key[len(MODEL_PREFIX):]], patches[key], device)
         return set(patches)
-    from .transport import new_mapped, read_tensor, unlink, write_tensor
+    from comfy.model_patcher import get_key_weight
+
+    from .transport import map_shared, new_mapped, unlink, write_tensor
     rank, size, prefix, barrier, tag = share
-    mine, owner = {}, _owners(keys, base, size)
+    held = {} if held is None else held
+    owner = _owners(keys, base, size)
+    # the keys patched where they will stay (every key but a layer that stores its own form, e.g. scaled fp8): the
+    # same on every rank, so every rank agrees on which keys the next version rewrites in place
+    mappable = {key for key in keys if get_key_weight(holder, key)[1] is None}
+    # the same keys as the version held, split the same way: each owner rewrites the pages every rank maps already
+    same = set(patches) == set(previous) and held.get("size") == size
+    in_place = set(held.get("keys", ())) & mappable if same else set()
+    held.clear()
+    mine = {}
     for key in keys:
         if owner[key] != rank:
             continue
         name = _shared_name(prefix, tag, key)
         unlink({"name": name}, prefix)  # a failed earlier round of this version may have left it
+        if key in in_place:
+            current = comfy.utils.get_attr(holder, key)
+            _patch_one(holder, key, base[key[len(MODEL_PREFIX):]], patches[key], device,
+                       into=lambda shape, dtype, current=current: current)
+            continue
         made = []
 
         def into(shape, dtype, name=name, made=made):
@@ -179,14 +199,17 @@ def apply(dm: torch.nn.Module, base: dict, patches: dict, previous: set, device,
             made.append(desc)
             return t
         t = _patch_one(holder, key, base[key[len(MODEL_PREFIX):]], patches[key], device, into=into)
-        mine[key] = made[0] if made else write_tensor(t, prefix, name=name)
-    barrier()
+        mine[key] = made[0] if made else write_tensor(t, prefix, name=name)  # made: it holds that mapping already
+    barrier()  # every owner wrote its keys (in place, or into its new file)
     for key in keys:
+        if key in in_place or (key in mine and key in mappable):
+            continue  # the pages this rank maps already
         desc = mine.get(key) or _described(holder, key, prefix, tag)
-        comfy.utils.set_attr_param(holder, key, read_tensor(desc, prefix, mapped=True))
+        comfy.utils.set_attr_param(holder, key, map_shared(desc, prefix))
     barrier()  # every rank mapped every file: the names can go (the pages stay while mapped)
     for desc in mine.values():
         unlink(desc, prefix)
+    held.update(keys=frozenset(mappable), size=size, rewritten=len(in_place))
     return set(patches)
 
 

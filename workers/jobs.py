@@ -178,10 +178,16 @@ def job_load_model(state: WorkerState, ctx, payload: dict) -> dict:
         if found is not None:
             from .comfy_patches import apply
             slot, r = found
-            r.patched = frozenset(apply(r.model, r.base, patches, r.patched, state.device, _share(state, ctx, key),
-                                        patcher=payload["native"].get("patcher")))
+            try:
+                r.patched = frozenset(apply(r.model, r.base, patches, r.patched, state.device,
+                                            _share(state, ctx, key), patcher=payload["native"].get("patcher"),
+                                            held=r.patch_pages))
+            except BaseException:
+                engine.discard(slot, ctx, why="patch failed")  # half patched: nothing may run it
+                raise
             engine.rekey(slot, key, ctx)
-            return {"loaded": True, "patched_in_place": True, "loads": engine.loads, "resident": engine.resident()}
+            return {"loaded": True, "patched_in_place": True, "loads": engine.loads, "resident": engine.resident(),
+                    "pages_rewritten": r.patch_pages.get("rewritten", 0)}
     weights = {k[len(WEIGHT_PREFIX):]: v for k, v in payload.items() if k.startswith(WEIGHT_PREFIX)}
     if not weights and not payload.get("path"):
         weights = engine.source_weights(key) if payload.get("native") else None  # a config change: no transfer
@@ -219,8 +225,12 @@ def job_load_model(state: WorkerState, ctx, payload: dict) -> dict:
                              "shard_weights): the driver sends patched weights there")
         from .comfy_patches import apply
         r.base = weights
-        r.patched = frozenset(apply(r.model, weights, patches, set(), state.device, _share(state, ctx, key),
-                                    patcher=native.get("patcher") if native else None))
+        try:
+            r.patched = frozenset(apply(r.model, weights, patches, set(), state.device, _share(state, ctx, key),
+                                        patcher=native.get("patcher") if native else None, held=r.patch_pages))
+        except BaseException:
+            engine.discard(key, ctx, why="patch failed")  # its base with some patches: unusable
+            raise
     weights = None
     return {"loaded": True, "loads": engine.loads, "resident": engine.resident(), "attention": kernel_name}
 

@@ -98,6 +98,7 @@ class WorkerPool:
         # own (its ranks go last), comfy_cuda_device: its --cuda-device, undone for the workers}; {} = torch's view
         self.gpus: dict = {}
         self.last_load_bytes = 0  # bytes the latest ensure_model wrote (weights and patches)
+        self.last_load: dict = {}  # rank 0's answer to the latest ensure_model (loaded, patched_in_place, ...)
         self._lineage: dict = {}  # model key -> lineage (the driver's model object), for patch versions
         self._via_patches: set = set()  # keys loaded as base weights + patches (patched in place on the ranks)
         swept = sweep_stale()  # what pools of dead processes left (ComfyUI killed with its workers)
@@ -520,7 +521,8 @@ class WorkerPool:
             written = self._write_weights(sd if callable(state_dict) else dict(sd), adopt)
             sd = None
         try:
-            return self._load(config, key, base, state_dict, path, timeout_s, written, patch_tensors)
+            self.last_load = self._load(config, key, base, state_dict, path, timeout_s, written, patch_tensors)
+            return self.last_load
         finally:
             for d in written.values():  # normally removed by the job that carried them; not if it never started
                 unlink(d, self.shm_prefix)

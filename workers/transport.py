@@ -362,6 +362,19 @@ def new_mapped(prefix: str, name: str, shape, dtype) -> tuple:
     t = torch.from_file(_path(name, prefix), shared=True, size=numel, dtype=dtype).view([int(s) for s in shape])
     return {"name": name, "dtype": str(dtype).removeprefix("torch."), "shape": [int(s) for s in shape]}, t
 
+def map_shared(desc: dict, prefix: str):
+    """The described file mapped shared (MAP_SHARED): what its writer later writes into those pages in place is what
+    this mapping reads - for weights another rank rewrites (a LoRA strength change), never written through here."""
+    import torch
+    shape = [int(s) for s in desc["shape"]]
+    numel = 1
+    for s in shape:
+        numel *= s
+    dtype = tensor_dtype(desc["dtype"])
+    if not numel:
+        return torch.empty(shape, dtype=dtype)
+    return torch.from_file(_path(desc["name"], prefix), shared=True, size=numel, dtype=dtype).view(shape)
+
 def write_weights(sd: dict, prefix: str, written: set, adopt=None) -> dict:
     """{WEIGHT_PREFIX + name: descriptor} of `sd` written into shared-memory files, `sd` emptied as they are.
 
