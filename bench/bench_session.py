@@ -176,6 +176,16 @@ def _median_switch(runs: list) -> dict:
     return out
 
 
+def _median_lora(runs: list) -> dict:
+    """The LoRA rows' median times and the pool / KSampler switch ratio as "median (min - max)" over the runs."""
+    import statistics
+    out = {**runs[0], **{k: round(statistics.median(r[k] for r in runs), 3) for k in ("ksampler_switch_s",
+                                                                                      "pool_switch_s")}}
+    ratios = [r["pool_switch_s"] / r["ksampler_switch_s"] for r in runs]
+    out["ratio"] = f"{statistics.median(ratios):.2f}x ({min(ratios):.2f} - {max(ratios):.2f})"
+    return out
+
+
 def _run(scenario, size, ckpt, ckpt2=None, ranks=0) -> dict:
     cmd = [sys.executable, str(Path(__file__)), "--child", "--scenario", scenario, "--size", size, "--ckpt", ckpt,
            "--ranks", str(ranks)] + (["--ckpt2", ckpt2] if ckpt2 else [])
@@ -202,20 +212,21 @@ def main(argv=None):
     ckpt, ckpt2 = _checkpoint("531M", 5), _checkpoint("531M", 6)
     # the switch is short and this VM's timings move by 10-15 %: three fresh processes, each side by side
     switches = [_run("switch", "531M", ckpt) for _ in range(SWITCH_RUNS)]
-    rows = [_run("lora", "531M", ckpt), *switches, _run("experts", "531M", ckpt, ckpt2)]
+    loras = [_run("lora", "531M", ckpt) for _ in range(SWITCH_RUNS)]
+    rows = [*loras, *switches, _run("experts", "531M", ckpt, ckpt2)]
     for size in ["531M"] + (["1.5B"] if args.big else []):
         c = ckpt if size == "531M" else _checkpoint(size, 5)
         for n in (0, 2, 4):
             rows.append(_run("memory", size, c, ranks=n))
     by = {r["scenario"]: r for r in rows if r["scenario"] != "memory"}
-    lo, ex = by["lora"], by["experts"]
-    sw = _median_switch(switches)
+    ex = by["experts"]
+    sw, lo = _median_switch(switches), _median_lora(loras)
     mib = 2 ** 20
     lines = ["# A real session, side by side with KSampler (this VM, CPU, Flux.1 in ComfyUI's format, fp32)", "",
              "| scenario | KSampler | Hybrid Sampler | note |", "|---|---|---|---|",
-             f"| LoRA strength 0.5 -> 0.8, next prompt (s) | {lo['ksampler_switch_s']} | {lo['pool_switch_s']} (u2) | "
-             f"moved {lo['pool_switch_bytes'] / mib:.1f} MiB = the patch ({lo['patch_bytes'] / mib:.1f} MiB), "
-             f"weights {lo['weight_bytes'] / mib:.0f} MiB |",
+             f"| LoRA strength 0.5 -> 0.8, next prompt (s, median of {len(loras)} runs) | {lo['ksampler_switch_s']} | "
+             f"{lo['pool_switch_s']} (u2) | ratio {lo['ratio']}; moved {lo['pool_switch_bytes'] / mib:.1f} MiB = the "
+             f"patch ({lo['patch_bytes'] / mib:.1f} MiB), weights {lo['weight_bytes'] / mib:.0f} MiB |",
              f"| KSampler -> pool, first prompt on a loaded model (s, median of {len(switches)} runs) | "
              f"{sw['ksampler_first_s']} (its own first; warm {sw['ksampler_warm_s']}) | u2 {sw['pool_u2_first_s']}, u4 "
              f"{sw['pool_u4_first_s']}; the workflow opened first (/warm: spares + its world): u2 "
