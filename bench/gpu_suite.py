@@ -17,6 +17,8 @@ Sections (--sections to pick):
   peak device memory of the whole machine's GPU (ComfyUI's share included). Each row is a fresh process.
 - cost: the cost model's compute for one forward (parallel/costmodel.py, the device's preset) against a measured
   forward of the same model in ComfyUI's process: the per-layer figure `auto` relies on.
+- session: a real session on the device side by side with KSampler (bench/gpu_session.py): the KSampler -> pool
+  switch, a LoRA strength change, two experts alternating, ComfyUI's models freed beside a rank, Unload models.
 Results: bench/results/gpu_suite.{json,md} (reduced: gpu_suite_reduced.*, or --out DIR).
 """
 from __future__ import annotations
@@ -33,7 +35,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-SECTIONS = ("kernels", "methods", "native", "cost")
+SECTIONS = ("kernels", "methods", "native", "cost", "session")
 
 # name -> (family, builder kwargs, latent shape, conditioning (tokens, width, pooled width), steps)
 # Flux: tiny_checkpoints fixes hidden 3072 / 24 heads; 19 double + 38 single blocks is Flux.1's 12B. Wan 2.1 14B:
@@ -51,6 +53,12 @@ DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "fp8_e4m3fn"
 def _torch():
     import torch
     return torch
+
+
+def _session():
+    sys.path.insert(0, str(HERE))
+    import gpu_session
+    return gpu_session
 
 
 def _comfy(cuda: bool):
@@ -296,6 +304,8 @@ def markdown(report: dict) -> str:
                 lines.append(f"| {c['family']} | {c['blocks']} | {c['tokens']} | {c['measured_s']} | "
                              f"{c['measured_per_block_s']} | {c.get('predicted_s', '-')} | "
                              f"{c.get('measured_over_predicted', '-')} | {c['preset']} |")
+    if report.get("session"):
+        lines += [""] + _session().markdown(report["session"])
     for section, err in (report.get("errors") or {}).items():
         lines += ["", f"## {section}: failed", "", "```", err[-3000:], "```"]
     return "\n".join(lines)
@@ -329,7 +339,8 @@ def main(argv=None) -> int:
     report = {"meta": machine_info(), "reduced": args.reduced, "errors": {}}
     folder = Path(tempfile.mkdtemp(prefix="hp-gpu-suite-ckpt-"))
     runs = {"kernels": lambda: run_kernels(cuda, args.reduced), "methods": lambda: run_methods(cuda, args.reduced),
-            "native": lambda: run_native(cuda, args.reduced, folder)}
+            "native": lambda: run_native(cuda, args.reduced, folder),
+            "session": lambda: _session().run_session(cuda, args.reduced, folder)}
     if "cost" in sections and "native" not in sections:
         sections.append("native")  # the cost rows are measured in the KSampler processes of `native`
     for section in SECTIONS:
@@ -350,6 +361,7 @@ def main(argv=None) -> int:
     print(text)
     failed = [r for s in ("kernels", "methods") for r in report.get(s) or [] if not r.get("ok")]
     failed += [r for r in report.get("native") or [] if "error" in r or not r.get("finite", True)]
+    failed += [r for r in report.get("session") or [] if "error" in r]
     return 1 if failed or report["errors"] else 0
 
 

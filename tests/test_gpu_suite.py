@@ -32,5 +32,10 @@ def test_the_gpu_suite_runs_reduced_on_cpu(tmp_path):
         assert "error" not in r and r["finite"] and r["first_s"] > 0 and r["warm_step_s"] > 0, r
     costs = [r["cost"] for r in native if "cost" in r]
     assert len(costs) == 2 and all(c["predicted_s"] > 0 and c["measured_s"] > 0 for c in costs)
+    (session,) = report["session"]
+    assert "error" not in session, session
+    assert session["experts_loads"] == [1, 2, 2, 2], session  # two experts alternating, each loaded once
+    assert 0 < session["lora_moved_bytes"] < session["weight_bytes"] and session["lora_keys_rewritten"] > 0, session
+    assert session["resident_after_release"] == [[], []], session  # ComfyUI's unload released the ranks' models
     text = (tmp_path / "gpu_suite_reduced.md").read_text()
-    assert "# GPU suite (reduced, CPU)" in text and "measured / predicted" in text
+    assert "# GPU suite (reduced, CPU)" in text and "measured / predicted" in text and "A real session" in text

@@ -67,7 +67,9 @@ def job_health(state: WorkerState, ctx, payload: dict) -> dict:
             "layouts": len(state.engine.models),  # resident models counting each mesh's layout of one key
             "evicted": list(state.engine.evicted),
             "loads": state.engine.loads, "rss_bytes": _rss_bytes(), "comfy_imported": "comfy.model_management" in sys.modules,
-            "staged": _staged(), "speeds": ctx.speeds}
+            "staged": _staged(), "speeds": ctx.speeds,
+            # what this rank's allocator holds on its GPU (the session's "memory returned" reads it); None on a CPU
+            "device_reserved_bytes": torch.cuda.memory_reserved(state.device) if state.device.type == "cuda" else None}
 
 
 def _staged() -> bool:
