@@ -143,12 +143,12 @@ def apply(dm: torch.nn.Module, base: dict, patches: dict, previous: set, device,
     Returns the patched keys.
 
     `share` (CPU ranks of one machine, which map one copy of the base): (rank, size, shm prefix, barrier, tag - the
-    version's name, the same on every rank). Each rank
-    then computes every size-th patched key and writes it to shared memory, and after the barrier maps the others'
-    - the work is split N ways and the patched weights are one copy for the machine, not one per rank. Every rank
-    maps those files shared, and `held` (a dict the caller keeps with the model) records the keys so held: the next
-    version of the same keys (a strength change) is then written by each key's owner into those same pages, which
-    every rank already maps - no file made, mapped or freed.
+    version's name, the same on every rank). The patched keys are split between the ranks by size (`_owners`); each
+    rank computes its keys directly in new shared-memory files and after the barrier maps the others' - the work is
+    split N ways and the patched weights are one copy for the machine, not one per rank. Every rank maps those files
+    shared, and `held` (a dict the caller keeps with the model) records the keys so held: the next version of the
+    same keys (a strength change) is then written by each key's owner into those same pages, which every rank
+    already maps - no file made, mapped or freed.
 
     `patcher` (workers/loader_types.describe_patcher): a custom loader's ModelPatcher that patches its own way;
     each key is then patched by that class's `patch_weight_to_device` (ComfyUI-GGUF: the quantized weight keeps
