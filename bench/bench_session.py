@@ -8,7 +8,8 @@ pool's side in the same process, on ComfyUI's own Flux.1 (hidden 3072: 1 double 
 - lora:   a rank-16 LoRA on every attention qkv and MLP of the model, strength 0.5 then 0.8: the second prompt's
           time (the switch) - KSampler re-patches its copy, the pool moves only the patch (bytes shown).
 - switch: the same graph with KSampler, then with Hybrid Sampler (ulysses 2, and 4): the pool's first prompt on a
-          model ComfyUI already holds, against KSampler's first prompt (three fresh processes: medians and ranges).
+          model ComfyUI already holds, cold and with the workflow opened first (/warm: the spares and its world),
+          against KSampler's first prompt (three fresh processes: medians and ranges; the LoRA scenario too).
 - experts: two models (a Wan 2.2-like high / low pair: two Flux 531M with different weights) alternating for 3
           prompts of 1 step each: loads per prompt (a reload would show), seconds per prompt.
 - memory: host memory (PSS of ComfyUI's process, its workers and the pool's files) after a prompt, against the
