@@ -96,6 +96,7 @@ def page(request):
         pytest.skip(msg)
     server = request.getfixturevalue("server")  # only now (tests ask `page` for it): a skip must not start ComfyUI
     server.post("/settings/Comfy.TutorialCompleted", True)  # no first-run templates dialog over the canvas
+    warmed = server.get("/hybrid_parallel/pool")["warm_requests"]
     profile = tempfile.mkdtemp(prefix="hp-chromium-")
     driver = _chrome(profile)
     try:
@@ -104,6 +105,8 @@ def page(request):
         driver.execute_script("window.comfyAPI.app.app.loadApiJson(arguments[0], 'hybrid_parallel.json')",
                               workflow({}, "browser", W, H, steps=3))
         _until(lambda: driver.execute_script(SETTLED), 30, "the first mesh picture")
+        # the frontend's warm request carries the workflow's config as loaded: the tests change widgets only after it
+        _until(lambda: server.get("/hybrid_parallel/pool")["warm_requests"] > warmed, 30, "the frontend's warm request")
         driver.comfy = server
         yield driver
     finally:
@@ -330,8 +333,8 @@ def test_opening_a_workflow_with_the_packs_nodes_warms_the_server(page):
     holds them - the server may start that world (this server keeps no spares, so it only records the mesh)."""
     import urllib.parse
     from comfy_server import PARALLEL_DEFAULTS
-    _until(lambda: page.comfy.get("/hybrid_parallel/pool")["warm_requests"] >= 1, 10, "the frontend's warm request")
     status = page.comfy.get("/hybrid_parallel/pool")
+    assert status["warm_requests"] >= 1, status  # (the fixture waited for it)
     fixture_mesh = page.comfy.get("/hybrid_parallel/mesh?" + urllib.parse.urlencode(PARALLEL_DEFAULTS))["describe"]
     assert status["warm_mesh"] == fixture_mesh, status
 
