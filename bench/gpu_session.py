@@ -31,19 +31,6 @@ FULL = ("flux", dict(depth=2, depth_single=4), (1, 16, 64, 64), (256, 32, 24), 2
 REDUCED = ("sd3", dict(depth=2, pos_embed_max_size=32), (1, 16, 24, 24), (7, 32, 24), 2, 2)
 
 
-def _lora(dm, rank: int = 8, seed: int = 3) -> dict:
-    """A LoRA in ComfyUI's generic format on every Linear of the model's blocks."""
-    import torch
-    g = torch.Generator().manual_seed(seed)
-    sd = {}
-    for name, mod in dm.named_modules():
-        if isinstance(mod, torch.nn.Linear) and "blocks." in name and "mod" not in name:
-            k = f"diffusion_model.{name}"
-            sd[f"{k}.lora_up.weight"] = torch.randn(mod.out_features, rank, generator=g) * 0.02
-            sd[f"{k}.lora_down.weight"] = torch.randn(rank, mod.in_features, generator=g) * 0.02
-    return sd
-
-
 def _device_used(cuda: bool):
     if not cuda:
         return None
@@ -54,7 +41,7 @@ def _device_used(cuda: bool):
 
 def session_child(ckpts: list, reduced: bool, cuda: bool) -> dict:
     import torch
-    from gpu_suite import _comfy
+    from gpu_suite import _comfy, sampler_inputs
     comfy_nodes = _comfy(cuda)
     import comfy.model_management as mm
     import comfy.sd
@@ -62,13 +49,8 @@ def session_child(ckpts: list, reduced: bool, cuda: bool) -> dict:
     from comfyui_hybrid_parallel.nodes.routes import warm_config
     from comfyui_hybrid_parallel.nodes.runtime import Runtime
     from comfyui_hybrid_parallel.nodes.sampler_node import HybridSampler
-    family, _, latent_shape, (tokens, width, pooled), steps, ranks = REDUCED if reduced else FULL
-    g = torch.Generator().manual_seed(0)
-    extra = {"pooled_output": torch.randn(1, pooled, generator=g)} if pooled else {}
-    if family == "flux":
-        extra["guidance"] = 3.5
-    cond = [[torch.randn(1, tokens, width, generator=g), extra]]
-    latent = {"samples": torch.zeros(*latent_shape)}
+    family, _, latent_shape, conditioning, steps, ranks = REDUCED if reduced else FULL
+    cond, latent = sampler_inputs(family, latent_shape, conditioning)
     runtime = HybridSampler.runtime = ParallelConfigNode.runtime = Runtime()
     runtime.follow_comfy_unload()  # as the pack does in a server: ComfyUI's unload releases the workers' models
     widgets = {"ulysses_degree": ranks, "device": "cuda" if cuda else "cpu"}
@@ -101,7 +83,8 @@ def session_child(ckpts: list, reduced: bool, cuda: bool) -> dict:
         row["comfy_models_after"] = len(mm.current_loaded_models)  # a rank on ComfyUI's GPU freed ComfyUI's first
         row["switch_ratio"] = round(row["pool_first_s"] / row["ksampler_first_s"], 3)
         # lora: strength 0.5 -> 0.8
-        lora = _lora(a.model.diffusion_model)
+        from bench_session import _lora  # a LoRA on every Linear of the blocks, ComfyUI's generic format
+        lora = _lora(a.model.diffusion_model, rank=8)
         m1, m2 = (comfy.sd.load_lora_for_models(a, None, lora, s, 0)[0] for s in (0.5, 0.8))
         ks(m1)
         row["ksampler_lora_switch_s"] = ks(m2)

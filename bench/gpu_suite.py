@@ -136,6 +136,18 @@ def _checkpoint(name: str, spec, precision: str, folder: Path) -> Path:
     return path
 
 
+def sampler_inputs(family: str, latent_shape, conditioning) -> tuple:
+    """(positive conditioning, empty latent) for a sampler call: random text tokens (tokens, width) and, where the
+    family has one, a pooled vector; Flux's guidance."""
+    torch = _torch()
+    tokens, width, pooled = conditioning
+    g = torch.Generator().manual_seed(0)
+    extra = {"pooled_output": torch.randn(1, pooled, generator=g)} if pooled else {}
+    if family == "flux":
+        extra["guidance"] = 3.5
+    return [[torch.randn(1, tokens, width, generator=g), extra]], {"samples": torch.zeros(*latent_shape)}
+
+
 def native_child(args) -> dict:
     """One cold first prompt (load + sample) and a warm one, KSampler (ranks 0) or the pool at degree 1."""
     torch = _torch()
@@ -143,13 +155,8 @@ def native_child(args) -> dict:
     t_start = time.perf_counter()
     comfy_nodes = _comfy(cuda)
     import comfy.sd
-    family, _, latent_shape, (tokens, width, pooled), steps = (REDUCED_MODELS if args.reduced else FULL_MODELS)[args.model]
-    g = torch.Generator().manual_seed(0)
-    extra = {"pooled_output": torch.randn(1, pooled, generator=g)} if pooled else {}
-    if family == "flux":
-        extra["guidance"] = 3.5
-    cond = [[torch.randn(1, tokens, width, generator=g), extra]]
-    latent = {"samples": torch.zeros(*latent_shape)}
+    family, _, latent_shape, conditioning, steps = (REDUCED_MODELS if args.reduced else FULL_MODELS)[args.model]
+    cond, latent = sampler_inputs(family, latent_shape, conditioning)
     dtype = getattr(torch, DTYPES[args.precision])
     memory = _PeakMemory(cuda)
     t0 = time.perf_counter()

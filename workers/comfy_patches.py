@@ -170,7 +170,7 @@ def apply(dm: torch.nn.Module, base: dict, patches: dict, previous: set, device,
         return set(patches)
     from comfy.model_patcher import get_key_weight
 
-    from .transport import map_shared, new_mapped, unlink, write_tensor
+    from .transport import new_mapped, read_tensor, unlink, write_tensor
     rank, size, prefix, barrier, tag = share
     held = {} if held is None else held
     owner = _owners(keys, base, size)
@@ -205,7 +205,7 @@ def apply(dm: torch.nn.Module, base: dict, patches: dict, previous: set, device,
         if key in in_place or (key in mine and key in mappable):
             continue  # the pages this rank maps already
         desc = mine.get(key) or _described(holder, key, prefix, tag)
-        comfy.utils.set_attr_param(holder, key, map_shared(desc, prefix))
+        comfy.utils.set_attr_param(holder, key, read_tensor(desc, prefix, mapped=True, shared=True))
     barrier()  # every rank mapped every file: the names can go (the pages stay while mapped)
     for desc in mine.values():
         unlink(desc, prefix)

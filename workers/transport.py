@@ -290,13 +290,15 @@ def _arena_bytes(desc: dict, prefix: str, maps):
 
 
 def read_tensor(desc: dict, prefix: str, mapped: bool = False, unlink: bool = False, maps: dict | None = None,
-                view: bool = False):
+                view: bool = False, shared: bool = False):
     """The described tensor: a private copy (default), or a copy-on-write mapping (`mapped=True`).
 
     Copying suits per-step tensors (fast, and the file can go at once); mapping
     suits model weights: ranks share the pages until someone writes, so N ranks
     do not hold N copies. `unlink=True` removes the file after reading (a mapping
-    stays valid after unlink). An arena descriptor (with "offset") is copied out
+    stays valid after unlink); `shared=True` maps it shared instead (MAP_SHARED: what its writer later writes into
+    those pages in place is what this mapping reads - weights another rank rewrites, never written through here). An
+    arena descriptor (with "offset") is copied out
     and never unlinked; `maps` caches the arena mappings between calls. `view=True` returns an arena
     tensor in place instead, no copy: valid only until the writer reuses its arena (its next job), so only for
     what a job does not keep (a step's latent); it shares the writer's pages - and, on CPU ranks, the other
@@ -324,7 +326,7 @@ def read_tensor(desc: dict, prefix: str, mapped: bool = False, unlink: bool = Fa
         return out
     path = _path(desc["name"], prefix)
     if mapped:
-        t = torch.from_file(path, shared=False, size=numel, dtype=dtype).view(shape)
+        t = torch.from_file(path, shared=shared, size=numel, dtype=dtype).view(shape)
     else:
         t = torch.empty(shape, dtype=dtype)
         view, done = _bytes_view(t), 0
@@ -361,19 +363,6 @@ def new_mapped(prefix: str, name: str, shape, dtype) -> tuple:
     os.close(fd)
     t = torch.from_file(_path(name, prefix), shared=True, size=numel, dtype=dtype).view([int(s) for s in shape])
     return {"name": name, "dtype": str(dtype).removeprefix("torch."), "shape": [int(s) for s in shape]}, t
-
-def map_shared(desc: dict, prefix: str):
-    """The described file mapped shared (MAP_SHARED): what its writer later writes into those pages in place is what
-    this mapping reads - for weights another rank rewrites (a LoRA strength change), never written through here."""
-    import torch
-    shape = [int(s) for s in desc["shape"]]
-    numel = 1
-    for s in shape:
-        numel *= s
-    dtype = tensor_dtype(desc["dtype"])
-    if not numel:
-        return torch.empty(shape, dtype=dtype)
-    return torch.from_file(_path(desc["name"], prefix), shared=True, size=numel, dtype=dtype).view(shape)
 
 def write_weights(sd: dict, prefix: str, written: set, adopt=None) -> dict:
     """{WEIGHT_PREFIX + name: descriptor} of `sd` written into shared-memory files, `sd` emptied as they are.
