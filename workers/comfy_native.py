@@ -120,8 +120,12 @@ def _operations(comfy, spec: dict, device: torch.device):
     weight_dtype = decode_value(ops.get("weight_dtype"))
     compute_dtype = decode_value(ops.get("manual_cast_dtype"))
     scaled = decode_value(ops.get("scaled_fp8"))
-    return comfy.ops.pick_operations(weight_dtype, compute_dtype, load_device=device,
-                                     fp8_optimizations=bool(ops.get("fp8_optimizations")), scaled_fp8=scaled)
+    kwargs = {"load_device": device, "fp8_optimizations": bool(ops.get("fp8_optimizations"))}
+    if scaled is not None:
+        # ComfyUI <= 0.3.x's scaled-fp8 ops; later ComfyUIs load those files as quantized tensors instead
+        # (mixed-precision ops) and have no such argument - the driver never sends it there.
+        kwargs["scaled_fp8"] = scaled
+    return comfy.ops.pick_operations(weight_dtype, compute_dtype, **kwargs)
 
 
 def loader_weights(spec: dict, weights: dict) -> dict:
