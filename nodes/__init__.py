@@ -18,6 +18,10 @@ ParallelModel.runtime = RUNTIME
 # pytest or a plain `import` of the pack there is no PromptServer, and importing ComfyUI's would start one).
 _prompt_server = getattr(getattr(sys.modules.get("server"), "PromptServer", None), "instance", None)
 if _prompt_server is not None:
+    from ..workers.comfy_seams import problem_line as _problem_line
+    if _problem_line():  # the nodes refuse with the same line before any worker starts (Runtime.check_comfyui)
+        import logging as _logging
+        _logging.getLogger(__name__).error("%s", _problem_line())
     from .routes import register as _register_routes
     _register_routes(_prompt_server, RUNTIME)
     ParallelConfigNode.runtime = RUNTIME  # only in a server: the config nodes start the workers early

@@ -166,9 +166,10 @@ def native_spec(base_model) -> dict:
         tensors = loader_tensors(dm)
     except NotCarriable as e:
         raise NotCarried(f"{e}; load the model with ComfyUI's own loaders or a GGUF loader") from None
-    if getattr(config, "layer_quant_config", None):
-        raise NotCarried("mixed-precision quantized checkpoints (layer_quant_config) do not run on the workers yet; "
-                         "use an fp8/scaled-fp8/bf16 checkpoint")
+    if getattr(config, "quant_config", None) or getattr(config, "layer_quant_config", None):  # (0.33 / older name)
+        raise NotCarried("mixed-precision quantized checkpoints (ComfyUI's quant_config: fp8 scaled / mixed, nvfp4, "
+                         "mxfp8, int8) do not run on the workers yet; use a bf16 / fp16 checkpoint, an fp8 "
+                         "weight_dtype or a GGUF file")
     unet_config = dict(config.unet_config)
     return {
         "module": type(dm).__module__,

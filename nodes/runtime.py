@@ -8,6 +8,7 @@ restarts itself when a prompt asks for a different mesh.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 import uuid
@@ -42,6 +43,7 @@ class Runtime:
         self._idle = None  # the idle timer (HP_IDLE_TIMEOUT_S), re-armed after every node run
         self.warm_requests = 0  # times the frontend opened a workflow holding the pack's nodes (/hybrid_parallel/warm)
         self.warm_mesh = None  # the Parallel Config the latest of them sent (its describe()), if any
+        self._comfy_problem = None  # check_comfyui's finding: "" = every seam present
 
     def keep_spares(self, n: int) -> None:
         """Start `n` spare worker interpreters now (ComfyUI's start-up), so the first prompt's world does not wait
@@ -98,8 +100,21 @@ class Runtime:
         while len(self.model_info) > self.MAX_MODEL_INFO:
             self.model_info.pop(next(iter(self.model_info)))
 
+    def check_comfyui(self) -> None:
+        """Refuse, before any worker starts, a ComfyUI that lacks a seam the pack relies on
+        (workers/comfy_seams.py): one line naming what is missing and the ComfyUI versions the tests ran, instead of
+        a worker traceback mid-prompt. Only where ComfyUI is loaded in this process (not under fake-worker tests)."""
+        if "comfy.model_management" not in sys.modules:
+            return
+        if self._comfy_problem is None:
+            from ..workers.comfy_seams import problem_line
+            self._comfy_problem = problem_line() or ""
+        if self._comfy_problem:
+            raise RuntimeError(self._comfy_problem)
+
     def pool(self, hp) -> WorkerPool:
         """The pool for `hp`'s device and machines; another device or cluster replaces it."""
+        self.check_comfyui()
         cluster = getattr(hp, "cluster", None)
         with self._lock:
             if self._pool is None or (self._pool.device, self._pool_cluster) != (hp.device, cluster):

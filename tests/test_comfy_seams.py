@@ -1,0 +1,131 @@
+"""The seam inventory (workers/comfy_seams.py) against the ComfyUI under test, and what a ComfyUI lacking a seam gets.
+
+Why: a ComfyUI release that removes or renames something the pack uses must fail here, in one test that names the
+symbol - not in a worker mid-prompt (0.33 dropped `pick_operations(scaled_fp8=)`: every model build failed on the
+workers). The scan below keeps the inventory honest: every ComfyUI symbol the bridge modules (nodes/, workers/)
+reach for is listed in it.
+
+Marker `comfy`: needs ComfyUI (scripts/setup_comfyui.sh); without it these tests fail, never skip.
+"""
+from __future__ import annotations
+
+import ast
+import importlib
+from pathlib import Path
+
+import pytest
+
+from comfy_env import setup_comfy
+
+pytestmark = pytest.mark.comfy
+
+PACK = Path(__file__).resolve().parent.parent
+COMFY_TOPS = ("comfy", "latent_preview", "comfy_extras", "comfy_api", "folder_paths", "node_helpers")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _comfy():
+    setup_comfy()
+
+
+def test_inventory_complete_on_this_comfyui():
+    from comfyui_hybrid_parallel.workers import comfy_seams
+    assert comfy_seams.missing() == []
+    assert comfy_seams.problem_line() is None
+    version = comfy_seams.comfyui_version()
+    assert version in comfy_seams.TESTED, f"ComfyUI {version} under test is not listed in comfy_seams.TESTED"
+
+
+def _module_and_path(dotted: str):
+    """('comfy.utils', 'set_attr_param') for 'comfy.utils.set_attr_param': the longest importable module prefix."""
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        return ".".join(parts[:i]), ".".join(parts[i:])
+    return None, dotted
+
+
+def _comfy_uses(path: Path) -> set:
+    """module:attribute (first attribute only) of every ComfyUI symbol a file reaches: `from comfy.x import y`,
+    `comfy.x.y` after `import comfy.x`, and `alias.y` after `import comfy.x as alias`."""
+    tree = ast.parse(path.read_text())
+    aliases, uses = {}, set()  # a name bound by `import` -> the dotted prefix it stands for
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                top = a.name.split(".")[0]
+                if top in COMFY_TOPS:
+                    if a.asname:
+                        aliases[a.asname] = a.name
+                    else:
+                        aliases[top] = top
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and \
+                node.module.split(".")[0] in COMFY_TOPS:
+            uses.update(f"{node.module}:{a.name}" for a in node.names)
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Attribute):
+            continue
+        parts, n = [], node
+        while isinstance(n, ast.Attribute):
+            parts.append(n.attr)
+            n = n.value
+        if not isinstance(n, ast.Name) or n.id not in aliases:
+            continue
+        dotted = ".".join([aliases[n.id]] + parts[::-1])
+        module, attr = _module_and_path(dotted)
+        if module and attr and not attr.startswith("__"):
+            uses.add(f"{module}:{attr.split('.')[0]}")
+    return uses
+
+
+def test_every_comfy_symbol_the_bridge_uses_is_in_the_inventory():
+    from comfyui_hybrid_parallel.workers import comfy_seams
+    listed = {s.where.split(".")[0] if ":" not in s.where else
+              s.where.partition(":")[0] + ":" + s.where.partition(":")[2].split(".")[0] for s in comfy_seams.SEAMS}
+    found = {}
+    for folder in ("nodes", "workers"):
+        for f in sorted((PACK / folder).glob("*.py")):
+            for use in _comfy_uses(f):
+                found.setdefault(use, []).append(f"{folder}/{f.name}")
+    assert found, "the scan found no ComfyUI symbol at all: it is broken"
+    unlisted = {u: where for u, where in found.items() if u not in listed}
+    assert not unlisted, f"ComfyUI symbols used but not in workers/comfy_seams.SEAMS: {unlisted}"
+
+
+def test_missing_seam_refused_before_any_worker(monkeypatch):
+    """A ComfyUI without a seam: the node's pool request fails with one line naming it and the tested versions,
+    and no pool (no worker) is made."""
+    from comfyui_hybrid_parallel.nodes.runtime import Runtime
+    from comfyui_hybrid_parallel.parallel.config import ParallelConfig
+    from comfyui_hybrid_parallel.workers import comfy_seams
+    monkeypatch.setattr(comfy_seams, "SEAMS", comfy_seams.SEAMS + (
+        comfy_seams.Seam("comfy.ops:no_such_operations", "a test: a seam this ComfyUI lacks"),
+        comfy_seams.Seam("comfy.sample:sample", "a test: a parameter it lacks", params=("no_such_param",)),
+    ))
+    made = []
+    rt = Runtime(make_pool=lambda device: made.append(device))
+
+    class HP:
+        device = "cpu"
+        cluster = None
+        config = ParallelConfig(ulysses_degree=2)
+    with pytest.raises(RuntimeError) as e:
+        rt.pool(HP())
+    line = str(e.value)
+    assert "\n" not in line
+    assert "comfy.ops:no_such_operations is missing" in line
+    assert "comfy.sample:sample does not accept no_such_param" in line
+    assert comfy_seams.comfyui_version() in line and all(v in line for v in comfy_seams.TESTED)
+    assert made == []
+
+
+def test_moved_symbol_needs_one_of_its_places(monkeypatch):
+    from comfyui_hybrid_parallel.workers import comfy_seams
+    Seam = comfy_seams.Seam
+    assert comfy_seams.missing((Seam("comfy.utils:nope", "t", one_of="g"), Seam("comfy.utils:get_attr", "t",
+                                                                              one_of="g"))) == []
+    gone = comfy_seams.missing((Seam("comfy.utils:nope", "t", one_of="g"), Seam("comfy.ops:nope2", "t", one_of="g")))
+    assert len(gone) == 1 and "none of comfy.utils:nope, comfy.ops:nope2" in gone[0]

