@@ -81,16 +81,26 @@ def _ops():
     return comfy.ops.disable_weight_init
 
 
+def detected(params_cls, **fields) -> dict:
+    """The `fields` (values ComfyUI's detection sets for a family) that this ComfyUI's params dataclass declares:
+    later ComfyUIs added required fields (FluxParams.txt_ids_dims, ChromaParams.vec_in_dim, ...), earlier ones
+    reject them, and a tiny model built from the class must get what a checkpoint's detection would give it."""
+    import dataclasses
+    names = {f.name for f in dataclasses.fields(params_cls)}
+    return {k: v for k, v in fields.items() if k in names}
+
+
 def write_flux(path: Path, *, guidance: bool = True, depth: int = 1, depth_single: int = 1,
                seed: int = 0, dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
     """Flux.1 dev (guidance=True) or schnell (guidance=False) with hidden 3072 (forced, see module doc)."""
-    from comfy.ldm.flux.model import Flux
+    from comfy.ldm.flux.model import Flux, FluxParams
 
     def make():
         return Flux(image_model="flux", in_channels=16, out_channels=16, vec_in_dim=TINY_POOLED_DIM,
                     context_in_dim=TINY_CONTEXT_DIM, hidden_size=3072, mlp_ratio=4.0, num_heads=24,
                     depth=depth, depth_single_blocks=depth_single, axes_dim=[16, 56, 56], theta=10000,
-                    patch_size=2, qkv_bias=True, guidance_embed=guidance, operations=_ops(), device="meta")
+                    patch_size=2, qkv_bias=True, guidance_embed=guidance, operations=_ops(), device="meta",
+                    **detected(FluxParams, txt_ids_dims=[]))
 
     return _save(make, path, seed, dtype)
 
@@ -98,14 +108,15 @@ def write_flux(path: Path, *, guidance: bool = True, depth: int = 1, depth_singl
 def write_flux2(path: Path, *, seed: int = 0, dtype: torch.dtype = torch.float8_e4m3fn) -> dict[str, torch.Tensor]:
     """Flux.2: detection fixes 48 heads x 128 (hidden 6144), mlp ratio 3, gated SiLU MLPs and global modulation;
     one double and one single block are 2.2B parameters (saved fp8 by default: 2.2 GB)."""
-    from comfy.ldm.flux.model import Flux
+    from comfy.ldm.flux.model import Flux, FluxParams
 
     def make():
         return Flux(image_model="flux2", in_channels=128, out_channels=128, vec_in_dim=None,
                     context_in_dim=TINY_CONTEXT_DIM, hidden_size=6144, mlp_ratio=3.0, num_heads=48, depth=1,
                     depth_single_blocks=1, axes_dim=[32, 32, 32, 32], theta=2000, patch_size=1, qkv_bias=False,
                     guidance_embed=True, global_modulation=True, mlp_silu_act=True, ops_bias=False,
-                    default_ref_method="index", ref_index_scale=10.0, operations=_ops(), device="meta")
+                    default_ref_method="index", ref_index_scale=10.0, operations=_ops(), device="meta",
+                    **detected(FluxParams, txt_ids_dims=[3]))
 
     return _save(make, path, seed, dtype)
 
@@ -114,13 +125,14 @@ def write_chroma(path: Path, *, seed: int = 0, dtype: torch.dtype = torch.float8
     """Chroma: Flux's blocks without per-block modulation plus a distilled guidance network; detection fixes 24
     heads x 128 (hidden 3072) and the 5120-wide, 5-layer approximator: ~0.8B parameters with one block of each
     kind (saved fp8 by default)."""
-    from comfy.ldm.chroma.model import Chroma
+    from comfy.ldm.chroma.model import Chroma, ChromaParams
 
     def make():
         return Chroma(image_model="chroma", in_channels=64, out_channels=64, context_in_dim=TINY_CONTEXT_DIM,
                       hidden_size=3072, mlp_ratio=4.0, num_heads=24, depth=1, depth_single_blocks=1,
                       axes_dim=[16, 56, 56], theta=10000, patch_size=2, qkv_bias=True, in_dim=64, out_dim=3072,
-                      hidden_dim=5120, n_layers=5, operations=_ops(), device="meta")
+                      hidden_dim=5120, n_layers=5, operations=_ops(), device="meta",
+                      **detected(ChromaParams, txt_ids_dims=[], vec_in_dim=None))
 
     return _save(make, path, seed, dtype)
 
@@ -287,13 +299,18 @@ def write_hunyuan_video(path: Path, *, version: str = "1.5", hidden: int = 256, 
     the condition-type embedding. "1.0": 16 channels, 1x2x2 patches, the 768-wide pooled CLIP input, guidance.
     "image2.1": HunyuanImage 2.1 on the same class - 64-channel image latents, 2-D 1x1 patches (2-D RoPE ids),
     the ByT5 glyph mapper, no pooled or vision input (ComfyUI's HunyuanImage21 model class)."""
-    from comfy.ldm.hunyuan_video.model import HunyuanVideo
+    import dataclasses
+
+    from comfy.ldm.hunyuan_video.model import HunyuanVideo, HunyuanVideoParams
 
     if version not in ("1.0", "1.5", "image2.1"):
         raise ValueError(f"HunyuanVideo version must be '1.0', '1.5' or 'image2.1', got {version!r}")
     v15, image = version == "1.5", version == "image2.1"
     channels = (65, 32) if v15 else (64, 64) if image else (16, 16)
     patch = [1, 1, 1] if v15 else [1, 1] if image else [1, 2, 2]
+    # later ComfyUIs' params require `meanflow_sum` (how the meanflow timestep joins; detection sets it with the
+    # 1.5 vision input), earlier ones do not know it: pass it where the params declare it
+    extra = {"meanflow_sum": v15} if "meanflow_sum" in {f.name for f in dataclasses.fields(HunyuanVideoParams)} else {}
 
     def make():
         return HunyuanVideo(image_model="hunyuan_video", in_channels=channels[0], out_channels=channels[1],
@@ -302,7 +319,7 @@ def write_hunyuan_video(path: Path, *, version: str = "1.5", hidden: int = 256, 
                             depth_single_blocks=depth_single, axes_dim=[64, 64] if image else [16, 56, 56], theta=256,
                             patch_size=patch, qkv_bias=True, guidance_embed=version == "1.0", byt5=not version == "1.0",
                             meanflow=False, use_cond_type_embedding=v15, vision_in_dim=1152 if v15 else None,
-                            operations=_ops(), device="meta")
+                            operations=_ops(), device="meta", **extra)
 
     return _save(make, path, seed, dtype)
 

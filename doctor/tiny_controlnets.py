@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from .tiny_checkpoints import TINY_CONTEXT_DIM, TINY_POOLED_DIM, _ops, _random_state_dict, _save
+from .tiny_checkpoints import TINY_CONTEXT_DIM, TINY_POOLED_DIM, _ops, _random_state_dict, _save, detected
 
 
 def _comfy_to_diffusers_mmdit(sd: dict, depth: int, num_blocks: int) -> dict[str, torch.Tensor]:
@@ -92,6 +92,7 @@ def write_flux_controlnet(path: Path, *, guidance: bool = True, depth: int = 1, 
     At least one double block: ComfyUI repeats the double-block outputs over Flux's 19 and divides by their
     count."""
     from comfy.ldm.flux.controlnet import ControlNetFlux
+    from comfy.ldm.flux.model import FluxParams
 
     if depth < 1:
         raise ValueError("a Flux ControlNet needs at least one double block (ComfyUI divides by their count)")
@@ -101,7 +102,8 @@ def write_flux_controlnet(path: Path, *, guidance: bool = True, depth: int = 1, 
                               vec_in_dim=TINY_POOLED_DIM, context_in_dim=TINY_CONTEXT_DIM, hidden_size=3072,
                               mlp_ratio=4.0, num_heads=24, depth=depth, depth_single_blocks=depth_single,
                               axes_dim=[16, 56, 56], theta=10000, patch_size=2, qkv_bias=True,
-                              guidance_embed=guidance, operations=_ops(), device="meta")
+                              guidance_embed=guidance, operations=_ops(), device="meta",
+                              **detected(FluxParams, txt_ids_dims=[]))
 
     return _save(make, path, seed, dtype)
 

@@ -140,12 +140,13 @@ def test_flux_mapping_is_complete_on_meta(guidance):
     the keys and shapes of diffusers' FluxTransformer2DModel built from the inferred config."""
     import diffusers
     import comfy.ops
-    from comfy.ldm.flux.model import Flux
+    from comfy.ldm.flux.model import Flux, FluxParams
 
     comfy_flux = Flux(image_model="flux", in_channels=16, out_channels=16, vec_in_dim=tc.TINY_POOLED_DIM,
                       context_in_dim=tc.TINY_CONTEXT_DIM, hidden_size=3072, mlp_ratio=4.0, num_heads=24, depth=2,
                       depth_single_blocks=2, axes_dim=[16, 56, 56], theta=10000, patch_size=2, qkv_bias=True,
-                      guidance_embed=guidance, operations=comfy.ops.disable_weight_init, device="meta")
+                      guidance_embed=guidance, operations=comfy.ops.disable_weight_init, device="meta",
+                      **tc.detected(FluxParams, txt_ids_dims=[]))
     sd = comfy_flux.state_dict()
     assert ck.detect_family(sd) == "flux"
     cls, cfg, dsd = ck.convert("flux", sd)

@@ -38,11 +38,11 @@ def _comfy_model(family: str):
                       num_patches=16 ** 2, pos_embed_max_size=16, qk_norm="rms",
                       x_block_self_attn_layers=[0], operations=ops, device="meta")
     else:
-        from comfy.ldm.flux.model import Flux
+        from comfy.ldm.flux.model import Flux, FluxParams
         model = Flux(image_model="flux", in_channels=16, out_channels=16, vec_in_dim=24, context_in_dim=32,
                      hidden_size=128, mlp_ratio=2.0, num_heads=4, depth=1, depth_single_blocks=2,
                      axes_dim=[8, 12, 12], theta=10000, patch_size=2, qkv_bias=True, guidance_embed=True,
-                     operations=ops, device="meta")
+                     operations=ops, device="meta", **tiny.detected(FluxParams, txt_ids_dims=[]))
     model.load_state_dict(tiny._random_state_dict(model, 5, torch.float32), assign=True)
     _models[family] = model.eval()
     return _models[family]
