@@ -63,6 +63,62 @@ def warm_config(widgets) -> object | None:
     return None if getattr(hp, "auto_devices", 0) else hp
 
 
+def prompt_config(prompt) -> object | None:
+    """The world an API prompt's first Parallel Config / Parallel GPUs node fixes now (widget values only; a
+    linked input or degrees "auto" choose at the sampler): what the headless warm-up starts; else None."""
+    from .simple_node import ParallelGPUsNode
+    if not isinstance(prompt, dict):
+        return None
+    for node in prompt.values():
+        if not isinstance(node, dict):
+            continue
+        kind = node.get("class_type")
+        widgets = {k: v for k, v in (node.get("inputs") or {}).items() if not isinstance(v, list)}  # list = a link
+        if kind == "HybridParallelConfig":
+            return warm_config(widgets)
+        if kind == "HybridParallelGPUs":
+            try:
+                hp = ParallelGPUsNode.configure(**{k: widgets[k] for k in ("devices", "preset") if k in widgets})
+                check_hp_placement(hp)
+            except (ValueError, TypeError):
+                return None  # the node reports it when the prompt runs
+            return None if getattr(hp, "auto_devices", 0) else hp
+    return None
+
+
+PACK_NODES = ("HybridParallelConfig", "HybridParallelGPUs", "HybridSampler", "HybridParallelModel",
+              "HybridPatchVAEDecode", "HybridParallelCluster")
+
+
+def warm_on_prompt(runtime, start=None):
+    """ComfyUI's on-prompt handler for headless clients (a script posting /prompt, no frontend, no /warm): a
+    prompt holding the pack's nodes starts the spares and its Parallel Config's world in the background the moment it
+    is queued - while ComfyUI still loads and encodes - as opening the workflow in the frontend does (/warm). Returns
+    the prompt unchanged; never raises (ComfyUI would log it for every prompt)."""
+    import threading
+
+    def handler(json_data):
+        try:
+            prompt = json_data.get("prompt") if isinstance(json_data, dict) else None
+            if not isinstance(prompt, dict) or not any(isinstance(n, dict) and n.get("class_type") in PACK_NODES
+                                                       for n in prompt.values()):
+                return json_data
+            hp = prompt_config(prompt)
+
+            def run():
+                try:
+                    from ..workers.spares import default_count
+                    runtime.warm_for_prompt(default_count(), hp)
+                except Exception as e:  # noqa: BLE001 - a head start only: the prompt's own run reports errors
+                    import logging
+                    logging.getLogger(__name__).info("hybrid parallel: warm-up on prompt failed: %s", e)
+            (start or (lambda f: threading.Thread(target=f, name="hybrid-parallel-warm", daemon=True).start()))(run)
+        except Exception:  # noqa: BLE001
+            pass
+        return json_data
+    return handler
+
+
 def mesh_payload(query: dict, runtime=None) -> dict:
     """What the mesh picture draws for these widget values: {ok, world_size, groups, ranks} or {ok: False, error}.
 
@@ -125,6 +181,8 @@ def register(server, runtime) -> None:
     from aiohttp import web
 
     routes = server.routes
+    if hasattr(server, "add_on_prompt_handler"):
+        server.add_on_prompt_handler(warm_on_prompt(runtime))
 
     @routes.get("/hybrid_parallel/mesh")
     async def mesh(request):

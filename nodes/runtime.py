@@ -44,6 +44,7 @@ class Runtime:
         self.warm_requests = 0  # times the frontend opened a workflow holding the pack's nodes (/hybrid_parallel/warm)
         self.warm_mesh = None  # the Parallel Config the latest of them sent (its describe()), if any
         self._comfy_problem = None  # check_comfyui's finding: "" = every seam present
+        self.prompt_warms = 0  # prompts holding the pack's nodes seen at queue time (routes.warm_on_prompt)
 
     def keep_spares(self, n: int) -> None:
         """Start `n` spare worker interpreters now (ComfyUI's start-up), so the first prompt's world does not wait
@@ -77,6 +78,23 @@ class Runtime:
             return None
         self.prestart(hp)
         return self.warm_mesh
+
+    def warm_for_prompt(self, n: int, hp=None) -> str | None:
+        """A prompt holding the pack's nodes was queued (nodes/routes.warm_on_prompt: headless clients that never
+        open the frontend): what `warm` does, unless a node run is in progress or `hp`'s world is already up (then
+        nothing is to gain, and a prepare job would queue behind the run). Returns the mesh prestarted, if any."""
+        self.prompt_warms += 1
+        if n <= 0 or self.job is not None:
+            return None
+        pool = self._pool
+        if hp is not None and pool is not None and pool.running and \
+                pool.world.world_key == hp.config.world_key(pool.split_kernel_worlds):
+            hp = None
+        self.keep_spares(n)
+        if hp is None:
+            return None
+        self.prestart(hp)
+        return hp.describe()
 
     @contextmanager
     def quiet_driver(self, hp):
@@ -169,18 +187,18 @@ class Runtime:
         written once into shared memory that every local rank maps; nothing is converted or copied here.
         """
         from ..workers.loader_types import raw
-        from .native import family_adapter, host_tensors, weight_bytes
+        from .native import family_adapter, sent_tensors, weight_bytes
         family = family or family_adapter(diffusion_model).family
         pool = self.pool(hp)
         w = pool.world
         if pool.gpus and (w is None or key not in w.resident):  # the weights will travel: beside ComfyUI's?
             pool.ensure_world(hp.config)
             free_beside_comfy(pool, hp.config, weight_bytes(diffusion_model), pool.gpus)
-        # the weights as the layers hold them; a loader's tensor subclass (GGUF) as its raw bytes (spec["tensors"]
-        # says how the workers rebuild it)
+        # the weights as the layers hold them, in the dtype ComfyUI computes them in (native.sent_tensors); a
+        # loader's tensor subclass (GGUF) as its raw bytes (spec["tensors"] says how the workers rebuild it)
         pool.ensure_model(hp.config, key, family, {}, native=spec, lineage=lineage, adopt=adopter(diffusion_model),
                           patches=patches,
-                          state_dict=lambda: {k: raw(v) for k, v in host_tensors(diffusion_model).items()})
+                          state_dict=lambda: {k: raw(v) for k, v in sent_tensors(diffusion_model).items()})
         self.remember(key, (family, {}))
         return family
 
@@ -325,7 +343,7 @@ class Runtime:
                 "world_size": 0 if world is None else world.world_size,
                 "workers": workers, "job": dict(job) if job else None, "last_job": last,
                 "prestart": self.prestarted, "last_started": dict(self.last_started),
-                "warm_requests": self.warm_requests, "warm_mesh": self.warm_mesh,
+                "warm_requests": self.warm_requests, "warm_mesh": self.warm_mesh, "prompt_warms": self.prompt_warms,
                 "join_commands": None if self._pool_cluster is None else join_commands(self._pool_cluster.cluster)}
 
     def _model_label(self, key: str) -> str:
@@ -449,6 +467,41 @@ def free_beside_comfy(pool, config, nbytes: int, gpus: dict) -> bool:
     mm.free_memory(nbytes, device)
     mm.soft_empty_cache()
     return True
+
+
+def unload_dynamic_copies(model) -> int:
+    """Unload, through ComfyUI's model management, the copies of `model`'s weights that ComfyUI's DynamicVRAM patcher
+    (ModelPatcherDynamic, ComfyUI 0.33) holds loaded - a KSampler run before left them on its GPU - before the pool's
+    run loads the model to the host (nodes/sampler_node.host_clone). Returns how many it unloaded; 0 on a ComfyUI
+    without DynamicVRAM.
+
+    Why: ComfyUI loading the pool's (non-dynamic) clone drops the dynamic copy from its loaded models as a clone of the
+    same model (load_models_gpu), but without unloading it (ModelPatcher.detach without unpatching): its VBAR (the
+    weights it keeps on the GPU) and its force-loaded layers would stay there beside the workers, out of ComfyUI's
+    list of loaded models - no later unload of ComfyUI's (free_memory, Unload models) would reach them. ComfyUI's own
+    unload of a loaded model
+    (LoadedModel.model_unload, what free_memory runs on each model it unloads) frees the VBAR and the pinned buffers
+    and puts the weights it replaced back; the entry then leaves ComfyUI's loaded models, as free_memory removes it."""
+    import comfy.model_management as mm
+    loaded = mm.current_loaded_models
+    weights = getattr(model, "model", None)
+    found = []
+    for lm in list(loaded):
+        patcher = lm.model
+        if patcher is None or lm.is_dead() or getattr(patcher, "model", None) is not weights:
+            continue
+        probe = getattr(patcher, "is_dynamic", None)
+        if callable(probe) and probe():
+            found.append(lm)
+    for lm in found:
+        lm.model_unload()
+        for i, other in enumerate(loaded):
+            if other is lm:
+                loaded.pop(i)
+                break
+    if found:
+        mm.soft_empty_cache()
+    return len(found)
 
 
 def _close_spares(spares, cwd, rmtree) -> None:

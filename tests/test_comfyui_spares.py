@@ -51,3 +51,51 @@ def test_the_first_world_takes_the_spares(tmp_path):
     finally:
         srv.stop()
     assert _survivors([pid for pid, _ in spares]) == []  # they went with the server
+
+
+def test_a_headless_prompt_starts_its_world_when_queued(tmp_path):
+    """A script posting /prompt at once (no frontend, no /warm): ComfyUI's on-prompt handler starts the spares and
+    the prompt's Parallel Config world the moment the prompt is queued - before ComfyUI executes any node - and the
+    result still equals KSampler's."""
+    from comfy_env import setup_comfy
+    srv = ComfyServer(setup_comfy(), tmp_path, spares=2)
+    write_checkpoints(tmp_path, ("sd3",))
+    srv.start()
+    try:
+        assert srv.worker_pids(spares=True) == []
+        entries = {tag: srv.run(workflow(degrees, tag, 104, 72)) for degrees, tag in
+                   ((None, "ref"), ({"ulysses_degree": 2}, "u2"))}
+        for entry in entries.values():
+            assert entry["status"]["status_str"] == "success", (entry["status"], srv.tail())
+        status = srv.get("/hybrid_parallel/pool")
+        assert status["prompt_warms"] == 2 and status["warm_requests"] == 0, status
+        assert status["prestart"]["mesh"] == status["mesh"] == "ulysses2", status
+        started = {m[0]: m[1]["timestamp"] / 1000.0 for m in entries["u2"]["status"]["messages"]}
+        assert status["prestart"]["started"] <= started["execution_start"], (status["prestart"], started)
+        ref, got = (load_file(str(srv.output(f"lat_{t}.safetensors")))["images"] for t in ("ref", "u2"))
+        assert ((got.double() - ref.double()).norm() / ref.double().norm()).item() <= 1e-4
+    finally:
+        srv.stop()
+
+
+def test_prompt_config_reads_the_api_prompts_config_node():
+    from comfyui_hybrid_parallel.nodes.routes import prompt_config, warm_on_prompt
+    prompt = {"1": {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": "x"}},
+              "2": {"class_type": "HybridParallelConfig", "inputs": {"ulysses_degree": 2, "device": "cpu",
+                                                                     "cluster": ["9", 0]}}}
+    assert prompt_config(prompt).config.describe() == "ulysses2"
+    assert prompt_config({"2": {"class_type": "HybridParallelConfig", "inputs": {"degrees": "auto"}}}) is None
+    assert prompt_config({"2": {"class_type": "HybridParallelConfig", "inputs": {"ulysses_degree": "x"}}}) is None
+    assert prompt_config({"2": {"class_type": "HybridParallelGPUs", "inputs": {"preset": "auto"}}}) is None
+
+    class Rt:
+        calls = []
+
+        def warm_for_prompt(self, n, hp):
+            self.calls.append(None if hp is None else hp.config.describe())
+    rt = Rt()
+    handler = warm_on_prompt(rt, start=lambda f: f())
+    body = {"prompt": prompt, "client_id": "c"}
+    assert handler(body) is body and rt.calls == ["ulysses2"]
+    assert handler({"prompt": {"1": prompt["1"]}}) is not None and rt.calls == ["ulysses2"]  # not the pack's: nothing
+    assert handler({"prompt": "garbage"}) == {"prompt": "garbage"} and handler(None) is None
