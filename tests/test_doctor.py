@@ -33,6 +33,9 @@ def test_quick_doctor_passes_on_cpu_and_writes_its_report(tmp_path):
     report = json.loads(out.read_text())
     env = report["environment"]
     assert env["torch"] == torch.__version__ and env["gloo"] and env["comfyui"]
+    from comfyui_hybrid_parallel.workers.comfy_seams import TESTED
+    assert report["comfyui"]["ok"] and report["comfyui"]["tested"] and report["comfyui"]["version"] in TESTED
+    assert f"ComfyUI {report['comfyui']['version']}: every seam the pack uses is present" in res.stdout
     kernels = {(r["dtype"], r["backend"]) for r in report["kernels"]}
     assert {("float32", "cpu_flash"), ("float32", "math"), ("bfloat16", "cpu_flash")} <= kernels
     for r in report["kernels"]:
