@@ -85,7 +85,8 @@ def hunyuan10(comfy, tmp_path_factory):
     path = tmp_path_factory.mktemp("hv10") / "hunyuan_video_vae.safetensors"
     tc.write_hunyuan_video_vae(path, seed=60)
     vae = comfy.sd.VAE(sd=comfy.utils.load_torch_file(str(path)))
-    assert type(vae.first_stage_model.decoder.conv_in).__name__ == "VideoConv3d"
+    # ComfyUI 0.3.75: VideoConv3d (pads itself); later: CarriedConv3d (padded and carried by conv_carry_causal_3d)
+    assert type(vae.first_stage_model.decoder.conv_in).__name__ in ("VideoConv3d", "CarriedConv3d")
     return vae
 
 
@@ -93,8 +94,9 @@ def test_hunyuan_video_10_vae_replicate_padding(hunyuan10, runtime):
     """HunyuanVideo 1.0's 3-D KL decoder: every 3x3x3 conv pads by replicating rows (and frames in front), so a band
     gets its neighbours' rows at inner borders and repeats its own edge row only at the image's true top and bottom;
     the mid attention spans every frame's pixels (keys and values gathered over all ranks). 2 ranks, an odd latent
-    height (tests/test_patch_vae.py checks the padded-conv stand-in alone, replicate and reflect)."""
-    _assert_decode_equals(runtime, hunyuan10, torch.randn(1, 16, 2, 5, 4, generator=torch.Generator().manual_seed(61)),
+    height (tests/test_patch_vae.py checks the padded-conv stand-in alone, replicate and reflect). 3 latent frames:
+    later ComfyUIs run the up levels in 2-frame chunks, each conv's padded input frames carried into the next."""
+    _assert_decode_equals(runtime, hunyuan10, torch.randn(1, 16, 3, 5, 4, generator=torch.Generator().manual_seed(61)),
                           2, "HunyuanVideo 1.0")
 
 
@@ -260,6 +262,19 @@ def test_vaes_nobody_declared_are_refused_before_any_worker(comfy, vaes):
     assert "3 rows tall cannot be split over 4 ranks" in msg and "at most 3 ranks" in msg, msg
 
 
+def test_flux2_tae_is_refused_before_any_worker(comfy):
+    """Flux.2's TAE (taef2: a TAESD whose decoder un-shuffles 128 latent channels into 2x2 pixel blocks and whose
+    first blocks hold a GroupNorm; ComfyUIs after 0.3.75) is built by ComfyUI only with VAELoader's metadata, which
+    the workers' rebuild from the weights does not get: refused naming it, before any worker starts."""
+    import comfy.taesd.taesd as taesd
+    if not hasattr(taesd, "DecoderFlux2"):
+        pytest.skip("this ComfyUI has no Flux.2 TAE")
+    with torch.device("meta"):
+        model = taesd.TAESD(latent_channels=128)
+    msg = _refuse(model, torch.zeros(1, 128, 4, 4))
+    assert "taef2" in msg and "VAE Decode" in msg, msg
+
+
 def test_the_driver_copy_becomes_the_workers_pages(comfy, vaes, runtime):
     """ComfyUI's own VAE weights are what the workers map (one host copy): after a decode each of them lives in a
     shared-memory file's pages, and ComfyUI's VAE still decodes the same."""
@@ -276,14 +291,24 @@ def test_the_driver_copy_becomes_the_workers_pages(comfy, vaes, runtime):
 
 
 def test_every_written_refusal_names_a_class_of_this_comfyui(comfy):
-    """The refused VAEs' reasons are keyed by class names: each must name a class ComfyUI 0.3.75 has (a typo would
-    silently fall back to the generic message)."""
+    """The refused VAEs' reasons and the declarations are keyed by class names: each must name a class of the
+    ComfyUI in use (a typo would silently fall back to the generic message, or refuse a module), except the names of
+    RENAMED, one side of which it must have (each side is checked by the run on the ComfyUI that has it)."""
     import importlib
 
-    from comfyui_hybrid_parallel.parallel.vae.comfy_vaes import DECLARED, REFUSED
+    from comfyui_hybrid_parallel.parallel.vae.comfy_vaes import DECLARED, RENAMED, REFUSED
+
+    def exists(name):
+        module, _, cls = name.rpartition(".")
+        try:
+            return isinstance(getattr(importlib.import_module(module), cls, None), type)
+        except ImportError:
+            return False
     names = [n for key in REFUSED for n in key.split("/")]
     names += [n for v in DECLARED for n in (*v.classes, *v.row_local, *v.attention, *v.convs, *v.padded,
-                                                *v.prepadded)]
+                                                *v.prepadded, *((v.decoder,) if v.decoder else ()))]
+    partner = {a: b for pair in RENAMED for a, b in (pair, pair[::-1])}
+    for pair in RENAMED:
+        assert any(exists(n) for n in pair), pair
     for name in names:
-        module, _, cls = name.rpartition(".")
-        assert isinstance(getattr(importlib.import_module(module), cls, None), type), name
+        assert exists(name) or (name in partner and exists(partner[name])), name

@@ -1,11 +1,15 @@
-"""The ComfyUI VAEs Patch VAE Decode splits, each declared after reading its decode path (ComfyUI 0.3.75), and the
-ones it refuses with the reason. The mechanism is native.py; a new VAE is an entry here plus a test against
+"""The ComfyUI VAEs Patch VAE Decode splits, each declared after reading its decode path (ComfyUI 0.3.75 and 0.33),
+and the ones it refuses with the reason. The mechanism is native.py; a new VAE is an entry here plus a test against
 ComfyUI's VAE Decode.
 
 Row-local, read: a module listed under `row_local` does nothing across rows itself (its children are walked and
 checked on their own): residual sums, per-pixel activations and norms over channels (Wan's RMS_norm), nearest
 upsampling by integer factors, rearranges that move channels into blocks of rows in order (Wan 2.2's DupUp3D and
 unpatchify, Flux.2's latent un-shuffle), the frame caches of causal decoders (they hold this rank's rows).
+
+Where ComfyUI releases differ, an entry names the classes of each (a name a release lacks never matches; the
+renames are listed in RENAMED, so the tests can tell them from typos) and `native.py` / `patch_ops.py`
+read the layout from the modules themselves (attributes and signatures, never a version number).
 """
 from __future__ import annotations
 
@@ -16,8 +20,14 @@ _WAN = "comfy.ldm.wan.vae"
 _WAN22 = "comfy.ldm.wan.vae2_2"
 
 
+# The 3-D KL decoder's convs: VideoConv3d pads its own input (ComfyUI 0.3.75, and later where the decoder has
+# attention levels); CarriedConv3d is padded by its caller, conv_carry_causal_3d (later ComfyUIs, no attention levels:
+# HunyuanVideo 1.0), which carries each conv's last 2 input frames into the next 2-frame chunk
+_KL3D_CONVS = (f"{_MODEL}.VideoConv3d", f"{_MODEL}.CarriedConv3d")
+
+
 def _is_3d(decoder) -> bool:
-    return qualname(getattr(decoder, "conv_in", None)).endswith("VideoConv3d")
+    return qualname(getattr(decoder, "conv_in", None)) in _KL3D_CONVS
 
 
 def _kl_problems(model) -> list:
@@ -28,7 +38,7 @@ def _kl_problems(model) -> list:
     if qualname(decoder) != f"{_MODEL}.Decoder":
         out.append(f"its decoder is {qualname(decoder)}, not the KL Decoder")
     elif _is_3d(decoder):
-        out.append("its decoder is the 3-D KL decoder (VideoConv3d)")
+        out.append("its decoder is the 3-D KL decoder (VideoConv3d / CarriedConv3d)")
     if getattr(model, "max_batch_size", None) is not None:
         out.append("it decodes in sub-batches (max_batch_size)")
     return out
@@ -63,10 +73,15 @@ KL3D = ComfyVae(
     # the KL Decoder with conv3d=True: every 3x3x3 conv is a VideoConv3d (replicate F.pad in space, replicate in
     # front in time, then a Conv3d without padding); 1x1x1 convs (shortcuts, the mid attention's q/k/v) pad nothing;
     # Upsample: nearest x2 in space (and in time after the first frame on the time-compressed levels) then a
-    # VideoConv3d; the mid AttnBlock attends over every frame's pixels at once (gathered K/V over all rows)
+    # VideoConv3d; the mid AttnBlock attends over every frame's pixels at once (gathered K/V over all rows).
+    # Later ComfyUIs build it (no attention levels) with CarriedConv3d: the same pads, made by conv_carry_causal_3d
+    # on the band it is given (replicated rows; in front the previous 2-frame chunk's last 2 padded input frames of
+    # this rank's band, or replicated frames), the up levels run 2-frame chunks: PrepaddedConv swaps the padded rows
+    # at inner borders, as for HunyuanVideo 1.5
     row_local=(f"{_MODEL}.Decoder", f"{_MODEL}.ResnetBlock", f"{_MODEL}.Upsample"),
     attention=(f"{_MODEL}.AttnBlock",),
     padded=(f"{_MODEL}.VideoConv3d",),
+    prepadded=(f"{_MODEL}.CarriedConv3d",),
     dims=5,
     check=_kl3d_problems,
     decoder=f"{_MODEL}.Decoder",
@@ -93,21 +108,38 @@ HV15 = ComfyVae(
     # (RMS_norm over channels, SiLU, NoPadConv3d), UpSmpl (NoPadConv3d, channels into 2x2 pixel blocks - rows in
     # order - and frames, the first frame apart), RMS_norm, SiLU, conv_out. Every 3x3x3 NoPadConv3d is called through
     # conv_carry_causal_3d, which pads the band it is given by replicating rows (and prepends the previous chunk's
-    # last 2 frames of this rank's rows, or replicated frames): PrepaddedConv swaps the padded rows at inner borders
-    row_local=(f"{_HV15}.Decoder", f"{_HV15}.HunyuanRefinerResnetBlock", f"{_HV15}.UpSmpl", f"{_HV15}.RMS_norm"),
+    # last 2 frames of this rank's rows, or replicated frames): PrepaddedConv swaps the padded rows at inner borders.
+    # Later ComfyUIs: the same with model.py's ResnetBlock (its temb_proj, in the mid blocks, never runs: no
+    # timestep) and CarriedConv3d, conv_carry_causal_3d moved to model.py (it now carries the padded frames)
+    row_local=(f"{_HV15}.Decoder", f"{_HV15}.HunyuanRefinerResnetBlock", f"{_MODEL}.ResnetBlock", f"{_HV15}.UpSmpl",
+               f"{_HV15}.RMS_norm"),
     attention=(f"{_MODEL}.AttnBlock",),
-    prepadded=(f"{_HV15}.NoPadConv3d",),
+    prepadded=(f"{_HV15}.NoPadConv3d", f"{_MODEL}.CarriedConv3d"),
     dims=5,
     check=_hv15_problems,
     decoder=f"{_HV15}.Decoder",
 )
 
+_TAESD = "comfy.taesd.taesd"
+
+
+def _taesd_problems(model) -> list:
+    decoder = getattr(model, "taesd_decoder", None)
+    if qualname(decoder) == f"{_TAESD}.DecoderFlux2":
+        return ["Flux.2's TAE (taef2) is built by ComfyUI only with VAELoader's metadata (tae_latent_channels), which "
+                "the workers, rebuilding the VAE from its weights alone, do not get"]
+    return []
+
+
 TAESD = ComfyVae(
     title="TAESD",
-    classes=("comfy.taesd.taesd.TAESD",),
+    classes=(f"{_TAESD}.TAESD",),
     parts=("taesd_decoder",),  # decode: (x - shift) * scale, the decoder, *2-1: per element
-    # Decoder: Clamp (tanh(x/3)*3), 3x3 convs, ReLU, Block (conv stack + 1x1 skip, ReLU), nearest x2 Upsample
-    row_local=("comfy.taesd.taesd.Clamp", "comfy.taesd.taesd.Block"),
+    # Decoder (an nn.Sequential; its own subclass without a forward in later ComfyUIs): Clamp (tanh(x/3)*3), 3x3
+    # convs, ReLU, Block (conv stack + 1x1 skip, ReLU; later ComfyUIs: with use_midblock_gn first x + pool(x), 1x1
+    # convs around a GroupNorm - the GroupNorm split like any other), nearest x2 Upsample
+    row_local=(f"{_TAESD}.Clamp", f"{_TAESD}.Block", f"{_TAESD}.Decoder"),
+    check=_taesd_problems,
 )
 
 
@@ -122,10 +154,12 @@ WAN21 = ComfyVae(
     parts=("conv2", "decoder"),
     # Decoder3d: CausalConv3d (3x3x3, causal in time, zero padding in space), middle ResidualBlock / AttentionBlock,
     # upsample ResidualBlocks and Resample (nearest-exact x2 in space then a 3x3 Conv2d; time_conv 3x1x1 in time),
-    # head RMS_norm (over channels), SiLU, CausalConv3d
+    # head RMS_norm (over channels), SiLU, CausalConv3d. Later ComfyUIs: decode runs the first frame then 2-frame
+    # chunks, run_up splits a chunk into frame pairs after a time upsample (frames only), the caches are views of
+    # this rank's rows, CausalConv3d pads space in its conv and a lone uncached frame takes its last temporal tap
     row_local=(f"{_WAN}.Decoder3d", f"{_WAN}.ResidualBlock", f"{_WAN}.Resample", f"{_WAN}.RMS_norm"),
     attention=(f"{_WAN}.AttentionBlock",),  # per frame: RMS_norm, fused 1x1 qkv, optimized_attention, 1x1 proj
-    convs=(f"{_WAN}.CausalConv3d",),  # zero F.pad in space, cached frames or zeros in front in time: PatchConv's causal
+    convs=(f"{_WAN}.CausalConv3d",),  # zero pad in space, cached frames or zeros in front in time: PatchConv's causal
     dims=5,
     check=_wan_problems,
 )
@@ -150,7 +184,9 @@ TAEHV = ComfyVae(
     classes=(f"{_TAEHV}.TAEHV",),
     # decode: the latent format's process_in (per element), the decoder frame by frame (apply_model_with_memblocks:
     # a MemBlock sees its frame and the previous one - this rank's rows of both), pixel_shuffle for the 32 / 48-channel
-    # latents (channels into 2x2 pixel blocks), leading frames trimmed
+    # latents (channels into 2x2 pixel blocks; later ComfyUIs: per frame inside apply_model_with_memblocks, 4x4 for
+    # LTX-2's 128 channels, the output moved to ComfyUI's intermediate device), leading frames trimmed (MiniMax H3's
+    # 24 channels: clamped, frames trimmed per 17-frame chunk)
     parts=("decoder",),
     # Clamp (tanh), 3x3 convs, ReLU / LeakyReLU, MemBlock (conv stack over [frame, previous frame] + 1x1 skip), TGrow
     # (1x1 conv, channels into frames), nearest Upsample
@@ -159,6 +195,15 @@ TAEHV = ComfyVae(
 )
 
 DECLARED = (KL, KL3D, HV15, TAESD, WAN21, WAN22, TAEHV)
+
+# Declared names that only some ComfyUI releases define: (the earlier releases' name, the later ones'). Every other
+# name in DECLARED and REFUSED must be a class of the ComfyUI in use, and of each pair one side
+# (tests/test_patch_vae_native.py).
+RENAMED = (
+    (f"{_HV15}.NoPadConv3d", f"{_MODEL}.CarriedConv3d"),
+    (f"{_HV15}.HunyuanRefinerResnetBlock", f"{_MODEL}.ResnetBlock"),
+    ("torch.nn.Sequential", f"{_TAESD}.Decoder"),  # earlier: a function returning an nn.Sequential
+)
 
 # Read and refused, with the reason (what an entry would need). Keys: the first_stage_model class, or
 # "class/decoder class" where one class hosts several decoders.

@@ -30,9 +30,18 @@ from ..comm import all_gather_uneven, gather_to_first, split_sizes
 from ..config import ConfigError
 from .patch_ops import PaddedConv, PatchConv, PatchGroupNorm, PrepaddedConv
 
-# torch modules that act on each pixel (or are plain containers): row-local whatever the VAE
+# torch modules that act on each pixel (or are plain containers): row-local whatever the VAE. Exactly these classes:
+# a subclass (ComfyUI's TAESD Decoder is an nn.Sequential subclass, Flux.2's TAE decoder overrides its forward) runs
+# code nobody read until its VAE's entry declares it
 _TORCH_ROW_LOCAL = (nn.Sequential, nn.ModuleList, nn.ModuleDict, nn.SiLU, nn.ReLU, nn.GELU, nn.Mish, nn.Tanh,
                     nn.Dropout, nn.Identity, nn.LeakyReLU)
+
+
+def _torch_row_local(m: nn.Module) -> bool:
+    """A plain torch container / per-pixel activation, or a Linear (torch's or ComfyUI's ops: over a row's last
+    dimension; the one in a decoder, ResnetBlock's temb_proj, only ever sees the timestep embedding)."""
+    return type(m) in _TORCH_ROW_LOCAL or (isinstance(m, nn.Linear) and (type(m) is nn.Linear
+                                                                          or type(m).__module__ == "comfy.ops"))
 
 
 @dataclass(frozen=True)
@@ -139,7 +148,7 @@ def _walk(m: nn.Module, path: str, vae: ComfyVae, ax, plan: NativePlan, block_si
         problem = _upsample_problem(m)
         if problem:
             raise ConfigError(f"{path}: {problem}")
-    elif not (type(m) is nn.Module or isinstance(m, _TORCH_ROW_LOCAL) or name in vae.row_local or name in vae.padded):
+    elif not (type(m) is nn.Module or _torch_row_local(m) or name in vae.row_local or name in vae.padded):
         raise ConfigError(f"{path}: module type {name} was not read for a row split (it might mix rows across "
                           f"patches); decode this VAE with VAE Decode")
     for child_name, child in m.named_children():
@@ -202,7 +211,9 @@ def native_patch_decode(model: nn.Module, vae: ComfyVae, latent: torch.Tensor, a
     local = latent.narrow(-2, start, sizes[ax.rank]).contiguous()
     with torch.no_grad(), installed(plan):
         out = model.decode(local)
-    return gather_rows(out, ax, gather)
+    # later ComfyUIs' TAEHV returns its frames on ComfyUI's intermediate device (the CPU unless --gpu-only): the rows
+    # are gathered where the latent is, the device the axis' collectives run on
+    return gather_rows(out.to(latent.device), ax, gather)
 
 
 def gather_rows(out: torch.Tensor, ax, gather):

@@ -28,6 +28,8 @@ copied) and are swapped in only for the duration of a patch decode (plan.py).
 """
 from __future__ import annotations
 
+import functools
+import inspect
 from typing import Optional
 
 import torch
@@ -103,6 +105,29 @@ def exchange_halo(x: torch.Tensor, ax, top: int, bottom: int, dim: int = -2,
     return HaloExchange(x, ax, top, bottom, dim, timeout_s).wait()
 
 
+def _causal_padding(conv: nn.Module, name: str) -> tuple:
+    """(frames in front, rows, columns) a Wan causal conv pads its input with, from either of ComfyUI's layouts:
+    `_padding` the F.pad 6-tuple (w, w, h, h, 2*t, 0) with the conv's own padding zero, or `_padding` the number
+    of frames in front with the conv padding space itself (`padding` (0, h, w))."""
+    p, own = conv._padding, tuple(int(v) for v in conv.padding) if not isinstance(conv.padding, str) else None
+    if isinstance(p, int) and own is not None and own[0] == 0:
+        return (p, own[1], own[2])
+    if (isinstance(p, (tuple, list)) and len(p) == 6 and p[0] == p[1] and p[2] == p[3] and p[5] == 0
+            and own is not None and not any(own)):
+        return (p[4], p[2], p[0])
+    raise ConfigError(f"{name}: a causal conv padding _padding={p!r} with padding={conv.padding!r} is not a layout "
+                      f"patch decode has read; decode this VAE with VAE Decode")
+
+
+def _takes_autopad(conv: nn.Module) -> bool:
+    """Whether the conv's op takes ComfyUI's `autopad` (its "causal_zero" truncates the temporal taps)."""
+    fn = getattr(type(conv), "_conv_forward", None)
+    try:
+        return fn is not None and "autopad" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 def _rows(pieces, start: int, stop: int, dim: int) -> torch.Tensor:
     """Rows [start, stop) of the virtual concatenation of `pieces` along `dim` (copying only that range)."""
     out, offset = [], 0
@@ -129,10 +154,14 @@ class PatchConv(nn.Module):
         super().__init__()
         self.conv, self.ax, self.block_size, self.timeout_s = conv, ax, block_size, timeout_s
         nd = conv.weight.dim() - 2
-        self.causal = hasattr(conv, "_padding")  # WanCausalConv3d keeps its real padding in _padding
+        self.causal = hasattr(conv, "_padding")  # Wan's causal conv keeps its padding in front of time in _padding
+        self.one_frame_taps = False
         if self.causal:
-            p = conv._padding  # (w, w, h, h, 2*t, 0) in F.pad order
-            self.pad = (p[4], p[2], p[0])  # (t_front, h, w); t is front-only
+            self.pad = _causal_padding(conv, name)  # (t_front, h, w); t is front-only
+            # ComfyUI's causal conv whose `_padding` counts frames only takes a fast path for a lone frame with no
+            # cached frames: the conv's last temporal tap alone (the ops' autopad="causal_zero"), the same sum as
+            # over the zero frames, and mirrored here so that the rounding is ComfyUI's too.
+            self.one_frame_taps = isinstance(conv._padding, int) and _takes_autopad(conv)
         else:
             if isinstance(conv.padding, str):
                 raise ConfigError(f"{name}: padding={conv.padding!r} is not supported by patch decode; "
@@ -156,13 +185,15 @@ class PatchConv(nn.Module):
     def halo(self) -> int:
         return max(self.top, self.bottom)
 
-    def _conv(self, x: torch.Tensor, pad_h: int = 0) -> torch.Tensor:
+    def _conv(self, x: torch.Tensor, pad_h: int = 0, taps: Optional[int] = None) -> torch.Tensor:
         c = self.conv
         weight, bias = c.weight, c.bias
         if weight.dtype != x.dtype:  # ComfyUI's manual-cast ops compute in the input's dtype
             weight, bias = weight.to(x.dtype), None if bias is None else bias.to(x.dtype)
         if self.nd == 2:
             return F.conv2d(x, weight, bias, c.stride, (pad_h, self.pad[1]), c.dilation, c.groups)
+        if taps is not None:  # the causal fast path: the last `taps` temporal taps over unpadded frames
+            weight = weight[:, :, -taps:]
         pad_t = 0 if self.causal else self.pad[0]
         return F.conv3d(x, weight, bias, c.stride, (pad_t, pad_h, self.pad[2]), c.dilation, c.groups)
 
@@ -171,26 +202,31 @@ class PatchConv(nn.Module):
         if cache_list is not None:  # ComfyUI's CausalConv3d: the cached frames handed over in a list, taken out
             cache_x = cache_list[cache_idx]
             cache_list[cache_idx] = None
+        taps = None
         if self.causal:
             t_pad = self.pad[0]
-            if cache_x is not None and t_pad > 0:
-                x = torch.cat([cache_x.to(x.device), x], dim=2)
-                t_pad -= cache_x.shape[2]
-            if t_pad > 0:
-                x = F.pad(x, (0, 0, 0, 0, t_pad, 0))
+            if self.one_frame_taps and cache_x is None and x.shape[2] == 1:
+                taps = 1
+            else:
+                if cache_x is not None and t_pad > 0:
+                    x = torch.cat([cache_x.to(x.device), x], dim=2)
+                    t_pad -= cache_x.shape[2]
+                if t_pad > 0:
+                    x = F.pad(x, (0, 0, 0, 0, t_pad, 0))
+        conv = self._conv if taps is None else functools.partial(self._conv, taps=taps)
         exchange = HaloExchange(x, self.ax, self.top, self.bottom, timeout_s=self.timeout_s)
         rows = x.shape[-2]
         if self.block_size is None and self.top == self.bottom and rows >= self.reach:
             # "Same" conv: convolve the local rows with the conv's own zero padding while the halos are in
             # flight (no padded copy of the input), then redo the `top` first / `bottom` last output rows,
             # the only ones that depend on a neighbour's rows, from the received halos.
-            out = self._conv(x, pad_h=self.top)
+            out = conv(x, pad_h=self.top)
             got_top, got_bottom = exchange.wait()
             if got_top is not None:
-                out.narrow(-2, 0, self.top).copy_(self._conv(torch.cat([got_top, x.narrow(-2, 0, self.reach)], -2)))
+                out.narrow(-2, 0, self.top).copy_(conv(torch.cat([got_top, x.narrow(-2, 0, self.reach)], -2)))
             if got_bottom is not None:
                 slab = torch.cat([x.narrow(-2, rows - self.reach, self.reach), got_bottom], -2)
-                out.narrow(-2, rows - self.bottom, self.bottom).copy_(self._conv(slab))
+                out.narrow(-2, rows - self.bottom, self.bottom).copy_(conv(slab))
             return out
         got_top, got_bottom = exchange.wait()
         shape = list(x.shape)
@@ -209,11 +245,11 @@ class PatchConv(nn.Module):
                               f"({self.reach + 1} rows); use fewer ranks")
         step = self.block_size or out_rows
         if step >= out_rows:
-            return self._conv(pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=-2))
+            return conv(pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=-2))
         out = None
         for start in range(0, out_rows, step):
             stop = min(start + step, out_rows)
-            y = self._conv(_rows(pieces, start, stop + self.reach, dim=x.dim() - 2))
+            y = conv(_rows(pieces, start, stop + self.reach, dim=x.dim() - 2))
             if out is None:
                 shape = list(y.shape)
                 shape[-2] = out_rows
@@ -289,11 +325,13 @@ class PaddedConv:
 
 
 class PrepaddedConv:
-    """A conv without padding whose caller pads its input (HunyuanVideo 1.5's NoPadConv3d, fed by
-    `conv_carry_causal_3d`: `F.pad(x, (1, 1, 1, 1, t, 0), "replicate")` on the whole tensor) run on this rank's
-    rows. The caller pads this rank's band by repeating its own edge rows; at an inner border the rows it made are
-    replaced by the neighbour's real rows (which the neighbour's caller padded in width and time alike), and only at
-    the image's true top and bottom do the repeated rows stay, as in the serial decode."""
+    """A conv without padding whose caller pads its input (HunyuanVideo 1.5's NoPadConv3d, later ComfyUIs'
+    CarriedConv3d - HunyuanVideo 1.0 and 1.5 -, fed by `conv_carry_causal_3d`: `F.pad(x, (1, 1, 1, 1, t, 0),
+    "replicate")` on the whole tensor, the previous chunk's carried frames in front) run on this rank's rows. The
+    caller pads this rank's band by repeating its own edge rows (the carried frames too: padded when they were
+    carried, or after); at an inner border the rows it made are replaced by the neighbour's real rows (which the
+    neighbour's caller padded in width and time alike), and only at the image's true top and bottom do the repeated
+    rows stay, as in the serial decode."""
 
     def __init__(self, module: nn.Module, ax, timeout_s: Optional[float] = None, name: str = "conv"):
         conv = module.conv
