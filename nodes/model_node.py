@@ -12,8 +12,9 @@ latent and the cfg are known only to the guider, at the run.
 from __future__ import annotations
 
 from .auto import guider_inputs, resolve_auto, warn_idle_cfg
-from .sampler_node import (WRAPPER_KEY, check_not_on_pool, make_apply_model_wrapper, patches_on_workers, pool_state,
-                           without_compile_wrapper)
+from .runtime import take_over_from_dynamic_vram
+from .sampler_node import (WRAPPER_KEY, check_not_on_pool, host_clone, make_apply_model_wrapper, patches_on_workers,
+                           pool_state, without_compile_wrapper)
 
 
 class ParallelModel:
@@ -46,8 +47,7 @@ class ParallelModel:
         import comfy.patcher_extension as ext
         check_not_on_pool(model, "Parallel Model")
         state = pool_state(model, hp)  # refusals now, before any worker starts
-        m = model.clone()
-        m.load_device = m.offload_device  # ComfyUI's copy stays on the host (see Hybrid Sampler)
+        m = host_clone(model)  # ComfyUI's copy stays on the host (a non-dynamic patcher under DynamicVRAM)
         runtime = self.runtime
         chosen = {"hp": hp}  # this run's config: degrees "auto" is decided per run, when the latent is known
 
@@ -65,6 +65,7 @@ class ParallelModel:
             state.clear()
             state.update(pool_state(patcher, run_hp))
             without_compile_wrapper(guider.model_options["transformer_options"].get("wrappers") or {})  # this run's
+            take_over_from_dynamic_vram(patcher)  # before ComfyUI loads it: its DynamicVRAM copy leaves the GPU
             with runtime.track("sample"), runtime.quiet_driver(run_hp), patches_on_workers(patcher, state):
                 return executor(*args, **kwargs)
 

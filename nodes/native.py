@@ -9,7 +9,10 @@ ComfyUI holds them: the diffusion model's state dict in storage dtype, patches (
 applied by ComfyUI's model management — fp8 stays fp8.
 
 A custom loader's model (GGUF: its own tensor subclass, operations and patcher) travels the same way, its tensors as
-raw bytes plus what rebuilds them (workers/loader_types.py). Everything here is checked before any worker starts:
+raw bytes plus what rebuilds them (workers/loader_types.py). So does a quantized checkpoint ComfyUI loads through its
+mixed-precision ops (`quant_config`; every scaled-fp8 file since ComfyUI 0.33): each QuantizedTensor as its inner
+tensors' raw bytes (quantized values, scales), the layout and the layer's `comfy_quant` entry as JSON, and the
+quant_config so that the workers pick the same ops. Everything here is checked before any worker starts:
 weights that cannot be carried, or a method the model's class or weights cannot run, are refused with what works.
 """
 from __future__ import annotations
@@ -76,11 +79,16 @@ def check_any_model(diffusion_model, hp) -> None:
 
 def check_weights(diffusion_model) -> int:
     """Refuse weights the workers cannot carry (before any worker starts); returns their bytes. A custom loader's
-    tensor subclass (GGUF's quantized weights) travels as its raw bytes plus what rebuilds it
-    (workers/loader_types.py); what cannot be rebuilt is refused with the reason."""
-    from ..workers.loader_types import NotCarriable, describe, raw
+    tensor subclass (GGUF's quantized weights) travels as its raw bytes plus what rebuilds it, a quantized weight of
+    ComfyUI's mixed-precision ops as its inner tensors' bytes plus its layout (workers/loader_types.py); what cannot
+    be rebuilt is refused with the reason."""
+    from ..workers.loader_types import NotCarriable, describe, quantized_tensors, raw
+    try:
+        quantized_tensors(diffusion_model)
+    except NotCarriable as e:
+        raise NotCarried(f"{e}; load the model with ComfyUI's Load Diffusion Model / Load Checkpoint") from None
     total = 0
-    for name, t in host_tensors(diffusion_model).items():
+    for name, t in sent_tensors(diffusion_model, cast=False).items():
         try:
             describe(t, name)
         except NotCarriable as e:
@@ -96,21 +104,51 @@ def check_weights(diffusion_model) -> int:
 
 
 def host_tensors(diffusion_model) -> dict:
-    """The weights as the model's layers hold them (not state_dict(), which a loader's ops may fake)."""
+    """The weights as the model's layers hold them (not state_dict(), which a loader's ops may fake); a quantized
+    weight (QuantizedTensor) as its inner tensors, "<name>#<inner>" each: what travels."""
     from ..workers.loader_types import host_tensors as held
     return held(diffusion_model)
 
 
+def sent_tensors(module, cast: bool = True) -> dict:
+    """The weights as the workers must hold them: `host_tensors`, each in the dtype ComfyUI computes the layer with.
+
+    Why: under DynamicVRAM (ComfyUI 0.33 on NVIDIA) ComfyUI's loaders keep each layer's tensor as the checkpoint stores
+    it (its mapping of the file, zero-copy) and record the model's dtype beside it (`weight_comfy_model_dtype`, ... -
+    comfy.model_management.archive_model_dtypes, comfy.ops); its dynamic loader casts to that dtype as the weight goes
+    to the GPU (ModelPatcherDynamic.load, comfy.ops.cast_modules_with_vbar: a plain cast, round to nearest). A bf16
+    checkpoint loaded as fp8, an fp32 one as fp16, or an fp32 VAE decoding in bf16 is held in the file's dtype on the
+    host, while the workers build ComfyUI's model in the model's dtype (the spec's unet_config / the VAE's dtype):
+    such a tensor travels cast as ComfyUI's loader casts it. Elsewhere the recorded dtype is the one held, or there is
+    none (ComfyUI 0.3.x): nothing is cast. `cast` False: the same tensors, each as a meta tensor of the dtype it
+    travels in where that differs (sizes and dtypes only, nothing computed).
+    A loader's tensor subclass (GGUF) travels as it is held."""
+    from ..workers.loader_types import host_tensors as held, is_plain
+    owners = dict(module.named_modules())
+    out = {}
+    for name, t in held(module).items():
+        path, _, leaf = name.rpartition(".")
+        want = getattr(owners.get(path), f"{leaf}_comfy_model_dtype", None)
+        if isinstance(want, torch.dtype) and want != t.dtype and is_plain(t) and t.is_floating_point() and \
+                want.is_floating_point:
+            t = t.to(want) if cast else torch.empty(t.shape, dtype=want, device="meta")
+        out[name] = t
+    return out
+
+
 def loader_tensors(diffusion_model) -> dict:
-    """{name: description} of the weights a custom loader holds as its own tensor subclass (GGUF); {} for none."""
+    """{name: description} of the weights a custom loader holds as its own tensor subclass (GGUF); {} for none.
+    ComfyUI's own quantized weights are not a loader's (native_spec carries them as "quantized"): every method that
+    holds whole weights runs them, tensor parallel checks their layout (parallel/tp.py)."""
     from ..workers.loader_types import describe, is_plain
     return {k: describe(t, k) for k, t in host_tensors(diffusion_model).items() if not is_plain(t)}
 
 
 def weight_bytes(diffusion_model) -> int:
-    """Bytes of the weights as stored (a quantized GGUF weight counts its blocks, not its logical shape)."""
+    """Bytes of the weights as they travel and the workers hold them (sent_tensors: in the dtype ComfyUI computes
+    with; a quantized GGUF weight counts its blocks, not its logical shape)."""
     from ..workers.loader_types import nbytes
-    return sum(nbytes(t) for t in host_tensors(diffusion_model).values())
+    return sum(nbytes(t) for t in sent_tensors(diffusion_model, cast=False).values())
 
 
 def check_loader_methods(diffusion_model, config, patched: bool) -> None:
@@ -154,7 +192,7 @@ def native_spec(base_model) -> dict:
     dm = base_model.diffusion_model
     family_adapter(dm)
     config = base_model.model_config
-    from ..workers.loader_types import NotCarriable, describe_operations, tensor_packages
+    from ..workers.loader_types import NotCarriable, describe_operations, quantized_tensors, tensor_packages
     custom = None
     if getattr(config, "custom_operations", None) is not None:  # a custom loader's ops (GGUF): carried by name
         try:
@@ -164,12 +202,18 @@ def native_spec(base_model) -> dict:
                              f"GGUF loader") from None
     try:
         tensors = loader_tensors(dm)
+        quantized = quantized_tensors(dm)
     except NotCarriable as e:
         raise NotCarried(f"{e}; load the model with ComfyUI's own loaders or a GGUF loader") from None
-    if getattr(config, "quant_config", None) or getattr(config, "layer_quant_config", None):  # (0.33 / older name)
-        raise NotCarried("mixed-precision quantized checkpoints (ComfyUI's quant_config: fp8 scaled / mixed, nvfp4, "
-                         "mxfp8, int8) do not run on the workers yet; use a bf16 / fp16 checkpoint, an fp8 "
-                         "weight_dtype or a GGUF file")
+    if getattr(config, "layer_quant_config", None):  # ComfyUI < 0.33's mixed precision: another loader and tensor
+        raise NotCarried("mixed-precision quantized checkpoints of ComfyUI before 0.33 (layer_quant_config) do not run "
+                         "on the workers; update ComfyUI (0.33 loads them as quantized tensors, which run), or use a "
+                         "bf16 / fp16 checkpoint, an fp8 weight_dtype or a GGUF file")
+    quant = getattr(config, "quant_config", None)
+    if quantized and not quant:
+        raise NotCarried(f"weight {next(iter(quantized))!r} is a quantized tensor ({next(iter(quantized.values()))['layout']}) "
+                         f"but the model has no quant_config, so the workers could not pick ComfyUI's mixed-precision "
+                         f"ops for it; load the model with ComfyUI's own loaders")
     unet_config = dict(config.unet_config)
     return {
         "module": type(dm).__module__,
@@ -179,10 +223,23 @@ def native_spec(base_model) -> dict:
                 "manual_cast_dtype": encode_value(base_model.manual_cast_dtype),
                 "fp8_optimizations": bool(config.optimizations.get("fp8", False)),
                 "scaled_fp8": encode_value(getattr(config, "scaled_fp8", None)),
-                **({"custom": custom} if custom else {})},
+                **({"custom": custom} if custom else {}),
+                **({"quant_config": encode_value(quant), "disabled": disabled_formats(dm)} if quant else {})},
         **({"tensors": tensors, "packages": tensor_packages(tensors)} if tensors else {}),
+        **({"quantized": quantized} if quantized else {}),
         **comfy_runtime(),
     }
+
+
+def disabled_formats(diffusion_model) -> list | None:
+    """The quantized formats ComfyUI's mixed-precision ops emulate on its own device (pick_operations' `disabled`:
+    dequantized, computed in the compute dtype), as its layers' class holds them; the workers log a device that
+    differs (workers/comfy_native.py)."""
+    for m in diffusion_model.modules():
+        found = getattr(type(m), "_disabled_formats", None)
+        if found is not None:
+            return sorted(str(f) for f in found)
+    return None
 
 
 def comfy_runtime() -> dict:
@@ -369,5 +426,5 @@ def check_memory(model, hp, latent_shape, positive, cfg: float) -> dict | None:
 
 
 __all__ = ["DRIVER_WRAPPERS", "NotCarried", "check_declared", "check_diffusion_wrappers", "diffusion_wrappers", "loop_step_cache", "runs_diffusion_wrappers", "check_memory", "check_native_pipefusion", "check_native_tp", "check_weights", "check_any_model",
-           "check_loader_methods", "host_tensors", "loader_tensors", "weight_bytes",
+           "check_loader_methods", "host_tensors", "loader_tensors", "sent_tensors", "weight_bytes",
            "comfy_runtime", "encode_value", "family_adapter", "native_spec", "portable_options"]

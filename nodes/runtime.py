@@ -380,7 +380,10 @@ def adopter(module: torch.nn.Module):
     """adopt(name, mapped) for pool.ensure_model: ComfyUI's own host tensor `name` of `module` takes the mapped
     pages of the file just written for the workers (copy-on-write: ComfyUI writing into it - an in-place LoRA
     patch - gets private pages, the workers never see it). ComfyUI's copy and every local rank's are then one set of
-    pages, freed tensor by tensor as they are written; a tensor ComfyUI keeps on a GPU is left alone."""
+    pages, freed tensor by tensor as they are written; a tensor ComfyUI keeps on a GPU is left alone, and so is one
+    ComfyUI holds as its mapping of the checkpoint file (`file_backed`: DynamicVRAM's zero-copy loader, ComfyUI 0.33) -
+    those pages are the file's, which the kernel drops under memory pressure and ComfyUI reads back from the file
+    itself; the workers' copy would only take their place with pages nothing can drop."""
     from ..workers.loader_types import describe, host_tensors, raw, rebuild
     targets = host_tensors(module)
     owners = dict(module.named_modules())
@@ -391,7 +394,7 @@ def adopter(module: torch.nn.Module):
 
     def adopt(name: str, mapped: torch.Tensor) -> None:
         t = targets.pop(name, None)  # held here no longer: ComfyUI's old tensor is freed as soon as it is replaced
-        if t is None or t.device.type != "cpu":
+        if t is None or t.device.type != "cpu" or file_backed(t):
             return
         try:
             _adopt(name, t, mapped)
@@ -425,6 +428,17 @@ def adopter(module: torch.nn.Module):
                 owner._buffers[leaf] = mapped
     adopt.done = lambda: trim_host_heap(collect=False)  # once every tensor is adopted; nothing cyclic was freed
     return adopt
+
+
+def file_backed(t: torch.Tensor) -> bool:
+    """Whether ComfyUI holds `t` as its mapping of the checkpoint file: ComfyUI 0.33's loader under DynamicVRAM
+    (comfy.utils.load_safetensors) marks each such storage with the file slice it maps (`_comfy_tensor_file_slice`),
+    which its dynamic loader also reads the weight from directly."""
+    try:
+        storage = t.untyped_storage()
+    except (RuntimeError, NotImplementedError, TypeError):  # a wrapper subclass without storage of its own
+        return False
+    return getattr(storage, "_comfy_tensor_file_slice", None) is not None
 
 
 def comfy_gpus() -> dict:
@@ -469,39 +483,49 @@ def free_beside_comfy(pool, config, nbytes: int, gpus: dict) -> bool:
     return True
 
 
-def unload_dynamic_copies(model) -> int:
-    """Unload, through ComfyUI's model management, the copies of `model`'s weights that ComfyUI's DynamicVRAM patcher
-    (ModelPatcherDynamic, ComfyUI 0.33) holds loaded - a KSampler run before left them on its GPU - before the pool's
-    run loads the model to the host (nodes/sampler_node.host_clone). Returns how many it unloaded; 0 on a ComfyUI
-    without DynamicVRAM.
+def take_over_from_dynamic_vram(patcher) -> int:
+    """Before ComfyUI loads `patcher` - the pool's host clone of a MODEL (nodes/sampler_node.host_clone) - for a run,
+    where ComfyUI's DynamicVRAM patcher (ModelPatcherDynamic, ComfyUI 0.33) holds the same model too: unload its loaded
+    dynamic copies through ComfyUI's model management, and where no host copy of ComfyUI's stayed loaded since, have
+    ComfyUI unpatch the model (ModelPatcher.unpatch_model) so that its load patches it afresh. Returns how many dynamic
+    copies it unloaded; does nothing to a model no ModelPatcherDynamic ever held (ComfyUI 0.3.x,
+    --disable-dynamic-vram).
 
-    Why: ComfyUI loading the pool's (non-dynamic) clone drops the dynamic copy from its loaded models as a clone of the
-    same model (load_models_gpu), but without unloading it (ModelPatcher.detach without unpatching): its VBAR (the
-    weights it keeps on the GPU) and its force-loaded layers would stay there beside the workers, out of ComfyUI's
-    list of loaded models - no later unload of ComfyUI's (free_memory, Unload models) would reach them. ComfyUI's own
-    unload of a loaded model
-    (LoadedModel.model_unload, what free_memory runs on each model it unloads) frees the VBAR and the pinned buffers
-    and puts the weights it replaced back; the entry then leaves ComfyUI's loaded models, as free_memory removes it."""
+    Why: ComfyUI loading the host clone drops a dynamic copy from its loaded models as a clone of the same model
+    (load_models_gpu), but without unloading it (ModelPatcher.detach without unpatching): its VBAR (the weights it keeps
+    on the GPU) and its force-loaded layers would stay there beside the workers, out of ComfyUI's list of loaded
+    models - no later unload of ComfyUI's (free_memory, Unload models) would reach them. ComfyUI's own unload of a
+    loaded model (LoadedModel.model_unload, what free_memory runs on each model it unloads) frees the VBAR and the
+    pinned buffers and puts back the weights it replaced; the entry then leaves ComfyUI's loaded models, as
+    free_memory removes it.
+    And a dynamic load begins by putting back every weight a patcher replaced (restore_loaded_backups), while the
+    layers a host load patched keep their "patched" flag (comfy_patched_weights): the next host load of the same
+    patches would skip them and the workers would get unpatched weights, silently. A host copy still loaded means no
+    other load came between; otherwise the unpatch clears the flags (and puts back any weight still replaced)."""
     import comfy.model_management as mm
+    weights = getattr(patcher, "model", None)
+    if not hasattr(weights, "dynamic_pins"):  # what every ModelPatcherDynamic sets on the model it holds
+        return 0
     loaded = mm.current_loaded_models
-    weights = getattr(model, "model", None)
-    found = []
-    for lm in list(loaded):
-        patcher = lm.model
-        if patcher is None or lm.is_dead() or getattr(patcher, "model", None) is not weights:
-            continue
-        probe = getattr(patcher, "is_dynamic", None)
-        if callable(probe) and probe():
-            found.append(lm)
-    for lm in found:
+    mine = [lm for lm in list(loaded)
+            if lm.model is not None and not lm.is_dead() and getattr(lm.model, "model", None) is weights]
+    dynamic = [lm for lm in mine if _held_dynamically(lm.model)]
+    for lm in dynamic:
         lm.model_unload()
         for i, other in enumerate(loaded):
             if other is lm:
                 loaded.pop(i)
                 break
-    if found:
+    if dynamic:
         mm.soft_empty_cache()
-    return len(found)
+    if len(dynamic) == len(mine):  # no host copy of ComfyUI's is loaded: another load may have come between
+        patcher.unpatch_model(patcher.offload_device, unpatch_weights=True)
+    return len(dynamic)
+
+
+def _held_dynamically(patcher) -> bool:
+    probe = getattr(patcher, "is_dynamic", None)
+    return bool(probe()) if callable(probe) else False
 
 
 def _close_spares(spares, cwd, rmtree) -> None:

@@ -13,11 +13,11 @@ from contextlib import contextmanager
 
 import torch
 
-from .loop_mode import Captured, check_loop_mode, make_loop_sampler, uses_loop_mode
+from .loop_mode import Captured, check_loop_mode, ksampler_latent, make_loop_sampler, uses_loop_mode
 from .native import (NotCarried, check_any_model, check_declared, check_diffusion_wrappers, check_loader_methods,
                      check_memory, check_native_pipefusion, check_native_tp, check_weights, diffusion_wrappers,
                      native_spec, portable_options, runs_diffusion_wrappers)
-from .runtime import weights_key
+from .runtime import take_over_from_dynamic_vram, weights_key
 
 WRAPPER_KEY = "comfyui_hybrid_parallel"
 
@@ -237,6 +237,49 @@ def make_apply_model_wrapper(runtime, hp, state: dict):
     return wrapper
 
 
+def is_dynamic(model) -> bool:
+    """Whether ComfyUI holds this MODEL with its DynamicVRAM patcher (ComfyUI 0.33's ModelPatcherDynamic, the default
+    on NVIDIA with torch >= 2.8); False on a ComfyUI without it."""
+    probe = getattr(model, "is_dynamic", None)
+    return bool(probe()) if callable(probe) else False
+
+
+def host_clone(model):
+    """A clone of `model` that ComfyUI loads to its offload device (the host) only: the MODEL the pool's runs sample.
+
+    Why: ComfyUI's sampling calls load_models_gpu on the MODEL it samples, which would otherwise put a second copy of
+    the diffusion model on cuda:0 beside rank 0's. Loaded to the offload device, ComfyUI still applies the weight
+    patches (LoRA) there where they cannot travel as patches (portable_patches), and those patched weights travel.
+
+    ComfyUI 0.33's DynamicVRAM patcher (ModelPatcherDynamic) cannot be loaded to the host: it keeps per-device state
+    (`dynamic_pins`) for its own load device only - ComfyUI's prompt bookkeeping (PromptModelTracker) and its loader
+    read it under the patcher's load_device, a KeyError for the host - it reroutes a CPU patcher to the plain one
+    itself, and it never writes weight patches into the weights (they are applied as each layer is cast on the GPU),
+    so host weights read after its load would be unpatched. ComfyUI's own way to put such a model on the CPU
+    (comfy_extras/nodes_multigpu.py) is a non-dynamic clone, `clone(disable_dynamic=True)`. It is made over the same
+    model object (`model_override`, as get_non_dynamic_delegate passes its own): otherwise ComfyUI would load the
+    checkpoint a second time (and fail for a loader that records no cached_patcher_init), and the pool identifies the
+    weights by that object - a LoRA strength change then moves only the patch. ComfyUI treats the two patchers as
+    clones of one model (ModelPatcher.is_clone): loading either unloads the other, and they share the weights'
+    backups, so each puts back what the other patched."""
+    if not is_dynamic(model):
+        m = model.clone()
+    else:
+        import inspect
+        try:
+            params = inspect.signature(model.clone).parameters
+        except (TypeError, ValueError):
+            params = {}
+        if not ({"disable_dynamic", "model_override"} <= set(params) and
+                callable(getattr(model, "get_clone_model_override", None))):
+            raise NotCarried(f"this MODEL's patcher ({type(model).__name__}) loads its weights dynamically "
+                             f"(DynamicVRAM) and offers no non-dynamic clone to keep ComfyUI's copy on the host; "
+                             f"start ComfyUI with --disable-dynamic-vram")
+        m = model.clone(disable_dynamic=True, model_override=model.get_clone_model_override())
+    m.load_device = m.offload_device
+    return m
+
+
 def check_not_on_pool(model, who: str) -> None:
     """A MODEL that already runs on the pool (Parallel Model) must not be wrapped again: each model call would
     go to the workers twice over."""
@@ -384,6 +427,7 @@ class HybridSampler:
 
         from .auto import resolve_auto, warn_idle_cfg  # degrees "auto": chosen here, where the latent is known
         report = {}
+        latent_image = ksampler_latent(model, latent_image)  # KSampler's empty latent, before its shape is read
         hp = resolve_auto(parallel_config, model, tuple(latent_image["samples"].shape), cfg, negative, positive,
                           report=report, probes=getattr(self.runtime, "cost_probes", None))
         if report:
@@ -392,12 +436,7 @@ class HybridSampler:
         loop = uses_loop_mode(hp)
         if loop:
             check_loop_mode(sampler_name)  # before any work
-        m = model.clone()
-        # ComfyUI's copy of the diffusion model stays on the host: its sampling calls load_models_gpu on this
-        # MODEL, which would otherwise put a second copy on cuda:0 beside rank 0's. Loaded to the offload
-        # device, ComfyUI still applies the weight patches (LoRA) there, and those patched weights are what
-        # travels to the workers.
-        m.load_device = m.offload_device
+        m = host_clone(model)  # ComfyUI's copy of the diffusion model stays on the host (see host_clone)
         without_compile_wrapper(m.wrappers)  # the workers compile their own model (compile_spec)
         check_not_on_pool(model, "Hybrid Sampler")
         state = pool_state(model, hp)
@@ -406,6 +445,7 @@ class HybridSampler:
         self.runtime.last_memory = check_memory(model, hp, tuple(latent_image["samples"].shape), positive, cfg)
         m.add_wrapper_with_key(comfy.patcher_extension.WrappersMP.APPLY_MODEL, WRAPPER_KEY,
                                make_apply_model_wrapper(self.runtime, hp, state))
+        take_over_from_dynamic_vram(m)  # ComfyUI's DynamicVRAM copy (a KSampler before) leaves the GPU
         with self.runtime.track("sample", total=steps), self.runtime.quiet_driver(hp), patches_on_workers(m, state):
             return self._run(m, hp, state, loop, seed, steps, cfg, sampler_name, scheduler, positive, negative,
                              latent_image, denoise, preview_from=model)
@@ -426,7 +466,7 @@ class HybridSampler:
         import comfy.utils
         import latent_preview
 
-        latent_image = comfy.sample.fix_empty_latent_channels(m, latent["samples"])
+        latent_image = latent["samples"]  # KSampler's (sample: ksampler_latent)
         noise = comfy.sample.prepare_noise(latent_image, seed, latent.get("batch_index"))
         callback = latent_preview.prepare_callback(preview_from, steps)
         samples = comfy.sample.sample(m, noise, steps, cfg, sampler_name, scheduler, positive, negative, latent_image,
@@ -442,7 +482,7 @@ class HybridSampler:
         import comfy.sample
         import comfy.samplers
 
-        latent_image = comfy.sample.fix_empty_latent_channels(m, latent["samples"])
+        latent_image = latent["samples"]  # KSampler's (sample: ksampler_latent)
         noise = comfy.sample.prepare_noise(latent_image, seed, latent.get("batch_index"))
         sigmas = comfy.samplers.KSampler(m, steps=steps, device=m.load_device, sampler=sampler_name,
                                          scheduler=scheduler, denoise=denoise, model_options=m.model_options).sigmas

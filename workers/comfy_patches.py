@@ -4,8 +4,8 @@ Why: a LoRA or a strength change used to re-send the whole patched model (Flux 5
 KSampler's 2.55 s), and every strength became a new resident copy on every GPU. Patches are small: the driver sends
 the model's *base* weights once and its `ModelPatcher.patches` each time they change; each rank applies them to
 its base copy with ComfyUI's own code (comfy.lora.calculate_weight, the ops' set/convert functions for scaled fp8,
-comfy.float.stochastic_rounding seeded by the key - exactly what ModelPatcher.patch_weight_to_device does), in place
-of the previous version, whose patched tensors are released first.
+comfy.float.stochastic_rounding seeded by the key, in the running ComfyUI's LoRA compute dtype - exactly what its
+ModelPatcher.patch_weight_to_device does), in place of the previous version, whose patched tensors are released first.
 
 The encoding is JSON plus named tensors (nothing is pickled): a tensor becomes {"$t": name}, an adapter object
 {"$adapter": class name in comfy.weight_adapter, "keys": its loaded keys, "weights": ...}, a tuple {"$tuple": [...]}.
@@ -91,37 +91,61 @@ class _Holder(torch.nn.Module):
         self.diffusion_model = dm
 
 
+def lora_dtype(device) -> torch.dtype:
+    """The dtype this ComfyUI's ModelPatcher.patch_weight_to_device patches a weight in on `device`: its
+    `lora_compute_dtype(device)` where it has one (ComfyUI 0.33: float16 on a GPU that computes in half precision,
+    float32 on the CPU), float32 in the ComfyUIs before it."""
+    from .comfy_seams import has
+    if has("comfy.model_management:lora_compute_dtype"):
+        import comfy.model_management
+        return comfy.model_management.lora_compute_dtype(torch.device(device))
+    return torch.float32
+
+
+def seed_of(key: str) -> int:
+    """The seed ComfyUI rounds `key`'s patched weight with: comfy.utils.string_to_seed where it lives now (ComfyUI 0.33;
+    its old place in comfy.model_patcher logs a warning at every call there), else that old place."""
+    from .comfy_seams import has
+    if has("comfy.utils:string_to_seed"):
+        import comfy.utils
+        return comfy.utils.string_to_seed(key)
+    import comfy.model_patcher
+    return comfy.model_patcher.string_to_seed(key)
+
+
 def _patch_one(holder, key: str, original: torch.Tensor, patch, device, into=None) -> torch.Tensor:
-    """ComfyUI's patched weight for `key` from its base (ModelPatcher.patch_weight_to_device, key for key),
-    assigned in the model; returns what the model now holds there.
+    """ComfyUI's patched weight for `key` from its base (ModelPatcher.patch_weight_to_device, key for key, as the
+    running ComfyUI does it: the work copy in its LoRA compute dtype, `lora_dtype`, the rounding seeded as it seeds
+    it, `seed_of`), assigned in the model; returns what the model now holds there.
 
     `into(shape, dtype)`: where the patched weight must end (a shared-memory mapping, transport.new_mapped); a
-    float32 weight is then computed in place there (no work copy, no copy after), any other lands there once
-    rounded. Not for a layer that stores its own form (set_func: scaled fp8): that one is patched as ComfyUI does
-    and returned for the caller to write."""
+    float32 weight patched in float32 is then computed in place there (no work copy, no copy after), any other lands
+    there once rounded. Not for a layer that stores its own form (set_func: scaled fp8): that one is patched as
+    ComfyUI does and returned for the caller to write."""
     import comfy.float
     import comfy.lora
     import comfy.utils
-    from comfy.model_patcher import get_key_weight, string_to_seed
+    from comfy.model_patcher import get_key_weight
     weight, set_func, convert_func = get_key_weight(holder, key)
+    work = lora_dtype(device)
     if into is not None and set_func is None:
         into = into(original.shape, original.dtype)
     else:
         into = None
-    if into is not None and original.dtype == torch.float32 and convert_func is None:
+    if into is not None and original.dtype == work == torch.float32 and convert_func is None:
         temp = into.copy_(original)  # the float32 work copy is the destination itself
     else:
-        temp = original.to(device=device, dtype=torch.float32, copy=True)
+        temp = original.to(device=device, dtype=work, copy=True)
     if convert_func is not None:
         temp = convert_func(temp, inplace=True)
     out = comfy.lora.calculate_weight(patch, temp, key)
     if set_func is None:
-        out = comfy.float.stochastic_rounding(out, original.dtype, seed=string_to_seed(key))
+        out = comfy.float.stochastic_rounding(out, original.dtype, seed=seed_of(key))
         if into is not None and out is not into:
             out = into.copy_(out)
         comfy.utils.set_attr_param(holder, key, out)
     else:
-        set_func(out, inplace_update=False, seed=string_to_seed(key))
+        set_func(out, inplace_update=False, seed=seed_of(key))
     return comfy.utils.get_attr(holder, key)
 
 

@@ -61,7 +61,9 @@ SEAMS = (
     Seam("comfy.sample:sample", "nodes/sampler_node: KSampler's own sampling"),
     Seam("comfy.sample:sample_custom", "nodes/sampler_node"),
     Seam("comfy.sample:prepare_noise", "nodes/sampler_node, loop mode: KSampler's noise"),
-    Seam("comfy.sample:fix_empty_latent_channels", "nodes/sampler_node"),
+    Seam("comfy.sample:fix_empty_latent_channels", "nodes/loop_mode: KSampler's empty latent (ksampler_latent)"),
+    Seam("comfy.sample:fix_empty_latent_channels", "nodes/loop_mode: an empty latent resized to the model's "
+         "compression (ComfyUI 0.33)", params=("downscale_ratio_spacial", "downscale_ratio_temporal"), optional=True),
     Seam("comfy.samplers:KSampler", "nodes/loop_mode: sigmas"),
     Seam("comfy.samplers:KSAMPLER", "nodes/loop_mode"),
     Seam("comfy.patcher_extension:WrappersMP", "nodes: DIFFUSION_MODEL / OUTER_SAMPLE wrappers"),
@@ -84,8 +86,18 @@ SEAMS = (
     Seam("comfy.weight_adapter:adapters", "workers/comfy_patches: LoRA adapters travel by class name",
          optional=True),
     Seam("comfy.model_patcher:ModelPatcher.clone", "nodes: the pool's MODEL is a clone"),
-    Seam("comfy.model_patcher:ModelPatcher.clone", "nodes: ComfyUI's own way to keep a dynamic patcher off the GPU",
-         params=("disable_dynamic",), optional=True),
+    Seam("comfy.model_patcher:ModelPatcher.clone", "nodes/sampler_node: the non-dynamic clone over the same model "
+         "(ComfyUI's own way to keep a DynamicVRAM patcher off the GPU)", params=("disable_dynamic", "model_override"),
+         optional=True),
+    Seam("comfy.model_patcher:ModelPatcher.get_clone_model_override", "nodes/sampler_node: the same model object",
+         optional=True),
+    Seam("comfy.model_patcher:ModelPatcher.unpatch_model", "nodes/runtime: the host copy re-patched after a dynamic "
+         "load", ("device_to", "unpatch_weights")),
+    Seam("comfy.model_management:current_loaded_models", "nodes/runtime: ComfyUI's DynamicVRAM copy unloaded before "
+         "a pool run"),
+    Seam("comfy.model_management:LoadedModel.model_unload", "nodes/runtime: ComfyUI's own unload of a loaded copy"),
+    Seam("comfy.model_management:lora_compute_dtype", "workers/comfy_patches: the dtype ComfyUI patches weights in "
+         "(0.33; float32 before)", optional=True),
     # model configs the spec carries (nodes/native.py)
     Seam("comfy.supported_models_base:BASE.unet_config", "nodes/native: the spec's unet_config"),
     Seam("comfy.supported_models_base:BASE.quant_config", "nodes/native: mixed-precision (quantized) checkpoints",
