@@ -299,8 +299,6 @@ def write_hunyuan_video(path: Path, *, version: str = "1.5", hidden: int = 256, 
     the condition-type embedding. "1.0": 16 channels, 1x2x2 patches, the 768-wide pooled CLIP input, guidance.
     "image2.1": HunyuanImage 2.1 on the same class - 64-channel image latents, 2-D 1x1 patches (2-D RoPE ids),
     the ByT5 glyph mapper, no pooled or vision input (ComfyUI's HunyuanImage21 model class)."""
-    import dataclasses
-
     from comfy.ldm.hunyuan_video.model import HunyuanVideo, HunyuanVideoParams
 
     if version not in ("1.0", "1.5", "image2.1"):
@@ -308,9 +306,6 @@ def write_hunyuan_video(path: Path, *, version: str = "1.5", hidden: int = 256, 
     v15, image = version == "1.5", version == "image2.1"
     channels = (65, 32) if v15 else (64, 64) if image else (16, 16)
     patch = [1, 1, 1] if v15 else [1, 1] if image else [1, 2, 2]
-    # later ComfyUIs' params require `meanflow_sum` (how the meanflow timestep joins; detection sets it with the
-    # 1.5 vision input), earlier ones do not know it: pass it where the params declare it
-    extra = {"meanflow_sum": v15} if "meanflow_sum" in {f.name for f in dataclasses.fields(HunyuanVideoParams)} else {}
 
     def make():
         return HunyuanVideo(image_model="hunyuan_video", in_channels=channels[0], out_channels=channels[1],
@@ -319,7 +314,8 @@ def write_hunyuan_video(path: Path, *, version: str = "1.5", hidden: int = 256, 
                             depth_single_blocks=depth_single, axes_dim=[64, 64] if image else [16, 56, 56], theta=256,
                             patch_size=patch, qkv_bias=True, guidance_embed=version == "1.0", byt5=not version == "1.0",
                             meanflow=False, use_cond_type_embedding=v15, vision_in_dim=1152 if v15 else None,
-                            operations=_ops(), device="meta", **extra)
+                            operations=_ops(), device="meta",
+                            **detected(HunyuanVideoParams, meanflow_sum=v15))  # detection: True with 1.5's vision input
 
     return _save(make, path, seed, dtype)
 

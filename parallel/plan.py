@@ -21,8 +21,8 @@ from __future__ import annotations
 import fnmatch
 import functools
 import inspect
-from dataclasses import dataclass, field
-from typing import Optional, Union
+from dataclasses import dataclass, field, replace
+from typing import Callable, Optional, Union
 
 import torch
 
@@ -57,6 +57,10 @@ class SplitInput:
     # under USP it is split over the sp ranks like the image, so each rank projects only its share of the text
     # (see `_RunState.text_sizes_for` for when it stays whole)
     text: bool = False
+    # the argument is a tuple / list and the sequence is in its element `item` (ComfyUI 0.33's LTXV RoPE table,
+    # `(rotation matrix, split_mode)`); the other elements pass unchanged. An argument that is no tuple / list is
+    # left to the SplitInputs without `item` (one declaration each for a model code that hands a bare tensor)
+    item: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -75,6 +79,17 @@ class GatherOutput:
 
 
 @dataclass(frozen=True)
+class PrefixLength:
+    """A forward argument holding where the image sequence starts in a [prefix, sequence] stream, as an int or one
+    int per sample (a list): it is set to the length of the prefix that a GatherOutput(after_prefix=True) kept in
+    front of the gathered sequence - before that gather ran it is an error. For a crop that the model computes from
+    lengths some of which it saw split (ComfyUI 0.33's NextDiT: the [caption, local image] stream's length minus
+    the *whole* image's length); where the model computes it right the value is unchanged."""
+    name: str
+    position: Optional[int] = None
+
+
+@dataclass(frozen=True)
 class Attention:
     """Inside matching modules attention is self-attention over the sharded sequence.
 
@@ -83,9 +98,13 @@ class Attention:
     tells where text sits in q/k/v. Without it the text length is what q holds beyond
     the local image shard (0 for image-only self-attention), which is how ComfyUI's
     joint blocks are read: they concatenate the text with the local image tokens.
+
+    `text_first`: the text precedes the image in q/k/v. It may be a function of the model instance instead, where
+    the order differs between versions of the model's code (ComfyUI's HunyuanVideo): `resolve_plan` decides it
+    from the model - by what its classes hold, never by a version number - before anything reads it.
     """
     text_arg: Optional[str] = None
-    text_first: bool = True
+    text_first: Union[bool, Callable] = True
     seam: str = "sdpa"  # "sdpa": F.scaled_dot_product_attention inside the module; "comfy": ComfyUI's override
 
 
@@ -123,11 +142,21 @@ class FamilyPlan:
     comfy: bool = False        # a ComfyUI module: forward(x, timestep, context, ..., transformer_options)
     pipeline: Optional[PipelinePlan] = None  # PipeFusion's stages (None: refused with pipeline_refusal)
     pipeline_refusal: str = ""
+    # ComfyUI inputs (beyond batch_inputs and sequence_refusals) the sequence-parallel plan was checked with; any
+    # other tensor input under ulysses/ring is refused at the call (`checked_inputs`)
+    other_inputs: tuple = ()
     # forward inputs the sequence split cannot carry (name -> why, and what to do instead): a call that passes
-    # one (not None) under ulysses/ring is refused with that text rather than computed wrong
+    # one (not None) under ulysses/ring is refused with that text rather than computed wrong; the reason may be a
+    # function of the input's value returning the text, or None where the split carries that value
     sequence_refusals: dict = field(default_factory=dict)
     # likewise for PipeFusion's patches (checked by the nodes on the conditioning they capture, before the loop)
     pipeline_refusals: dict = field(default_factory=dict)
+
+    def checked_inputs(self) -> set:
+        """The forward inputs a sequence-parallel run of this plan accepts: the batch inputs, the ones it splits
+        along the sequence, the ones it refuses with a reason, and `other_inputs`."""
+        split = {a.name for actions in self.sequence.values() for a in actions if getattr(a, "name", None)}
+        return {"transformer_options", *self.batch_inputs, *self.other_inputs, *self.sequence_refusals, *split}
 
     @property
     def splits_text(self) -> bool:
@@ -140,6 +169,16 @@ class FamilyPlan:
         return self.tp() if callable(self.tp) else self.tp
 
 
+def resolve_plan(plan: FamilyPlan, model: torch.nn.Module) -> FamilyPlan:
+    """`plan` as it applies to `model`: every declaration given as a function of the model (an Attention's
+    `text_first`) decided for this instance; the plan itself where it has none. `plan_for` and `apply_plan` call it,
+    so whoever reads a plan for a model reads booleans."""
+    if not any(callable(a.text_first) for a in plan.attention.values()):
+        return plan
+    return replace(plan, attention={p: replace(a, text_first=bool(a.text_first(model))) if callable(a.text_first)
+                                    else a for p, a in plan.attention.items()})
+
+
 @dataclass
 class _RunState:
     """Per-forward facts shared by the hooks: the image sequence split of this call, and the text's."""
@@ -148,6 +187,7 @@ class _RunState:
     attention: Optional[tuple] = None  # (Attention spec, text_len or None) while a declared module runs
     text_len: Optional[int] = None     # the whole text's length, once a declared text split saw it
     text_sizes: Optional[list] = None  # its shards over the sp ranks; None: the text stays whole on every rank
+    prefix_len: Optional[int] = None   # the prefix a GatherOutput(after_prefix=True) kept (for PrefixLength)
 
     def sizes_for(self, n: int, sp_size: int, where: str, weights=None) -> list:
         """The image sequence's shards over the sp ranks: near-equal, or in proportion to the ranks' speeds
@@ -203,6 +243,9 @@ def _arg(args, kwargs, name, position):
 
 
 def _set_arg(args, kwargs, where, value):
+    if where[0] == "item":  # an element of a tuple argument (SplitInput.item)
+        _, outer, whole, i = where
+        return _set_arg(args, kwargs, outer, type(whole)(value if j == i else v for j, v in enumerate(whole)))
     kind, key = where
     if kind == "kw":
         kwargs[key] = value
@@ -244,18 +287,37 @@ def _shard_after_prefix(x: torch.Tensor, dim: int, prefix: int, applied: _Applie
 
 def _groups_of_shard(x: torch.Tensor, dim: int, applied: _Applied) -> torch.Tensor:
     """Per-group entries (one per equal run of tokens) -> one entry per token of this rank's shard, without
-    materialising the full per-token tensor."""
+    materialising the full per-token tensor. Runs of ceil(tokens / entries), the last one short where the entries
+    do not divide the tokens - as ComfyUI's Wan expands them (`repeat_e`: repeat_interleave by one more, cut to the
+    sequence), e.g. per-frame timesteps over a sequence with a reference image's or extra frames' tokens."""
     sp, state = applied.ctx.sp, applied.state
     dim = dim % x.ndim
     start = sum(state.seq_sizes[: sp.rank])
     tokens = torch.arange(start, start + state.seq_sizes[sp.rank], device=x.device)
-    return x.index_select(dim, tokens // (state.seq_len // x.shape[dim]))
+    return x.index_select(dim, tokens // -(-state.seq_len // x.shape[dim]))
+
+
+def _prefix_length(value, applied, where: str):
+    """PrefixLength: `value` (an int, or a list / tuple of one per sample) replaced by the gathered prefix's length."""
+    n = applied.state.prefix_len
+    if n is None:
+        raise RuntimeError(f"{where} sets a prefix length before a GatherOutput(after_prefix=True) gathered the "
+                           f"sequence: the family plan is inconsistent")
+    return type(value)(n for _ in value) if isinstance(value, (list, tuple)) else n
 
 
 def _split_input_hook(applied, path, specs):
     def hook(module, args, kwargs):
         for s in specs:
             value, where = _arg(args, kwargs, s.name, s.position)
+            if isinstance(s, PrefixLength):
+                if where is not None:
+                    args, kwargs = _set_arg(args, kwargs, where, _prefix_length(value, applied, f"{path}:{s.name}"))
+                continue
+            if s.item is not None:  # split the element of a tuple argument: set the tuple with the element replaced
+                if not (isinstance(value, (tuple, list)) and len(value) > s.item):
+                    continue
+                where, value = ("item", where, value, s.item), value[s.item]
             if not isinstance(value, torch.Tensor) or (s.only_ndim is not None and value.ndim != s.only_ndim):
                 continue
             if s.text:
@@ -282,7 +344,7 @@ def _split_input_hook(applied, path, specs):
                 continue
             n, full = value.shape[s.dim % value.ndim], applied.state.seq_len
             if s.only_full and n != full:
-                if s.per_group and full and 1 < n < full and full % n == 0:
+                if s.per_group and full and 1 < n and 2 * n <= full:  # (n <= full < 2n: ComfyUI does not expand)
                     args, kwargs = _set_arg(args, kwargs, where, _groups_of_shard(value, s.dim, applied))
                 continue
             args, kwargs = _set_arg(args, kwargs, where, _shard(value, s.dim, applied, f"{path}:{s.name}"))
@@ -306,6 +368,7 @@ def _gather_output_hook(applied, path, spec):
         dim = spec.dim % output.ndim
         if spec.after_prefix:
             prefix = output.shape[dim] - sizes[applied.ctx.sp.rank]
+            applied.state.prefix_len = prefix
             return torch.cat([output.narrow(dim, 0, prefix), all_gather_uneven(
                 output.narrow(dim, prefix, output.shape[dim] - prefix).contiguous(), dim, applied.ctx.sp,
                 sizes=sizes)], dim=dim)
@@ -377,6 +440,11 @@ def _root_wrapper(applied):
             if batched == ("*",):  # a model no adapter names (parallel/models/any_model.py): every tensor argument
                 batched = tuple(k for k in kwargs if k != "transformer_options")
             B = kwargs[batched[0]].shape[0]
+            if plan.comfy:
+                # ComfyUI batches every conditioning along dim 0 (comfy/conds.py: CONDRegular / CONDList concat), so
+                # an argument a newer ComfyUI added (Wan's context_latents, Lumina's siglip_feats...) is split with
+                # the batch like the declared ones - never handed whole to a rank holding part of the batch
+                batched = batched + tuple(k for k in kwargs if k not in batched and k != "transformer_options")
             if plan.comfy and ctx.sp.size > 1:  # ComfyUI's attention seam, for this call only
                 options = dict(kwargs.get("transformer_options") or {})
                 options["optimized_attention_override"] = applied.override
@@ -388,11 +456,17 @@ def _root_wrapper(applied):
                 start, n = sum(sizes[: batch_ax.rank]), sizes[batch_ax.rank]
                 kwargs = {k: _slice_batch(v, B, start, n) if k in batched else v
                           for k, v in kwargs.items()}
-            if ctx.sp.size > 1:
-                carried = sorted(n for n in plan.sequence_refusals if kwargs.get(n) is not None)
-                if carried:
-                    raise ValueError(f"{plan.model_class} under ulysses/ring: " +
-                                     "; ".join(plan.sequence_refusals[n] for n in carried))
+            if ctx.sp.size > 1:  # (an empty list is no input: ComfyUI's default for list arguments)
+                reasons = [_refusal(plan.sequence_refusals[n], kwargs[n]) for n in sorted(plan.sequence_refusals)
+                           if _given(kwargs.get(n))]
+                if any(reasons):
+                    raise ValueError(f"{plan.model_class} under ulysses/ring: " + "; ".join(r for r in reasons if r))
+                unchecked = sorted(k for k, v in kwargs.items() if plan.comfy and k not in plan.checked_inputs()
+                                   and isinstance(v, (torch.Tensor, list, tuple, dict)) and _given(v))
+                if unchecked:  # a new input may add tokens or index the whole sequence: never split it blindly
+                    raise ValueError(f"{plan.model_class} under ulysses/ring was given {', '.join(unchecked)}, "
+                                     f"an input its sequence-parallel plan was not checked with (a newer ComfyUI's "
+                                     f"conditioning); use cfg/dp degrees (ulysses/ring degree 1) for it")
                 args_, kwargs = _split_input_hook(applied, "", plan.sequence.get("", []))(None, (), kwargs)
                 if plan.comfy and isinstance(kwargs.get("control"), dict):  # ControlNet residuals: per rank
                     kwargs["control"] = {k: _ShardedResiduals(v, applied) if isinstance(v, (list, tuple)) else v
@@ -426,6 +500,17 @@ class _ShardedResiduals(list):
         return add.narrow(1, min(start, add.shape[1]), max(0, end - start))
 
 
+def _refusal(reason, value) -> Optional[str]:
+    """A sequence_refusals entry for a given input: its text, or - where it is a function of the value (an input the
+    split carries in some forms only: LTXV's guide entries that build no attention mask) - what it returns."""
+    return reason(value) if callable(reason) else reason
+
+
+def _given(value) -> bool:
+    """Whether a model argument carries something: not None, not an empty list / dict (ComfyUI's defaults)."""
+    return value is not None and not (isinstance(value, (list, tuple, dict)) and len(value) == 0)
+
+
 def _slice_batch(value, B, start, n):
     if isinstance(value, torch.Tensor):
         return value.narrow(0, start, n) if value.ndim > 0 and value.shape[0] == B else value
@@ -445,6 +530,7 @@ def apply_plan(model: torch.nn.Module, plan: FamilyPlan, ctx, attention_fn=None,
     """
     if getattr(model, "_hp_applied", None) is not None:
         raise RuntimeError("model is already parallelized; call remove_plan(model) first")
+    plan = resolve_plan(plan, model)
     applied = _Applied(plan, ctx, attention_fn=attention_fn, kernel=kernel)
     applied.override = comfy_attention_override(applied)
     modules = dict(model.named_modules())
@@ -456,15 +542,14 @@ def apply_plan(model: torch.nn.Module, plan: FamilyPlan, ctx, attention_fn=None,
             if method:  # "path:method": a method whose inputs are split (ComfyUI's forward_orig)
                 if path not in modules or not callable(getattr(modules[path], method, None)):
                     raise KeyError(f"{plan.family} plan names method {key!r}, which {type(model).__name__} lacks")
-                wrap_forward(modules[path], applied.forwards,
-                             _method_split_wrapper(applied, key, [a for a in actions if isinstance(a, SplitInput)]),
-                             name=method)
+                wrap_forward(modules[path], applied.forwards, _method_split_wrapper(
+                    applied, key, [a for a in actions if isinstance(a, (SplitInput, PrefixLength))]), name=method)
                 continue
             targets = [(p, m) for p, m in modules.items() if p and path_matches(p, path)]
             if not targets:
                 raise KeyError(f"{plan.family} plan names module {path!r}, which {type(model).__name__} lacks")
             for p, mod in targets:
-                inputs = [a for a in actions if isinstance(a, SplitInput)]
+                inputs = [a for a in actions if isinstance(a, (SplitInput, PrefixLength))]
                 if inputs:
                     applied.handles.append(mod.register_forward_pre_hook(
                         _split_input_hook(applied, p, inputs), with_kwargs=True))
@@ -500,4 +585,4 @@ def remove_plan(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-Sequence = Union[SplitInput, SplitOutput, GatherOutput]
+Sequence = Union[SplitInput, SplitOutput, GatherOutput, PrefixLength]

@@ -1,7 +1,8 @@
 """HunyuanVideo 1.5 and 1.0 on the workers (ComfyUI's HunyuanVideo class), against ComfyUI's own forward.
 
 The image tokens are split at the patch embedding, their RoPE ids at forward_orig, the joint attention has the
-replicated text *last*, the final layer is gathered. 1.5: 65 input channels (the start image's latent and mask of
+replicated text where the installed ComfyUI puts it (last up to 0.3.x, first from 0.33: read from the model's
+blocks, so this test checks whichever ComfyUI runs it), the final layer is gathered. 1.5: 65 input channels (the start image's latent and mask of
 image-to-video ride along as channels), CLIP-vision tokens and ByT5 glyph tokens join the text. 1.0: pooled CLIP
 vector and guidance. Fresh random inputs, token counts that divide by the ranks and that do not; ulysses 2,
 ring 2, ulysses 2 x ring 2, cfg 2. The inputs that address the whole sequence (a text attention mask, 1.0's guiding

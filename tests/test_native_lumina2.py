@@ -5,7 +5,10 @@ tokens at the first noise-refiner block and gathers [caption, image] behind one 
 ComfyUI's detection maps only two widths: Lumina 2 (2304, 24 heads x 96 with 8 KV heads: 0.42B parameters with one
 main layer) and Z-Image (3840, 30 heads x 128, image and caption padded to multiples of 32: 0.90B). Fresh random
 inputs, odd and even latents (odd: ComfyUI pads to the patch grid, Z-Image then pads the tokens), ulysses 2,
-ring 2, ulysses 2 x ring 2 and cfg 2; Z-Image is `slow` (run before resolving).
+ring 2, ulysses 2 x ring 2 and cfg 2; Z-Image is `slow` (run before resolving). Where `unpatchify` cuts the image
+out is ComfyUI's caption length, which ComfyUI 0.33 computes from the split stream: the plan resets it (the odd
+latents catch a wrong cut). Reference latents (ComfyUI 0.33's Omni / edit mode) are refused under ulysses/ring and
+equal ComfyUI's forward under cfg 2.
 """
 import pytest
 import torch
@@ -84,3 +87,54 @@ def test_lumina2_distrifusion_and_sharded_weights(comfy, cpu_pool, tmp_path):  #
     errs = distrifusion_and_sharded(cpu_pool, "lumina2", base, inp, _pool_forward, comfy_forward(base, inp))
     print(f"Lumina 2: {errs}")
     assert all(e <= 1e-5 for e in errs.values()), errs
+
+
+def _send(pool, config, key, base, inp):
+    """What the nodes send for this call: lists of tensors (reference latents) as numbered tensors under the JSON."""
+    from comfyui_hybrid_parallel.nodes.native import family_adapter, native_spec
+    from comfyui_hybrid_parallel.nodes.sampler_node import call_payload
+    dm = base.diffusion_model
+    pool.ensure_model(config, key, family_adapter(dm).family, {}, native=native_spec(base),
+                      state_dict=lambda: dict(dm.state_dict()))
+    tensors, structure = call_payload(inp["context"], {k: v for k, v in inp.items()
+                                                       if k not in ("x", "timestep", "context")})
+    tensors.update(x=inp["x"], timestep=inp["timestep"])
+    structure["transformer_options"] = {}
+    return pool.submit(config, "forward", {"key": key, "structure": structure}, tensors).tensors["out"]
+
+
+def test_lumina2_reference_latents(comfy, cpu_pool, tmp_path):  # noqa: F811
+    """Omni / edit mode (ComfyUI 0.33: `ref_latents`, one caption per reference in `ref_contexts`) marks token ranges
+    of the whole stream: refused under ulysses 2 naming cfg/dp, before the model runs (the pool stays usable); under
+    cfg 2 - each sample its own references, the lists split with the batch - equal to ComfyUI's forward. A ComfyUI
+    whose NextDiT takes no references ignores them in both."""
+    import inspect
+
+    from comfy.ldm.lumina.model import NextDiT
+    from comfy.sd import load_diffusion_model
+    from comfyui_hybrid_parallel.doctor import tiny_checkpoints as tiny
+    from comfyui_hybrid_parallel.parallel import ParallelConfig
+    from comfyui_hybrid_parallel.workers.pool import PoolError
+    path = tmp_path / "lumina2.safetensors"
+    tiny.write_lumina2(path, seed=77)
+    base = load_diffusion_model(str(path), model_options={"dtype": torch.float8_e4m3fn}).model
+    dtype = base.manual_cast_dtype or base.diffusion_model.dtype
+    g = torch.Generator().manual_seed(78)
+    plain = {"x": torch.randn(2, 16, 9, 13, generator=g).to(dtype),
+             "context": torch.randn(2, 5, 32, generator=g).to(dtype), "num_tokens": 5,
+             "timestep": torch.rand(2, generator=g)}
+    inp = dict(plain, ref_latents=[torch.randn(2, 16, 6, 10, generator=g).to(dtype)],
+               ref_contexts=[torch.randn(2, 4, 32, generator=g).to(dtype)])
+    ref = comfy_forward(base, inp)
+    if "ref_latents" in inspect.signature(NextDiT._forward).parameters:
+        assert rel(comfy_forward(base, plain), ref) > 1e-3  # the references matter
+    with pytest.raises(PoolError) as e:
+        _send(cpu_pool, ParallelConfig(ulysses_degree=2), "lumina2:u2", base, inp)
+    msg = str(e.value)
+    assert "reference latents" in msg and "cfg/dp" in msg, msg
+    out = _send(cpu_pool, ParallelConfig(cfg_degree=2), "lumina2:cfg2", base, inp)
+    err = rel(out, ref)
+    print(f"Lumina 2 references cfg2: rel {err:.2e}")
+    assert out.shape == ref.shape and err <= 1e-5, err
+    out = _send(cpu_pool, ParallelConfig(ulysses_degree=2), "lumina2:u2", base, plain)
+    assert rel(out, comfy_forward(base, plain)) <= 1e-5

@@ -6,6 +6,7 @@ class (what the workers run for the nodes) and `plan` for the diffusers class (t
 the reference in tests).
 """
 from . import any_model, auraflow, chroma, flux, hunyuan_video, lumina2, ltxv, pixart, qwen_image, sd3, wan
+from ..plan import resolve_plan
 from .adapter import FamilyAdapter
 
 ADAPTERS = {a.family: a for m in (flux, sd3, pixart, wan, qwen_image, chroma, lumina2, hunyuan_video, ltxv, auraflow)
@@ -59,13 +60,14 @@ def adapter_for(model) -> FamilyAdapter | None:
 
 
 def plan_for(model):
-    """The plan for a diffusers or ComfyUI transformer instance, or a clear error naming the supported classes."""
+    """The plan for a diffusers or ComfyUI transformer instance (decided for it where a declaration depends on the
+    model's code: plan.resolve_plan), or a clear error naming the supported classes."""
     m = _match(model)
     if m is None:
         raise ValueError(f"{type(model).__name__} is not supported for parallel sampling; supported: "
                          f"{sorted(COMFY_PLANS)} (ComfyUI) and {sorted(PLANS)} (diffusers); any other ComfyUI "
                          f"model runs CFG / data parallel only; to add a family see {any_model.RECIPE}")
-    return m[1]
+    return resolve_plan(m[1], model)
 
 
 def supported_titles() -> str:
