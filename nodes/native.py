@@ -156,7 +156,18 @@ def check_loader_methods(diffusion_model, config, patched: bool) -> None:
     (it cuts weight rows and columns; a quantized weight packs a row's values in blocks of 32 or 256 with their
     scales, so a shard would have to be re-quantized - not the loader's weights any more), PipeFusion (not
     checked with a loader's ops), and weight patches (LoRA) on ranks that do not hold the whole model (the loader
-    keeps them on the tensor beside its bytes; sharded bytes would leave them behind)."""
+    keeps them on the tensor beside its bytes; sharded bytes would leave them behind). Weight patches (LoRA) on
+    ComfyUI's own quantized weights (QuantizedTensor layouts) are refused too: the workers do not re-quantize a
+    patched weight as ComfyUI does yet (and ComfyUI 0.33's own KSampler fails on CPU there)."""
+    if patched:
+        from ..parallel.shard import is_wrapper, layout_name
+        quantized = sorted({layout_name(t) for t in host_tensors(diffusion_model).values() if is_wrapper(t)} |
+                           {layout_name(t) for m in diffusion_model.modules() for t in
+                            (getattr(m, "weight", None),) if t is not None and is_wrapper(t)})
+        if quantized:
+            raise NotCarried(f"weight patches (LoRA) on ComfyUI's quantized weights ({', '.join(quantized)}) do not "
+                             f"run on the workers yet: use the same model in bf16 / fp16 or an fp8 weight_dtype "
+                             f"(Load Diffusion Model) with the LoRA, or remove the LoRA")
     tensors = loader_tensors(diffusion_model)
     if not tensors:
         return
@@ -211,9 +222,10 @@ def native_spec(base_model) -> dict:
                          "bf16 / fp16 checkpoint, an fp8 weight_dtype or a GGUF file")
     quant = getattr(config, "quant_config", None)
     if quantized and not quant:
-        raise NotCarried(f"weight {next(iter(quantized))!r} is a quantized tensor ({next(iter(quantized.values()))['layout']}) "
-                         f"but the model has no quant_config, so the workers could not pick ComfyUI's mixed-precision "
-                         f"ops for it; load the model with ComfyUI's own loaders")
+        name, meta = next(iter(quantized.items()))
+        raise NotCarried(f"weight {name!r} is a quantized tensor ({meta['layout']}) but the model has no "
+                         f"quant_config, so the workers could not pick ComfyUI's mixed-precision ops for it; load the "
+                         f"model with ComfyUI's own loaders")
     unet_config = dict(config.unet_config)
     return {
         "module": type(dm).__module__,

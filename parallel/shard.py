@@ -10,6 +10,13 @@ Why not torch's `fully_shard`: it turns parameters into DTensors and owns the ho
 seam changes what the blocks compute. Plain tensors swapped in and out around each block compose with all
 of that; the shards are raw bytes, so fp8 travels as it is stored (gloo has no fp8 type).
 
+Quantized weights (ComfyUI's mixed-precision ops hold a comfy-kitchen `QuantizedTensor`: a wrapper tensor subclass
+with no storage of its own, its quantized bytes and scales being inner tensors named by `__tensor_flatten__`): each
+inner tensor is a region of the flat buffer like any weight, so a rank holds 1/N of the quantized bytes and scales
+as they are stored (fp8 stays 1 byte, nvfp4 half a byte per value), never dequantized. Gathered, the wrapper is
+rebuilt around views of the full buffer by its own `__tensor_unflatten__` (the layout sees its whole tensors, so any
+layout whose inner tensors are plain tensors splits this way); between uses its slot holds an empty placeholder.
+
 Units: each child of the model's top-level block lists (`nn.ModuleList`s: SD3's joint_blocks, Flux's
 double/single blocks, Wan's blocks, ...) is one unit; everything else (embedders, final layer, the
 modulation outside blocks) is the root unit, gathered for the whole forward. Needs every rank of the axis
@@ -29,6 +36,103 @@ ALIGN = 64  # byte offset of every tensor in a unit's flat buffer: any dtype vie
 SHARD_BUFFER = "_hp_weight_shard"
 
 
+# ---- wrapper tensor subclasses (ComfyUI's quantized weights), as plain inner tensors and back ----
+
+def is_wrapper(t) -> bool:
+    """A tensor subclass that names its inner tensors (torch's `__tensor_flatten__` protocol) rather than holding
+    storage of its own: comfy-kitchen's QuantizedTensor, which ComfyUI's mixed-precision ops hold for a quantized
+    weight (its quantized bytes and scales)."""
+    return (t is not None and type(t) not in (torch.Tensor, torch.nn.Parameter)
+            and getattr(type(t), "__tensor_flatten__", None) is not None)
+
+
+def wrapper_parts(t) -> tuple:
+    """({inner name: tensor}, context) of a wrapper tensor: the tensors it is made of, as it holds them (no copy),
+    and the context its `__tensor_unflatten__` rebuilds it from."""
+    names, ctx = t.__tensor_flatten__()
+    return {n: getattr(t, n) for n in names}, ctx
+
+
+def rebuild_wrapper(cls, parts: dict, ctx, size, stride):
+    """The wrapper tensor `cls` makes of `parts` and `ctx` (its own `__tensor_unflatten__`, as torch rebuilds one)."""
+    return cls.__tensor_unflatten__(dict(parts), ctx, tuple(size), tuple(stride))
+
+
+def as_parameter(t: torch.Tensor) -> torch.Tensor:
+    """`t` as a module parameter without a copy. torch.nn.Parameter(subclass) detaches it - for a QuantizedTensor a
+    new wrapper whose scales are cloned - and flags the result `_is_param`; the flag alone is what makes a tensor
+    subclass a Parameter (torch's _ParameterMeta), so a wrapper is flagged in place and keeps its inner tensors."""
+    if not is_wrapper(t):
+        return t if isinstance(t, torch.nn.Parameter) else torch.nn.Parameter(t, requires_grad=False)
+    if t.requires_grad:
+        t = t.detach()
+    t._is_param = True
+    return t
+
+
+def layout_name(t) -> str:
+    """The quantization layout a wrapper weight is stored in (comfy-kitchen: "TensorCoreFP8E4M3Layout", ...)."""
+    layout = getattr(t, "_layout_cls", None)
+    return layout if isinstance(layout, str) else type(layout).__name__ if layout is not None else type(t).__name__
+
+
+def wrapper_problem(t) -> Optional[str]:
+    """Why a wrapper tensor cannot be held as plain bytes and rebuilt around them (None if it can): an inner tensor
+    that is itself a subclass, or that has no storage."""
+    parts, _ = wrapper_parts(t)
+    for n, p in parts.items():
+        if type(p) not in (torch.Tensor, torch.nn.Parameter) or p.is_meta:
+            what = "a meta tensor" if type(p) in (torch.Tensor, torch.nn.Parameter) else f"a {type(p).__name__}"
+            return f"its {layout_name(t)} tensor holds {n} as {what}, not plain bytes"
+    return None
+
+
+_POSITIONAL = ("transposed", "convrot")  # layout flags that tie stored positions to the logical ones
+
+
+def tensorwise_problem(t) -> Optional[str]:
+    """Why slicing a wrapper weight's stored values along a dimension is not slicing the weight (None if it is): a
+    tensorwise layout (fp8 / int8 with one scale) stores one value per weight in the weight's own shape and every
+    other inner tensor is a single number, so a slice of its values with the same scale is the slice of the weight.
+    Block-scaled layouts (nvfp4, mxfp8: a scale per block, padded and swizzled), packed values (two fp4 per byte),
+    per-channel scales, transposed or rotated storage are not. The reason names what the weight stores."""
+    parts, ctx = wrapper_parts(t)
+    big = [n for n, p in parts.items() if p.numel() > 1]
+    fields = ctx.get("non_tensor_fields") if isinstance(ctx, dict) else None
+    if len(big) != 1 or tuple(parts[big[0]].shape) != tuple(t.shape):
+        stored = ", ".join(f"{n} {tuple(p.shape)}" for n, p in parts.items())
+        return (f"it stores {stored} for a {tuple(t.shape)} weight: values packed or scaled by block, not one "
+                f"value per weight with a single scale")
+    flags = [k for k in _POSITIONAL if isinstance(fields, dict) and fields.get(k)]
+    if flags:
+        return f"it stores its values {' and '.join(flags)}"
+    if not isinstance(fields, dict) or "orig_shape" not in fields:
+        return "its shape is not a field of its layout's parameters"
+    return None
+
+
+def slice_wrapper(t, dim: int, piece) -> torch.Tensor:
+    """The tensorwise wrapper weight `t` (tensorwise_problem(t) is None) cut to `piece(stored values)` along `dim`:
+    the stored values sliced, the single-number scales kept, the layout's shape field set to the new shape."""
+    parts, ctx = wrapper_parts(t)
+    big = next(n for n, p in parts.items() if p.numel() > 1)
+    parts[big] = piece(parts[big])
+    shape = list(t.shape)
+    shape[dim] = parts[big].shape[dim]
+    ctx = dict(ctx, non_tensor_fields=dict(ctx["non_tensor_fields"], orig_shape=tuple(shape)))
+    stride = torch.empty(shape, device="meta").stride()
+    return rebuild_wrapper(type(t), parts, ctx, shape, stride)
+
+
+@dataclass
+class _Part:
+    name: str
+    dtype: torch.dtype
+    shape: tuple
+    offset: int
+    nbytes: int
+
+
 @dataclass
 class _Entry:
     owner: torch.nn.Module
@@ -38,6 +142,14 @@ class _Entry:
     shape: tuple
     offset: int
     nbytes: int
+    parts: Optional[list] = None     # a wrapper weight (quantized): its inner tensors' regions of the flat buffer
+    wrapper: Optional[tuple] = None  # (class, flatten context, size, stride): what rebuilds it around them
+
+    def regions(self) -> list:
+        """(name, dtype, shape, offset, nbytes) of the bytes this entry holds in the flat buffer."""
+        if self.parts is None:
+            return [(None, self.dtype, self.shape, self.offset, self.nbytes)]
+        return [(p.name, p.dtype, p.shape, p.offset, p.nbytes) for p in self.parts]
 
 
 @dataclass
@@ -83,6 +195,20 @@ def _entries(module: torch.nn.Module, skip: set, world: int) -> tuple:
             if id(t) in seen or t.is_meta:
                 continue
             seen.add(id(t))
+            if is_wrapper(t):  # a quantized weight: each inner tensor (bytes, scales) is a region of its own
+                problem = wrapper_problem(t)
+                if problem:
+                    raise ValueError(f"shard_weights cannot split {type(owner).__name__}.{name}: {problem}; run it "
+                                     f"with shard_weights none (ulysses/ring/cfg/dp degrees hold the whole model)")
+                parts, ctx = wrapper_parts(t)
+                start, regions = offset, []
+                for n, p in parts.items():
+                    nbytes = p.numel() * p.element_size()
+                    regions.append(_Part(n, p.dtype, tuple(p.shape), offset, nbytes))
+                    offset += math.ceil(nbytes / ALIGN) * ALIGN
+                entries.append(_Entry(owner, name, is_param, t.dtype, tuple(t.size()), start, offset - start,
+                                      parts=regions, wrapper=(type(t), ctx, tuple(t.size()), tuple(t.stride()))))
+                continue
             nbytes = t.numel() * t.element_size()
             # size(), not shape: a loader's tensor subclass (GGUF) reports its logical shape, while its bytes are
             # rows of quantized blocks - the shard holds and gathers those bytes, the tensor object stays its own
@@ -100,6 +226,8 @@ class WeightSharding:
         self.world, self.rank, self.group = ax.size, ax.rank, ax.group
         self.gathered_bytes = 0       # bytes of full units held right now
         self.peak_gathered_bytes = 0  # the most ever held at once (the bench and tests read it)
+        self.quantized_bytes = 0        # bytes of the quantized weights' inner tensors (bytes and scales), all ranks
+        self.quantized_shard_bytes = 0  # of those, the bytes this rank's shards hold
         blocks = _block_units(model)
         block_ids = {id(m) for _, b in blocks for m in b.modules()}
         self.units = [self._make_unit("root", model, block_ids)]
@@ -115,11 +243,18 @@ class WeightSharding:
         shard = torch.zeros(per, dtype=torch.uint8)
         for e in entries:  # copy only the bytes of this rank's slice; the full flat buffer is never built
             t = self._tensor(e)
-            a, b = max(lo, e.offset), min(hi, e.offset + e.nbytes)
-            if a < b:
-                raw = torch.Tensor.as_subclass(t, torch.Tensor).detach().contiguous().reshape(-1).view(torch.uint8)
-                shard[a - lo:b - lo] = raw[a - e.offset:b - e.offset]
-            self._set(e, torch.empty(0, dtype=e.dtype, device=t.device))  # the full tensor is dropped here
+            parts = wrapper_parts(t)[0] if e.parts is not None else None
+            for part, _, _, offset, nbytes in e.regions():
+                a, b = max(lo, offset), min(hi, offset + nbytes)
+                if a < b:
+                    src = parts[part] if parts is not None else torch.Tensor.as_subclass(t, torch.Tensor)
+                    raw = src.detach().contiguous().reshape(-1).view(torch.uint8)
+                    shard[a - lo:b - lo] = raw[a - offset:b - offset]
+                    if parts is not None:
+                        self.quantized_shard_bytes += b - a
+                if parts is not None and part is not None:
+                    self.quantized_bytes += nbytes
+            self._set(e, self._placeholder(e, t.device))  # the full tensor is dropped here
         module.register_buffer(SHARD_BUFFER, shard, persistent=False)
         return _Unit(name, module, entries, size)
 
@@ -129,10 +264,24 @@ class WeightSharding:
 
     @staticmethod
     def _set(e: _Entry, t: torch.Tensor) -> None:
-        if e.is_param:
+        if e.parts is not None:  # a wrapper weight and its placeholder are different objects: the slot changes
+            if e.is_param:
+                e.owner._parameters[e.name] = as_parameter(t)
+            else:
+                e.owner._buffers[e.name] = t
+        elif e.is_param:
             e.owner._parameters[e.name].data = t
         else:
             e.owner._buffers[e.name] = t
+
+    @staticmethod
+    def _placeholder(e: _Entry, device) -> torch.Tensor:
+        """What the slot holds between uses: an empty tensor (of the stored dtype, for a quantized weight)."""
+        return torch.empty(0, dtype=e.parts[0].dtype if e.parts else e.dtype, device=device)
+
+    @staticmethod
+    def _view(full: torch.Tensor, dtype, shape, offset: int, nbytes: int) -> torch.Tensor:
+        return full[offset:offset + nbytes].view(dtype).view(shape)
 
     # ---- gather / free ----
     def _start(self, unit: _Unit, async_op: bool) -> None:
@@ -154,15 +303,20 @@ class WeightSharding:
             self._start(unit, async_op=False)
         self._wait(unit)
         for e in unit.entries:
-            view = unit.full[e.offset:e.offset + e.nbytes].view(e.dtype).view(e.shape)
-            self._set(e, view)
+            if e.parts is None:
+                self._set(e, self._view(unit.full, e.dtype, e.shape, e.offset, e.nbytes))
+                continue
+            cls, ctx, size, stride = e.wrapper  # the quantized weight, rebuilt around views of the gathered bytes
+            parts = {name: self._view(unit.full, dtype, shape, offset, nbytes)
+                     for name, dtype, shape, offset, nbytes in e.regions()}
+            self._set(e, rebuild_wrapper(cls, parts, ctx, size, stride))
 
     def _release(self, unit: _Unit) -> None:
         if unit.full is None:
             return
         self._wait(unit)  # never free a buffer a collective still writes
         for e in unit.entries:
-            self._set(e, torch.empty(0, dtype=e.dtype, device=unit.full.device))
+            self._set(e, self._placeholder(e, unit.full.device))
         self.gathered_bytes -= unit.size
         unit.full, unit.pending = None, None
 
@@ -206,7 +360,8 @@ class WeightSharding:
                 "full_bytes": sum(u.size for u in self.units),
                 "largest_block_bytes": max((u.size for u in self.units[1:]), default=0),
                 "root_bytes": self.units[0].size, "units": len(self.units),
-                "peak_gathered_bytes": self.peak_gathered_bytes}
+                "peak_gathered_bytes": self.peak_gathered_bytes, "quantized_bytes": self.quantized_bytes,
+                "quantized_shard_bytes": self.quantized_shard_bytes}
 
 
 def apply_weight_sharding(model: torch.nn.Module, ctx) -> Optional[WeightSharding]:

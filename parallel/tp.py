@@ -26,6 +26,13 @@ where DTensor would need every cast in ComfyUI's ops to understand sharding. The
   reads the width from its input instead (ComfyUI's PixArt attention: `B, N, C = x.shape`) is shown its input
   with the local width (`input_width`: an alias whose `shape` reports C / n; its ops return plain tensors).
 
+Quantized weights (ComfyUI's mixed-precision ops: a comfy-kitchen QuantizedTensor per weight) are split where the
+layout is tensorwise - one stored value per weight in the weight's own shape and a single scale (fp8 e4m3 / e5m2,
+int8 tensorwise, every old scaled-fp8 checkpoint): the stored values are sliced like a plain weight and the scale is
+kept on every rank, so a shard is the same layout of the same bytes, computed by the same ops. A block-scaled or
+packed layout (nvfp4, mxfp8: scales per block, padded and swizzled) is refused with its name before any weight is
+touched; ulysses/ring/cfg/dp degrees and shard_weights run it with whole weights.
+
 Composes with USP: attention sees this rank's heads only, and Ulysses splits those further - rank
 order puts tp innermost, so its all-reduces stay on the closest devices. Layouts are validated in
 full before any weight is touched (`tp_problems`), which is also how the nodes refuse a degree
@@ -41,6 +48,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
+
+from .shard import as_parameter, is_wrapper, layout_name, slice_wrapper, tensorwise_problem
 
 Blocks = Union[None, int, tuple, Callable]  # one block; k equal blocks; sizes; f(linear, parent) -> sizes
 
@@ -119,6 +128,17 @@ def _block_sizes(style, linear, parent, width: int) -> list:
     return [int(s) for s in b]
 
 
+def _linear(mod) -> bool:
+    """torch's Linear, or a layer computing as one with its own class: ComfyUI's mixed-precision ops' Linear (a
+    Module holding in_features, out_features and an (out, in) weight - quantized or plain)."""
+    if isinstance(mod, torch.nn.Linear):
+        return True
+    w = getattr(mod, "weight", None)
+    i, o = getattr(mod, "in_features", None), getattr(mod, "out_features", None)
+    return (isinstance(w, torch.Tensor) and isinstance(i, int) and isinstance(o, int)
+            and tuple(w.shape) == (o, i))
+
+
 def _heads(model, attr: str) -> Optional[int]:
     config = getattr(model, "config", None)
     value = getattr(config, attr, None) if config is not None and not isinstance(config, dict) else None
@@ -146,6 +166,7 @@ def _resolve(model: torch.nn.Module, plan, n: int) -> tuple:
         problems.append(f"tp_degree={n} does not divide the model's {heads} attention heads; "
                         f"use a tp_degree in {ok}")
     modules = dict(model.named_modules())
+    refused_layouts = set()
     for pattern, value in layout.items():
         style = _normalise(value)
         for path, mod in modules.items():
@@ -177,9 +198,19 @@ def _resolve(model: torch.nn.Module, plan, n: int) -> tuple:
                 else:
                     shards.append(_Shard(path, mod, style, [width] if width else []))
                 continue
-            if not isinstance(mod, torch.nn.Linear):
+            if not _linear(mod):
                 problems.append(f"tp plan entry {pattern!r} matched {path!r}, a {type(mod).__name__}")
                 continue
+            if is_wrapper(mod.weight):  # a quantized weight: split only where a slice of its bytes is a slice of it
+                why = tensorwise_problem(mod.weight)
+                if why:
+                    layout = layout_name(mod.weight)
+                    if layout not in refused_layouts:  # once per layout: the first layer says what it stores
+                        refused_layouts.add(layout)
+                        problems.append(f"tensor parallel does not split {layout} weights ({path}: {why}), a shard "
+                                        f"would have to be re-quantized; use ulysses/ring/cfg/dp degrees or "
+                                        f"shard_weights, which compute with whole weights")
+                    continue
             parent = modules[path.rpartition(".")[0]]
             width = mod.out_features if isinstance(style, Colwise) else mod.in_features
             try:
@@ -234,8 +265,15 @@ def apply_tp(model: torch.nn.Module, plan, ax) -> torch.nn.Module:
             _shard_norm(s.module, ax)
             continue
         m, colwise = s.module, isinstance(s.style, Colwise)
-        w = _pieces(m.weight.data, 0 if colwise else 1, s.sizes, n, r)
-        m.weight = torch.nn.Parameter(w, requires_grad=False)
+        dim = 0 if colwise else 1
+        if is_wrapper(m.weight):  # tensorwise quantized (checked): its stored values sliced, its scale kept
+            w = slice_wrapper(m.weight, dim, lambda v: _pieces(v, dim, s.sizes, n, r))
+            m.weight = as_parameter(w)
+            if hasattr(m, "_orig_shape"):  # (ComfyUI's mixed-precision Linear: the shape it loads a weight as)
+                m._orig_shape = tuple(w.shape)
+        else:
+            w = _pieces(m.weight.data, dim, s.sizes, n, r)
+            m.weight = torch.nn.Parameter(w, requires_grad=False)
         if colwise:
             m.out_features = w.shape[0]
             if m.bias is not None:
@@ -303,7 +341,8 @@ class _Fp32Partials(TorchFunctionMode):
     unrounded until the all-reduce has added every rank's, and the total is rounded once - as one device's GEMM
     rounds its fp32 accumulator once. Rounding each partial and summing in bf16 (what NCCL does with bf16
     tensors) put TP ~1e-3 away from one device's output. `dtype` records the dtype the output would have had.
-    ComfyUI's cast ops run unchanged around it (they end in F.linear); fp8's scaled matmul is left alone."""
+    ComfyUI's cast ops run unchanged around it (they end in F.linear); fp8's scaled matmul is left alone, and so is a
+    product of quantized tensors (ComfyUI's mixed-precision ops: the layout's own kernel)."""
 
     def __init__(self):
         super().__init__()
@@ -314,7 +353,7 @@ class _Fp32Partials(TorchFunctionMode):
         if func is F.linear:
             x, w = args[0], args[1] if len(args) > 1 else kwargs["weight"]
             b = args[2] if len(args) > 2 else kwargs.get("bias")
-            if x.dtype in _HALF and w.dtype == x.dtype:
+            if x.dtype in _HALF and w.dtype == x.dtype and not is_wrapper(x) and not is_wrapper(w):
                 self.dtype = x.dtype
                 return _linear_fp32(x, w, b)
         return func(*args, **kwargs)
@@ -341,4 +380,8 @@ def _row_reduced(forward, ax):
 def local_param_bytes(model: torch.nn.Module) -> int:
     """Bytes of parameters this rank actually holds (its shards; freed meta weights of other PipeFusion
     stages do not count)."""
-    return sum(p.numel() * p.element_size() for p in model.parameters() if not p.is_meta)
+    from .shard import wrapper_parts
+
+    def held(p):  # a quantized weight holds its inner tensors' bytes, not its logical shape in its logical dtype
+        return sum(held(x) for x in wrapper_parts(p)[0].values()) if is_wrapper(p) else p.numel() * p.element_size()
+    return sum(held(p) for p in model.parameters() if not p.is_meta)

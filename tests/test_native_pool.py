@@ -110,10 +110,13 @@ def comfy_forward(base, inp: dict) -> torch.Tensor:
 
 
 def pool_forward(pool, config, key: str, base, inp: dict) -> torch.Tensor:
-    from comfyui_hybrid_parallel.nodes.native import family_adapter, native_spec
+    from comfyui_hybrid_parallel.nodes.native import family_adapter, host_tensors, native_spec
+    from comfyui_hybrid_parallel.workers.loader_types import raw
     dm = base.diffusion_model
+    # the weights as Runtime.ensure_native sends them: as the layers hold them (not state_dict(), which ComfyUI's
+    # mixed-precision ops write in their file form); a quantized weight as its inner tensors
     pool.ensure_model(config, key, family_adapter(dm).family, {}, native=native_spec(base),
-                      state_dict=lambda: dict(dm.state_dict()))
+                      state_dict=lambda: {k: raw(v) for k, v in host_tensors(dm).items()})
     res = pool.submit(config, "forward", {"key": key, "structure": {"transformer_options": {}}}, dict(inp))
     return res.tensors["out"]
 

@@ -10,6 +10,13 @@ mapped shared-memory files. Here the class is built on the meta device (no alloc
 initialisation) with the same operations class, and the state dict is assigned: on CPU the
 parameters *are* the shared mappings, so N ranks hold one copy.
 
+A quantized checkpoint (ComfyUI's `quant_config`: mixed-precision ops, each quantized weight a comfy-kitchen
+QuantizedTensor - every scaled-fp8 file since ComfyUI 0.33) is built with the ops `pick_operations` returns for that
+quant_config on this device, loaded through the layers' own loader from the file form ComfyUI itself writes (the
+inner tensors that travelled, named by the tensor's own `state_dict`, plus each layer's `comfy_quant` entry), and then
+holds each weight exactly as the driver does: the wrapper `__tensor_unflatten__` makes of the bytes that travelled
+(workers/loader_types.py).
+
 This module is the only place in the workers that imports ComfyUI, and only when a native model
 is loaded. The workers are started by ComfyUI's process, which passes its ComfyUI directory.
 """
@@ -125,7 +132,22 @@ def _operations(comfy, spec: dict, device: torch.device):
         # ComfyUI <= 0.3.x's scaled-fp8 ops; later ComfyUIs load those files as quantized tensors instead
         # (mixed-precision ops) and have no such argument - the driver never sends it there.
         kwargs["scaled_fp8"] = scaled
-    return comfy.ops.pick_operations(weight_dtype, compute_dtype, **kwargs)
+    quant = decode_value(ops.get("quant_config"))
+    if quant:
+        # ComfyUI's mixed-precision ops, chosen as ComfyUI chooses them: pick_operations reads the model config's
+        # quant_config and disables the formats this device cannot compute natively (emulated: dequantized)
+        import types
+        kwargs["model_config"] = types.SimpleNamespace(quant_config=quant)
+    picked = comfy.ops.pick_operations(weight_dtype, compute_dtype, **kwargs)
+    if quant:
+        mine, driver = getattr(picked, "_disabled", None), ops.get("disabled")
+        if driver is not None and mine is not None and sorted(mine) != sorted(driver):
+            import logging
+            logging.getLogger(__name__).warning(
+                "hybrid parallel: this worker's device computes the quantized formats %s natively where ComfyUI's "
+                "own device emulates %s (ComfyUI: %s): results follow this device, as ComfyUI's would on it",
+                sorted(set(driver) - set(mine)) or "none", sorted(set(mine) - set(driver)) or "none", sorted(driver))
+    return picked
 
 
 def loader_weights(spec: dict, weights: dict) -> dict:
@@ -152,11 +174,16 @@ def build_native(spec: dict, weights: dict, device: torch.device, sequence_paral
     operations = _operations(comfy, spec, device)
     model = cls(**unet_config, device=torch.device("meta"), operations=operations)
     from .loader_types import host_tensors
-    # (a custom loader's layers may hold no weight until loaded: compare what the model holds once loaded)
-    expected = set(host_tensors(model)) if not spec["ops"].get("custom") else set(weights)
+    quantized = spec["ops"].get("quant_config") or spec.get("quantized")
+    # (a custom loader's layers - and mixed-precision ops' Linear layers - hold no weight until loaded: compare
+    # what the model holds once loaded)
+    expected = set(host_tensors(model)) if not spec["ops"].get("custom") and not quantized else set(weights)
     missing, unexpected = sorted(expected - set(weights)), sorted(set(weights) - expected)
     if not missing and not unexpected:
-        model.load_state_dict(weights, strict=True, assign=True)
+        if quantized:
+            _load_quantized(model, spec.get("quantized") or {}, weights)
+        else:
+            model.load_state_dict(weights, strict=True, assign=True)
         held = set(host_tensors(model))
         missing, unexpected = sorted(set(weights) - held), sorted(held - set(weights))
     if missing or unexpected:
@@ -168,6 +195,58 @@ def build_native(spec: dict, weights: dict, device: torch.device, sequence_paral
                            f"cannot build it without initialising them - report this model class")
     # on the host still: the engine shards it (tensor parallel, PipeFusion stages) before it moves to `device`
     return model.eval().requires_grad_(False)
+
+
+def _load_quantized(model: torch.nn.Module, metas: dict, weights: dict) -> None:
+    """Load a mixed-precision model (built on the meta device) as ComfyUI loads it, then hold the weights that
+    travelled: the layers' own loader reads the file form ComfyUI writes - each quantized weight's tensors named by
+    its own `state_dict` plus its layer's `comfy_quant` entry - and sets the layer up (format, layout, whether this
+    device computes it natively); each weight is then the wrapper rebuilt around the mapped bytes, checked to be what
+    the loader made of them (same layout, parameters, shapes) but holding the very tensors that travelled (the
+    loader's Parameter() would have cloned its scales)."""
+    from .loader_types import INNER, comfy_quant_tensor, rebuild_quantized
+    from ..parallel.shard import wrapper_parts
+    ours = {name: rebuild_quantized(name, meta, weights) for name, meta in metas.items()}
+    form = {k: v for k, v in weights.items() if INNER not in k}
+    for name, t in ours.items():
+        path, _, leaf = name.rpartition(".")
+        form.update(t.state_dict(name))
+        form[f"{path}.comfy_quant" if path else "comfy_quant"] = comfy_quant_tensor(metas[name]["comfy_quant"])
+    # the layers' loader puts what it reads on the device the layer was built for (the meta device here): the host
+    # tensors that travelled stay where they are (assign), the engine moves the model afterwards
+    moved = []
+    for m in model.modules():
+        kw = getattr(m, "factory_kwargs", None)
+        if isinstance(kw, dict) and isinstance(kw.get("device"), torch.device) and kw["device"].type == "meta":
+            moved.append((m, kw))
+            m.factory_kwargs = dict(kw, device=None)
+    try:
+        model.load_state_dict(form, strict=True, assign=True)
+    finally:
+        for m, kw in moved:
+            m.factory_kwargs = kw
+    stranded = [n for n, p in model.named_parameters() if p.is_meta and n not in ours]
+    if stranded:
+        raise RuntimeError(f"ComfyUI's mixed-precision loader put {stranded[:4]} on the meta device the model was "
+                           f"built on (its layers no longer say where they load in factory_kwargs): report this "
+                           f"ComfyUI version")
+    modules = dict(model.named_modules())
+    for name, t in ours.items():
+        path, _, leaf = name.rpartition(".")
+        owner = modules[path]
+        loaded = owner._parameters.get(leaf)
+        if loaded is None or type(loaded) is not type(t):
+            raise RuntimeError(f"ComfyUI's {type(owner).__name__} loaded {name} as a {type(loaded).__name__}, the "
+                               f"driver holds a {type(t).__name__} ({metas[name].get('layout')})")
+        (got, got_ctx), (want, want_ctx) = wrapper_parts(loaded), wrapper_parts(t)
+        same = (got_ctx == want_ctx and tuple(loaded.shape) == tuple(t.shape) and loaded.dtype == t.dtype and
+                {n: (p.dtype, tuple(p.shape)) for n, p in got.items()} ==
+                {n: (p.dtype, tuple(p.shape)) for n, p in want.items()})
+        if not same:
+            fields = lambda c: c.get("non_tensor_fields") if isinstance(c, dict) else c  # noqa: E731
+            raise RuntimeError(f"ComfyUI's loader made {name} a {metas[name].get('layout')} tensor with "
+                               f"{fields(got_ctx)}, the driver holds {fields(want_ctx)}")
+        owner._parameters[leaf] = t
 
 
 def build_native_vae(spec: dict, weights: dict) -> torch.nn.Module:

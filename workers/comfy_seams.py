@@ -39,7 +39,7 @@ class Seam:
 SEAMS = (
     # building ComfyUI's model on the workers (workers/comfy_native.py)
     Seam("comfy.ops:pick_operations", "workers/comfy_native: the ops ComfyUI picks",
-         ("weight_dtype", "compute_dtype", "load_device", "fp8_optimizations")),
+         ("weight_dtype", "compute_dtype", "load_device", "fp8_optimizations", "model_config")),
     Seam("comfy.ops:disable_weight_init", "doctor/tiny_checkpoints: tiny models in ComfyUI's layout"),
     Seam("comfy.cli_args:args", "nodes/native, workers/comfy_native: the flags that pick kernels"),
     Seam("comfy.cli_args:PerformanceFeature", "nodes/native: --fast flags forwarded", optional=True),

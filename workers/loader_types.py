@@ -17,6 +17,16 @@ What is carried, and what is refused (with the reason, before any worker starts)
 - the loader's ModelPatcher class where it patches weights its own way (ComfyUI-GGUF attaches LoRA patches to
   the quantized tensor instead of computing a patched weight), with its plain class-level settings.
 
+ComfyUI's own quantized weights (its mixed-precision ops, `quant_config`: every scaled-fp8 checkpoint since ComfyUI
+0.33, and the per-layer `comfy_quant` files - fp8, int8, nvfp4, mxfp8) are comfy-kitchen `QuantizedTensor`s: wrapper
+subclasses without storage, made of inner tensors (`__tensor_flatten__`: the quantized bytes, the scales). They travel
+as those inner tensors, each raw bytes like a plain weight under its own name ("<weight>#<inner>", `host_tensors`),
+plus JSON (`quantized_tensors`): the layout and its other parameters (the flatten context: orig_dtype,
+orig_shape, ...), and the layer's own `comfy_quant` entry as ComfyUI writes it. A worker builds the model with the
+ops ComfyUI picks for that quant_config, loads it through the layers' own loader (workers/comfy_native.py) and holds
+each weight as the wrapper `__tensor_unflatten__` makes of the bytes that travelled (`rebuild_quantized`) - never
+dequantized, never copied.
+
 A module is imported normally where the worker's sys.path finds it (gguf, comfy); a custom node's folder,
 which ComfyUI imports by file path, is registered as a package *without running its __init__* (that would
 register its nodes, import ComfyUI's server modules...): only the module that defines the class runs.
@@ -41,12 +51,31 @@ class NotCarriable(ValueError):
 
 # ---- the tensors a module holds ----
 
+INNER = "#"  # "<weight name>#<inner tensor>": a quantized weight's inner tensors, travelling as plain weights
+
+
 def host_tensors(module: torch.nn.Module) -> dict:
-    """{state-dict name: tensor} of the parameters and persistent buffers `module` holds, as it holds them.
+    """{state-dict name: tensor} of the parameters and persistent buffers `module` holds, as it holds them; a
+    quantized weight (a wrapper subclass: ComfyUI's QuantizedTensor) as its inner tensors, "<name>#<inner>" each
+    (its quantized bytes and scales, the very tensors it holds).
 
     Not `state_dict()`: an operations class may write something else there - ComfyUI-GGUF writes meta-device
     placeholders (and a "temp.weight" for the largest layer) so that ComfyUI's memory estimate counts the
-    dequantized size. What the workers need is what the layers compute with."""
+    dequantized size; ComfyUI's mixed-precision ops write their file form (scales renamed, a JSON `comfy_quant`).
+    What the workers need is what the layers compute with."""
+    from ..parallel.shard import is_wrapper, wrapper_parts
+    out = {}
+    for key, t in module_tensors(module).items():
+        if is_wrapper(t):
+            out.update((f"{key}{INNER}{n}", p) for n, p in wrapper_parts(t)[0].items())
+        else:
+            out[key] = t
+    return out
+
+
+def module_tensors(module: torch.nn.Module) -> dict:
+    """{state-dict name: tensor} of the parameters and persistent buffers as the layers hold them, a quantized
+    weight as its wrapper tensor."""
     out, seen = {}, set()
     for prefix, owner in module.named_modules():
         tensors = [(n, p) for n, p in owner._parameters.items() if p is not None]
@@ -70,7 +99,10 @@ def raw(t: torch.Tensor) -> torch.Tensor:
 
 
 def nbytes(t: torch.Tensor) -> int:
-    """Bytes `t` holds (its storage as laid out, not its logical shape)."""
+    """Bytes `t` holds (its storage as laid out, not its logical shape; a quantized weight: its inner tensors')."""
+    from ..parallel.shard import is_wrapper, wrapper_parts
+    if is_wrapper(t):
+        return sum(nbytes(p) for p in wrapper_parts(t)[0].values())
     r = raw(t)
     return r.numel() * r.element_size()
 
@@ -136,6 +168,128 @@ def rebuild(r: torch.Tensor, meta: dict | None) -> torch.Tensor:
         if k not in keywords:
             setattr(t, k, v)
     return t
+
+
+# ---- ComfyUI's quantized weights (comfy-kitchen QuantizedTensor in mixed-precision ops) ----
+
+def quantized_tensors(module: torch.nn.Module) -> dict:
+    """{weight name: description} of the quantized weights `module`'s layers hold (wrapper tensor subclasses), {}
+    for none. A description is JSON: the class, the flatten context (layout, its parameter class by path, the
+    parameters that are not tensors), the inner tensors' names and the size / stride, and `comfy_quant` - the
+    layer's own entry in its file form (ComfyUI's `state_dict()` of the layer: {"format": "float8_e4m3fn", ...}),
+    which its loader reads on the workers. NotCarriable: a wrapper the workers could not rebuild (its context holds
+    something JSON cannot, an inner tensor is not plain bytes, or its layer's file form is not its tensors)."""
+    from ..parallel.shard import is_wrapper, layout_name, wrapper_parts, wrapper_problem
+    owners = dict(module.named_modules())
+    out = {}
+    for name, t in module_tensors(module).items():
+        if not is_wrapper(t):
+            continue
+        where = f"weight {name!r} ({layout_name(t)})"
+        problem = wrapper_problem(t)
+        if problem:
+            raise NotCarriable(f"{where}: {problem}")
+        parts, ctx = wrapper_parts(t)
+        try:
+            context = _encode_context(ctx)
+        except NotCarriable as e:
+            raise NotCarriable(f"{where} is a {type(t).__name__} whose flatten context holds {e}") from None
+        path, _, leaf = name.rpartition(".")
+        owner = owners[path]
+        out[name] = {"class": class_path(type(t)), "context": context, "inner": list(parts),
+                     "size": [int(v) for v in t.size()], "stride": [int(v) for v in t.stride()],
+                     "layout": layout_name(t), "comfy_quant": _comfy_quant(owner, path, leaf, t, where)}
+    return out
+
+
+def _comfy_quant(owner, path: str, leaf: str, t, where: str) -> dict:
+    """The layer's `comfy_quant` entry as ComfyUI's own state_dict writes it (its format and flags), checked to be
+    all the layer's file form adds to its tensors: what the workers' load of the layer needs."""
+    import json
+    prefix = f"{path}." if path else ""
+    try:
+        written = owner.state_dict(prefix=prefix)
+    except Exception as e:  # noqa: BLE001 - any failure: the layer's file form is not known
+        raise NotCarriable(f"{where}: its {type(owner).__name__} layer cannot write its state dict ({e})") from None
+    conf = written.get(f"{prefix}comfy_quant")
+    if conf is None:
+        raise NotCarriable(f"{where} is held by a {type(owner).__name__} that writes no comfy_quant entry (not "
+                           f"ComfyUI's mixed-precision ops), so the workers could not load it as ComfyUI does")
+    tensors = {f"{prefix}{k}" for k, v in owner._parameters.items() if v is not None and k != leaf}
+    tensors |= {f"{prefix}{k}" for k, v in owner._buffers.items()
+                if v is not None and k not in owner._non_persistent_buffers_set}
+    rebuilt = tensors | set(t.state_dict(f"{prefix}{leaf}")) | {f"{prefix}comfy_quant"}
+    if set(written) != rebuilt:
+        raise NotCarriable(f"{where}: its {type(owner).__name__} layer writes {sorted(set(written) ^ rebuilt)[:4]} "
+                           f"beyond its tensors, which the workers would not rebuild")
+    return json.loads(bytes(conf.detach().cpu().numpy().tobytes()).decode("utf-8"))
+
+
+def comfy_quant_tensor(conf: dict) -> torch.Tensor:
+    """A layer's `comfy_quant` entry as ComfyUI stores it in a state dict (comfy.utils.convert_old_quants): the
+    JSON's UTF-8 bytes as a uint8 tensor."""
+    import json
+    return torch.tensor(list(json.dumps(conf).encode("utf-8")), dtype=torch.uint8)
+
+
+def rebuild_quantized(name: str, meta: dict, weights: dict) -> torch.Tensor:
+    """The quantized weight `name` of `meta` (quantized_tensors) made by its class's own `__tensor_unflatten__`
+    around the inner tensors that travelled (`weights["<name>#<inner>"]`, raw bytes mapped as any weight), flagged
+    as a parameter without a copy."""
+    from ..parallel.shard import as_parameter, rebuild_wrapper
+    cls = import_class(meta["class"])
+    parts = {n: weights[name + INNER + n] for n in meta["inner"]}
+    return as_parameter(rebuild_wrapper(cls, parts, _decode_context(meta["context"]), meta["size"], meta["stride"]))
+
+
+def adopt_inner(owners: dict, name: str, mapped: torch.Tensor) -> bool:
+    """For the driver's adopter (nodes/runtime.py): ComfyUI's quantized weight holding the inner tensor `name`
+    ("<weight>#<inner>", as `host_tensors` names it) takes `mapped` - the pages just written for the workers, same
+    dtype and shape - in place of its own copy, so that ComfyUI and the local ranks hold one copy. The weight is
+    rebuilt by its class's `__tensor_unflatten__` around its other inner tensors and `mapped`, and put in the layer's
+    slot (a new object, as ComfyUI's own patching does). `owners`: {path: module} of the model. False where `name` is
+    no such tensor on the host (then nothing changes). Not thread-safe for two inner tensors of one weight: call it
+    under the adopter's lock."""
+    from ..parallel.shard import as_parameter, is_wrapper, rebuild_wrapper, wrapper_parts
+    weight, sep, inner = name.partition(INNER)
+    path, _, leaf = weight.rpartition(".")
+    owner = owners.get(path)
+    t = owner._parameters.get(leaf) if sep and owner is not None else None
+    if not is_wrapper(t):
+        return False
+    parts, ctx = wrapper_parts(t)
+    old = parts.get(inner)
+    if old is None or old.device.type != "cpu" or old.dtype != mapped.dtype or old.shape != mapped.shape:
+        return False
+    parts[inner] = mapped
+    owner._parameters[leaf] = as_parameter(rebuild_wrapper(type(t), parts, ctx, t.size(), t.stride()))
+    return True
+
+
+def _encode_context(value):
+    """JSON form of a flatten context: containers, plain values, dtypes, sizes, enums, and classes by path."""
+    if isinstance(value, dict):
+        if not all(isinstance(k, str) for k in value):
+            raise NotCarriable(f"a dict with non-string keys ({list(value)[:3]!r:.60})")
+        return {"$dict": {k: _encode_context(v) for k, v in value.items()}}
+    if isinstance(value, type):
+        return {"$class": class_path(value)}
+    if isinstance(value, (list, tuple)) and not isinstance(value, torch.Size):
+        return {"$list" if isinstance(value, list) else "$tuple": [_encode_context(v) for v in value]}
+    return encode(value)
+
+
+def _decode_context(value):
+    if isinstance(value, dict):
+        if "$dict" in value:
+            return {k: _decode_context(v) for k, v in value["$dict"].items()}
+        if "$class" in value:
+            return import_class(value["$class"])
+        if "$list" in value:
+            return [_decode_context(v) for v in value["$list"]]
+        if "$tuple" in value:
+            return tuple(_decode_context(v) for v in value["$tuple"])
+    return decode(value)
 
 
 # ---- values ----

@@ -43,8 +43,9 @@ import shutil
 import tempfile
 import uuid
 
+# float8_e8m0fnu: the per-block scales of ComfyUI's mxfp8 quantized weights (a power of two per byte)
 _ITEMSIZE = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4, "int16": 2, "int8": 1,
-             "uint8": 1, "bool": 1, "complex64": 8, "float8_e4m3fn": 1, "float8_e5m2": 1}
+             "uint8": 1, "bool": 1, "complex64": 8, "float8_e4m3fn": 1, "float8_e5m2": 1, "float8_e8m0fnu": 1}
 _DTYPES = tuple(_ITEMSIZE)
 
 
