@@ -17,6 +17,8 @@ import logging
 
 import torch
 
+from ..parallel.plan import _given  # an input is given: not None, not an empty list / dict (ComfyUI's defaults)
+
 SUPPORTED_SAMPLERS = ("euler", "dpmpp_2m")
 
 
@@ -27,6 +29,26 @@ class Captured(Exception):
         super().__init__("captured")
         self.inputs, self.cond_or_uncond, self.x_shape = inputs, cond_or_uncond, x.shape
         self.x = x  # the model's input: the scaled latent, then ComfyUI's concat conditioning (image to video)
+
+
+_LATENT_RATIOS = ("downscale_ratio_spacial", "downscale_ratio_temporal")
+
+
+def ksampler_latent(model, latent: dict) -> dict:
+    """The LATENT as KSampler samples it (nodes.common_ksampler), for both of Hybrid Sampler's modes: an empty latent
+    given the model's latent channels and - where this ComfyUI's empty-latent nodes record the compression they
+    assumed (`downscale_ratio_spacial` / `_temporal`; ComfyUI 0.33's EmptyHunyuanLatentVideo says 8, which the Wan 2.2
+    VAE's 16 halves) and its fix_empty_latent_channels takes it - resized to the model's own, those keys then dropped
+    from what the node returns, as KSampler drops them. Feature detection: an older ComfyUI gets the call it knows.
+    Hybrid Sampler calls it once, before anything reads the latent's shape (auto degrees, memory, PipeFusion)."""
+    import comfy.sample
+
+    from ..workers.comfy_seams import accepts
+    taken = [k for k in _LATENT_RATIOS if accepts("comfy.sample:fix_empty_latent_channels", k)]
+    out = {k: v for k, v in latent.items() if k not in taken}
+    out["samples"] = comfy.sample.fix_empty_latent_channels(model, latent["samples"],
+                                                            **{k: latent.get(k) for k in taken})
+    return out
 
 
 def uses_loop_mode(hp) -> bool:
@@ -97,7 +119,7 @@ def make_loop_sampler(runtime, hp, state: dict, sampler_name: str, cfg: float, m
                 raise ValueError(f"PipeFusion through Hybrid Sampler supports {names} models; "
                                  f"this is {family}: use pp_degree=1 (USP/CFG/DP/TP/DistriFusion work for it)")
             refusals = ADAPTERS[family].comfy_plan.pipeline_refusals
-            carried = [refusals[n] for n in sorted(refusals) if cap.inputs.get(n) is not None]
+            carried = [refusals[n] for n in sorted(refusals) if _given(cap.inputs.get(n))]  # (plan.py's test)
             if carried:
                 raise ValueError(f"PipeFusion (pp_degree={hp.config.pp_degree}) cannot run this {family} "
                                  f"conditioning: {'; '.join(carried)}")

@@ -86,3 +86,35 @@ def test_ti2v_patch_vae_decode_equals_vae_decode(server, ti2v_files):
     err = rel(got, ref)
     print(f"Wan 2.2 VAE: Parallel VAE Decode (2 ranks) vs VAE Decode: images relative error {err:.2e}")
     assert err <= 1e-5, err
+
+
+def _empty_graph(files, tag, degrees=None, node="model"):
+    """_graph with an empty latent from EmptyHunyuanLatentVideo (Wan's usual empty-latent node: 16 channels at 8x)
+    instead of the start image."""
+    g = _graph(files, tag, degrees, node)
+    g.pop("20")
+    g["21"] = {"class_type": "EmptyHunyuanLatentVideo", "inputs": {"width": W, "height": H, "length": FRAMES,
+                                                                   "batch_size": 1}}
+    return g
+
+
+def test_ti2v_empty_video_latent_equals_ksampler(server, ti2v_files):
+    """KSampler gives an empty latent the model's 48 channels and, on a ComfyUI whose empty-latent nodes record the
+    compression they assumed (0.33: EmptyHunyuanLatentVideo's downscale_ratio_spacial 8), the Wan 2.2 VAE's 16x size:
+    H/16 x W/16, not H/8 x W/8. Hybrid Sampler, in step mode and in loop mode, returns KSampler's latent - the same
+    shape and values - and Parallel Model + KSampler does too."""
+    assert_ok(server, server.run(_empty_graph(ti2v_files, "ti2v_empty_ref")))
+    ref = latent(server, "ti2v_empty_ref")
+    assert ref.shape[:3] == (1, 48, 2) and ref.shape[-2:] in ((H // 16, W // 16), (H // 8, W // 8)), ref.shape
+    print(f"Wan 2.2 TI2V from EmptyHunyuanLatentVideo: KSampler's latent {tuple(ref.shape)}")
+    cases = [("u2_hybrid", {"ulysses_degree": 2}, "sampler"),
+             ("cfg2_loop_hybrid", {"cfg_degree": 2, "sampling_mode": "loop"}, "sampler"),
+             ("u2", {"ulysses_degree": 2}, "model")]
+    for name, degrees, node in cases:
+        tag = f"ti2v_empty_{name}"
+        assert_ok(server, server.run(_empty_graph(ti2v_files, tag, degrees, node)))
+        got = latent(server, tag)
+        assert got.shape == ref.shape, (name, tuple(got.shape), tuple(ref.shape))
+        err = rel(got, ref)
+        print(f"Wan 2.2 TI2V empty latent {name}: latent relative error vs KSampler {err:.2e}")
+        assert err <= 1e-4, (name, err)
