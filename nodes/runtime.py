@@ -122,8 +122,8 @@ class Runtime:
         """Refuse, before any worker starts, a ComfyUI that lacks a seam the pack relies on
         (workers/comfy_seams.py): one line naming what is missing and the ComfyUI versions the tests ran, instead of
         a worker traceback mid-prompt. Only where ComfyUI is loaded in this process (not under fake-worker tests)."""
-        if "comfy.model_management" not in sys.modules:
-            return
+        if getattr(sys.modules.get("comfy.model_management"), "__file__", None) is None:
+            return  # (a test's stand-in module has no file: not a ComfyUI)
         if self._comfy_problem is None:
             from ..workers.comfy_seams import problem_line
             self._comfy_problem = problem_line() or ""

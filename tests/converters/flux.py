@@ -23,7 +23,13 @@ HIDDEN = 3072
 
 
 def is_flux(sd) -> bool:
-    return "double_blocks.0.img_attn.norm.key_norm.scale" in sd and "img_in.weight" in sd
+    return any(f"double_blocks.0.img_attn.norm.key_norm.{s}" in sd for s in ("scale", "weight")) and "img_in.weight" in sd
+
+
+def _norm_scales(sd) -> dict:
+    """ComfyUI 0.33's RMSNorm names its parameter `weight` where 0.3.75 (and diffusers' converter) say `scale`."""
+    return {(k[: -len("weight")] + "scale" if k.endswith(("query_norm.weight", "key_norm.weight")) else k): v
+            for k, v in sd.items()}
 
 
 def config_from_state_dict(sd) -> dict:
@@ -62,6 +68,7 @@ def config_from_state_dict(sd) -> dict:
 
 
 def convert(sd) -> tuple[str, dict, dict]:
+    sd = _norm_scales(sd)
     config = config_from_state_dict(sd)
     work = dict(sd)  # diffusers' converter pops what it consumes
     out = convert_flux_transformer_checkpoint_to_diffusers(work)
