@@ -45,6 +45,7 @@ class Runtime:
         self.warm_mesh = None  # the Parallel Config the latest of them sent (its describe()), if any
         self._comfy_problem = None  # check_comfyui's finding: "" = every seam present
         self.prompt_warms = 0  # prompts holding the pack's nodes seen at queue time (routes.warm_on_prompt)
+        self.prompt_warmed = None  # the latest world such a prompt started: {mesh, at}
 
     def keep_spares(self, n: int) -> None:
         """Start `n` spare worker interpreters now (ComfyUI's start-up), so the first prompt's world does not wait
@@ -84,6 +85,7 @@ class Runtime:
         open the frontend): what `warm` does, unless a node run is in progress or `hp`'s world is already up (then
         nothing is to gain, and a prepare job would queue behind the run). Returns the mesh prestarted, if any."""
         self.prompt_warms += 1
+        began = time.time()
         if n <= 0 or self.job is not None:
             return None
         pool = self._pool
@@ -94,6 +96,7 @@ class Runtime:
         if hp is None:
             return None
         self.prestart(hp)
+        self.prompt_warmed = {"mesh": hp.config.describe(), "at": began}
         return hp.describe()
 
     @contextmanager
@@ -344,6 +347,7 @@ class Runtime:
                 "workers": workers, "job": dict(job) if job else None, "last_job": last,
                 "prestart": self.prestarted, "last_started": dict(self.last_started),
                 "warm_requests": self.warm_requests, "warm_mesh": self.warm_mesh, "prompt_warms": self.prompt_warms,
+                "prompt_warmed": self.prompt_warmed,
                 "join_commands": None if self._pool_cluster is None else join_commands(self._pool_cluster.cluster)}
 
     def _model_label(self, key: str) -> str:
