@@ -128,6 +128,11 @@ class PipelinePlan:
     latent: str
 
 
+# ComfyUI arguments no sequence split has to know: the call's options, the pooled vector (one row per sample), and
+# the ControlNet's own text (ComfyUI hands it to every model call; only the ControlNet on the driver reads it)
+_PER_SAMPLE_INPUTS = ("transformer_options", "y", "crossattn_controlnet")
+
+
 @dataclass(frozen=True)
 class FamilyPlan:
     family: str
@@ -156,7 +161,7 @@ class FamilyPlan:
         """The forward inputs a sequence-parallel run of this plan accepts: the batch inputs, the ones it splits
         along the sequence, the ones it refuses with a reason, and `other_inputs`."""
         split = {a.name for actions in self.sequence.values() for a in actions if getattr(a, "name", None)}
-        return {"transformer_options", *self.batch_inputs, *self.other_inputs, *self.sequence_refusals, *split}
+        return {*_PER_SAMPLE_INPUTS, *self.batch_inputs, *self.other_inputs, *self.sequence_refusals, *split}
 
     @property
     def splits_text(self) -> bool:
