@@ -449,7 +449,7 @@ class World:
                 ch.close()
         self.channels = []
         self.state = "dead"
-        cleanup_prefix(self.shm_prefix, keep=self.keep_files())
+        cleanup_prefix(self.shm_prefix, keep=self.keep_files)  # asked after the listing (transport.cleanup_prefix)
         try:
             os.unlink(os.path.join(self.tmpdir, f"store-{self.generation}"))
         except FileNotFoundError:

@@ -427,9 +427,18 @@ def list_prefix(prefix: str) -> list:
 
 def cleanup_prefix(prefix: str, keep=()) -> int:
     """Remove every file this pool (or one of its dead workers) left behind, but the names in `keep` (files written
-    for a job that has not run yet); returns how many."""
+    for a job that has not run yet); returns how many.
+
+    `keep` may be a function returning those names: it is asked *after* the directory was listed. A writer names a
+    file (records it to keep) before it creates it, so every file the listing found whose writer wants it kept is
+    then among the names; a set taken before the listing missed the files named and created in between - weights
+    that ensure_model was writing while another thread restarted the world (Parallel Config's prestart), which the
+    next load_model then could not open."""
+    found = list_prefix(prefix)
+    if callable(keep):
+        keep = set(keep())
     n = 0
-    for p in list_prefix(prefix):
+    for p in found:
         if os.path.basename(p) in keep:
             continue
         try:
