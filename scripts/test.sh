@@ -9,6 +9,7 @@ bash scripts/setup_browser.sh .venv || exit 1; export HP_REQUIRE_BROWSER=1  # br
 MARK=()
 [ "${HP_FULL:-0}" = "1" ] || MARK=(-m "not slow")
 COMFY=$(bash scripts/setup_comfyui.sh .venv | tail -1)
+export COMFYUI_DIR=$COMFY  # the tests (and the servers and doctor they start) use exactly the ComfyUI set up above
 echo "ComfyUI under test: $COMFY ($(sed -n 's/^__version__ = //p' "$COMFY/comfyui_version.py" 2>/dev/null))"
 .venv/bin/python -m pytest -q -ra "${MARK[@]}" "$@"
 rc=$?
