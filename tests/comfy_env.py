@@ -84,3 +84,15 @@ def setup_comfy() -> Path:
 def comfy_dir() -> Path:
     """Session fixture form of setup_comfy(): request it (or use it autouse) in `comfy` tests."""
     return setup_comfy()
+
+
+def comfy_nodes(comfy_dir: Path):
+    """ComfyUI's top-level `nodes` module (KSampler's common_ksampler), loaded from its file where `import nodes`
+    would find the pack's own subpackage of that name on this path."""
+    module = sys.modules.get("nodes")
+    if getattr(module, "common_ksampler", None) is None:
+        spec = importlib.util.spec_from_file_location("nodes", comfy_dir / "nodes.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["nodes"] = module
+        spec.loader.exec_module(module)
+    return module

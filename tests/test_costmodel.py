@@ -281,14 +281,8 @@ def test_resolve_auto(comfy_models, monkeypatch):
 @pytest.mark.comfy
 def test_hybrid_sampler_auto_end_to_end(comfy_models):
     """Through the real nodes and pool: auto on a tiny SD3 picks one rank here and equals KSampler bitwise."""
-    import importlib.util
-    from comfy_env import setup_comfy
-    if getattr(sys.modules.get("nodes"), "common_ksampler", None) is None:
-        spec = importlib.util.spec_from_file_location("nodes", setup_comfy() / "nodes.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["nodes"] = module
-        spec.loader.exec_module(module)
-    import nodes as comfy_nodes
+    from comfy_env import comfy_nodes as load_comfy_nodes, setup_comfy
+    comfy_nodes = load_comfy_nodes(setup_comfy())
     from comfyui_hybrid_parallel.nodes.runtime import Runtime
     from comfyui_hybrid_parallel.nodes.sampler_node import HybridSampler
 

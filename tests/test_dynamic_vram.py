@@ -66,17 +66,9 @@ class _VBar:
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
-    import importlib.util
-    import sys
-
-    from comfy_env import setup_comfy
+    from comfy_env import comfy_nodes, setup_comfy
     comfy_dir = setup_comfy()
-    if getattr(sys.modules.get("nodes"), "common_ksampler", None) is None:
-        # ComfyUI's top-level `nodes` module (the pack's own subpackage has that name on this path too)
-        spec = importlib.util.spec_from_file_location("nodes", comfy_dir / "nodes.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["nodes"] = module
-        spec.loader.exec_module(module)
+    comfy_nodes(comfy_dir)  # ComfyUI's top-level `nodes` (common_ksampler)
     from comfyui_hybrid_parallel.doctor import tiny_checkpoints as tc
     path = tmp_path_factory.mktemp("dynamic_ckpt") / "sd3.safetensors"
     tc.write_sd3(path, depth=2, pos_embed_max_size=32, seed=31)

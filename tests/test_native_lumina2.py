@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from test_native_pool import comfy, comfy_forward, rel  # noqa: F401
+from test_native_refs import _send  # what the nodes send for a call with reference lists
 
 pytestmark = pytest.mark.comfy
 
@@ -89,18 +90,6 @@ def test_lumina2_distrifusion_and_sharded_weights(comfy, cpu_pool, tmp_path):  #
     assert all(e <= 1e-5 for e in errs.values()), errs
 
 
-def _send(pool, config, key, base, inp):
-    """What the nodes send for this call: lists of tensors (reference latents) as numbered tensors under the JSON."""
-    from comfyui_hybrid_parallel.nodes.native import family_adapter, native_spec
-    from comfyui_hybrid_parallel.nodes.sampler_node import call_payload
-    dm = base.diffusion_model
-    pool.ensure_model(config, key, family_adapter(dm).family, {}, native=native_spec(base),
-                      state_dict=lambda: dict(dm.state_dict()))
-    tensors, structure = call_payload(inp["context"], {k: v for k, v in inp.items()
-                                                       if k not in ("x", "timestep", "context")})
-    tensors.update(x=inp["x"], timestep=inp["timestep"])
-    structure["transformer_options"] = {}
-    return pool.submit(config, "forward", {"key": key, "structure": structure}, tensors).tensors["out"]
 
 
 def test_lumina2_reference_latents(comfy, cpu_pool, tmp_path):  # noqa: F811

@@ -12,17 +12,9 @@ pytestmark = pytest.mark.comfy
 
 @pytest.fixture(scope="module")
 def comfy(tmp_path_factory):
-    import importlib.util
-    import sys
-
-    from comfy_env import setup_comfy
+    from comfy_env import comfy_nodes, setup_comfy
     comfy_dir = setup_comfy()
-    if getattr(sys.modules.get("nodes"), "common_ksampler", None) is None:
-        # ComfyUI's top-level `nodes` module (the pack's own subpackage has that name on this path too)
-        spec = importlib.util.spec_from_file_location("nodes", comfy_dir / "nodes.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["nodes"] = module
-        spec.loader.exec_module(module)
+    comfy_nodes(comfy_dir)  # ComfyUI's top-level `nodes` (common_ksampler)
     import comfy.sd
     from comfyui_hybrid_parallel.doctor import tiny_checkpoints as tc
     from safetensors.torch import load_file, save_file

@@ -296,6 +296,19 @@ def test_clean_stop_exits_the_workers_without_a_kill(comfy):
         p.close()
 
 
+def record_loads(pool) -> list:
+    """A list that gets, per load_model job the pool submits from now on, whether weights travelled with it."""
+    carried = []
+    submit = pool.submit
+
+    def recording(config, kind, values=None, tensors=None, **kw):
+        if kind == "load_model":
+            carried.append(bool(tensors or kw.get("written")))
+        return submit(config, kind, values, tensors, **kw)
+    pool.submit = recording
+    return carried
+
+
 def test_config_change_keeps_the_workers(comfy):
     """A config change that keeps the world size keeps the worker processes (no restart, ComfyUI stays imported):
     each rank builds the new mesh's process groups and the model's layout for it from the weights it already holds
@@ -307,14 +320,7 @@ def test_config_change_keeps_the_workers(comfy):
     want = sum(v.numel() * v.element_size() for v in base.diffusion_model.state_dict().values())
     with WorkerPool(device="cpu") as pool:
         pool.split_kernel_worlds = False  # as when ComfyUI's own kernel is pytorch's: cfg/dp share the workers too
-        carried = []  # per load_model job: did weights travel?
-        submit = pool.submit
-
-        def recording(config, kind, values=None, tensors=None, **kw):
-            if kind == "load_model":
-                carried.append(bool(tensors or kw.get("written")))
-            return submit(config, kind, values, tensors, **kw)
-        pool.submit = recording
+        carried = record_loads(pool)  # per load_model job: did weights travel?
         pids = gen = None
         for i, mesh in enumerate(("u2", "r2", "cfg2", "u2", "sharded")):
             config = (ParallelConfig(ulysses_degree=2, shard_weights="all") if mesh == "sharded"

@@ -242,14 +242,8 @@ def test_a_config_change_rebuilds_from_the_quantized_bytes_held(files):
     base = _load(files, "scaled_fp8")
     with WorkerPool(device="cpu") as pool:
         pool.split_kernel_worlds = False  # cfg / dp share the workers too
-        carried = []
-        submit = pool.submit
-
-        def recording(config, kind, values=None, tensors=None, **kw):
-            if kind == "load_model":
-                carried.append(bool(tensors or kw.get("written")))
-            return submit(config, kind, values, tensors, **kw)
-        pool.submit = recording
+        from test_native_pool import record_loads
+        carried = record_loads(pool)
         # (a layout that splits the weights - tp, shard_weights - keeps no source: it comes last, as for any model)
         for i, config in enumerate((ParallelConfig(ulysses_degree=2), ParallelConfig(cfg_degree=2),
                                     ParallelConfig(ring_degree=2), ParallelConfig(tp_degree=2))):
