@@ -96,8 +96,10 @@ def warm_on_prompt(runtime, start=None):
     is queued - while ComfyUI still loads and encodes - as opening the workflow in the frontend does (/warm). Returns
     the prompt unchanged; never raises (ComfyUI would log it for every prompt)."""
     import threading
+    import time
 
     def handler(json_data):
+        seen = time.time()
         try:
             prompt = json_data.get("prompt") if isinstance(json_data, dict) else None
             if not isinstance(prompt, dict) or not any(isinstance(n, dict) and n.get("class_type") in PACK_NODES
@@ -108,7 +110,7 @@ def warm_on_prompt(runtime, start=None):
             def run():
                 try:
                     from ..workers.spares import default_count
-                    runtime.warm_for_prompt(default_count(), hp)
+                    runtime.warm_for_prompt(default_count(), hp, queued=seen)
                 except Exception as e:  # noqa: BLE001 - a head start only: the prompt's own run reports errors
                     import logging
                     logging.getLogger(__name__).info("hybrid parallel: warm-up on prompt failed: %s", e)

@@ -45,7 +45,7 @@ class Runtime:
         self.warm_mesh = None  # the Parallel Config the latest of them sent (its describe()), if any
         self._comfy_problem = None  # check_comfyui's finding: "" = every seam present
         self.prompt_warms = 0  # prompts holding the pack's nodes seen at queue time (routes.warm_on_prompt)
-        self.prompt_warmed = None  # the latest world such a prompt started: {mesh, at}
+        self.prompt_warmed = None  # the latest world such a prompt started: {mesh, at (queued), began}
 
     def keep_spares(self, n: int) -> None:
         """Start `n` spare worker interpreters now (ComfyUI's start-up), so the first prompt's world does not wait
@@ -80,10 +80,11 @@ class Runtime:
         self.prestart(hp)
         return self.warm_mesh
 
-    def warm_for_prompt(self, n: int, hp=None) -> str | None:
+    def warm_for_prompt(self, n: int, hp=None, queued: float | None = None) -> str | None:
         """A prompt holding the pack's nodes was queued (nodes/routes.warm_on_prompt: headless clients that never
         open the frontend): what `warm` does, unless a node run is in progress or `hp`'s world is already up (then
-        nothing is to gain, and a prepare job would queue behind the run). Returns the mesh prestarted, if any."""
+        nothing is to gain, and a prepare job would queue behind the run). Returns the mesh prestarted, if any.
+        `queued`: when ComfyUI's on-prompt handler saw the prompt (this runs on a thread it started then)."""
         self.prompt_warms += 1
         began = time.time()
         if n <= 0 or self.job is not None:
@@ -96,7 +97,7 @@ class Runtime:
         if hp is None:
             return None
         self.prestart(hp)
-        self.prompt_warmed = {"mesh": hp.config.describe(), "at": began}
+        self.prompt_warmed = {"mesh": hp.config.describe(), "at": began if queued is None else queued, "began": began}
         return hp.describe()
 
     @contextmanager

@@ -475,7 +475,9 @@ def make_executor(state: WorkerState, ctx, contexts: dict | None = None):
         payload = dict(msg.get("values") or {})
         state.run = run
         try:
-            with discipline(state, kind):
+            # no job needs autograd; a weight flagged requires_grad (as ComfyUI < 0.33 leaves its models, mirrored
+            # by comfy_native.mirror_requires_grad) must never record a graph here
+            with discipline(state, kind), torch.no_grad():
                 _read_tensors(state, msg, payload)
                 out = JOBS[kind](state, job_ctx, payload)
         finally:
