@@ -354,11 +354,27 @@ memo.color = '#432'; memo.bgcolor = '#653';
 app.graph.add(memo);
 memo.pos = [x0 - 560, y0]; memo.size = [520, 620];
 return JSON.stringify(app.graph.serialize());"""
-HOOK_MISSING = """const app = window.comfyAPI.app.app;
-window.__hpMissing = { nodes: null, models: null };
+# What the frontend reports missing when a workflow loads, from either frontend: before 1.4x it calls
+# app.showMissingNodesError / showMissingModelsError (hooked); later ones (ComfyUI 0.33 ships 1.49.6) fill the Pinia
+# stores 'missingNodesError' and 'missingModel' (the errors side panel), the models asynchronously once the server's
+# folder list arrives - a sentinel marks the candidates not yet surfaced for this load.
+PINIA = """const el = document.querySelector('#vue-app');
+const pinia = el && el.__vue_app__ && el.__vue_app__.config.globalProperties.$pinia;
+const models = pinia && pinia._s.get('missingModel'), nodes = pinia && pinia._s.get('missingNodesError');"""
+HOOK_MISSING = PINIA + """const app = window.comfyAPI.app.app;
+window.__hpMissing = { nodes: null, models: null, pending: [{ name: '__hp_pending__' }] };
 app.showMissingNodesError = (types) => { window.__hpMissing.nodes = types; };
 app.showMissingModelsError = (models) => { window.__hpMissing.models = models; };
+if (models) models.missingModelCandidates = window.__hpMissing.pending;
 return app.extensionManager.setting.set('Comfy.Workflow.ShowMissingModelsWarning', true);"""
+READ_MISSING = PINIA + """const h = window.__hpMissing;
+if (!models) return { done: true, nodes: h.nodes, models: h.models, folders: null };
+const got = models.missingModelCandidates;
+if (got === h.pending) return { done: false };
+return { done: true, nodes: h.nodes || (nodes.missingNodesError && nodes.missingNodesError.nodeTypes) || null,
+         models: (got || []).filter(m => m.isMissing && m.url && m.directory)
+                            .map(m => ({ name: m.name, url: m.url, directory: m.directory })),
+         folders: Object.keys(models.folderPaths || {}) };"""
 FOCUS_CONFIG = APP + """const c = app.canvas, ds = c.ds, title = window.LiteGraph.NODE_TITLE_HEIGHT;
 ds.scale = 1;  // the Parallel Config node (its mesh picture shows the GPU layout) in the middle of the canvas
 const r = c.canvas.getBoundingClientRect();
@@ -408,9 +424,32 @@ def _schema_errors(info, prompt):
             continue
         spec = info[n["class_type"]]["input"]
         declared = set(spec.get("required", {})) | set(spec.get("optional", {}))
-        if set(n["inputs"]) - declared or set(spec.get("required", {})) - set(n["inputs"]):
-            bad.append((nid, n["class_type"], sorted(set(n["inputs"]) ^ declared)))
+        given = {k.split(".")[0] for k in n["inputs"]}  # "format.codec": a dynamic combo's sub-input (ComfyUI 0.33)
+        if given - declared or set(spec.get("required", {})) - given:
+            bad.append((nid, n["class_type"], sorted(given ^ declared)))
     return bad
+
+
+def _defaults_added(info, got: dict, api: dict) -> dict:
+    """The inputs a newer ComfyUI added that the frontend wrote into its prompt at their defaults while the API
+    prompt (written for the older one) leaves them out - which the server then fills alike: an optional input at its
+    declared default (CreateVideo's bit_depth), or a sub-input of a dynamic combo the API prompt sets (SaveVideo's
+    format.codec, at its first option). {node id: {input: value}}; anything else stays for the comparison to see."""
+    added = {}
+    for nid, node in got.items():
+        if nid not in api or api[nid]["class_type"] != node["class_type"] or node["class_type"] not in info:
+            continue
+        spec = info[node["class_type"]]["input"]
+        declared = {**spec.get("required", {}), **spec.get("optional", {})}
+        for k in set(node["inputs"]) - set(api[nid]["inputs"]):
+            v, root = node["inputs"][k], k.split(".")[0]
+            if "." in k and root in api[nid]["inputs"] and isinstance(declared.get(root), list) and \
+                    str(declared[root][0]).startswith("COMFY_DYNAMICCOMBO"):
+                added.setdefault(nid, {})[k] = v
+            elif k in spec.get("optional", {}) and len(declared[k]) > 1 and \
+                    isinstance(declared[k][1], dict) and declared[k][1].get("default") == v:
+                added.setdefault(nid, {})[k] = v
+    return added
 
 
 def test_templates_load_in_the_frontend_and_are_listed(page):
@@ -447,7 +486,8 @@ def test_templates_load_in_the_frontend_and_are_listed(page):
 
             page.execute_script(HOOK_MISSING)
             page.execute_script(app + "return app.loadGraphData(arguments[0], true, true, arguments[1]);", ui, name)
-            missing = page.execute_script("return window.__hpMissing;")
+            _until(lambda: page.execute_script(READ_MISSING)["done"], 30, f"{name}: the missing-models check")
+            missing = page.execute_script(READ_MISSING)
             assert missing["nodes"] is None, (name, missing["nodes"])
             shown = sorted((m["name"], m["url"], m["directory"]) for m in missing["models"] or [])
             # the files the server lacks (the template run test may have written tiny stand-ins under some names)
@@ -455,9 +495,16 @@ def test_templates_load_in_the_frontend_and_are_listed(page):
             assert shown == absent, (name, shown, absent)
             dialogs += bool(shown)
             assert not [m for m in missing["models"] or [] if m.get("directory_invalid")], (name, missing["models"])
+            if missing["folders"] is not None:  # (the newer frontend: each file's folder is one the server has)
+                assert {d for _, _, d in shown} <= set(missing["folders"]), (name, shown, missing["folders"])
             got = json.loads(page.execute_async_script(TO_PROMPT))
             api = json.loads((TEMPLATE_API / f"{name}.json").read_text())
-            a, b = _shape(got), _shape(api)
+            added = _defaults_added(info, got, api)
+            if added:
+                print(f"{name}: inputs this ComfyUI added, at their defaults: {added}")
+            a = _shape({nid: {**n, "inputs": {k: v for k, v in n["inputs"].items() if k not in added.get(nid, {})}}
+                        for nid, n in got.items()})
+            b = _shape(api)
             assert a == b, f"{name}: only in the frontend's prompt {sorted(set(a) - set(b))}, only in the API " \
                            f"prompt {sorted(set(b) - set(a))}"
             assert not _schema_errors(info, got), (name, _schema_errors(info, got))
