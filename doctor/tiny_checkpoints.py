@@ -255,14 +255,37 @@ def write_auraflow(path: Path, *, max_seq: int = 64, seed: int = 0,
 
 
 def write_qwen_image(path: Path, *, num_layers: int = 1, seed: int = 0,
-                     dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
+                     dtype: torch.dtype = torch.bfloat16, ref_method: str | None = None) -> dict[str, torch.Tensor]:
     """Qwen-Image: detection reads only the input channels and the block count; 24 heads x 128, the 3584-wide
-    text input and the rest are fixed, so one block is ~0.36B parameters (saved bf16 by default)."""
+    text input and the rest are fixed, so one block is ~0.36B parameters (saved bf16 by default).
+    `ref_method="index_timestep_zero"`: Qwen-Image-Edit-2511 (ComfyUI >= 0.33 detects it by the empty
+    `__index_timestep_zero__` buffer the model then holds)."""
     from comfy.ldm.qwen_image.model import QwenImageTransformer2DModel
 
     def make():
         return QwenImageTransformer2DModel(patch_size=2, in_channels=64, out_channels=16, num_layers=num_layers,
-                                           operations=_ops(), device="meta")
+                                           operations=_ops(), device="meta",
+                                           **({"default_ref_method": ref_method} if ref_method else {}))
+
+    return _save(make, path, seed, dtype)
+
+
+def write_kandinsky5(path: Path, *, image: bool = False, num_visual_blocks: int = 2, seed: int = 0,
+                     dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
+    """Kandinsky 5: detection reads the width, the time and feed-forward widths, the patch-embedding width and the
+    block counts. Video (Lite / Pro layout): width 256, 4 heads of 64 (the class's RoPE axes), 132-wide patch
+    embedding (16 latent + 16 image + 1 mask channels, 2 x 2 patches). Image (`image=True`): ComfyUI tells
+    Kandinsky 5 Image Lite by its width 2560 and 64-wide patch embedding (16 channels, 2 x 2), 20 heads of 128;
+    a narrow feed-forward keeps it ~0.13B parameters. The text (3584) and pooled (768) widths are the class's."""
+    from comfy.ldm.kandinsky5.model import Kandinsky5
+
+    def make():
+        if image:
+            dims = dict(model_dim=2560, visual_embed_dim=64, axes_dims=(32, 48, 48), rope_scale_factor=(1.0, 1.0, 1.0))
+        else:
+            dims = dict(model_dim=256, visual_embed_dim=132)
+        return Kandinsky5(time_dim=64, ff_dim=256, num_text_blocks=1, num_visual_blocks=num_visual_blocks,
+                          operations=_ops(), device="meta", **dims)
 
     return _save(make, path, seed, dtype)
 

@@ -90,6 +90,17 @@ class PrefixLength:
 
 
 @dataclass(frozen=True)
+class SequenceIndex:
+    """A forward argument holding a position in the split image sequence (an int over the whole sequence): set to
+    where that position falls in this rank's shard, clamped to it (0 where the shard starts after it, the shard's
+    length where it ends before). For a per-token rule "the tokens before the index do A, the rest B" - ComfyUI
+    0.33's Qwen-Image-Edit-2511 `timestep_zero_index`: the image's tokens take the timestep's modulation, the
+    reference images' tokens after them t = 0's - which each rank then applies to its own tokens exactly."""
+    name: str
+    position: Optional[int] = None
+
+
+@dataclass(frozen=True)
 class Attention:
     """Inside matching modules attention is self-attention over the sharded sequence.
 
@@ -311,10 +322,24 @@ def _prefix_length(value, applied, where: str):
     return type(value)(n for _ in value) if isinstance(value, (list, tuple)) else n
 
 
+def _sequence_index(value, applied, where: str) -> int:
+    """SequenceIndex: a global position in the image sequence -> its place in this rank's shard, clamped."""
+    sizes = applied.state.seq_sizes
+    if sizes is None:
+        raise RuntimeError(f"{where} is a position in the image sequence but no split has seen that sequence yet: "
+                           f"the family plan is inconsistent")
+    rank = applied.ctx.sp.rank
+    return min(max(int(value) - sum(sizes[:rank]), 0), sizes[rank])
+
+
 def _split_input_hook(applied, path, specs):
     def hook(module, args, kwargs):
         for s in specs:
             value, where = _arg(args, kwargs, s.name, s.position)
+            if isinstance(s, SequenceIndex):
+                if where is not None and isinstance(value, int) and not isinstance(value, bool):
+                    args, kwargs = _set_arg(args, kwargs, where, _sequence_index(value, applied, f"{path}:{s.name}"))
+                continue
             if isinstance(s, PrefixLength):
                 if where is not None:
                     args, kwargs = _set_arg(args, kwargs, where, _prefix_length(value, applied, f"{path}:{s.name}"))
@@ -385,6 +410,18 @@ def path_matches(path: str, pattern: str) -> bool:
     """fnmatch per dotted segment: '*' stands for exactly one segment (a block index), never for several."""
     p, q = path.split("."), pattern.split(".")
     return len(p) == len(q) and all(fnmatch.fnmatchcase(a, b) for a, b in zip(p, q))
+
+
+def last_index(pattern: str, modules: dict) -> str:
+    """A plan path with a "-1" segment (the last block of a ModuleList: Kandinsky 5 gathers its tokens there,
+    before the model reshapes them to the patch grid for its output layer) as the path of that block."""
+    parts = pattern.split(".")
+    for i, seg in enumerate(parts):
+        if seg == "-1":
+            blocks = modules.get(".".join(parts[:i]))
+            if isinstance(blocks, torch.nn.ModuleList) and len(blocks):
+                parts[i] = str(len(blocks) - 1)
+    return ".".join(parts)
 
 
 def wrap_forward(module, forwards: list, make_wrapper, name: str = "forward") -> None:
@@ -547,14 +584,15 @@ def apply_plan(model: torch.nn.Module, plan: FamilyPlan, ctx, attention_fn=None,
             if method:  # "path:method": a method whose inputs are split (ComfyUI's forward_orig)
                 if path not in modules or not callable(getattr(modules[path], method, None)):
                     raise KeyError(f"{plan.family} plan names method {key!r}, which {type(model).__name__} lacks")
-                wrap_forward(modules[path], applied.forwards, _method_split_wrapper(
-                    applied, key, [a for a in actions if isinstance(a, (SplitInput, PrefixLength))]), name=method)
+                inputs = [a for a in actions if isinstance(a, (SplitInput, PrefixLength, SequenceIndex))]
+                wrap_forward(modules[path], applied.forwards, _method_split_wrapper(applied, key, inputs), name=method)
                 continue
+            path = last_index(path, modules)
             targets = [(p, m) for p, m in modules.items() if p and path_matches(p, path)]
             if not targets:
                 raise KeyError(f"{plan.family} plan names module {path!r}, which {type(model).__name__} lacks")
             for p, mod in targets:
-                inputs = [a for a in actions if isinstance(a, (SplitInput, PrefixLength))]
+                inputs = [a for a in actions if isinstance(a, (SplitInput, PrefixLength, SequenceIndex))]
                 if inputs:
                     applied.handles.append(mod.register_forward_pre_hook(
                         _split_input_hook(applied, p, inputs), with_kwargs=True))
@@ -590,4 +628,4 @@ def remove_plan(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-Sequence = Union[SplitInput, SplitOutput, GatherOutput, PrefixLength]
+Sequence = Union[SplitInput, SplitOutput, GatherOutput, PrefixLength, SequenceIndex]

@@ -43,6 +43,12 @@ FAMILIES = {  # the tiny checkpoints each family's workflow loads, and the shape
     # AuraFlow: width 3072 fixed by detection (0.55B with one layer of each kind), 2048-wide text; written on demand
     "auraflow": dict(unet="tiny_auraflow.safetensors", vae=None, latent="EmptyLatentImage", tokens=7, context_dim=2048,
                      pooled_dim=0),
+    # Kandinsky 5 video (width 256) and image (width 2560, which detection requires): 3584-wide text, 768-wide pooled
+    # text; written on demand by its test, with the HunyuanVideo / Flux latent formats their VAEs use
+    "kandinsky5": dict(unet="tiny_kandinsky5.safetensors", vae=None, latent="EmptyHunyuanLatentVideo", tokens=7,
+                       context_dim=3584, pooled_dim=768),
+    "kandinsky5_image": dict(unet="tiny_kandinsky5_image.safetensors", vae=None, latent="EmptySD3LatentImage",
+                             tokens=7, context_dim=3584, pooled_dim=768),
     # SD1.5 and an SDXL-class UNet (KOALA-700M's depths at width 320): no family adapter, CFG / data parallel only;
     # written on demand by their test, with the SD VAE
     "sd15": dict(unet="tiny_sd15.safetensors", vae="tiny_kl4.safetensors", latent="EmptyLatentImage", tokens=7,
@@ -133,7 +139,7 @@ def workflow(degrees, tag: str, width: int, height: int, steps: int = 3, cfg: fl
             "seed": seed, "tokens": f["tokens"], "context_dim": f["context_dim"], "pooled_dim": f["pooled_dim"],
             "guidance": f.get("guidance", -1.0)}}
     latent = {"width": width, "height": height, "batch_size": batch}
-    if family in ("wan", "hunyuan_video15", "ltxv"):
+    if family in ("wan", "hunyuan_video15", "ltxv", "kandinsky5"):
         latent["length"] = length
     g = {
         "1": {"class_type": "UNETLoader", "inputs": {"unet_name": f["unet"], "weight_dtype": weight_dtype}},

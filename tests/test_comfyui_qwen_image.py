@@ -85,3 +85,41 @@ def test_qwen_image_edit_reference_latents_equal_ksampler(server, qwen):
     assert entry["status"]["status_str"] == "error"
     msg = error_text(entry)
     assert "sampling_mode to step" in msg, msg
+
+
+@pytest.fixture(scope="module")
+def qwen_2511(server):
+    """Qwen-Image-Edit-2511: the same tiny weights plus the empty `__index_timestep_zero__` buffer by which ComfyUI
+    0.33 detects it (its reference method is then index_timestep_zero)."""
+    from comfyui_hybrid_parallel.doctor import tiny_checkpoints as tiny
+    path = server.base / "models" / "diffusion_models" / "tiny_qwen_image_edit_2511.safetensors"
+    if not path.exists():
+        tiny.write_qwen_image(path, seed=19, ref_method="index_timestep_zero")
+    return path.name
+
+
+def test_qwen_image_edit_2511_timestep_zero_references_equal_ksampler(server, qwen, qwen_2511):
+    """Qwen-Image-Edit-2511 modulates the image's tokens with the timestep and its references' tokens with t = 0,
+    split at `timestep_zero_index` (a position in the whole [image, references] sequence). Under ulysses / ring
+    each block gets that position in its own shard; before, every rank applied the global index to its local
+    tokens (2.1e-4 from KSampler, no error)."""
+    import comfy.model_detection  # noqa: F401
+    from comfy.ldm.qwen_image.model import QwenImageTransformer2DModel
+    if "index_timestep_zero" not in __import__("inspect").getsource(QwenImageTransformer2DModel):
+        pytest.skip("this ComfyUI has no Qwen-Image-Edit-2511 (index_timestep_zero: ComfyUI >= 0.33)")
+
+    def edit_2511(tag, degrees=None, node="model"):
+        g = _edit_graph(tag, degrees, node)
+        g["1"]["inputs"]["unet_name"] = qwen_2511
+        return g
+    assert_ok(server, server.run(edit_2511("q2511_ref")))
+    ref = latent(server, "q2511_ref")
+    assert_ok(server, server.run(_edit_graph("q2511_plain_edit")))
+    assert rel(latent(server, "q2511_plain_edit"), ref) > 1e-4  # the t = 0 references change the result
+    for name, degrees, node in (("u2", {"ulysses_degree": 2}, "model"), ("r2_hybrid", {"ring_degree": 2}, "sampler"),
+                                ("cfg2", {"cfg_degree": 2}, "model")):
+        tag = f"q2511_{name}"
+        assert_ok(server, server.run(edit_2511(tag, degrees, node)))
+        err = rel(latent(server, tag), ref)
+        print(f"Qwen-Image-Edit-2511 (index_timestep_zero) {name}: latent relative error vs KSampler {err:.2e}")
+        assert err <= 1e-5, (name, err)

@@ -73,6 +73,9 @@ def import_comfy(spec: dict, sequence_parallel: bool):
                 setattr(args, name, False)
     import comfy.model_management  # noqa: F401  (device and kernel choice happen at this import)
     import comfy.ops
+    # model code that reaches comfy.patcher_extension without importing it (Kandinsky 5's forward), as ComfyUI's
+    # own process has it imported by then
+    import comfy.patcher_extension  # noqa: F401
     return comfy
 
 

@@ -68,6 +68,17 @@ def _comfy_tp_layout() -> dict:
     return layout
 
 
+def _timestep_zero_refusal(method):
+    """ComfyUI 0.33's "index_timestep_zero" reference method (Edit Model Reference Method node) modulates the image
+    tokens and the references' by token ranges, and in the single blocks extends the range at position 0 over the
+    text: on a rank whose image shard starts inside the references, its share of the text would take t = 0's
+    modulation. Refused under ulysses/ring (cfg/dp split only the batch and run it exactly); other methods split."""
+    if method != "index_timestep_zero":
+        return None
+    return ("the index_timestep_zero reference method modulates [text, image, references] by token ranges that a "
+            "sequence split does not carry; use cfg/dp degrees (ulysses/ring degree 1), or another reference method")
+
+
 # ComfyUI's own Flux (comfy/ldm/flux/model.py, class Flux; also Chroma-style subclasses that keep
 # forward_orig). `_forward` patchifies the latent (padding odd sizes circularly) and builds the RoPE
 # ids, then calls forward_orig(img, img_ids, txt, txt_ids, ...): splitting img and img_ids there (and
@@ -98,6 +109,7 @@ COMFY_PLAN = FamilyPlan(
                            BlockList("single_blocks", streams=(("x", 0),), returns=("x",))), "image"),
     pipeline_refusals={"ref_latents": "reference images (Flux Kontext, Flux.2 edits) join the image tokens, which "
                                       "PipeFusion cuts into bands of rows; use ulysses/ring/cfg degrees with them"},
+    sequence_refusals={"ref_latents_method": _timestep_zero_refusal},
     comfy=True,
 )
 
