@@ -290,6 +290,20 @@ def write_kandinsky5(path: Path, *, image: bool = False, num_visual_blocks: int 
     return _save(make, path, seed, dtype)
 
 
+def write_krea2(path: Path, *, layers: int = 2, seed: int = 0, dtype: torch.dtype = torch.bfloat16,
+                ref_method: str | None = None) -> dict[str, torch.Tensor]:
+    """Krea 2: detection fixes the head width at 128 and reads the width, heads, K/V heads, blocks, text layers and
+    text width. Width 256 (2 heads, 1 K/V head: grouped), two blocks, a 2-layer x 320-wide caption (the text
+    fusion's 20 heads are the class's): conditioning is 640 wide."""
+    from comfy.ldm.krea2.model import SingleStreamDiT
+
+    def make():
+        return SingleStreamDiT(features=256, heads=2, kvheads=1, layers=layers, txtdim=320, txtlayers=2,
+                               operations=_ops(), device="meta", default_ref_method=ref_method)
+
+    return _save(make, path, seed, dtype)
+
+
 def write_lumina2(path: Path, *, z_image: bool = False, num_layers: int = 1, seed: int = 0,
                   dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
     """Lumina 2 (NextDiT): detection reads the width and caption width from `cap_embedder.1` and maps only two

@@ -49,6 +49,9 @@ FAMILIES = {  # the tiny checkpoints each family's workflow loads, and the shape
                        context_dim=3584, pooled_dim=768),
     "kandinsky5_image": dict(unet="tiny_kandinsky5_image.safetensors", vae=None, latent="EmptySD3LatentImage",
                              tokens=7, context_dim=3584, pooled_dim=768),
+    # Krea 2: width 256 (2 heads of the fixed 128), a 2-layer x 320 caption; the Wan 2.1 latent format and VAE
+    "krea2": dict(unet="tiny_krea2.safetensors", vae="tiny_wan_vae.safetensors", latent="EmptySD3LatentImage",
+                  tokens=7, context_dim=640, pooled_dim=0),
     # SD1.5 and an SDXL-class UNet (KOALA-700M's depths at width 320): no family adapter, CFG / data parallel only;
     # written on demand by their test, with the SD VAE
     "sd15": dict(unet="tiny_sd15.safetensors", vae="tiny_kl4.safetensors", latent="EmptyLatentImage", tokens=7,
