@@ -42,7 +42,10 @@ def test_kandinsky5_equals_ksampler(server, family):
     _write(server, family)
     assert_ok(server, server.run(_graph(family, f"{family}_ref")))
     ref = latent(server, f"{family}_ref")
-    for name, degrees, node in CASES:
+    extra = [("u2_sharded", {"ulysses_degree": 2, "shard_weights": "sequence"}, "sampler"),
+             # DistriFusion with every step synchronous (warmup = steps): the stale-K/V path's plumbing, exact
+             ("df_u2", {"ulysses_degree": 2, "method": "distrifusion", "warmup_steps": 2}, "sampler")]
+    for name, degrees, node in CASES + (extra if family == "kandinsky5" else []):
         tag = f"{family}_{name}"
         assert_ok(server, server.run(_graph(family, tag, degrees, node)))
         err = rel(latent(server, tag), ref)

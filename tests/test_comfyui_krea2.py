@@ -57,7 +57,10 @@ def _equal_ksampler(server, tag, cases, edit=False):
 
 
 def test_krea2_equals_ksampler(server, krea2):
-    _equal_ksampler(server, "krea2", CASES)
+    _equal_ksampler(server, "krea2", CASES + [
+        ("u2_sharded", {"ulysses_degree": 2, "shard_weights": "sequence"}, "sampler"),
+        # DistriFusion with every step synchronous (warmup = steps): the stale-K/V path's plumbing, exact
+        ("df_u2", {"ulysses_degree": 2, "method": "distrifusion", "warmup_steps": 2}, "sampler")])
 
 
 def test_krea2_edit_timestep_zero_references_equal_ksampler(server, krea2):
