@@ -304,6 +304,22 @@ def write_krea2(path: Path, *, layers: int = 2, seed: int = 0, dtype: torch.dtyp
     return _save(make, path, seed, dtype)
 
 
+def write_cogvideox(path: Path, *, v15: bool = False, seed: int = 0,
+                    dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
+    """CogVideoX: detection reads the width (heads of 64), the time and text widths, the blocks and the patch embedding
+    (a Conv2d: 1.0; a Linear over 2-frame patches: 1.5); no `pos_embedding` means rotary embeddings (the 5B
+    models'). Width 128 (2 heads), two blocks, 32-wide text."""
+    from comfy.ldm.cogvideo.model import CogVideoXTransformer3DModel
+
+    def make():
+        return CogVideoXTransformer3DModel(num_attention_heads=2, attention_head_dim=64, in_channels=16,
+                                           time_embed_dim=64, text_embed_dim=32, num_layers=2,
+                                           use_rotary_positional_embeddings=True,
+                                           **({"patch_size_t": 2} if v15 else {}), operations=_ops(), device="meta")
+
+    return _save(make, path, seed, dtype)
+
+
 def write_lumina2(path: Path, *, z_image: bool = False, num_layers: int = 1, seed: int = 0,
                   dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
     """Lumina 2 (NextDiT): detection reads the width and caption width from `cap_embedder.1` and maps only two

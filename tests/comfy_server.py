@@ -52,6 +52,9 @@ FAMILIES = {  # the tiny checkpoints each family's workflow loads, and the shape
     # Krea 2: width 256 (2 heads of the fixed 128), a 2-layer x 320 caption; the Wan 2.1 latent format and VAE
     "krea2": dict(unet="tiny_krea2.safetensors", vae="tiny_wan_vae.safetensors", latent="EmptySD3LatentImage",
                   tokens=7, context_dim=640, pooled_dim=0),
+    # CogVideoX 1.0 / 1.5 (rotary): width 128, 32-wide text; 16-channel video latents
+    "cogvideox": dict(unet="tiny_cogvideox.safetensors", vae=None, latent="EmptyHunyuanLatentVideo", tokens=7,
+                      context_dim=32, pooled_dim=0),
     # SD1.5 and an SDXL-class UNet (KOALA-700M's depths at width 320): no family adapter, CFG / data parallel only;
     # written on demand by their test, with the SD VAE
     "sd15": dict(unet="tiny_sd15.safetensors", vae="tiny_kl4.safetensors", latent="EmptyLatentImage", tokens=7,
@@ -142,7 +145,7 @@ def workflow(degrees, tag: str, width: int, height: int, steps: int = 3, cfg: fl
             "seed": seed, "tokens": f["tokens"], "context_dim": f["context_dim"], "pooled_dim": f["pooled_dim"],
             "guidance": f.get("guidance", -1.0)}}
     latent = {"width": width, "height": height, "batch_size": batch}
-    if family in ("wan", "hunyuan_video15", "ltxv", "kandinsky5"):
+    if family in ("wan", "hunyuan_video15", "ltxv", "kandinsky5", "cogvideox"):
         latent["length"] = length
     g = {
         "1": {"class_type": "UNETLoader", "inputs": {"unet_name": f["unet"], "weight_dtype": weight_dtype}},

@@ -27,7 +27,8 @@ MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # a message only carries JSON and tensor d
 # The model family names a load_model job may carry (the wire's vocabulary; what each family *is* lives in
 # its adapter, parallel/models/<family>.py, and the VAE classes in workers/jobs.py).
 MODEL_FAMILIES = ("flux", "sd3", "pixart", "wan", "wan_vace", "wan_camera", "qwen_image", "chroma", "lumina2",
-                  "hunyuan_video", "ltxv", "auraflow", "kandinsky5", "krea2", "any", "vae_kl", "vae_wan", "vae_taesd",
+                  "hunyuan_video", "ltxv", "auraflow", "kandinsky5", "krea2", "cogvideox",
+                  "any", "vae_kl", "vae_wan", "vae_taesd",
                   "vae_comfy")
 
 DRIVER_TYPES = {"init", "job", "cancel", "stop"}

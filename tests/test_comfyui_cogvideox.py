@@ -1,0 +1,56 @@
+"""CogVideoX in a real ComfyUI (0.33+): ComfyUI's CogVideoXTransformer3DModel on the workers, against KSampler.
+
+1.0 (Conv2d patches) and 1.5 (2-frame patches) with rotary embeddings, width 128 (2 heads), two blocks, on an odd
+13 x 9 latent of 2 frames (70 / 35 video tokens + 7 text tokens, both split): Parallel Model + KSampler with
+ulysses 2, ring 2, ulysses 2 x ring 2, Hybrid Sampler with cfg 2.
+"""
+import pytest
+
+from comfy_server import assert_ok, error_text, latent, on_pool, rel, workflow
+
+pytestmark = pytest.mark.comfy
+
+W, H = 104, 72
+CASES = [("u2", {"ulysses_degree": 2}, "model"), ("r2", {"ring_degree": 2}, "model"),
+         ("u2r2", {"ulysses_degree": 2, "ring_degree": 2}, "model"), ("cfg2", {"cfg_degree": 2}, "sampler")]
+
+
+def _write(server, v15):
+    try:
+        import comfy.ldm.cogvideo.model  # noqa: F401
+    except ImportError:
+        pytest.skip("this ComfyUI has no CogVideoX (ComfyUI >= 0.4)")
+    from comfyui_hybrid_parallel.doctor import tiny_checkpoints as tiny
+    name = f"tiny_cogvideox{'15' if v15 else ''}.safetensors"
+    path = server.base / "models" / "diffusion_models" / name
+    if not path.exists():
+        tiny.write_cogvideox(path, v15=v15, seed=43)
+    return name
+
+
+def _graph(unet, tag, degrees=None, node="model"):
+    g = workflow(None, tag, W, H, family="cogvideox", length=5, weight_dtype="fp8_e4m3fn", steps=2)
+    g["1"]["inputs"]["unet_name"] = unet
+    for k in ("7", "8", "11", "6"):  # no VAE: the latent is what is compared
+        g.pop(k, None)
+    return g if degrees is None else on_pool(g, degrees, node)
+
+
+@pytest.mark.parametrize("v15", [False, True], ids=["1.0", "1.5"])
+def test_cogvideox_equals_ksampler(server, v15):
+    unet = _write(server, v15)
+    tag = f"cogvideox{'15' if v15 else ''}"
+    assert_ok(server, server.run(_graph(unet, f"{tag}_ref")))
+    ref = latent(server, f"{tag}_ref")
+    for name, degrees, node in CASES:
+        assert_ok(server, server.run(_graph(unet, f"{tag}_{name}", degrees, node)))
+        err = rel(latent(server, f"{tag}_{name}"), ref)
+        print(f"{tag} {name}: latent relative error vs KSampler {err:.2e}")
+        assert err <= 1e-5, (name, err)  # fp8 weights are computed in fp32 on CPU (manual cast): the exact bound
+
+
+def test_cogvideox_tensor_parallel_is_refused_with_the_fix(server):
+    entry = server.run(_graph(_write(server, False), "cogvideox_tp", {"tp_degree": 2}))
+    assert entry["status"]["status_str"] == "error"
+    msg = error_text(entry)
+    assert "CogVideoX" in msg and "ulysses/ring/cfg" in msg, msg
