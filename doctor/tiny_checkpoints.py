@@ -320,6 +320,18 @@ def write_cogvideox(path: Path, *, v15: bool = False, seed: int = 0,
     return _save(make, path, seed, dtype)
 
 
+def write_ernie(path: Path, *, num_layers: int = 1, seed: int = 0,
+                dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
+    """ERNIE-Image: detection reads nothing but its presence, so the sizes are the class's (width 4096, 32 heads,
+    a 12288-wide feed-forward, 3072-wide text, 128-channel Flux.2 latents): one layer is ~0.35B parameters."""
+    from comfy.ldm.ernie.model import ErnieImageModel
+
+    def make():
+        return ErnieImageModel(num_layers=num_layers, operations=_ops(), device="meta")
+
+    return _save(make, path, seed, dtype)
+
+
 def write_lumina2(path: Path, *, z_image: bool = False, num_layers: int = 1, seed: int = 0,
                   dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
     """Lumina 2 (NextDiT): detection reads the width and caption width from `cap_embedder.1` and maps only two

@@ -55,6 +55,9 @@ FAMILIES = {  # the tiny checkpoints each family's workflow loads, and the shape
     # CogVideoX 1.0 / 1.5 (rotary): width 128, 32-wide text; 16-channel video latents
     "cogvideox": dict(unet="tiny_cogvideox.safetensors", vae=None, latent="EmptyHunyuanLatentVideo", tokens=7,
                       context_dim=32, pooled_dim=0),
+    # ERNIE-Image: the class's sizes (detection reads none: 0.35B with one layer), 3072-wide text, Flux.2 latents
+    "ernie": dict(unet="tiny_ernie.safetensors", vae=None, latent="EmptyFlux2LatentImage", tokens=7,
+                  context_dim=3072, pooled_dim=0),
     # SD1.5 and an SDXL-class UNet (KOALA-700M's depths at width 320): no family adapter, CFG / data parallel only;
     # written on demand by their test, with the SD VAE
     "sd15": dict(unet="tiny_sd15.safetensors", vae="tiny_kl4.safetensors", latent="EmptyLatentImage", tokens=7,

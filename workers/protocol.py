@@ -28,7 +28,7 @@ MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # a message only carries JSON and tensor d
 # its adapter, parallel/models/<family>.py, and the VAE classes in workers/jobs.py).
 MODEL_FAMILIES = ("flux", "sd3", "pixart", "wan", "wan_vace", "wan_camera", "qwen_image", "chroma", "lumina2",
                   "hunyuan_video", "ltxv", "auraflow", "kandinsky5", "krea2", "cogvideox",
-                  "any", "vae_kl", "vae_wan", "vae_taesd",
+                  "ernie", "any", "vae_kl", "vae_wan", "vae_taesd",
                   "vae_comfy")
 
 DRIVER_TYPES = {"init", "job", "cancel", "stop"}
