@@ -132,6 +132,36 @@ def latent(server, tag):
     return load_file(str(server.output(f"lat_{tag}.safetensors")))["images"]
 
 
+def tiny_unet(server, name: str, module: str, write) -> str:
+    """The tiny diffusion model `name` in the server's models folder, written by `write(path)` when absent; the calling
+    test is skipped where this ComfyUI has no `module` (a family a later ComfyUI added)."""
+    import importlib
+
+    import pytest
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        pytest.skip(f"this ComfyUI has no {module} (a later ComfyUI's family)")
+    path = server.base / "models" / "diffusion_models" / name
+    if not path.exists():
+        write(path)
+    return name
+
+
+def equal_ksampler(server, graph, tag: str, cases, bound: float = 1e-5):
+    """KSampler's latent for `graph(tag)`, then each case `(name, degrees, node)` of `graph(tag_name, degrees, node)`
+    on the pool, within `bound` of it (fp8 and bf16 weights compute in fp32 on CPU: the exact bound). Returns
+    KSampler's latent."""
+    assert_ok(server, server.run(graph(f"{tag}_ref")))
+    ref = latent(server, f"{tag}_ref")
+    for name, degrees, node in cases:
+        assert_ok(server, server.run(graph(f"{tag}_{name}", degrees, node)))
+        err = rel(latent(server, f"{tag}_{name}"), ref)
+        print(f"{tag} {name}: latent relative error vs KSampler {err:.2e}")
+        assert err <= bound, (tag, name, err)
+    return ref
+
+
 def workflow(degrees, tag: str, width: int, height: int, steps: int = 3, cfg: float = 4.0,
              sampler: str = "euler", scheduler: str = "normal", batch: int = 1, png: bool = False,
              family: str = "sd3", length: int = 5, lora: tuple = None, denoise: float = 1.0,

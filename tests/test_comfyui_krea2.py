@@ -7,7 +7,7 @@ index_timestep_zero method (the references' tokens modulated with t = 0 from a p
 """
 import pytest
 
-from comfy_server import FAMILIES, assert_ok, error_text, latent, on_pool, rel, workflow
+from comfy_server import FAMILIES, equal_ksampler, error_text, latent, on_pool, rel, tiny_unet, workflow
 
 pytestmark = pytest.mark.comfy
 
@@ -18,15 +18,8 @@ CASES = [("u2", {"ulysses_degree": 2}, "model"), ("r2", {"ring_degree": 2}, "mod
 
 @pytest.fixture(scope="module")
 def krea2(server):
-    try:
-        import comfy.ldm.krea2.model  # noqa: F401
-    except ImportError:
-        pytest.skip("this ComfyUI has no Krea 2 (ComfyUI >= 0.4)")
     from comfyui_hybrid_parallel.doctor import tiny_checkpoints as tiny
-    path = server.base / "models" / "diffusion_models" / FAMILIES["krea2"]["unet"]
-    if not path.exists():
-        tiny.write_krea2(path, seed=41)
-    return path.name
+    return tiny_unet(server, FAMILIES["krea2"]["unet"], "comfy.ldm.krea2.model", lambda p: tiny.write_krea2(p, seed=41))
 
 
 def _graph(tag, degrees=None, node="model", edit=False):
@@ -45,26 +38,15 @@ def _graph(tag, degrees=None, node="model", edit=False):
     return g if degrees is None else on_pool(g, degrees, node)
 
 
-def _equal_ksampler(server, tag, cases, edit=False):
-    assert_ok(server, server.run(_graph(f"{tag}_ref", edit=edit)))
-    ref = latent(server, f"{tag}_ref")
-    for name, degrees, node in cases:
-        assert_ok(server, server.run(_graph(f"{tag}_{name}", degrees, node, edit=edit)))
-        err = rel(latent(server, f"{tag}_{name}"), ref)
-        print(f"{tag} {name}: latent relative error vs KSampler {err:.2e}")
-        assert err <= 1e-5, (name, err)  # fp8 weights are computed in fp32 on CPU (manual cast): the exact bound
-    return ref
-
-
 def test_krea2_equals_ksampler(server, krea2):
-    _equal_ksampler(server, "krea2", CASES + [
+    equal_ksampler(server, _graph, "krea2", CASES + [
         ("u2_sharded", {"ulysses_degree": 2, "shard_weights": "sequence"}, "sampler"),
         # DistriFusion with every step synchronous (warmup = steps): the stale-K/V path's plumbing, exact
         ("df_u2", {"ulysses_degree": 2, "method": "distrifusion", "warmup_steps": 2}, "sampler")])
 
 
 def test_krea2_edit_timestep_zero_references_equal_ksampler(server, krea2):
-    ref = _equal_ksampler(server, "krea2_edit", [CASES[0], CASES[1], CASES[3]], edit=True)
+    ref = equal_ksampler(server, lambda *a: _graph(*a, edit=True), "krea2_edit", [CASES[0], CASES[1], CASES[3]])
     assert rel(latent(server, "krea2_ref"), ref) > 1e-3  # the reference changes the result: it reached the model
 
 

@@ -7,7 +7,7 @@ the output is gathered before unpatchify. Odd 13 x 9 latent (ComfyUI pads it to 
 """
 import pytest
 
-from comfy_server import assert_ok, error_text, latent, on_pool, rel, workflow
+from comfy_server import assert_ok, equal_ksampler, error_text, latent, on_pool, rel, workflow
 
 pytestmark = pytest.mark.comfy
 
@@ -70,17 +70,11 @@ def _edit_graph(tag, degrees=None, node="model", mode="auto"):
 
 
 def test_qwen_image_edit_reference_latents_equal_ksampler(server, qwen):
-    assert_ok(server, server.run(_edit_graph("qwen_edit_ref")))
-    ref = latent(server, "qwen_edit_ref")
+    ref = equal_ksampler(server, _edit_graph, "qwen_edit", [
+        ("u2", {"ulysses_degree": 2}, "model"), ("cfg2", {"cfg_degree": 2}, "model"),
+        ("r2_hybrid", {"ring_degree": 2}, "sampler")])
     plain = latent(server, "qwen_ref_fp8_e4m3fn")
     assert rel(plain, ref) > 1e-3  # the reference tokens change the result: a dropped reference cannot pass
-    for name, degrees, node in (("u2", {"ulysses_degree": 2}, "model"), ("cfg2", {"cfg_degree": 2}, "model"),
-                                ("r2_hybrid", {"ring_degree": 2}, "sampler")):
-        tag = f"qwen_edit_{name}"
-        assert_ok(server, server.run(_edit_graph(tag, degrees, node)))
-        err = rel(latent(server, tag), ref)
-        print(f"Qwen-Image edit (reference latent) {name}: latent relative error vs KSampler {err:.2e}")
-        assert err <= 1e-5, (name, err)
     entry = server.run(_edit_graph("qwen_edit_loop", {"ulysses_degree": 2}, "sampler", mode="loop"))
     assert entry["status"]["status_str"] == "error"
     msg = error_text(entry)
@@ -102,7 +96,7 @@ def test_qwen_image_edit_2511_timestep_zero_references_equal_ksampler(server, qw
     """Qwen-Image-Edit-2511 modulates the image's tokens with the timestep and its references' tokens with t = 0,
     split at `timestep_zero_index` (a position in the whole [image, references] sequence). Under ulysses / ring
     each block gets that position in its own shard; before, every rank applied the global index to its local
-    tokens (2.1e-4 from KSampler, no error)."""
+    tokens (1.65e-2 from KSampler here, no error)."""
     import comfy.model_detection  # noqa: F401
     from comfy.ldm.qwen_image.model import QwenImageTransformer2DModel
     if "index_timestep_zero" not in __import__("inspect").getsource(QwenImageTransformer2DModel):
@@ -112,14 +106,8 @@ def test_qwen_image_edit_2511_timestep_zero_references_equal_ksampler(server, qw
         g = _edit_graph(tag, degrees, node)
         g["1"]["inputs"]["unet_name"] = qwen_2511
         return g
-    assert_ok(server, server.run(edit_2511("q2511_ref")))
-    ref = latent(server, "q2511_ref")
+    ref = equal_ksampler(server, edit_2511, "q2511", [
+        ("u2", {"ulysses_degree": 2}, "model"), ("r2_hybrid", {"ring_degree": 2}, "sampler"),
+        ("cfg2", {"cfg_degree": 2}, "model")])
     assert_ok(server, server.run(_edit_graph("q2511_plain_edit")))
     assert rel(latent(server, "q2511_plain_edit"), ref) > 1e-4  # the t = 0 references change the result
-    for name, degrees, node in (("u2", {"ulysses_degree": 2}, "model"), ("r2_hybrid", {"ring_degree": 2}, "sampler"),
-                                ("cfg2", {"cfg_degree": 2}, "model")):
-        tag = f"q2511_{name}"
-        assert_ok(server, server.run(edit_2511(tag, degrees, node)))
-        err = rel(latent(server, tag), ref)
-        print(f"Qwen-Image-Edit-2511 (index_timestep_zero) {name}: latent relative error vs KSampler {err:.2e}")
-        assert err <= 1e-5, (name, err)
