@@ -368,13 +368,13 @@ app.showMissingModelsError = (models) => { window.__hpMissing.models = models; }
 if (models) models.missingModelCandidates = window.__hpMissing.pending;
 return app.extensionManager.setting.set('Comfy.Workflow.ShowMissingModelsWarning', true);"""
 READ_MISSING = PINIA + """const h = window.__hpMissing;
-if (!models) return { done: true, nodes: h.nodes, models: h.models, folders: null };
+if (!models) return { done: true, nodes: h.nodes, models: h.models };
 const got = models.missingModelCandidates;
 if (got === h.pending) return { done: false };
 return { done: true, nodes: h.nodes || (nodes.missingNodesError && nodes.missingNodesError.nodeTypes) || null,
          models: (got || []).filter(m => m.isMissing && m.url && m.directory)
                             .map(m => ({ name: m.name, url: m.url, directory: m.directory })),
-         folders: Object.keys(models.folderPaths || {}) };"""
+         };"""
 FOCUS_CONFIG = APP + """const c = app.canvas, ds = c.ds, title = window.LiteGraph.NODE_TITLE_HEIGHT;
 ds.scale = 1;  // the Parallel Config node (its mesh picture shows the GPU layout) in the middle of the canvas
 const r = c.canvas.getBoundingClientRect();
@@ -495,8 +495,8 @@ def test_templates_load_in_the_frontend_and_are_listed(page):
             assert shown == absent, (name, shown, absent)
             dialogs += bool(shown)
             assert not [m for m in missing["models"] or [] if m.get("directory_invalid")], (name, missing["models"])
-            if missing["folders"] is not None:  # (the newer frontend: each file's folder is one the server has)
-                assert {d for _, _, d in shown} <= set(missing["folders"]), (name, shown, missing["folders"])
+            folders = server.get("/models")  # each file's folder is one the server has
+            assert {d for _, _, d in shown} <= set(folders), (name, shown, folders)
             got = json.loads(page.execute_async_script(TO_PROMPT))
             api = json.loads((TEMPLATE_API / f"{name}.json").read_text())
             added = _defaults_added(info, got, api)

@@ -3,6 +3,7 @@
 The mesh route must say exactly what a prompt would do (the node's validation, parallel/mesh.py's
 groups); the pool route must follow the real pool through start, a run, a stop and a dead worker.
 """
+import json
 import os
 import signal
 import time
@@ -145,11 +146,14 @@ def test_pool_route_follows_a_run_a_stop_and_a_dead_worker(server):
     assert after["state"] == "none" and after["workers"] == []
     assert _until(lambda: not any(_alive(w["pid"]) for w in busy["workers"]), 30, "the workers to exit")
 
-    # the next prompt starts the pool again: ready, per-rank pid / device / memory / resident models
-    entry = server.run(workflow({"ulysses_degree": 2}, "web_ready", W, H, steps=2))
+    # the next prompt starts the pool again: ready, per-rank pid / device / memory / resident models. Its own seed:
+    # ComfyUI (0.33) would otherwise serve an earlier test's identical sampler node from its cache, with no pool run
+    g = workflow({"ulysses_degree": 2}, "web_ready", W, H, steps=2)
+    g["5"]["inputs"]["seed"] = 90413
+    entry = server.run(g)
     assert entry["status"]["status_str"] == "success", entry["status"]
     ready = _pool(server)
-    assert ready["state"] == "ready" and ready["job"] is None and ready["mesh"].startswith("ulysses2")
+    assert ready["state"] == "ready" and ready["job"] is None and ready["mesh"].startswith("ulysses2"), json.dumps(ready)[:3000]
     assert [w["rank"] for w in ready["workers"]] == [0, 1]
     for w in ready["workers"]:
         assert _alive(w["pid"]) and w["device"] and w["rss_bytes"] > 0
