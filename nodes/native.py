@@ -239,18 +239,8 @@ def native_spec(base_model) -> dict:
                 **({"quant_config": encode_value(quant), "disabled": disabled_formats(dm)} if quant else {})},
         **({"tensors": tensors, "packages": tensor_packages(tensors)} if tensors else {}),
         **({"quantized": quantized} if quantized else {}),
-        "requires_grad": requires_grad_flags(dm),
         **comfy_runtime(),
     }
-
-
-def requires_grad_flags(module):
-    """Which of `module`'s parameters require grad, compactly (None: none, True: all, else their names): the workers
-    flag theirs alike (workers/comfy_native.mirror_requires_grad), since the flag picks torch's CPU GEMM path."""
-    names = [n for n, p in module.named_parameters() if p.requires_grad]
-    if not names:
-        return None
-    return True if len(names) == sum(1 for _ in module.parameters()) else names
 
 
 def disabled_formats(diffusion_model) -> list | None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..parallel.config import ConfigError
-from .native import comfy_runtime, encode_value, requires_grad_flags
+from .native import comfy_runtime, encode_value
 from .runtime import weights_key
 from .sampler_node import submit_interruptible
 
@@ -71,7 +71,7 @@ def native_vae_spec(vae) -> dict:
     the classes it was built with, plus this process's ComfyUI runtime (family "vae_comfy" in the pool)."""
     first = vae.first_stage_model
     return {"vae": {"class": _qualname(first), "dtype": encode_value(vae.vae_dtype), "attrs": settings(first)},
-            "requires_grad": requires_grad_flags(first), **comfy_runtime()}
+            **comfy_runtime()}
 
 
 def settings(module) -> dict:

@@ -89,7 +89,7 @@ def to_device(model: torch.nn.Module, device: torch.device) -> None:
     for mod in model.modules():
         for name, p in list(mod.named_parameters(recurse=False)):
             if not p.is_meta:
-                setattr(mod, name, torch.nn.Parameter(p.data.to(device), requires_grad=p.requires_grad))
+                setattr(mod, name, torch.nn.Parameter(p.data.to(device), requires_grad=False))
         for name, b in list(mod.named_buffers(recurse=False)):
             if b is not None and not b.is_meta:
                 mod._buffers[name] = b.to(device)

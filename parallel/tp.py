@@ -273,11 +273,11 @@ def apply_tp(model: torch.nn.Module, plan, ax) -> torch.nn.Module:
                 m._orig_shape = tuple(w.shape)
         else:
             w = _pieces(m.weight.data, dim, s.sizes, n, r)
-            m.weight = torch.nn.Parameter(w, requires_grad=m.weight.requires_grad)  # (the flag picks the GEMM path)
+            m.weight = torch.nn.Parameter(w, requires_grad=False)
         if colwise:
             m.out_features = w.shape[0]
             if m.bias is not None:
-                m.bias = torch.nn.Parameter(_pieces(m.bias.data, 0, s.sizes, n, r), requires_grad=m.bias.requires_grad)
+                m.bias = torch.nn.Parameter(_pieces(m.bias.data, 0, s.sizes, n, r), requires_grad=False)
         else:
             m.in_features = w.shape[1]
             if m.bias is not None and r != 0:
@@ -301,8 +301,7 @@ def _shard_norm(mod, ax) -> None:
     """RMS over the full width from this rank's slice: x * rsqrt(sum_tp(x^2) / width + eps) * w."""
     n, r = ax.size, ax.rank
     if mod.weight is not None:
-        mod.weight = torch.nn.Parameter(_pieces(mod.weight.data, 0, [mod.weight.shape[0]], n, r),
-                                        requires_grad=mod.weight.requires_grad)
+        mod.weight = torch.nn.Parameter(_pieces(mod.weight.data, 0, [mod.weight.shape[0]], n, r), requires_grad=False)
     eps = mod.eps if mod.eps is not None else torch.finfo(torch.float32).eps
 
     def forward(x):

@@ -212,35 +212,6 @@ def test_native_forward_equals_comfyui(comfy, pool, mesh):
     assert not failures, failures
 
 
-def test_degree_1_is_bitwise_whichever_weights_require_grad(comfy, pool):
-    """ComfyUI < 0.33 leaves its diffusion models' weights requiring grad (0.33 clears the flag). Under no_grad the
-    flag still picks torch's CPU GEMM path (a 3-D input is folded into one GEMM only for a weight that does not
-    require grad), so workers that cleared it differed from KSampler by ~2e-6 at degree 1 on 0.3.75 (AVX-512
-    Xeon, the doctor's SD3: its context projections see a strided [2, 7, 256] input). The workers mirror ComfyUI's
-    flags - none, all, some - and degree 1 stays bitwise in each state, on either ComfyUI."""
-    from comfyui_hybrid_parallel.doctor import tiny_checkpoints as tc
-    from comfyui_hybrid_parallel.nodes.native import native_spec
-    from comfyui_hybrid_parallel.parallel import ParallelConfig
-    from comfy.sd import load_diffusion_model
-    path = comfy / "sd3_doctor_size.safetensors"
-    tc.write_sd3(path, depth=4, pos_embed_max_size=32, seed=31)
-    base = load_diffusion_model(str(path)).model
-    dm = base.diffusion_model
-    names = [n for n, _ in dm.named_parameters()]
-    states = {"none": set(), "all": set(names), "some": {n for n in names if n.startswith("joint_blocks.0.")}}
-    for state, flagged in states.items():
-        for n, p in dm.named_parameters():
-            p.requires_grad_(n in flagged)
-        sent = native_spec(base).get("requires_grad")
-        assert (sent if sent in (None, True) else set(sent)) == (None if not flagged else True if state == "all"
-                                                                 else flagged), (state, sent)
-        for odd in (True, False):
-            inp = inputs("sd3", base, seed=31 + odd, odd=odd)
-            ref = comfy_forward(base, inp)
-            out = pool_forward(pool, ParallelConfig(), f"grad-{state}", base, inp)
-            assert torch.equal(out, ref), (state, odd, rel(out, ref))
-
-
 def test_ulysses_ranks_run_the_drivers_kernel(comfy, pool):
     """A sequence-parallel worker imports ComfyUI with its pytorch kernel (PixArt's attention must be
     interceptable), yet its Ulysses attention runs the kernel ComfyUI picked in the driver (here, on a CPU

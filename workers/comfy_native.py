@@ -197,22 +197,7 @@ def build_native(spec: dict, weights: dict, device: torch.device, sequence_paral
         raise RuntimeError(f"{spec['class']} keeps tensors outside its state dict ({left[:8]}); the workers "
                            f"cannot build it without initialising them - report this model class")
     # on the host still: the engine shards it (tensor parallel, PipeFusion stages) before it moves to `device`
-    return mirror_requires_grad(model.eval(), spec.get("requires_grad"))
-
-
-def mirror_requires_grad(model: torch.nn.Module, flags) -> torch.nn.Module:
-    """Flag the parameters `requires_grad` as ComfyUI's own model has them (nodes/native.py requires_grad_flags:
-    None = none, True = all, else the names that do).
-
-    Why: under no_grad a weight's flag still picks the CPU kernel. torch's matmul folds a 3-D input into one 2-D
-    GEMM only when the weight does not require grad, else it runs batched - another summation order. ComfyUI
-    < 0.33 leaves its diffusion models' weights requiring grad (0.33 clears them), so a worker that cleared them
-    differed from KSampler by ~1e-6 at degree 1 on an AVX-512 Xeon. No graph is ever recorded: every job runs
-    under no_grad (jobs.make_executor)."""
-    names = set() if not flags else None if flags is True else set(flags)
-    for name, p in model.named_parameters():
-        p.requires_grad_(names is None or name in names)
-    return model
+    return model.eval().requires_grad_(False)
 
 
 def _load_quantized(model: torch.nn.Module, metas: dict, weights: dict) -> None:
@@ -299,7 +284,7 @@ def build_native_vae(spec: dict, weights: dict) -> torch.nn.Module:
     if left:
         raise RuntimeError(f"{got} keeps tensors outside its state dict ({left[:8]}); the workers cannot build it "
                            f"without initialising them - report this VAE")
-    return mirror_requires_grad(model.eval(), spec.get("requires_grad"))
+    return model.eval().requires_grad_(False)
 
 
 def compute_dtype(spec: dict) -> torch.dtype:

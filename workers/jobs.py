@@ -475,8 +475,7 @@ def make_executor(state: WorkerState, ctx, contexts: dict | None = None):
         payload = dict(msg.get("values") or {})
         state.run = run
         try:
-            # no job needs autograd; a weight flagged requires_grad (as ComfyUI < 0.33 leaves its models, mirrored
-            # by comfy_native.mirror_requires_grad) must never record a graph here
+            # no job needs autograd: nothing a job computes may record a graph
             with discipline(state, kind), torch.no_grad():
                 _read_tensors(state, msg, payload)
                 out = JOBS[kind](state, job_ctx, payload)
