@@ -7,8 +7,8 @@ from .launch import PoolError, StartupError
 from .platform_support import check_platform, describe_platform
 from .pool import (JobCancelled, JobResult, JobTimeout, WorkerDied, WorkerError, WorkerOOM, WorkerPool,
                    WorkerStalled)
-from .protocol import MODEL_FAMILIES, PROTOCOL_VERSION, ProtocolError
+from .protocol import PROTOCOL_VERSION, ProtocolError, model_families
 
-__all__ = ["JobCancelled", "JobResult", "JobTimeout", "MODEL_FAMILIES", "PROTOCOL_VERSION", "PoolError",
+__all__ = ["JobCancelled", "JobResult", "JobTimeout", "model_families", "PROTOCOL_VERSION", "PoolError",
            "ProtocolError", "StartupError", "WorkerDied", "WorkerError", "WorkerOOM", "WorkerPool", "WorkerStalled",
            "check_platform", "describe_platform"]

@@ -28,7 +28,7 @@ from .errors import (JobCancelled, JobResult, JobTimeout, PoolError, StartupErro
                      WorkerStalled)
 from .launch import World, balance_spec
 from .platform_support import check_os, check_pool
-from .protocol import MODEL_FAMILIES, ProtocolError
+from .protocol import ProtocolError, model_families
 from .transport import (WEIGHT_PREFIX, Arena, cleanup_prefix, nbytes, new_prefix, read_tensor, shm_dir, sweep_stale,
                         unlink, write_tensor, write_weights)
 
@@ -479,8 +479,8 @@ class WorkerPool:
         model's base, and a resident version of the same lineage is patched in place - only the patches travel.
         Returns rank 0's {loaded, loads, resident}; `self.last_load_bytes` says how many bytes this call wrote.
         """
-        if family not in MODEL_FAMILIES:
-            raise ValueError(f"unknown model family {family!r}; choose one of {', '.join(MODEL_FAMILIES)}")
+        if family not in model_families():
+            raise ValueError(f"unknown model family {family!r}; choose one of {', '.join(model_families())}")
         if not isinstance(key, str) or not key:
             raise ValueError("key must be a non-empty string identifying the weights and their patches")
         if state_dict is None and path is None:

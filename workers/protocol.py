@@ -24,12 +24,15 @@ PROTOCOL_VERSION = 1
 HANDSHAKE_TIMEOUT_S = 5.0
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # a message only carries JSON and tensor descriptors
 
-# The model family names a load_model job may carry (the wire's vocabulary; what each family *is* lives in
-# its adapter, parallel/models/<family>.py, and the VAE classes in workers/jobs.py).
-MODEL_FAMILIES = ("flux", "sd3", "pixart", "wan", "wan_vace", "wan_camera", "qwen_image", "chroma", "lumina2",
-                  "hunyuan_video", "ltxv", "auraflow", "kandinsky5", "krea2", "cogvideox",
-                  "ernie", "any", "vae_kl", "vae_wan", "vae_taesd",
-                  "vae_comfy")
+VAE_FAMILIES = ("vae_kl", "vae_wan", "vae_taesd", "vae_comfy")  # the VAE classes a worker builds (workers/jobs.py)
+
+
+def model_families() -> tuple:
+    """The model family names a load_model job may carry (the wire's vocabulary): every adapter's
+    (parallel/models/<family>.py, read from there so a new family is its adapter alone), "any", and the VAEs.
+    Imported when called: this module itself stays free of torch."""
+    from ..parallel.models import ADAPTERS, ANY
+    return (*ADAPTERS, ANY.family, *VAE_FAMILIES)
 
 DRIVER_TYPES = {"init", "job", "cancel", "stop"}
 WORKER_TYPES = {"hello", "ready", "progress", "result", "heartbeat"}
