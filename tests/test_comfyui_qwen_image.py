@@ -97,9 +97,10 @@ def test_qwen_image_edit_2511_timestep_zero_references_equal_ksampler(server, qw
     split at `timestep_zero_index` (a position in the whole [image, references] sequence). Under ulysses / ring
     each block gets that position in its own shard; before, every rank applied the global index to its local
     tokens (1.65e-2 from KSampler here, no error)."""
-    import comfy.model_detection  # noqa: F401
+    import inspect
+
     from comfy.ldm.qwen_image.model import QwenImageTransformer2DModel
-    if "index_timestep_zero" not in __import__("inspect").getsource(QwenImageTransformer2DModel):
+    if "index_timestep_zero" not in inspect.getsource(QwenImageTransformer2DModel):
         pytest.skip("this ComfyUI has no Qwen-Image-Edit-2511 (index_timestep_zero: ComfyUI >= 0.33)")
 
     def edit_2511(tag, degrees=None, node="model"):
