@@ -198,6 +198,15 @@ def _comfy_args() -> dict:
     return out
 
 
+def _declared(config, name: str):
+    """`config.name` where this ComfyUI's model config declares it, else None - without reaching its __getattr__,
+    which in ComfyUI 0.33 logs "you accessed ... which doesn't exist" for each name it no longer has (scaled_fp8,
+    layer_quant_config), on every prompt."""
+    if name in vars(config) or any(name in vars(k) for k in type(config).__mro__):
+        return getattr(config, name)
+    return None
+
+
 def native_spec(base_model) -> dict:
     """What a worker needs to build `base_model.diffusion_model` as ComfyUI built it (JSON-safe)."""
     dm = base_model.diffusion_model
@@ -205,7 +214,7 @@ def native_spec(base_model) -> dict:
     config = base_model.model_config
     from ..workers.loader_types import NotCarriable, describe_operations, quantized_tensors, tensor_packages
     custom = None
-    if getattr(config, "custom_operations", None) is not None:  # a custom loader's ops (GGUF): carried by name
+    if _declared(config, "custom_operations") is not None:  # a custom loader's ops (GGUF): carried by name
         try:
             custom = describe_operations(config.custom_operations)
         except NotCarriable as e:
@@ -216,11 +225,11 @@ def native_spec(base_model) -> dict:
         quantized = quantized_tensors(dm)
     except NotCarriable as e:
         raise NotCarried(f"{e}; load the model with ComfyUI's own loaders or a GGUF loader") from None
-    if getattr(config, "layer_quant_config", None):  # ComfyUI < 0.33's mixed precision: another loader and tensor
+    if _declared(config, "layer_quant_config"):  # ComfyUI < 0.33's mixed precision: another loader and tensor
         raise NotCarried("mixed-precision quantized checkpoints of ComfyUI before 0.33 (layer_quant_config) do not run "
                          "on the workers; update ComfyUI (0.33 loads them as quantized tensors, which run), or use a "
                          "bf16 / fp16 checkpoint, an fp8 weight_dtype or a GGUF file")
-    quant = getattr(config, "quant_config", None)
+    quant = _declared(config, "quant_config")
     if quantized and not quant:
         name, meta = next(iter(quantized.items()))
         raise NotCarried(f"weight {name!r} is a quantized tensor ({meta['layout']}) but the model has no "
@@ -234,7 +243,7 @@ def native_spec(base_model) -> dict:
         "ops": {"weight_dtype": encode_value(unet_config.get("dtype")),
                 "manual_cast_dtype": encode_value(base_model.manual_cast_dtype),
                 "fp8_optimizations": bool(config.optimizations.get("fp8", False)),
-                "scaled_fp8": encode_value(getattr(config, "scaled_fp8", None)),
+                "scaled_fp8": encode_value(_declared(config, "scaled_fp8")),
                 **({"custom": custom} if custom else {}),
                 **({"quant_config": encode_value(quant), "disabled": disabled_formats(dm)} if quant else {})},
         **({"tensors": tensors, "packages": tensor_packages(tensors)} if tensors else {}),

@@ -492,3 +492,16 @@ def test_two_experts_and_a_vae_stay_resident_and_a_new_patch_version_replaces_th
     finally:
         pool.close()
 
+
+
+def test_model_description_reads_only_what_this_comfyui_declares(comfy, caplog):
+    """The model's description for the workers reads config names of several ComfyUI versions (scaled_fp8 and
+    layer_quant_config before 0.33, quant_config since); ComfyUI 0.33's model config logs "you accessed ... which
+    doesn't exist" for each name it lacks - twice per prompt in the user's console until the pack asked first."""
+    import logging
+    from comfyui_hybrid_parallel.nodes.native import native_spec
+    base = load_model(comfy, "sd3", "fp8_e4m3fn").model
+    with caplog.at_level(logging.WARNING):
+        spec = native_spec(base)
+    assert not [r.getMessage() for r in caplog.records if "you accessed" in r.getMessage()]
+    assert spec["ops"]["weight_dtype"] is not None
