@@ -48,38 +48,54 @@ def session_child(ckpts: list, reduced: bool, cuda: bool) -> dict:
     from comfyui_hybrid_parallel.nodes.config_node import ParallelConfigNode
     from comfyui_hybrid_parallel.nodes.routes import warm_config
     from comfyui_hybrid_parallel.nodes.runtime import Runtime
+    from comfyui_hybrid_parallel.nodes.model_node import ParallelModel
     from comfyui_hybrid_parallel.nodes.sampler_node import HybridSampler
+    from comfyui_hybrid_parallel.doctor.machine import dynamic_vram_on
     family, _, latent_shape, conditioning, steps, ranks = REDUCED if reduced else FULL
     cond, latent = sampler_inputs(family, latent_shape, conditioning)
-    runtime = HybridSampler.runtime = ParallelConfigNode.runtime = Runtime()
+    runtime = HybridSampler.runtime = ParallelConfigNode.runtime = ParallelModel.runtime = Runtime()
     runtime.follow_comfy_unload()  # as the pack does in a server: ComfyUI's unload releases the workers' models
     widgets = {"ulysses_degree": ranks, "device": "cuda" if cuda else "cpu"}
     hp = ParallelConfigNode().build(**{**dict(dp_degree=1, cfg_degree=1, ring_degree=1, pp_degree=1,
                                               num_pipeline_patch=0, warmup_steps=1, tp_degree=1, method="usp",
                                               attention="auto"), **widgets})["result"][0]
 
-    def ks(model, n=steps):
+    outs = {}  # the latents each scenario produced: the pool's are compared with KSampler's
+
+    def ks(model, n=steps, keep=None):
         with torch.inference_mode():
             t = time.perf_counter()
-            comfy_nodes.common_ksampler(model, 1, n, 1.0, "euler", "simple", cond, cond, latent)
+            out = comfy_nodes.common_ksampler(model, 1, n, 1.0, "euler", "simple", cond, cond, latent)[0]
+            if keep:
+                outs[keep] = out["samples"].float().cpu()
             return round(time.perf_counter() - t, 3)
 
-    def hy(model, n=steps):
+    def hy(model, n=steps, keep=None):
         with torch.inference_mode():
             t = time.perf_counter()
-            HybridSampler().sample(model, 1, n, 1.0, "euler", "simple", cond, cond, latent, hp)
+            out = HybridSampler().sample(model, 1, n, 1.0, "euler", "simple", cond, cond, latent, hp)[0]
+            if keep:
+                outs[keep] = out["samples"].float().cpu()
             return round(time.perf_counter() - t, 3)
+
+    def rel(x, y):
+        return float((outs[x] - outs[y]).abs().max() / outs[y].abs().max().clamp_min(1e-12))
     a, b = (comfy.sd.load_diffusion_model(str(c)) for c in ckpts)
-    row = {"family": family, "ranks": ranks, "device": "cuda" if cuda else "cpu",
+    row = {"family": family, "ranks": ranks, "device": "cuda" if cuda else "cpu", "dynamic_vram": dynamic_vram_on(),
+           "patcher": type(a).__name__,
            "weight_bytes": sum(v.numel() * v.element_size() for v in a.model.diffusion_model.state_dict().values())}
     try:
         # switch: KSampler first, then the pool after the workflow was opened (its world started meanwhile)
-        row["ksampler_first_s"], row["ksampler_warm_s"] = ks(a), ks(a)
+        row["ksampler_first_s"], row["ksampler_warm_s"] = ks(a, keep="ks"), ks(a)
         row["comfy_models_before"] = len(mm.current_loaded_models)
         row["device_used_before"] = _device_used(cuda)
         runtime.warm(ranks, warm_config(widgets))
         time.sleep(8.0)
-        row["pool_first_s"], row["pool_warm_s"] = hy(a), hy(a)
+        row["pool_first_s"], row["pool_warm_s"] = hy(a, keep="hy"), hy(a)
+        row["hybrid_rel"] = rel("hy", "ks")
+        (pm,) = ParallelModel().patch(a, hp)  # Parallel Model: KSampler itself on the pool's MODEL
+        row["parallel_model_s"] = ks(pm, keep="pm")
+        row["parallel_model_rel"] = rel("pm", "ks")
         row["comfy_models_after"] = len(mm.current_loaded_models)  # a rank on ComfyUI's GPU freed ComfyUI's first
         row["switch_ratio"] = round(row["pool_first_s"] / row["ksampler_first_s"], 3)
         # lora: strength 0.5 -> 0.8
@@ -87,9 +103,10 @@ def session_child(ckpts: list, reduced: bool, cuda: bool) -> dict:
         lora = _lora(a.model.diffusion_model, rank=8)
         m1, m2 = (comfy.sd.load_lora_for_models(a, None, lora, s, 0)[0] for s in (0.5, 0.8))
         ks(m1)
-        row["ksampler_lora_switch_s"] = ks(m2)
+        row["ksampler_lora_switch_s"] = ks(m2, keep="ks_lora")
         hy(m1)
-        row["pool_lora_switch_s"] = hy(m2)
+        row["pool_lora_switch_s"] = hy(m2, keep="hy_lora")
+        row["lora_rel"] = rel("hy_lora", "ks_lora")
         row["lora_moved_bytes"] = runtime._pool.last_load_bytes
         row["lora_keys_rewritten"] = runtime._pool.last_load.get("pages_rewritten")
         row["lora_ratio"] = round(row["pool_lora_switch_s"] / row["ksampler_lora_switch_s"], 3)
@@ -126,7 +143,7 @@ def run_session(cuda: bool, reduced: bool, folder: Path) -> list:
     for seed in (5, 6):  # two models of the same shape: Wan 2.2's two experts
         path = folder / f"session_{family}_{seed}.safetensors"
         if not path.exists():
-            writer(path, seed=seed, dtype=dtype, **kwargs)
+            writer(path, seed=seed, dtype=dtype, **({"device": "cuda"} if cuda and family == "flux" else {}), **kwargs)
         ckpts.append(str(path))
     cmd = [sys.executable, str(Path(__file__)), "--child", json.dumps(ckpts)] + (["--reduced"] if reduced else [])
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=str(HERE.parent))
@@ -146,13 +163,18 @@ def markdown(rows: list) -> list:
             continue
         mib = 2 ** 20
         lines += [f"{r['family']} ({r['weight_bytes'] / 2**30:.2f} GiB of weights), {r['ranks']} rank(s) on "
-                  f"{r['device']}:", "",
+                  f"{r['device']}; ComfyUI's patcher {r.get('patcher')} (DynamicVRAM "
+                  f"{'on' if r.get('dynamic_vram') else 'off'}):", "",
                   "| scenario | KSampler | pool | note |", "|---|---|---|---|",
                   f"| first prompt on a model ComfyUI holds (workflow opened first) | {r['ksampler_first_s']} s | "
-                  f"{r['pool_first_s']} s | {r['switch_ratio']}x; warm {r['ksampler_warm_s']} / {r['pool_warm_s']} s |",
+                  f"{r['pool_first_s']} s | {r['switch_ratio']}x; warm {r['ksampler_warm_s']} / {r['pool_warm_s']} s; "
+                  f"Hybrid Sampler vs KSampler rel {r.get('hybrid_rel', float('nan')):.1e} |",
+                  f"| Parallel Model -> KSampler | | {r.get('parallel_model_s')} s | vs KSampler rel "
+                  f"{r.get('parallel_model_rel', float('nan')):.1e} |",
                   f"| LoRA strength 0.5 -> 0.8, next prompt | {r['ksampler_lora_switch_s']} s | "
                   f"{r['pool_lora_switch_s']} s | {r['lora_ratio']}x; moved {r['lora_moved_bytes'] / mib:.1f} MiB, "
-                  f"{r['lora_keys_rewritten']} keys rewritten in place |",
+                  f"{r['lora_keys_rewritten']} keys rewritten in place; vs KSampler rel "
+                  f"{r.get('lora_rel', float('nan')):.1e} |",
                   f"| two experts alternating, 1 step | | {r['experts_s']} s | loads so far after each {r['experts_loads']}; "
                   f"device used {r['experts_device_used']} |",
                   f"| ComfyUI's models loaded, before / after the pool's first load | {r['comfy_models_before']} | "

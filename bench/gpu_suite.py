@@ -35,7 +35,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-SECTIONS = ("kernels", "methods", "native", "cost", "session")
+# In the order only a GPU can answer them (a run cut at its limit keeps what finished: each section's results are
+# written the moment it ends): ComfyUI 0.33's DynamicVRAM session, real sizes, quantized kernels, every method on
+# the one GPU, kernels; `cost` rows are measured inside `native`'s KSampler processes.
+SECTIONS = ("session", "native", "quant", "methods", "kernels", "cost")
 
 # name -> (family, builder kwargs, latent shape, conditioning (tokens, width, pooled width), steps)
 # Flux: tiny_checkpoints fixes hidden 3072 / 24 heads; 19 double + 38 single blocks is Flux.1's 12B. Wan 2.1 14B:
@@ -61,6 +64,12 @@ def _session():
     return gpu_session
 
 
+def _quant():
+    sys.path.insert(0, str(HERE))
+    import gpu_quant
+    return gpu_quant
+
+
 def _comfy(cuda: bool):
     """ComfyUI as a library (its GPU when there is one), and its `nodes` module (KSampler's common_ksampler)."""
     sys.path.insert(0, str(ROOT / "tests"))
@@ -68,7 +77,7 @@ def _comfy(cuda: bool):
     comfy_dir = find_comfyui()
     if comfy_dir is None:
         raise RuntimeError("ComfyUI not found: set COMFYUI_DIR (or run scripts/setup_comfyui.sh)")
-    import_comfyui(comfy_dir, cpu=not cuda)
+    import_comfyui(comfy_dir, cpu=not cuda, dynamic_vram=cuda)  # as ComfyUI's main.py on an NVIDIA GPU
     import importlib.util
     spec = importlib.util.spec_from_file_location("nodes", comfy_dir / "nodes.py")
     module = importlib.util.module_from_spec(spec)
@@ -85,14 +94,32 @@ def run_kernels(cuda: bool, reduced: bool) -> list:
     return check_kernels(devices, quick=reduced)
 
 
+EXACT = 1e-5  # the pack's bound for exact methods; degree 1 is expected bitwise (0)
+GPU_PRECISIONS = ("fp32", "bf16", "fp8_e4m3fn_fast")  # bitwise-checkable, what GPUs run, fp8 matmuls (Hopper)
+
+
+def full_methods() -> tuple:
+    """(meshes, precisions) the methods section runs on one GPU: every method at world 2 (its ranks share the GPU;
+    larger worlds add no code path a shared GPU could show), in GPU_PRECISIONS."""
+    from comfyui_hybrid_parallel.doctor.methods import MESHES
+    return sum(1 for m in MESHES if m.world <= 2), len(GPU_PRECISIONS)
+
+
+def session_full():
+    return _session().FULL
+
+
 def run_methods(cuda: bool, reduced: bool) -> list:
     torch = _torch()
     _comfy(cuda)
     from comfyui_hybrid_parallel.doctor.cli import default_precisions
     from comfyui_hybrid_parallel.doctor.methods import check_methods, meshes_for
     gpus = torch.cuda.device_count() if cuda else 0
-    plan = meshes_for(gpus, 0 if cuda else 2, quick=reduced, share=True)
-    precisions = default_precisions(argparse.Namespace(precisions=None, quick=reduced), cuda)
+    plan = meshes_for(gpus, 0 if cuda else 2, quick=True, share=True)
+    precisions = list(GPU_PRECISIONS) if cuda else \
+        default_precisions(argparse.Namespace(precisions=None, quick=True), cuda)
+    if cuda and torch.cuda.get_device_capability(0) < (8, 9):
+        precisions[-1] = "fp8_e4m3fn"  # no fp8 matmuls before Ada: ComfyUI's fp8 weights, cast per layer
     with tempfile.TemporaryDirectory(prefix="hp-gpu-suite-") as tmp:
         return check_methods(plan, precisions, Path(tmp), progress=print, share_devices=True)
 
@@ -132,7 +159,8 @@ def _checkpoint(name: str, spec, precision: str, folder: Path) -> Path:
     if not path.exists():
         dtype = {"fp8": torch.float8_e4m3fn, "bf16": torch.bfloat16, "fp32": torch.float32}[stored]
         writer = {"flux": tc.write_flux, "wan": tc.write_wan, "sd3": tc.write_sd3}[family]
-        writer(path, seed=3, dtype=dtype, **kwargs)
+        gpu = {"device": "cuda"} if _torch().cuda.is_available() and family != "sd3" else {}  # 12B in seconds
+        writer(path, seed=3, dtype=dtype, **gpu, **kwargs)
     return path
 
 
@@ -180,6 +208,9 @@ def native_child(args) -> dict:
             return HybridSampler().sample(model, 1, steps, 1.0, "euler", "simple", cond, cond, latent, hp)[0]
     out = sample()
     first_s = time.perf_counter() - t0
+    if args.save:
+        from safetensors.torch import save_file
+        save_file({"samples": out["samples"].float().cpu().contiguous()}, args.save)
     t1 = time.perf_counter()
     sample()
     warm_step_s = (time.perf_counter() - t1) / steps
@@ -255,8 +286,9 @@ def run_native(cuda: bool, reduced: bool, folder: Path) -> list:
     for name, precision in (REDUCED_RUNS if reduced else FULL_RUNS):
         ckpt = _checkpoint(name, models[name], precision, folder)
         for ranks in (0, 1):
+            save = folder / f"out_{name}_{precision}_{ranks}.safetensors"
             cmd = [sys.executable, str(Path(__file__)), "--child", "--model", name, "--precision", precision,
-                   "--ranks", str(ranks), "--ckpt", str(ckpt)] + (["--reduced"] if reduced else [])
+                   "--ranks", str(ranks), "--ckpt", str(ckpt), "--save", str(save)] + (["--reduced"] if reduced else [])
             res = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
             got = [json.loads(line[4:]) for line in res.stdout.splitlines() if line.startswith("ROW ")]
             if res.returncode or not got:
@@ -264,8 +296,18 @@ def run_native(cuda: bool, reduced: bool, folder: Path) -> list:
                              "error": (res.stdout[-1500:] + res.stderr[-3000:]).strip()})
             else:
                 rows.append(got[0])
+                if ranks:  # degree 1 through the pool vs KSampler's latent (separate processes, same inputs)
+                    rows[-1]["rel_vs_ksampler"] = _rel_files(save, folder / f"out_{name}_{precision}_0.safetensors")
             print(rows[-1], flush=True)
     return rows
+
+
+def _rel_files(a: Path, b: Path):
+    if not (a.exists() and b.exists()):
+        return None
+    from safetensors.torch import load_file
+    x, y = load_file(str(a))["samples"], load_file(str(b))["samples"]
+    return float((x - y).abs().max() / y.abs().max().clamp_min(1e-12))
 
 
 # ---------------------------------------------------------------- report
@@ -297,7 +339,8 @@ def markdown(report: dict) -> str:
                 continue
             key = (r["model"], r["precision"])
             ratio = "" if r["sampler"] == "KSampler" or key not in ref else \
-                f"{r['warm_step_s'] / ref[key]['warm_step_s']:.3f}x step, {r['first_s'] / ref[key]['first_s']:.2f}x first"
+                f"{r['warm_step_s'] / ref[key]['warm_step_s']:.3f}x step, {r['first_s'] / ref[key]['first_s']:.2f}x " \
+                f"first; latent rel {r.get('rel_vs_ksampler', float('nan')):.1e}"
             if r["sampler"] == "KSampler":
                 ref[key] = r
             lines.append(f"| {r['model']} | {r['precision']} | {r['sampler']} | {r['load_s']} | {r['first_s']} | "
@@ -313,6 +356,8 @@ def markdown(report: dict) -> str:
                              f"{c.get('measured_over_predicted', '-')} | {c['preset']} |")
     if report.get("session"):
         lines += [""] + _session().markdown(report["session"])
+    if report.get("quant"):
+        lines += [""] + _quant().markdown(report["quant"])
     for section, err in (report.get("errors") or {}).items():
         lines += ["", f"## {section}: failed", "", "```", err[-3000:], "```"]
     return "\n".join(lines)
@@ -323,12 +368,19 @@ def main(argv=None) -> int:
     ap.add_argument("--reduced", action="store_true", help="CPU, tiny models (CI)")
     ap.add_argument("--sections", default=",".join(SECTIONS), help=f"comma list of {', '.join(SECTIONS)}")
     ap.add_argument("--out", default=None, help="results folder (default bench/results)")
+    ap.add_argument("--plan", action="store_true", help="print each section's predicted seconds on an H100 and exit")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--model"), ap.add_argument("--precision"), ap.add_argument("--ckpt")
     ap.add_argument("--ranks", type=int, default=0)
+    ap.add_argument("--save")
     args = ap.parse_args(argv)
     if args.child:
         native_child(args)
+        return 0
+    if args.plan:
+        sys.path.insert(0, str(HERE))
+        import gpu_plan
+        print(gpu_plan.table(gpu_plan.predict(sys.modules[__name__])))
         return 0
     torch = _torch()
     cuda = torch.cuda.is_available() and not args.reduced
@@ -347,28 +399,41 @@ def main(argv=None) -> int:
     folder = Path(tempfile.mkdtemp(prefix="hp-gpu-suite-ckpt-"))
     runs = {"kernels": lambda: run_kernels(cuda, args.reduced), "methods": lambda: run_methods(cuda, args.reduced),
             "native": lambda: run_native(cuda, args.reduced, folder),
-            "session": lambda: _session().run_session(cuda, args.reduced, folder)}
+            "session": lambda: _session().run_session(cuda, args.reduced, folder),
+            "quant": lambda: _quant().run_quant(cuda, args.reduced, folder)}
     if "cost" in sections and "native" not in sections:
         sections.append("native")  # the cost rows are measured in the KSampler processes of `native`
+    out = Path(args.out) if args.out else HERE / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    name = "gpu_suite_reduced" if args.reduced else "gpu_suite"
+
+    def write():
+        report["seconds"] = time.perf_counter() - t0
+        (out / f"{name}.json").write_text(json.dumps(report, indent=1, default=str))
+        text = markdown(report)
+        (out / f"{name}.md").write_text(text + "\n")
+        return text
+    report["section_seconds"] = {}
     for section in SECTIONS:
         if section in sections and section in runs:
             print(f"\n== {section} ==", flush=True)
+            ts = time.perf_counter()
             try:
                 report[section] = runs[section]()
             except Exception:  # noqa: BLE001 - a failing section is reported; the others still run
                 report["errors"][section] = traceback.format_exc()
                 print(report["errors"][section], file=sys.stderr)
-    report["seconds"] = time.perf_counter() - t0
-    out = Path(args.out) if args.out else HERE / "results"
-    out.mkdir(parents=True, exist_ok=True)
-    name = "gpu_suite_reduced" if args.reduced else "gpu_suite"
-    (out / f"{name}.json").write_text(json.dumps(report, indent=1, default=str))
-    text = markdown(report)
-    (out / f"{name}.md").write_text(text + "\n")
-    print(text)
+            report["section_seconds"][section] = round(time.perf_counter() - ts, 1)
+            write()  # a run cut at its time limit still returns every section that finished
+    print(write())
     failed = [r for s in ("kernels", "methods") for r in report.get(s) or [] if not r.get("ok")]
     failed += [r for r in report.get("native") or [] if "error" in r or not r.get("finite", True)]
     failed += [r for r in report.get("session") or [] if "error" in r]
+    failed += [r for r in report.get("quant") or [] if "error" in r or not r.get("finite", True)
+               or r["rel"] > EXACT]
+    failed += [r for r in report.get("native") or [] if (r.get("rel_vs_ksampler") or 0) > EXACT]
+    failed += [r for r in report.get("session") or [] if any((r.get(k) or 0) > EXACT for k in
+                                                             ("hybrid_rel", "parallel_model_rel", "lora_rel"))]
     return 1 if failed or report["errors"] else 0
 
 

@@ -30,15 +30,50 @@ def find_comfyui(explicit: str | None = None) -> Path | None:
     return None
 
 
-def import_comfyui(path: Path, cpu: bool):
-    """Import ComfyUI as a library for `cpu` or its default device (before comfy.model_management picks one)."""
+def import_comfyui(path: Path, cpu: bool, dynamic_vram: bool = False):
+    """Import ComfyUI as a library for `cpu` or its default device (before comfy.model_management picks one).
+
+    `dynamic_vram`: turn on ComfyUI's DynamicVRAM as its main.py does on an NVIDIA GPU (comfy-aimdo initialised
+    before the device is, then its devices, then ModelPatcherDynamic as the core patcher) - a library import
+    otherwise runs the legacy patcher, which no GPU user of ComfyUI >= 0.33 runs. Returns the device; the
+    patcher in use is `comfy.model_patcher.CoreModelPatcher`."""
     if str(path) not in sys.path:
         sys.path.append(str(path))
     import comfy.cli_args
-    if "comfy.model_management" not in sys.modules:
+    fresh = "comfy.model_management" not in sys.modules
+    if fresh:
         comfy.cli_args.args.cpu = cpu
+    aimdo = None
+    if dynamic_vram and fresh and not cpu:
+        try:
+            import comfy_aimdo.control as aimdo
+        except ImportError:
+            aimdo = None  # ComfyUI < 0.33 (no DynamicVRAM) or comfy-aimdo missing: ComfyUI's own fallback
+        if aimdo is not None:
+            try:
+                aimdo.init(simple_vram_headroom=None, nvml_pressure=True)
+            except TypeError:  # comfy-aimdo < 0.4.11 (main.py tries the same protocols)
+                aimdo.init()
     import comfy.model_management
+    if aimdo is not None:
+        import comfy.memory_management
+        import comfy.model_patcher
+        devices = comfy.model_management.get_all_torch_devices()
+        try:
+            ok = aimdo.init_devices((d.index, int(comfy.cli_args.args.vram_headroom * 1024 ** 3)) for d in devices)
+        except TypeError:
+            ok = aimdo.init_devices(d.index for d in devices)
+        if ok:
+            comfy.model_patcher.CoreModelPatcher = comfy.model_patcher.ModelPatcherDynamic
+            comfy.memory_management.aimdo_enabled = True
     return comfy.model_management.get_torch_device()
+
+
+def dynamic_vram_on() -> bool:
+    """Whether the imported ComfyUI hands models out on ModelPatcherDynamic (DynamicVRAM)."""
+    mp = sys.modules.get("comfy.model_patcher")
+    return mp is not None and getattr(mp, "ModelPatcherDynamic", None) is not None and \
+        getattr(mp, "CoreModelPatcher", None) is mp.ModelPatcherDynamic
 
 
 def _shm() -> dict:

@@ -34,20 +34,21 @@ TINY_CONTEXT_DIM = 32
 TINY_POOLED_DIM = 24
 
 
-def _random_state_dict(module: torch.nn.Module, seed: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+def _random_state_dict(module: torch.nn.Module, seed: int, dtype: torch.dtype,
+                       device: str = "cpu") -> dict[str, torch.Tensor]:
     """Seeded values for every entry of module.state_dict(), scaled so activations stay O(1).
 
     Nothing is left at zero (ComfyUI and diffusers zero-init some output layers): a zero layer
     would let a wrong key mapping pass the equivalence tests unnoticed.
     """
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator(device).manual_seed(seed)  # device "cuda": the values of 12B parameters in seconds
     out = {}
     for name, ref in module.state_dict().items():
         shape = tuple(ref.shape)
         if not ref.dtype.is_floating_point:
             raise TypeError(f"unexpected non-float entry {name} ({ref.dtype}) in a tiny checkpoint")
         leaf = name.rsplit(".", 1)[-1]
-        t = torch.randn(shape, generator=gen)
+        t = torch.randn(shape, generator=gen, device=device)
         if "norm" in name or leaf in ("gamma", "scale"):
             t = 1.0 + 0.1 * t  # norm gains near 1
         elif "pos_embed" in name or "y_embedding" in name:
@@ -56,12 +57,12 @@ def _random_state_dict(module: torch.nn.Module, seed: int, dtype: torch.dtype) -
             t = t / math.sqrt(max(1, math.prod(shape[1:])))
         else:
             t = 0.1 * t
-        out[name] = t.to(dtype).contiguous()
+        out[name] = t.to(dtype).contiguous().cpu()
     return out
 
 
 def _save(module_factory, path: Path, seed: int, dtype: torch.dtype,
-          meta_context: bool = False) -> dict[str, torch.Tensor]:
+          meta_context: bool = False, device: str = "cpu") -> dict[str, torch.Tensor]:
     """Build on the meta device: DiT classes take device= (a global meta context would break their
     `.item()` calls at init); the VAE classes take no device argument, so they need the context."""
     if meta_context:
@@ -69,7 +70,7 @@ def _save(module_factory, path: Path, seed: int, dtype: torch.dtype,
             module = module_factory()
     else:
         module = module_factory()
-    sd = _random_state_dict(module, seed, dtype)
+    sd = _random_state_dict(module, seed, dtype, device)
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     save_file(sd, str(path), metadata={"format": "pt"})
     return sd
@@ -91,8 +92,9 @@ def detected(params_cls, **fields) -> dict:
 
 
 def write_flux(path: Path, *, guidance: bool = True, depth: int = 1, depth_single: int = 1,
-               seed: int = 0, dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
-    """Flux.1 dev (guidance=True) or schnell (guidance=False) with hidden 3072 (forced, see module doc)."""
+               seed: int = 0, dtype: torch.dtype = torch.bfloat16, device: str = "cpu") -> dict[str, torch.Tensor]:
+    """Flux.1 dev (guidance=True) or schnell (guidance=False) with hidden 3072 (forced, see module doc).
+    device: where the random values are drawn (the GPU suite's 12B model: "cuda")."""
     from comfy.ldm.flux.model import Flux, FluxParams
 
     def make():
@@ -102,7 +104,7 @@ def write_flux(path: Path, *, guidance: bool = True, depth: int = 1, depth_singl
                     patch_size=2, qkv_bias=True, guidance_embed=guidance, operations=_ops(), device="meta",
                     **detected(FluxParams, txt_ids_dims=[]))
 
-    return _save(make, path, seed, dtype)
+    return _save(make, path, seed, dtype, device=device)
 
 
 def write_flux2(path: Path, *, seed: int = 0, dtype: torch.dtype = torch.float8_e4m3fn) -> dict[str, torch.Tensor]:
@@ -194,7 +196,7 @@ def write_pixart(path: Path, *, depth: int = 1, model_max_length: int = 8, seed:
 
 def write_wan(path: Path, *, dim: int = 128, ffn_dim: int = 256, num_layers: int = 1, seed: int = 0,
               dtype: torch.dtype = torch.float32, in_dim: int = 16, out_dim: int = 16,
-              model_type: str = "t2v") -> dict[str, torch.Tensor]:
+              model_type: str = "t2v", device: str = "cpu") -> dict[str, torch.Tensor]:
     """Wan 2.1 T2V: heads = dim / 128 (detection), text_dim 4096 (not read by detection). in_dim 36 is the
     Wan 2.2 14B image-to-video layout (latent + 4 mask channels + the start image's latent, no CLIP vision):
     ComfyUI detects it as a t2v-type model and joins WanImageToVideo's concat latent to x itself.
@@ -219,7 +221,7 @@ def write_wan(path: Path, *, dim: int = 128, ffn_dim: int = 256, num_layers: int
                    num_layers=num_layers, window_size=(-1, -1), qk_norm=True, cross_attn_norm=True,
                    eps=1e-6, operations=_ops(), device="meta", **extra)
 
-    return _save(make, path, seed, dtype)
+    return _save(make, path, seed, dtype, device=device)
 
 
 def write_ltxv(path: Path, *, head_dim: int = 8, num_layers: int = 1, seed: int = 0,

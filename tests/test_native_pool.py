@@ -104,8 +104,10 @@ def inputs(family: str, base, seed: int, batch: int = 2, odd: bool = True) -> di
 
 
 def comfy_forward(base, inp: dict) -> torch.Tensor:
+    """ComfyUI's own forward as its executor runs a prompt: under inference mode (execution.py) - its quantized
+    layers compute otherwise under plain no_grad."""
     rest = {k: v for k, v in inp.items() if k not in ("x", "timestep")}
-    with torch.no_grad():
+    with torch.inference_mode():
         return base.diffusion_model(inp["x"], inp["timestep"], transformer_options={}, **rest)
 
 

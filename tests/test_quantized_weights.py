@@ -74,13 +74,13 @@ def _comfy_quant_file(sd: dict, fmt: str) -> dict:
     return out
 
 
-def tolerance(form: str) -> float:
-    """≤ 1e-5 where ComfyUI computes with the weight dequantized (fp8, nvfp4, mxfp8 on a CPU: emulated, fp32). int8
-    tensorwise computes int8 x int8 here (ComfyUI's weight-only int8 linear quantizes each activation row on the fly),
-    so a 1-ulp fp32 difference upstream - the same matmul split otherwise - flips an int8 rounding step: ComfyUI's own
-    forward of a batch of 2 and of its samples one by one differ by ~9e-3 (test_int8_is_split_sensitive_in_comfyui
-    itself). Its bound is measured: 3e-2."""
-    return 3e-2 if form == "int8_tensorwise" else 1e-5
+def tolerance(form: str, split_weights: bool = False) -> float:
+    """The exact bound for every layout where each rank holds whole weights: under inference mode, as ComfyUI runs a
+    prompt, its int8 forward is split-insensitive (it needed a measured 3e-2 while the ranks and the reference ran
+    under no_grad: test_comfyui_computes_quantized_layers_by_grad_mode). Where the weights are split (tensor parallel,
+    shard_weights="all" with cfg), int8 tensorwise stays measured, 3e-2 (seen 3.6e-4 and 1.1e-2): its activations are
+    quantized per row of what the rank holds - open, docs/comfyui-versions.md."""
+    return 3e-2 if split_weights and form == "int8_tensorwise" else 1e-5
 
 
 def _load(files, form: str):
@@ -219,18 +219,28 @@ def test_pool_forward_equals_comfyui(files, cpu_pool, mesh):
     assert not failures, failures
 
 
-def test_int8_is_split_sensitive_in_comfyui(files):
-    """Why int8's bound under split methods is measured (`tolerance`): in this process, ComfyUI's own int8 forward of
-    a batch of 2 and of each sample alone differ by far more than 1e-5, where fp8 (dequantized here) differs by fp32
-    rounding only."""
+def test_comfyui_computes_quantized_layers_by_grad_mode(files):
+    """Why the workers run every job under inference mode (workers/jobs.py), as ComfyUI's executor runs a prompt:
+    ComfyUI's quantized layers take another path under plain no_grad. There its int8 forward of a batch of 2 and of
+    each sample alone differ by ~1e-2 (activations quantized per call) and fp8 differs from the inference-mode
+    forward; under inference mode both are split-insensitive to fp32 rounding - so int8 holds the exact bound."""
     inp = inputs("sd3", _load(files, "scaled_fp8"), seed=600, odd=True)
-    for form, low, high in (("int8_tensorwise", 1e-3, 3e-2), ("float8_e4m3fn", 0.0, 1e-5)):
+
+    def forward(base, x, mode):
+        rest = {k: v for k, v in x.items() if k not in ("x", "timestep")}
+        with mode():
+            return base.diffusion_model(x["x"], x["timestep"], transformer_options={}, **rest)
+    for form in ("int8_tensorwise", "float8_e4m3fn"):
         base = _load(files, form)
-        whole = comfy_forward(base, inp)
-        alone = torch.cat([comfy_forward(base, {k: v[i:i + 1] for k, v in inp.items()}) for i in range(2)])
-        err = rel(alone, whole)
-        print(f"ComfyUI {form}: batch of 2 vs one by one: rel {err:.2e}")
-        assert low <= err <= high, (form, err)
+        errs = {}
+        for name, mode in (("inference", torch.inference_mode), ("no_grad", torch.no_grad)):
+            whole = forward(base, inp, mode)
+            alone = torch.cat([forward(base, {k: v[i:i + 1] for k, v in inp.items()}, mode) for i in range(2)])
+            errs[name] = rel(alone, whole)
+        print(f"ComfyUI {form}: batch of 2 vs one by one: {errs}")
+        assert errs["inference"] <= 1e-5, (form, errs)
+        if form == "int8_tensorwise":
+            assert errs["no_grad"] >= 1e-3, (form, errs)  # the path a no_grad rank took: not ComfyUI's numbers
 
 
 def test_a_config_change_rebuilds_from_the_quantized_bytes_held(files):
@@ -353,7 +363,7 @@ def test_sharded_pool_forward_and_bytes(files, cpu_pool, degrees):
         inp = inputs("sd3", base, seed=600 + i, odd=True)
         err = rel(pool_forward(cpu_pool, config, key, base, inp), comfy_forward(base, inp))
         print(f"{config.describe()} {form}: rel {err:.2e}")
-        if err > tolerance(form):
+        if err > tolerance(form, split_weights=True):
             failures.append((form, err))
         sent = host_tensors(base.diffusion_model)
         full = sum(v.numel() * v.element_size() for v in sent.values())
@@ -415,7 +425,7 @@ def test_tensor_parallel_splits_tensorwise_layouts(files, cpu_pool):
             inp = inputs("sd3", base, seed=700 + 2 * i + odd, odd=odd)
             err = rel(pool_forward(cpu_pool, config, f"qt:{form}", base, inp), comfy_forward(base, inp))
             print(f"tp2 {form} {'odd' if odd else 'even'}: rel {err:.2e}")
-            if err > tolerance(form):
+            if err > tolerance(form, split_weights=True):
                 failures.append((form, odd, err))
     assert not failures, failures
 

@@ -475,8 +475,10 @@ def make_executor(state: WorkerState, ctx, contexts: dict | None = None):
         payload = dict(msg.get("values") or {})
         state.run = run
         try:
-            # no job needs autograd: nothing a job computes may record a graph
-            with discipline(state, kind), torch.no_grad():
+            # no job needs autograd, and ComfyUI runs a whole prompt under inference mode (execution.py): its
+            # quantized layers compute otherwise under plain no_grad (fp8 1.5e-6, int8 5e-2 apart in ComfyUI's own
+            # forward), so the ranks run as ComfyUI's executor does
+            with discipline(state, kind), torch.inference_mode():
                 _read_tensors(state, msg, payload)
                 out = JOBS[kind](state, job_ctx, payload)
         finally:
