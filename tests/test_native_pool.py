@@ -191,7 +191,8 @@ def test_native_distrifusion_stale_step(comfy, pool):
         assert stale > 1e-4, stale
 
 
-@pytest.mark.parametrize("mesh", list(MESHES))
+# t2u2 (66 s on 2 cores) runs with the slow set: tensor parallel (t2) and Ulysses (u2) each stay in CI
+@pytest.mark.parametrize("mesh", [pytest.param(m, marks=pytest.mark.slow) if m == "t2u2" else m for m in MESHES])
 def test_native_forward_equals_comfyui(comfy, pool, mesh):
     from comfyui_hybrid_parallel.parallel import ParallelConfig
     config = ParallelConfig(**MESHES[mesh])
@@ -348,11 +349,12 @@ def test_config_change_keeps_the_workers(comfy):
 def test_step_inputs_cross_once_per_run(comfy):
     """Step mode sends a run's unchanged conditioning once: later calls carry the latent and timestep only (the
     workers reuse their copy), and the output equals a call that sends everything. Changed conditioning is sent
-    again; a call naming a previous call the workers do not hold fails clearly and the pool stays usable."""
+    again; a call naming a previous call the workers do not hold fails clearly and the pool stays usable. (The
+    protocol is the family's business not at all: the tiny SD3, not the 531M Flux - 2 min on 2 cores.)"""
     from comfyui_hybrid_parallel.nodes.sampler_node import submit_once
     from comfyui_hybrid_parallel.parallel import ParallelConfig
     from comfyui_hybrid_parallel.workers.pool import WorkerError, WorkerPool
-    base = load_model(comfy, "flux", "fp8_e4m3fn").model
+    base = load_model(comfy, "sd3", "fp8_e4m3fn").model
     config = ParallelConfig(ulysses_degree=2)
     with WorkerPool(device="cpu") as pool:
         sent = []
@@ -364,11 +366,11 @@ def test_step_inputs_cross_once_per_run(comfy):
             return submit(config, kind, values, tensors, **kw)
         pool.submit = recording
         state, calls, outs = {}, [], []
-        first = inputs("flux", base, seed=400)
+        first = inputs("sd3", base, seed=400)
         pool_forward(pool, config, "once", base, first)  # resident
         sent.clear()
         for call in range(4):
-            inp = inputs("flux", base, seed=410 + call)  # a new latent and timestep every step
+            inp = inputs("sd3", base, seed=410 + call)  # a new latent and timestep every step
             cond = {k: (v if call < 3 else v + 1).clone() for k, v in first.items() if k not in ("x", "timestep")}
             inp.update(cond)  # the same conditioning in new tensors (as ComfyUI hands it), changed at call 3
             values = {"key": "once", "call_index": call, "structure": {"transformer_options": {}}}
