@@ -1,24 +1,28 @@
 """The GPU suite: everything a CPU test cannot show, in one command, on whatever GPU a session is lent.
 
-    python bench/gpu_suite.py                 # a CUDA machine: <= 20 minutes on one H100
+    python bench/gpu_suite.py                 # a CUDA machine: ~8 minutes on one H100 (--plan: the prediction)
     python bench/gpu_suite.py --reduced       # CPU, tiny models: what CI runs (tests/test_gpu_suite.py)
+    bash scripts/device_run.sh part1|part2    # on the device tool's GPU, from the kit (docs/doctor.md)
 
 Why one command: GPUs are lent to few sessions, so the first minutes of such a session should produce the
 project's GPU evidence without reading code. Every section writes what it measured even when another fails.
 
-Sections (--sections to pick):
-- kernels: every attention kernel with log-sum-exp that ring attention may pick on this device, fp32/bf16/fp16,
-  on contiguous and strided (after Ulysses) inputs, against float64 (doctor/kernels.py).
-- methods: every parallel method through the real pool on ComfyUI's own (tiny) model, its ranks sharing the one
-  GPU (parallel/staged.py: gloo through host copies - NCCL refuses two ranks per GPU), so the CUDA code of Ulysses,
-  ring, CFG, DP, TP, PipeFusion, DistriFusion, loop mode and Parallel VAE Decode runs end to end (doctor/methods.py).
+Sections (--sections to pick), in the order they run - what only a GPU can answer first:
+- session: a real session on the device side by side with KSampler (bench/gpu_session.py), ComfyUI imported with
+  DynamicVRAM on as its main.py does on NVIDIA: the KSampler -> pool switch, Hybrid Sampler and Parallel Model vs
+  KSampler's latent, a LoRA strength change, two experts alternating, ComfyUI's models freed beside a rank, Unload.
 - native: degree 1 through the pool against KSampler in ComfyUI's own process at real sizes with random weights
   (Flux.1 12B bf16 and fp8, Wan 2.1 14B fp8 at 480p x 33 frames): cold first prompt, warm seconds per step,
-  peak device memory of the whole machine's GPU (ComfyUI's share included). Each row is a fresh process.
+  peak device memory of the whole machine's GPU (ComfyUI's share included), the two latents compared. Each row is
+  a fresh process.
+- quant: ComfyUI's quantized layouts on comfy-kitchen's kernels, pool vs KSampler (bench/gpu_quant.py).
+- methods: every parallel method at world 2 through the real pool on ComfyUI's own (tiny) model, its ranks sharing
+  the one GPU (parallel/staged.py: gloo through host copies - NCCL refuses two ranks per GPU), so the CUDA code of
+  Ulysses, ring, CFG, DP, TP, PipeFusion, DistriFusion, loop mode and Parallel VAE Decode runs end to end.
+- kernels: every attention kernel with log-sum-exp that ring attention may pick on this device, fp32/bf16/fp16,
+  on contiguous and strided (after Ulysses) inputs, against float64 (doctor/kernels.py).
 - cost: the cost model's compute for one forward (parallel/costmodel.py, the device's preset) against a measured
-  forward of the same model in ComfyUI's process: the per-layer figure `auto` relies on.
-- session: a real session on the device side by side with KSampler (bench/gpu_session.py): the KSampler -> pool
-  switch, a LoRA strength change, two experts alternating, ComfyUI's models freed beside a rank, Unload models.
+  forward of the same model in ComfyUI's process (measured inside `native`).
 Results: bench/results/gpu_suite.{json,md} (reduced: gpu_suite_reduced.*, or --out DIR).
 """
 from __future__ import annotations
