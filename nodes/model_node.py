@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from .auto import guider_inputs, resolve_auto, warn_idle_cfg
 from .runtime import take_over_from_dynamic_vram
-from .sampler_node import (WRAPPER_KEY, check_not_on_pool, host_clone, make_apply_model_wrapper, patches_on_workers,
-                           pool_state, without_compile_wrapper)
+from .sampler_node import (WRAPPER_KEY, check_not_multigpu, check_not_on_pool, host_clone, make_apply_model_wrapper,
+                           patches_on_workers, pool_state, without_compile_wrapper)
 
 
 class ParallelModel:
@@ -46,6 +46,7 @@ class ParallelModel:
                              "needs Hybrid Sampler - set sampling_mode to auto or step")
         import comfy.patcher_extension as ext
         check_not_on_pool(model, "Parallel Model")
+        check_not_multigpu(model, "Parallel Model")
         state = pool_state(model, hp)  # refusals now, before any worker starts
         m = host_clone(model)  # ComfyUI's copy stays on the host (a non-dynamic patcher under DynamicVRAM)
         runtime = self.runtime
@@ -54,6 +55,7 @@ class ParallelModel:
         def outer_sample(executor, *args, **kwargs):
             guider = executor.class_obj
             patcher = guider.model_patcher  # the patcher sampling now (maybe LoRA'd after this node)
+            check_not_multigpu(patcher, "Parallel Model")  # MultiGPU CFG Split placed after this node
             shape, cfg, negative, positive = guider_inputs(guider, args, kwargs)
             report = {}
             run_hp = resolve_auto(hp, patcher, shape, cfg, negative, positive, report=report,

@@ -289,6 +289,20 @@ def check_not_on_pool(model, who: str) -> None:
                          f"sample it with KSampler or any sampler node, or remove the Parallel Model node")
 
 
+def check_not_multigpu(model, who: str) -> None:
+    """ComfyUI's own MultiGPU CFG Split (node MultiGPU_WorkUnits, ComfyUI >= 0.23) gives the MODEL whole-model copies
+    on other GPUs (additional models under "multigpu") and runs the cond / uncond batches on them in threads. The pack
+    splits that same work over its workers: on one MODEL the two would send each model call to the pool from several
+    threads at once, each on part of the batch. Refused before any work, saying which to keep."""
+    getter = getattr(model, "get_additional_models_with_key", None)  # ComfyUI's seam (workers/comfy_seams.py)
+    if getter is not None and getter("multigpu"):
+        raise ValueError(
+            f"{who}: this MODEL went through ComfyUI's MultiGPU CFG Split node, which already runs the cond / uncond "
+            f"batch on whole-model copies on other GPUs. Use one of the two: remove MultiGPU CFG Split and keep "
+            f"{who} (cfg_degree 2 is the same split; the pack also splits one image - cfg 1 and distilled models - "
+            f"shards weights and runs video), or remove {who} to keep ComfyUI's split")
+
+
 COMPILE_KEY = "torch.compile"  # ComfyUI's TorchCompileModel wrapper (comfy_api/torch_helpers/torch_compile.py)
 
 
@@ -439,6 +453,7 @@ class HybridSampler:
         m = host_clone(model)  # ComfyUI's copy of the diffusion model stays on the host (see host_clone)
         without_compile_wrapper(m.wrappers)  # the workers compile their own model (compile_spec)
         check_not_on_pool(model, "Hybrid Sampler")
+        check_not_multigpu(model, "Hybrid Sampler")
         state = pool_state(model, hp)
         check_native_pipefusion(model.model.diffusion_model, hp.config, tuple(latent_image["samples"].shape))
         # fits the devices? (the plan it checked is what the mesh picture shows: nodes/routes.py)

@@ -86,6 +86,8 @@ SEAMS = (
     Seam("comfy.weight_adapter:adapters", "workers/comfy_patches: LoRA adapters travel by class name",
          optional=True),
     Seam("comfy.model_patcher:ModelPatcher.clone", "nodes: the pool's MODEL is a clone"),
+    Seam("comfy.model_patcher:ModelPatcher.get_additional_models_with_key", "nodes/sampler_node: a MODEL split by "
+         "ComfyUI's MultiGPU CFG Split is refused", params=("key",), optional=True),
     Seam("comfy.model_patcher:ModelPatcher.clone", "nodes/sampler_node: the non-dynamic clone over the same model "
          "(ComfyUI's own way to keep a DynamicVRAM patcher off the GPU)", params=("disable_dynamic", "model_override"),
          optional=True),
