@@ -1,0 +1,54 @@
+"""ComfyUI 0.33's quantized checkpoints in a real ComfyUI: UNETLoader's file on the pool against KSampler on it.
+
+Each layout of the tiny SD3 written by ComfyUI's / comfy-kitchen's own quantization code (tests/test_quantized_weights
+writers: the old scaled-fp8 form and the per-layer `comfy_quant` forms), on an odd 13 x 9 latent: Parallel Model at
+degree 1 - bitwise, since ComfyUI's executor and the workers both compute under inference mode (under plain no_grad
+the workers were 3.2e-7 off on fp8) - and ulysses 2, Hybrid Sampler with cfg 2, each within the exact bound; int8
+tensorwise within a measured 1e-3 (seen 9.6e-5 at u2 over two steps): ComfyUI quantizes each activation row to int8
+on the fly, so a last-bit difference upstream (attention summed over another split) can flip one int8 step, which
+the sampler carries on.
+"""
+import pytest
+
+from comfy_server import equal_ksampler, workflow
+
+pytestmark = pytest.mark.comfy
+
+W, H = 104, 72
+FORMS = ["scaled_fp8", "float8_e4m3fn", "float8_e5m2", "int8_tensorwise", "nvfp4", "mxfp8"]
+
+
+@pytest.fixture(scope="module")
+def quantized(server):
+    """{form: file name} in the server's diffusion_models folder."""
+    import comfy.supported_models_base
+    if "quant_config" not in vars(comfy.supported_models_base.BASE):
+        pytest.skip("this ComfyUI (< 0.33) has no mixed-precision quantized checkpoints")
+    from safetensors.torch import load_file, save_file
+
+    from test_native_pool import _scaled_fp8
+    from test_quantized_weights import _comfy_quant_file
+    unet = server.base / "models" / "diffusion_models"
+    sd = load_file(str(unet / "tiny_sd3.safetensors"))
+    names = {}
+    for form in FORMS:
+        names[form] = f"tiny_sd3_{form}.safetensors"
+        if not (unet / names[form]).exists():
+            save_file(_scaled_fp8(sd) if form == "scaled_fp8" else _comfy_quant_file(sd, form), str(unet / names[form]))
+    return names
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_quantized_checkpoint_on_the_pool_equals_ksampler(server, quantized, form):
+    from comfy_server import on_pool
+
+    def graph(tag, degrees=None, node="model"):
+        g = workflow(None, tag, W, H, family="sd3", steps=2)
+        for k in ("7", "8", "11"):  # the latent is what is compared
+            g.pop(k, None)
+        g["1"]["inputs"]["unet_name"] = quantized[form]
+        return g if degrees is None else on_pool(g, degrees, node)
+    equal_ksampler(server, graph, f"quant_{form}_d1", [("pool", {}, "model")], bound=0.0)
+    equal_ksampler(server, graph, f"quant_{form}", [("u2", {"ulysses_degree": 2}, "model"),
+                                                   ("cfg2", {"cfg_degree": 2}, "sampler")],
+                   bound=1e-3 if form == "int8_tensorwise" else 1e-5)
