@@ -47,18 +47,13 @@ def write_forms(folder: Path, reduced: bool) -> dict:
 
 def quant_child(files: dict, reduced: bool, cuda: bool) -> list:
     import torch
-    from gpu_suite import _comfy, sampler_inputs
+    from gpu_suite import _comfy, pool_nodes, rel, sampler_inputs
     comfy_nodes = _comfy(cuda)
     import comfy.sd
-    from comfyui_hybrid_parallel.nodes.config_node import ParallelConfigNode
-    from comfyui_hybrid_parallel.nodes.runtime import Runtime
     from comfyui_hybrid_parallel.nodes.sampler_node import HybridSampler
     family, _, latent_shape, conditioning, steps = REDUCED if reduced else FULL
     cond, latent = sampler_inputs(family, latent_shape, conditioning)
-    runtime = HybridSampler.runtime = ParallelConfigNode.runtime = Runtime()
-    hp = ParallelConfigNode().build(dp_degree=1, cfg_degree=1, ulysses_degree=1, ring_degree=1, pp_degree=1,
-                                    num_pipeline_patch=0, warmup_steps=1, tp_degree=1, method="usp",
-                                    device="cuda" if cuda else "cpu", attention="auto")["result"][0]
+    runtime, hp = pool_nodes(cuda)
     rows = []
     try:
         for form, path in files.items():
@@ -72,9 +67,8 @@ def quant_child(files: dict, reduced: bool, cuda: bool) -> list:
                     t = time.perf_counter()
                     hy = HybridSampler().sample(model, 1, steps, 1.0, "euler", "simple", cond, cond, latent, hp)
                     row["pool_first_s"] = round(time.perf_counter() - t, 3)
-                a, b = hy[0]["samples"].float(), ks[0]["samples"].float()
-                row["rel"] = float((a - b).abs().max() / b.abs().max().clamp_min(1e-12))
-                row["finite"] = bool(a.isfinite().all())
+                row["rel"] = rel(hy[0]["samples"], ks[0]["samples"])
+                row["finite"] = bool(hy[0]["samples"].isfinite().all())
             except Exception as e:  # noqa: BLE001 - one layout's failure is its row; the others still run
                 import traceback
                 row["error"] = f"{type(e).__name__}: {e}"[:600]
@@ -89,8 +83,8 @@ def quant_child(files: dict, reduced: bool, cuda: bool) -> list:
 def run_quant(cuda: bool, reduced: bool, folder: Path) -> list:
     from gpu_suite import _comfy
     _comfy(cuda)
-    import comfy.supported_models_base
-    if "quant_config" not in vars(comfy.supported_models_base.BASE):
+    from comfyui_hybrid_parallel.workers.comfy_seams import has
+    if not has("comfy.supported_models_base:BASE.quant_config"):
         return [{"form": "-", "error": "this ComfyUI (< 0.33) has no mixed-precision quantized checkpoints"}]
     files = {k: str(v) for k, v in write_forms(folder, reduced).items()}
     cmd = [sys.executable, str(Path(__file__)), json.dumps(files)] + (["--reduced"] if reduced else [])

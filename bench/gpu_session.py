@@ -41,24 +41,19 @@ def _device_used(cuda: bool):
 
 def session_child(ckpts: list, reduced: bool, cuda: bool) -> dict:
     import torch
-    from gpu_suite import _comfy, sampler_inputs
+    from gpu_suite import _comfy, pool_nodes, rel as rel_latent, sampler_inputs
     comfy_nodes = _comfy(cuda)
     import comfy.model_management as mm
     import comfy.sd
-    from comfyui_hybrid_parallel.nodes.config_node import ParallelConfigNode
-    from comfyui_hybrid_parallel.nodes.routes import warm_config
-    from comfyui_hybrid_parallel.nodes.runtime import Runtime
-    from comfyui_hybrid_parallel.nodes.model_node import ParallelModel
-    from comfyui_hybrid_parallel.nodes.sampler_node import HybridSampler
     from comfyui_hybrid_parallel.doctor.machine import dynamic_vram_on
+    from comfyui_hybrid_parallel.nodes.model_node import ParallelModel
+    from comfyui_hybrid_parallel.nodes.routes import warm_config
+    from comfyui_hybrid_parallel.nodes.sampler_node import HybridSampler
     family, _, latent_shape, conditioning, steps, ranks = REDUCED if reduced else FULL
     cond, latent = sampler_inputs(family, latent_shape, conditioning)
-    runtime = HybridSampler.runtime = ParallelConfigNode.runtime = ParallelModel.runtime = Runtime()
-    runtime.follow_comfy_unload()  # as the pack does in a server: ComfyUI's unload releases the workers' models
     widgets = {"ulysses_degree": ranks, "device": "cuda" if cuda else "cpu"}
-    hp = ParallelConfigNode().build(**{**dict(dp_degree=1, cfg_degree=1, ring_degree=1, pp_degree=1,
-                                              num_pipeline_patch=0, warmup_steps=1, tp_degree=1, method="usp",
-                                              attention="auto"), **widgets})["result"][0]
+    runtime, hp = pool_nodes(cuda, **widgets)
+    runtime.follow_comfy_unload()  # as the pack does in a server: ComfyUI's unload releases the workers' models
 
     outs = {}  # the latents each scenario produced: the pool's are compared with KSampler's
 
@@ -67,7 +62,7 @@ def session_child(ckpts: list, reduced: bool, cuda: bool) -> dict:
             t = time.perf_counter()
             out = comfy_nodes.common_ksampler(model, 1, n, 1.0, "euler", "simple", cond, cond, latent)[0]
             if keep:
-                outs[keep] = out["samples"].float().cpu()
+                outs[keep] = out["samples"]
             return round(time.perf_counter() - t, 3)
 
     def hy(model, n=steps, keep=None):
@@ -75,11 +70,11 @@ def session_child(ckpts: list, reduced: bool, cuda: bool) -> dict:
             t = time.perf_counter()
             out = HybridSampler().sample(model, 1, n, 1.0, "euler", "simple", cond, cond, latent, hp)[0]
             if keep:
-                outs[keep] = out["samples"].float().cpu()
+                outs[keep] = out["samples"]
             return round(time.perf_counter() - t, 3)
 
     def rel(x, y):
-        return float((outs[x] - outs[y]).abs().max() / outs[y].abs().max().clamp_min(1e-12))
+        return rel_latent(outs[x], outs[y])
     a, b = (comfy.sd.load_diffusion_model(str(c)) for c in ckpts)
     row = {"family": family, "ranks": ranks, "device": "cuda" if cuda else "cpu", "dynamic_vram": dynamic_vram_on(),
            "patcher": type(a).__name__,

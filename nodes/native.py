@@ -202,9 +202,7 @@ def _declared(config, name: str):
     """`config.name` where this ComfyUI's model config declares it, else None - without reaching its __getattr__,
     which in ComfyUI 0.33 logs "you accessed ... which doesn't exist" for each name it no longer has (scaled_fp8,
     layer_quant_config), on every prompt."""
-    if name in vars(config) or any(name in vars(k) for k in type(config).__mro__):
-        return getattr(config, name)
-    return None
+    return getattr(config, name) if name in vars(config) or hasattr(type(config), name) else None
 
 
 def native_spec(base_model) -> dict:

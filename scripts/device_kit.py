@@ -1,7 +1,7 @@
 """The device kit: what a lent GPU machine needs to run the GPU suite on ComfyUI 0.33, in one git-ignored folder.
 
     python scripts/device_kit.py build [--python 3.12] [--out .kit]   # here: ComfyUI 0.33 + the wheels it lacks
-    bash scripts/device_run.sh                                         # there: installs offline, runs the suite
+    bash scripts/device_run.sh part1|part2                              # there: installs offline, runs the suite
 
 Why a kit: the GPU machine (device tool) reaches no package registry and starts bare each time; its image holds
 torch 2.11 / torchaudio 2.11 and a long list of packages (IMAGE below, from the device tool's KINDS.md, read
@@ -11,7 +11,7 @@ tree plus carried folders), so the kit holds only what the suite imports: ComfyU
 server, so no frontend, templates, docs, database or video packages). Each version is the one ComfyUI 0.33 was
 installed with here (../shared/comfyui/constraints-0.33.0.txt).
 
-The same builder makes the CI rehearsal's kit for this machine's Python (tests/test_device_kit.py): it installs with
+The same builder makes the CI rehearsal's kit for this machine's Python (tests/test_gpu_suite.py): it installs with
 `--no-index` into a fresh folder, and the reduced suite runs in a Python that sees only that folder and the packages
 of the image (`standin`: links to this venv's copies of the image's packages, nothing else).
 """
@@ -56,22 +56,28 @@ wrapt xarray xxhash yarl zipp
 """.split())
 
 # What ComfyUI 0.33 as a library (comfy.sd, its `nodes`, DynamicVRAM, quantized ops) and the pack import that the
-# image lacks, at the versions of constraints-0.33.0.txt - found by importing them in the stand-in (`standin`). Two
+# image lacks, each at its version in ../shared/comfyui/constraints-0.33.0.txt (`pins`) - found by importing them in the stand-in (`standin`). Two
 # parts, one per device call: av (35.8 MB, ffmpeg inside; comfy_api's video types import it) and comfy-kitchen
 # (58.5 MB; 47.7 MB of it its CUDA kernels, 10.6 MB AMD ones) do not fit one call beside the 20 MB tree. Part 2's
 # comfy-kitchen is trimmed to what runs on an NVIDIA machine (its hip backend dropped) and recompressed with LZMA
 # (pip installs such a wheel: Python's zipfile reads it): 21.5 MB. The machine keeps part 1's installed folder
 # between the two calls while it is held (device tool README: ignored outputs stay between calls).
 PARTS = {
-    "part1": {"av": "18.1.0", "comfy-aimdo": "0.4.13", "torchsde": "0.2.6", "trampoline": "0.1.2",
-              "httpx2": "2.16.2", "httpcore2": "2.16.2", "truststore": "0.10.5"},
-    "part2": {"comfy-kitchen": "0.2.31"},
+    "part1": ("av", "comfy-aimdo", "torchsde", "trampoline", "httpx2", "httpcore2", "truststore"),
+    "part2": ("comfy-kitchen",),
 }
+CONSTRAINTS = "constraints-0.33.0.txt"
 TRIM = {"comfy-kitchen": ("comfy_kitchen/backends/hip/",)}  # wheel -> path prefixes dropped from it
 
 
 def norm(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def pins(shared: Path) -> dict:
+    """{normalized name: version} of the environment ComfyUI 0.33 was installed in (../shared/comfyui)."""
+    lines = (shared / "comfyui" / CONSTRAINTS).read_text().split()
+    return {norm(n): v.split("+")[0] for n, v in (line.split("==") for line in lines if "==" in line)}
 
 
 def download(names: dict, dest: Path, python: str) -> list[Path]:
@@ -125,9 +131,10 @@ def build(out: Path, python: str, shared: Path, level: int = 9) -> dict:
         shutil.rmtree(out)
     tree = tree_bytes()
     manifest = {"python": python, "comfyui": TARBALL, "tree_bytes": tree, "limit_bytes": LIMIT, "parts": {}}
+    versions = pins(shared)
     for part, names in PARTS.items():
         folder = out / part
-        for wheel in download(names, folder / "wheels", python):
+        for wheel in download({n: versions[norm(n)] for n in names}, folder / "wheels", python):
             drop = next((d for n, d in TRIM.items() if wheel.name.startswith(n.replace("-", "_") + "-")), None)
             if drop:
                 trim_wheel(wheel, drop, level)
