@@ -306,6 +306,22 @@ def write_krea2(path: Path, *, layers: int = 2, seed: int = 0, dtype: torch.dtyp
     return _save(make, path, seed, dtype)
 
 
+def write_minimax_h3(path: Path, *, layers: int = 2, seed: int = 0,
+                     dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
+    """MiniMax H3 (video + audio in one packed stream): detection reads the width, blocks, refiner blocks, head
+    width (q_norm), heads (qkv rows), feed-forward, text width, time embedder and RoPE table sizes. Width 256 (4 heads
+    of 64), two blocks, one refiner block, 32-wide text, RoPE over 3 x 8 frequencies (48 of each head's 64 rotated)."""
+    from comfy.ldm.minimax.model import MiniMaxH3Model
+
+    def make():
+        return MiniMaxH3Model(hidden_size=256, num_layers=layers, token_refiner_num_layers=1, num_attention_heads=4,
+                              attention_head_dim=64, ffn_hidden_size=256, text_dim=TINY_CONTEXT_DIM,
+                              timestep_input_dim=32, time_embed_hidden_size=64, time_embed_dim=64,
+                              rope_inv_freq_len=8, operations=_ops(), device="meta")
+
+    return _save(make, path, seed, dtype)
+
+
 def write_cogvideox(path: Path, *, v15: bool = False, seed: int = 0,
                     dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
     """CogVideoX: detection reads the width (heads of 64), the time and text widths, the blocks and the patch embedding

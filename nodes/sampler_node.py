@@ -60,15 +60,24 @@ class PoolDiffusionModel(torch.nn.Module):
     def _native_forward(self, x, timestep, context, transformer_options, extra):
         """ComfyUI's own model on the workers: its call's arguments go as they are (call_payload), its output
         comes back as is."""
-        tensors, structure = call_payload(context, extra)  # refusals before the load
-        tensors.update(x=x, timestep=timestep)
+        tensors, structure = call_payload(context, without_rebuilt(self._original[0], extra))  # refusals first
+        changing = ("x", "timestep")
+        if isinstance(x, (list, tuple)):  # a multi-stream latent (MiniMax H3, LTX-2: video + audio), one per stream
+            structure["x"], streams = _encode_nested(list(x), "x")
+            tensors.update(streams)
+            changing = ("timestep", *streams)
+        else:
+            tensors["x"] = x
+        tensors["timestep"] = timestep
         structure["transformer_options"] = portable_options(transformer_options)
         values = {"key": self.state["key"], "call_index": self.state["calls"], "structure": structure}
         if self.state.get("compile"):
             values["compile"] = self.state["compile"]
         self._ensure_resident()
         self.state["calls"] += 1
-        res = submit_once(self.runtime.pool(self.hp), self.hp.config, values, tensors, self.state, ("x", "timestep"))
+        res = submit_once(self.runtime.pool(self.hp), self.hp.config, values, tensors, self.state, changing)
+        if "out_streams" in res.values:
+            return [res.tensors[f"out.{i}"].to(x[0].device) for i in range(res.values["out_streams"])]
         return res.tensors["out"].to(x.device)
 
     def forward(self, x, timestep, context=None, control=None, transformer_options=None, **extra):
@@ -123,6 +132,26 @@ def _encode_nested(value, path: str):
     if value is None or isinstance(value, (str, int, float, bool)):
         return value, {}
     raise NotCarried(f"Hybrid Sampler cannot send {path} ({type(value).__name__}) to the workers")
+
+
+def without_rebuilt(model, extra: dict) -> dict:
+    """`extra` less the arguments the model's family adapter names as rebuilt by the model when absent
+    (FamilyAdapter.rebuilt_inputs: a per-run cache object that cannot travel and need not); the dicts along each
+    path are copied, never changed in place (ComfyUI reuses them at the next step)."""
+    from ..parallel.models import adapter_for
+    a = adapter_for(model)
+    for path in (a.rebuilt_inputs if a is not None else ()):
+        *parents, leaf = path.split(".")
+        extra = dict(extra)
+        node = extra
+        for part in parents:
+            if not isinstance(node.get(part), dict):
+                break
+            node[part] = dict(node[part])
+            node = node[part]
+        else:
+            node.pop(leaf, None)
+    return extra
 
 
 def call_payload(context, extra: dict):

@@ -101,6 +101,18 @@ class SequenceIndex:
 
 
 @dataclass(frozen=True)
+class SequenceSegments:
+    """A forward argument holding a table of contiguous segments over the whole split sequence - a list of
+    (start, stop, rows) in order, `rows` an int or one entry per token (a tensor of stop - start) - set to this
+    rank's part of it: the segments that meet its shard, clipped to it and counted from its first token, a
+    per-token entry cut to the same rows. For a per-segment rule (MiniMax H3's modulation: text, audio and video
+    rows of one packed stream take different timesteps' scale / shift / gate), which each rank then applies to its
+    own tokens exactly."""
+    name: str
+    position: Optional[int] = None
+
+
+@dataclass(frozen=True)
 class Attention:
     """Inside matching modules attention is self-attention over the sharded sequence.
 
@@ -138,6 +150,9 @@ class PipelinePlan:
     blocks: tuple
     latent: str
 
+
+# the declarations that act on a module's (or method's) inputs
+_INPUT_ACTIONS = (SplitInput, PrefixLength, SequenceIndex, SequenceSegments)
 
 # ComfyUI arguments no sequence split has to know: the call's options, the pooled vector (one row per sample), and
 # the ControlNet's own text (ComfyUI hands it to every model call; only the ControlNet on the driver reads it)
@@ -332,10 +347,34 @@ def _sequence_index(value, applied, where: str) -> int:
     return min(max(int(value) - sum(sizes[:rank]), 0), sizes[rank])
 
 
+def _sequence_segments(value, applied, where: str) -> list:
+    """SequenceSegments: a segment table over the whole sequence -> this rank's part, counted from its shard's start."""
+    sizes = applied.state.seq_sizes
+    if sizes is None or not value or value[-1][1] != applied.state.seq_len:
+        raise RuntimeError(f"{where} is a segment table that does not cover the split sequence "
+                           f"({applied.state.seq_len} tokens): the family plan is inconsistent")
+    rank = applied.ctx.sp.rank
+    lo = sum(sizes[:rank])
+    hi = lo + sizes[rank]
+    out = []
+    for start, stop, rows in value:
+        a, b = max(start, lo), min(stop, hi)
+        if a < b:
+            if isinstance(rows, torch.Tensor) and rows.ndim > 0:
+                rows = rows[a - start:b - start]
+            out.append((a - lo, b - lo, rows))
+    return out
+
+
 def _split_input_hook(applied, path, specs):
     def hook(module, args, kwargs):
         for s in specs:
             value, where = _arg(args, kwargs, s.name, s.position)
+            if isinstance(s, SequenceSegments):
+                if where is not None and isinstance(value, (list, tuple)):
+                    args, kwargs = _set_arg(args, kwargs, where, _sequence_segments(value, applied,
+                                                                                    f"{path}:{s.name}"))
+                continue
             if isinstance(s, SequenceIndex):
                 if where is not None and isinstance(value, int) and not isinstance(value, bool):
                     args, kwargs = _set_arg(args, kwargs, where, _sequence_index(value, applied, f"{path}:{s.name}"))
@@ -481,7 +520,8 @@ def _root_wrapper(applied):
             batched = plan.batch_inputs
             if batched == ("*",):  # a model no adapter names (parallel/models/any_model.py): every tensor argument
                 batched = tuple(k for k in kwargs if k != "transformer_options")
-            B = kwargs[batched[0]].shape[0]
+            first = kwargs[batched[0]]  # a multi-stream model's latent is a list (MiniMax H3: video, audio)
+            B = (first[0] if isinstance(first, (list, tuple)) else first).shape[0]
             if plan.comfy:
                 # ComfyUI batches every conditioning along dim 0 (comfy/conds.py: CONDRegular / CONDList concat), so
                 # an argument a newer ComfyUI added (Wan's context_latents, Lumina's siglip_feats...) is split with
@@ -584,7 +624,7 @@ def apply_plan(model: torch.nn.Module, plan: FamilyPlan, ctx, attention_fn=None,
             if method:  # "path:method": a method whose inputs are split (ComfyUI's forward_orig)
                 if path not in modules or not callable(getattr(modules[path], method, None)):
                     raise KeyError(f"{plan.family} plan names method {key!r}, which {type(model).__name__} lacks")
-                inputs = [a for a in actions if isinstance(a, (SplitInput, PrefixLength, SequenceIndex))]
+                inputs = [a for a in actions if isinstance(a, _INPUT_ACTIONS)]
                 wrap_forward(modules[path], applied.forwards, _method_split_wrapper(applied, key, inputs), name=method)
                 continue
             path = last_index(path, modules)
@@ -592,7 +632,7 @@ def apply_plan(model: torch.nn.Module, plan: FamilyPlan, ctx, attention_fn=None,
             if not targets:
                 raise KeyError(f"{plan.family} plan names module {path!r}, which {type(model).__name__} lacks")
             for p, mod in targets:
-                inputs = [a for a in actions if isinstance(a, (SplitInput, PrefixLength, SequenceIndex))]
+                inputs = [a for a in actions if isinstance(a, _INPUT_ACTIONS)]
                 if inputs:
                     applied.handles.append(mod.register_forward_pre_hook(
                         _split_input_hook(applied, p, inputs), with_kwargs=True))
@@ -628,4 +668,4 @@ def remove_plan(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-Sequence = Union[SplitInput, SplitOutput, GatherOutput, PrefixLength, SequenceIndex]
+Sequence = Union[SplitInput, SplitOutput, GatherOutput, PrefixLength, SequenceIndex, SequenceSegments]

@@ -58,6 +58,9 @@ FAMILIES = {  # the tiny checkpoints each family's workflow loads, and the shape
     # ERNIE-Image: the class's sizes (detection reads none: 0.35B with one layer), 3072-wide text, Flux.2 latents
     "ernie": dict(unet="tiny_ernie.safetensors", vae=None, latent="EmptyFlux2LatentImage", tokens=7,
                   context_dim=3072, pooled_dim=0),
+    # MiniMax H3: width 256 (4 heads of 64), 32-wide text; a packed video + audio latent (NestedTensor)
+    "minimax_h3": dict(unet="tiny_minimax_h3.safetensors", vae=None, latent="EmptyMiniMaxH3LatentAV", tokens=7,
+                       context_dim=32, pooled_dim=0),
     # SD1.5 and an SDXL-class UNet (KOALA-700M's depths at width 320): no family adapter, CFG / data parallel only;
     # written on demand by their test, with the SD VAE
     "sd15": dict(unet="tiny_sd15.safetensors", vae="tiny_kl4.safetensors", latent="EmptyLatentImage", tokens=7,

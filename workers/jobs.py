@@ -301,7 +301,10 @@ def job_forward(state: WorkerState, ctx, payload: dict) -> dict:
                                before=lambda: state.stop_point(ctx),
                                compile_spec=payload.get("compile"))
     r = state.engine.get(key, ctx)
-    reply = {"out": out, "parallelized": r.parallelized}
+    if isinstance(out, (list, tuple)):  # a multi-stream model (MiniMax H3, LTX-2: video + audio): a tensor per stream
+        reply = {**{f"out.{i}": t for i, t in enumerate(out)}, "out_streams": len(out), "parallelized": r.parallelized}
+    else:
+        reply = {"out": out, "parallelized": r.parallelized}
     if payload.get("compile"):  # how often dynamo compiled a graph in this process (a second prompt adds none)
         from torch._dynamo.utils import counters
         reply["compiled_graphs"] = int(counters["stats"]["unique_graphs"])

@@ -93,7 +93,10 @@ class HPSaveLatentTensor(HPSaveImageTensor):
         return {"required": {"samples": ("LATENT",), "filename": ("STRING", {"default": "latent"})}}
 
     def save(self, samples, filename):
-        return super().save(samples["samples"], filename)
+        s = samples["samples"]
+        if getattr(s, "is_nested", False):  # a multi-stream latent (video + audio): every stream, flattened in order
+            s = torch.cat([t.reshape(-1) for t in s.unbind()])
+        return super().save(s, filename)
 
 
 NODE_CLASS_MAPPINGS = {"HPExampleConditioning": HPExampleConditioning, "HPDemoTextEncode": HPDemoTextEncode,

@@ -25,6 +25,9 @@ class FamilyAdapter:
     comfy_subclasses: tuple = ()
     # the module of comfy_class where its name alone is ambiguous (AuraFlow's `MMDiT` beside SD3's); "" = any
     comfy_module: str = ""
+    # dotted paths of call arguments that are a cache the model rebuilds from the other arguments when it is absent
+    # (MiniMax H3's packed layout, an object ComfyUI builds once per run): the driver does not send them
+    rebuilt_inputs: tuple = ()
 
     def declares(self, cls) -> bool:
         """Whether this adapter's ComfyUI plan applies to instances of `cls` (the class itself, or a subclass listed
