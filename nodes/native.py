@@ -269,8 +269,11 @@ def comfy_runtime() -> dict:
             "comfy_args": _comfy_args(), "attention": picked_attention()}
 
 
-def portable_options(transformer_options: dict | None) -> dict:
-    """The part of ComfyUI's transformer_options that travels to the workers (JSON-safe).
+def portable_options(transformer_options: dict | None, carried: tuple = ()) -> dict:
+    """The part of ComfyUI's transformer_options that travels to the workers (JSON-safe): the RoPE options and the
+    entries the model's family reads (FamilyAdapter.carried_options: MiniMax H3's sigma shifts, set by a node).
+    Everything else stays: ComfyUI's own per-call bookkeeping (sigmas, uuids, DynamicVRAM's prefetch flag) is the
+    driver's.
 
     Patches installed by other nodes (attention / block replacements, wrappers that act inside the
     diffusion model) are Python callables in the ComfyUI process and cannot run on the workers: refuse.
@@ -285,6 +288,13 @@ def portable_options(transformer_options: dict | None) -> dict:
     rope = opts.get("rope_options")
     if rope is not None:
         out["rope_options"] = encode_value(dict(rope))
+    for key in carried:
+        value = opts.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, (bool, int, float, str)):
+            raise NotCarried(f"transformer_options[{key!r}] ({type(value).__name__}) cannot travel to the workers")
+        out[key] = value
     return out
 
 

@@ -68,9 +68,17 @@ class PoolDiffusionModel(torch.nn.Module):
             changing = ("timestep", *streams)
         else:
             tensors["x"] = x
-        tensors["timestep"] = timestep
-        structure["transformer_options"] = portable_options(transformer_options)
+        if isinstance(timestep, (list, tuple)):  # LTX-2: (video, audio) timesteps (model_base.LTXAV.process_timestep)
+            structure["timestep"], steps = _encode_nested(list(timestep), "timestep")
+            tensors.update(steps)
+            changing = (*(c for c in changing if c != "timestep"), *steps)
+        else:
+            tensors["timestep"] = timestep
+        structure["transformer_options"] = portable_options(transformer_options, carried_options(self._original[0]))
         values = {"key": self.state["key"], "call_index": self.state["calls"], "structure": structure}
+        which = (transformer_options or {}).get("cond_or_uncond")
+        if isinstance(which, (list, tuple)) and all(isinstance(i, int) for i in which):
+            values["conds"] = list(which)  # which conditionings this call holds: DistriFusion's lane
         if self.state.get("compile"):
             values["compile"] = self.state["compile"]
         self._ensure_resident()
@@ -132,6 +140,13 @@ def _encode_nested(value, path: str):
     if value is None or isinstance(value, (str, int, float, bool)):
         return value, {}
     raise NotCarried(f"Hybrid Sampler cannot send {path} ({type(value).__name__}) to the workers")
+
+
+def carried_options(model) -> tuple:
+    """The transformer_options entries the model's family adapter says its forward reads (FamilyAdapter)."""
+    from ..parallel.models import adapter_for
+    a = adapter_for(model)
+    return a.carried_options if a is not None else ()
 
 
 def without_rebuilt(model, extra: dict) -> dict:

@@ -38,9 +38,12 @@ normalise each patch on its own.
 
 Per-run state lives in a `DistriFusionState` per model (no globals). The step
 index of a forward decides warmup vs stale: by default it is the number of
-forwards since the last reset; a caller that knows the sampler step (the pool
-in step mode) calls `state.set_step(i)` before the forward, and `set_step(0)`
-starts a new run. A new run also starts on `reset()` and whenever the full
+forwards since the last reset; a caller that knows the sampler step calls
+`state.set_step(i)` before the forward (`set_step(0)` starts a new run). The
+pool in step mode calls `start_call(call_index, lane)`: call 0 starts a new
+run, and the calls of each conditioning set are a lane of steps with their own
+stale K/V (ComfyUI calls the model once per conditioning where it cannot batch
+them; a cond call must never read an uncond call's K/V). A new run also starts on `reset()` and whenever the full
 input shape (batch or token count), dtype or device changes; in-flight gathers
 are drained first. Optionally `total_steps` skips the useless gather of the
 last step. Memory: every rank holds the full image K/V of every self-attention
@@ -148,6 +151,11 @@ class _Exchange:
                 self.works[g] = None
 
 
+# what one lane of calls keeps between its steps (DistriFusionState.start_call)
+_LANE_FIELDS = ("_prev", "_cur", "_signature", "_calls", "_layout", "_prev_layout", "_exchanges", "_seq_sizes",
+                "_kv_dtype", "_kv_device")
+
+
 class DistriFusionState:
     """Stale K/V buffers and the step counter of one parallelized model; see the module docstring."""
 
@@ -163,12 +171,18 @@ class DistriFusionState:
         self._exchanges = [None, None]
         self._explicit_step = None
         self.total_steps = None
+        self._lane, self._lanes = (), {}  # the current lane, and the others' parked state (start_call)
         self._forget()
 
     # ---- public API -------------------------------------------------------
     def reset(self, total_steps: Optional[int] = None) -> int:
-        """Start a new run: finish in-flight gathers, drop all buffers; returns the new run id."""
+        """Start a new run: finish in-flight gathers, drop all buffers (every lane's); returns the new run id."""
         self._drain()
+        for parked in self._lanes.values():
+            for ex in parked["_exchanges"]:
+                if ex is not None:
+                    ex.drain()
+        self._lane, self._lanes = (), {}
         self._forget()
         self._exchanges = [None, None]
         self.history = []
@@ -185,6 +199,27 @@ class DistriFusionState:
         if total_steps is not None:
             self.total_steps = total_steps
         self._explicit_step = step
+
+    def start_call(self, call_index: int, lane: tuple = ()) -> None:
+        """Step mode: before the sampler's model call `call_index` (0 starts a new run), holding the conditionings
+        `lane` (ComfyUI's cond_or_uncond). Each lane is its own sequence of steps with its own stale K/V: where
+        ComfyUI calls the model once per conditioning (it cannot batch them: MiniMax H3's per-run payload, prompts of
+        different shapes) a step's cond call must read the cond call's K/V of the step before, never the uncond's,
+        and its step is its own count of calls, not the call index (two calls per step)."""
+        if call_index == 0:
+            self.reset(self.total_steps)
+        lane = tuple(lane)
+        if lane == self._lane:
+            return
+        self._lanes[self._lane] = {f: getattr(self, f, None) for f in _LANE_FIELDS}
+        parked = self._lanes.pop(lane, None)
+        if parked is None:
+            self._forget()
+            self._exchanges = [None, None]
+        else:
+            for f, v in parked.items():
+                setattr(self, f, v)
+        self._lane = lane
 
     @property
     def step(self) -> int:
@@ -213,7 +248,9 @@ class DistriFusionState:
 
     def _begin(self, signature) -> None:
         if self._signature is not None and signature != self._signature:
-            self.reset(self.total_steps)  # resolution / batch changed: a new run
+            self._drain()  # resolution / batch changed: this lane starts again
+            self._forget()
+            self._exchanges = [None, None]
         self._signature = signature
         step = self.step
         self._explicit_step = None
@@ -246,7 +283,8 @@ class DistriFusionState:
             raise RuntimeError("DistriFusion: the self-attention layers of this forward differ from the previous "
                                "one's; call state.reset() when the model or its inputs change structure")
         wait_s = self._prev.wait_s if isinstance(self._prev, _Exchange) else 0.0
-        self.history.append(dict(run_id=self.run_id, step=self._step_now, mode="sync" if self.sync else "stale",
+        self.history.append(dict(run_id=self.run_id, lane=list(self._lane), step=self._step_now,
+                                 mode="sync" if self.sync else "stale",
                                  layers=self._layer, forward_s=time.perf_counter() - self._t0,
                                  wait_s=wait_s, sync_comm_s=self._comm_s, issued=self.issue))
         self._prev = self._cur
@@ -259,9 +297,14 @@ class DistriFusionState:
         @functools.wraps(old)
         def forward(*args, **kwargs):
             hs = kwargs.get("hidden_states", args[0] if args else None)
-            if not isinstance(hs, torch.Tensor):
-                raise TypeError("DistriFusion needs hidden_states as a tensor (first argument or keyword)")
-            self._begin((tuple(hs.shape), hs.dtype, hs.device))
+            if isinstance(hs, (list, tuple)) and hs and all(isinstance(t, torch.Tensor) for t in hs):
+                # a multi-stream latent (MiniMax H3: [video, audio] packed into one sequence by the model)
+                self._begin((tuple(tuple(t.shape) for t in hs), hs[0].dtype, hs[0].device))
+            elif isinstance(hs, torch.Tensor):
+                self._begin((tuple(hs.shape), hs.dtype, hs.device))
+            else:
+                raise TypeError("DistriFusion needs hidden_states as a tensor or a list of stream tensors "
+                                "(first argument or keyword)")
             try:
                 out = old(*args, **kwargs)
                 self._end()

@@ -312,7 +312,7 @@ class Engine:
                 "sharding": sharding.stats() if sharding is not None else None}
 
     # ---- compute ----
-    def forward(self, key: str, ctx, kwargs: dict, *, call_index=None,
+    def forward(self, key: str, ctx, kwargs: dict, *, call_index=None, conds=None,
                 before: Optional[Callable] = None, compile_spec: Optional[dict] = None) -> torch.Tensor:
         """Step mode: the model on the full inputs; every rank returns the full output. `compile_spec`: ComfyUI's
         TorchCompileModel options (the native model runs compiled: Resident.callable_for)."""
@@ -321,9 +321,11 @@ class Engine:
             raise ValueError("PipeFusion (pp_degree > 1) runs the whole denoising loop in the workers "
                              "(job 'loop'), not one forward per step")
         if call_index is not None and ctx.config.method == "distrifusion" and ctx.world_size > 1:
-            # step mode: the sampler's call index decides warmup vs stale, and 0 starts a new run
+            # step mode: the sampler's call index 0 starts a new run; the calls of one conditioning set (`conds`,
+            # ComfyUI's cond_or_uncond) are one lane of steps with their own stale K/V - ComfyUI calls the model
+            # once per conditioning where it cannot batch them (MiniMax H3 always; prompts of different shapes)
             from .distrifusion import distrifusion_state
-            distrifusion_state(r.model).set_step(int(call_index))
+            distrifusion_state(r.model).start_call(int(call_index), lane=tuple(conds or ()))
         if before is not None:
             before()
         with torch.no_grad():

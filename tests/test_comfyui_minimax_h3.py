@@ -24,12 +24,16 @@ def _write(server):
                      lambda p: tiny.write_minimax_h3(p, seed=41))
 
 
-def _graph(size, tag, degrees=None, node="model", mask=False):
+def _graph(size, tag, degrees=None, node="model", mask=False, shifts=None, steps=2):
     w, h = size
-    g = workflow(None, tag, w, h, family="minimax_h3", steps=2, mask=mask)
+    g = workflow(None, tag, w, h, family="minimax_h3", steps=steps, mask=mask)
     for k in ("7", "8", "11", "6"):  # no VAE: the latent is what is compared
         g.pop(k, None)
     g["4"]["inputs"] = {"width": w, "height": h, "length": 5}
+    if shifts is not None:  # ModelSamplingMiniMaxH3: the sampler's schedule and the model's audio timestep
+        g["13"] = {"class_type": "MiniMaxH3SigmaShift", "inputs": {"model": ["1", 0], "shift_video": shifts[0],
+                                                                   "shift_audio": shifts[1]}}
+        g["5"]["inputs"]["model"] = ["13", 0]
     return g if degrees is None else on_pool(g, degrees, node)
 
 
@@ -54,3 +58,28 @@ def test_minimax_h3_noise_mask_equals_ksampler(server):
     _write(server)
     cases = [("u2", {"ulysses_degree": 2}, "model"), ("r2", {"ring_degree": 2}, "model")]
     equal_ksampler(server, lambda *a: _graph((96, 80), *a, mask=True), "mmh3_mask", cases)
+
+
+def test_minimax_h3_sigma_shifts_travel(server):
+    """ModelSamplingMiniMaxH3 sets the video / audio shifts in transformer_options, from which the model derives the
+    audio stream's timestep: they go with each call (FamilyAdapter.carried_options); left behind, the workers
+    would use the defaults (12 / 3) - a silent wrong audio stream."""
+    _write(server)
+    equal_ksampler(server, lambda *a: _graph((96, 80), *a, shifts=(5.0, 1.5)), "mmh3_shift",
+                   [("u2", {"ulysses_degree": 2}, "model")])
+
+
+def test_minimax_h3_distrifusion(server):
+    """DistriFusion: ComfyUI calls MiniMax H3 once per conditioning (its per-run payload cannot be batched), so the
+    pool keeps stale K/V per conditioning (DistriFusionState.start_call lanes). All steps synchronous: exact; one
+    warmup step of three: the stale error, measured."""
+    _write(server)
+    graph = lambda *a: _graph((96, 80), *a, steps=3)  # noqa: E731
+    ref = equal_ksampler(server, graph, "mmh3_df",
+                         [("sync", {"ulysses_degree": 2, "method": "distrifusion", "warmup_steps": 3}, "sampler")])
+    from comfy_server import assert_ok, latent, rel
+    assert_ok(server, server.run(graph("mmh3_df_stale", {"ulysses_degree": 2, "method": "distrifusion",
+                                                         "warmup_steps": 1}, "sampler")))
+    err = rel(latent(server, "mmh3_df_stale"), ref)
+    print(f"MiniMax H3 DistriFusion warmup 1 of 3 steps: {err:.2e} from KSampler (random tiny weights)")
+    assert 0.0 < err < 0.5, err

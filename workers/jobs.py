@@ -297,7 +297,7 @@ def job_forward(state: WorkerState, ctx, payload: dict) -> dict:
     key = payload["key"]
     _reuse_inputs(state, key, payload)
     kwargs = _inputs(state, payload)
-    out = state.engine.forward(key, ctx, kwargs, call_index=payload.get("call_index"),
+    out = state.engine.forward(key, ctx, kwargs, call_index=payload.get("call_index"), conds=payload.get("conds"),
                                before=lambda: state.stop_point(ctx),
                                compile_spec=payload.get("compile"))
     r = state.engine.get(key, ctx)

@@ -28,6 +28,9 @@ class FamilyAdapter:
     # dotted paths of call arguments that are a cache the model rebuilds from the other arguments when it is absent
     # (MiniMax H3's packed layout, an object ComfyUI builds once per run): the driver does not send them
     rebuilt_inputs: tuple = ()
+    # transformer_options entries (JSON scalars) the model's forward reads, set by ComfyUI nodes (MiniMax H3's
+    # sigma shifts): they travel with each call
+    carried_options: tuple = ()
 
     def declares(self, cls) -> bool:
         """Whether this adapter's ComfyUI plan applies to instances of `cls` (the class itself, or a subclass listed

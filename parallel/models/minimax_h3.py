@@ -16,6 +16,8 @@ The latent is ComfyUI's NestedTensor: the model gets `x = [video, audio]` and re
 stream as a tensor). ComfyUI runs it with batch 1 (the model refuses more), so cfg and data parallel have no batch
 to split: each rank computes the whole call, correct but not faster - sequence parallel is what splits it.
 `minimax_payload.layout` is a per-run cache object the model rebuilds from the same inputs when absent: not sent.
+The video / audio sigma shifts that ModelSamplingMiniMaxH3 sets in transformer_options travel with each call (the
+model derives the audio stream's timestep from them).
 """
 from .adapter import FamilyAdapter
 from ..plan import Attention, FamilyPlan, GatherOutput, SequenceSegments, SplitInput
@@ -39,4 +41,5 @@ COMFY_PLAN = FamilyPlan(
 )
 
 ADAPTER = FamilyAdapter(family="minimax_h3", title="MiniMax H3", comfy_plan=COMFY_PLAN, plan=None,
-                        comfy_module="comfy.ldm.minimax.model", rebuilt_inputs=("minimax_payload.layout",))
+                        comfy_module="comfy.ldm.minimax.model", rebuilt_inputs=("minimax_payload.layout",),
+                        carried_options=("minimax_h3_sigma_shift_video", "minimax_h3_sigma_shift_audio"))
