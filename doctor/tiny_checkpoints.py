@@ -123,6 +123,24 @@ def write_flux2(path: Path, *, seed: int = 0, dtype: torch.dtype = torch.float8_
     return _save(make, path, seed, dtype)
 
 
+def write_flux2_klein(path: Path, *, hidden: int = 256, seed: int = 0,
+                      dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
+    """Flux.2 Klein (4B / 9B): ComfyUI's Flux2 class at Klein's sizes - ComfyUI 0.33 reads the width from the
+    weights (heads of 128; Klein 4B is 3072 wide, 9B 4096), the distilled models carry no guidance embedder, and
+    the text is Qwen3's (its width read from txt_in). Width 256 (2 heads), one block of each kind, 32-wide text."""
+    from comfy.ldm.flux.model import Flux, FluxParams
+
+    def make():
+        return Flux(image_model="flux2", in_channels=128, out_channels=128, vec_in_dim=None,
+                    context_in_dim=TINY_CONTEXT_DIM, hidden_size=hidden, mlp_ratio=3.0, num_heads=hidden // 128,
+                    depth=1, depth_single_blocks=1, axes_dim=[32, 32, 32, 32], theta=2000, patch_size=1,
+                    qkv_bias=False, guidance_embed=False, global_modulation=True, mlp_silu_act=True, ops_bias=False,
+                    default_ref_method="index", ref_index_scale=10.0, operations=_ops(), device="meta",
+                    **detected(FluxParams, txt_ids_dims=[3]))
+
+    return _save(make, path, seed, dtype)
+
+
 def write_chroma(path: Path, *, seed: int = 0, dtype: torch.dtype = torch.float8_e4m3fn) -> dict[str, torch.Tensor]:
     """Chroma: Flux's blocks without per-block modulation plus a distilled guidance network; detection fixes 24
     heads x 128 (hidden 3072) and the 5120-wide, 5-layer approximator: ~0.8B parameters with one block of each
@@ -240,6 +258,35 @@ def write_ltxv(path: Path, *, head_dim: int = 8, num_layers: int = 1, seed: int 
 
     return _save(make, path, seed, dtype)
 
+
+def write_ltxav(path: Path, *, head_dim: int = 8, num_layers: int = 1, v23: bool = False, seed: int = 0,
+                dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    """LTX-2 (ComfyUI's LTXAVModel: video + audio streams; `v23`: LTX-2.3's layout - text projected before the
+    connectors, cross-attention AdaLN, gated attention). Detection reads LTX-Video's keys (32 video heads, head dim
+    = attn2's width / 32) plus `audio_adaln_single` for LTXAV; everything else is the class's defaults (an audio
+    stream 2048 wide, two 3840-wide text connectors: ~1B parameters) unless the file's metadata carries a
+    "config" {"transformer": {...}}, as the real checkpoints do. Here it shrinks the audio stream to 2 heads x 16,
+    the caption width to 32 and the connectors to one 2 x 16 layer: 2.4M parameters with one block (head_dim 8).
+    The text the model takes is [video, audio] captions side by side: 64 wide (2 x caption width; 288 for v23)."""
+    import json
+
+    from comfy.ldm.lightricks.av_model import LTXAVModel
+
+    inner = 32 * head_dim
+    config = dict(audio_num_attention_heads=2, audio_attention_head_dim=16, audio_cross_attention_dim=32,
+                  caption_channels=32, connector_num_layers=1, connector_num_attention_heads=2,
+                  connector_attention_head_dim=16)
+    if v23:
+        config.update(caption_proj_before_connector=True, cross_attention_adaln=True, apply_gated_attention=True)
+
+    def make():
+        return LTXAVModel(in_channels=128, audio_in_channels=128, cross_attention_dim=inner,
+                          attention_head_dim=head_dim, num_attention_heads=32, num_layers=num_layers,
+                          operations=_ops(), device="meta", **config)
+
+    sd = _save(make, path, seed, dtype)
+    save_file(sd, str(path), metadata={"format": "pt", "config": json.dumps({"transformer": config})})
+    return sd
 
 def write_auraflow(path: Path, *, max_seq: int = 64, seed: int = 0,
                    dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
@@ -479,3 +526,35 @@ def write_wan22_vae(path: Path, *, dim: int = WAN22_VAE_DIM, dec_dim: int = WAN2
     1.4 GB; ComfyUI casts it to its VAE dtype, float32 on CPU). Other widths are for tests that build ComfyUI's
     class directly (`wan22_vae`) and convert it; VAELoader would reject their shapes."""
     return _save(lambda: wan22_vae(dim, dec_dim), path, seed, dtype)  # built on the meta device: no memory
+
+
+# HiDream-O1's sizes: ComfyUI 0.33's detection reads none (it returns {"image_model": "hidream_o1"}, so the class's
+# defaults - the Qwen3-VL-8B decoder and its vision tower, ~8.7B parameters - are built); the tiny checkpoint carries
+# the overrides in its metadata under this key, which the tests' size shim (tests/test_comfyui_hidream_o1.py) hands
+# to the class as `text_config_overrides` / `vision_config_overrides`
+HIDREAM_O1_META = "hp_hidream_o1_config"
+
+
+def write_hidream_o1(path: Path, *, layers: int = 2, seed: int = 0, dtype: torch.dtype = torch.float32,
+                     prefix: str = "model.diffusion_model.") -> dict[str, torch.Tensor]:
+    """HiDream-O1 (Qwen3-VL decoder over [text, tms, image patches]): width 32, 4 heads of 16 over 2 K/V heads
+    (grouped, as the real 32 / 8), interleaved MRoPE over 4 + 2 + 2 frequencies, `layers` decoder layers, the real
+    vocabulary (the tokenizer's ids reach 151673: 4.9M of the ~5M parameters), a one-block 16-wide vision tower.
+    Written as a checkpoint (`prefix`) so CheckpointLoaderSimple also gives the tokenizer-only text encoder and the
+    pixel-space VAE; the sizes go in the metadata (HIDREAM_O1_META), which detection does not read."""
+    import json
+
+    from comfy.ldm.hidream_o1.model import HiDreamO1Transformer
+    text = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=layers, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=16, rope_dims=[4, 2, 2])
+    vision = dict(hidden_size=16, num_heads=2, intermediate_size=32, depth=1, num_position_embeddings=16)
+
+    def make():
+        return HiDreamO1Transformer(text_config_overrides=text, vision_config_overrides=vision,
+                                    operations=_ops(), device="meta")
+
+    sd = _random_state_dict(make(), seed, dtype)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    save_file({prefix + k: v for k, v in sd.items()}, str(path),
+              metadata={"format": "pt", HIDREAM_O1_META: json.dumps({"text": text, "vision": vision})})
+    return sd

@@ -37,9 +37,16 @@ FAMILIES = {  # the tiny checkpoints each family's workflow loads, and the shape
                    context_dim=32, pooled_dim=4),
     "flux2": dict(unet="tiny_flux2.safetensors", vae=None, latent="EmptyFlux2LatentImage", tokens=7,
                   context_dim=32, pooled_dim=4, guidance=3.5),
+    # Flux.2 Klein: the Flux2 class at width 256 (ComfyUI 0.33 reads it), no guidance embedder
+    "flux2_klein": dict(unet="tiny_flux2_klein.safetensors", vae=None, latent="EmptyFlux2LatentImage", tokens=7,
+                        context_dim=32, pooled_dim=4),
     # LTX-Video: 128-channel latents at 32x spatial and 8x temporal, 4096-wide captions; written on demand by its test
     "ltxv": dict(unet="tiny_ltxv.safetensors", vae=None, latent="EmptyLTXVLatentVideo", tokens=7, context_dim=4096,
                  pooled_dim=0),
+    # LTX-2 (LTXAVModel): LTX-Video's video stream (head dim 8) beside an audio stream the file's metadata shrinks; the
+    # text is [video, audio] captions side by side (2 x 32); the AV latent is built by the test (no audio VAE)
+    "ltxav": dict(unet="tiny_ltxav.safetensors", vae=None, latent="EmptyLTXVLatentVideo", tokens=7, context_dim=64,
+                  pooled_dim=0),
     # AuraFlow: width 3072 fixed by detection (0.55B with one layer of each kind), 2048-wide text; written on demand
     "auraflow": dict(unet="tiny_auraflow.safetensors", vae=None, latent="EmptyLatentImage", tokens=7, context_dim=2048,
                      pooled_dim=0),
@@ -181,7 +188,7 @@ def workflow(degrees, tag: str, width: int, height: int, steps: int = 3, cfg: fl
             "seed": seed, "tokens": f["tokens"], "context_dim": f["context_dim"], "pooled_dim": f["pooled_dim"],
             "guidance": f.get("guidance", -1.0)}}
     latent = {"width": width, "height": height, "batch_size": batch}
-    if family in ("wan", "hunyuan_video15", "ltxv", "kandinsky5", "cogvideox"):
+    if family in ("wan", "hunyuan_video15", "ltxv", "ltxav", "kandinsky5", "cogvideox"):
         latent["length"] = length
     g = {
         "1": {"class_type": "UNETLoader", "inputs": {"unet_name": f["unet"], "weight_dtype": weight_dtype}},
