@@ -86,7 +86,8 @@ class PoolDiffusionModel(torch.nn.Module):
         res = submit_once(self.runtime.pool(self.hp), self.hp.config, values, tensors, self.state, changing)
         if "out_streams" in res.values:
             return [res.tensors[f"out.{i}"].to(x[0].device) for i in range(res.values["out_streams"])]
-        return res.tensors["out"].to(x.device)
+        # one tensor back for a multi-stream latent too (video-only LTX-2: x = [video], the model returns the video)
+        return res.tensors["out"].to((x[0] if isinstance(x, (list, tuple)) else x).device)
 
     def forward(self, x, timestep, context=None, control=None, transformer_options=None, **extra):
         """ComfyUI's diffusion model runs its DIFFUSION_MODEL wrappers around its forward; the ones that can run in
