@@ -193,6 +193,16 @@ def build_native(spec: dict, weights: dict, device: torch.device, sequence_paral
         raise RuntimeError(f"{spec['class']} built from ComfyUI's config does not match the weights sent: "
                            f"missing {missing[:8]}, unexpected {unexpected[:8]}")
     left = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_meta]
+    if left and not any(n in dict(model.named_parameters()) for n in left):
+        # buffers the model computes at init and keeps out of its state dict (Cosmos Predict2's RoPE ranges): built
+        # on the meta device they hold nothing - take them from the class built on the host (its weights are left
+        # uninitialised by ComfyUI's operations, and dropped)
+        host = dict(cls(**unet_config, device=None, operations=operations).named_buffers())
+        owners = dict(model.named_modules())
+        for n in left:
+            path, _, leaf = n.rpartition(".")
+            owners[path]._buffers[leaf] = host[n]
+        left = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_meta]
     if left:
         raise RuntimeError(f"{spec['class']} keeps tensors outside its state dict ({left[:8]}); the workers "
                            f"cannot build it without initialising them - report this model class")
