@@ -17,9 +17,11 @@ from __future__ import annotations
 import functools
 import inspect
 
+import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from .comm import all_gather_uneven
 from .usp import usp_attention
 
 _SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
@@ -107,9 +109,19 @@ def comfy_attention_override(applied):
         if a.get("mask") is not None:
             raise NotImplementedError("sequence-parallel attention does not support an attention mask; "
                                       "this model passed one to its self-attention")
+        if applied.state.attention[0].gather_kv:  # whole queries, sharded keys: the model's kernel on whole keys
+            dim = 2 if a.get("skip_reshape") else 1   # (B, H, L, D) or (B, L, H*D)
+            a["k"], a["v"] = (all_gather_uneven(t.contiguous(), dim, applied.ctx.sp, sizes=applied.state.seq_sizes)
+                              for t in (k, v))
+            return func(**a)
         if not a.get("skip_reshape"):
             b, _, inner = q.shape
-            q, k, v = (t.view(b, -1, heads, inner // heads).transpose(1, 2) for t in (q, k, v))
+            q, k, v = (t.view(b, t.shape[1], -1, inner // heads).transpose(1, 2) for t in (q, k, v))
+        if a.get("enable_gqa") and k.shape[1] != q.shape[1]:  # grouped K/V heads: each serves q heads // kv heads
+            k, v = (t.repeat_interleave(q.shape[1] // t.shape[1], dim=1) for t in (k, v))
+        pad = k.shape[2] - q.shape[2] if applied.state.attention[0].query_tail else 0
+        if pad > 0:  # queries for the keys' last rows only (Attention.query_tail): zero rows for the prefix's
+            q = torch.cat([q.new_zeros(q.shape[:2] + (pad, q.shape[3])), q], dim=2)
         base = applied.kernel or func
         precision = a.get("attn_precision")
 
@@ -118,6 +130,8 @@ def comfy_attention_override(applied):
                 return q.new_empty(q.shape[:-1] + v.shape[-1:])  # kernels cannot reshape an empty tensor
             return base(q, k, v, q.shape[1], attn_precision=precision, skip_reshape=True, skip_output_reshape=True)
         out = attend(applied, q, k, v, kernel=kernel)
+        if pad > 0:
+            out = out[:, :, pad:]
         if a.get("skip_output_reshape"):
             return out
         b, h, n, d = out.shape

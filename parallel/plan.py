@@ -76,6 +76,23 @@ class GatherOutput:
     is kept once in front of the gathered image sequence."""
     dim: int
     after_prefix: bool = False
+    grid: bool = False  # gather a SplitGrid's rows (dim = the grid's row dim) instead of a flat sequence
+
+
+@dataclass(frozen=True)
+class SplitGrid:
+    """A forward argument holding the split sequence as a grid of tokens, not a flat run: ComfyUI 0.33's Cosmos
+    Predict2 / Anima blocks take their tokens as (B, T, H, W, D), flattening (t h w) only around attention and
+    modulating per frame (B, T, 1, 1, D). The grid is split along its rows (`dim` = H, T before it and W after it):
+    this rank holds rows [h0, h1) of every frame, T * (h1 - h0) * W tokens - one run of the flattened sequence
+    where T = 1, one run per frame otherwise, which attention without a mask does not mind (it is equivariant to the
+    order of the tokens) as long as every per-token table is cut to the same tokens. `flat`: the argument is such a
+    table, the sequence flattened (t h w) along `dim` (the RoPE rows), cut to this rank's rows of every frame. The
+    first grid seen sets the split; an argument of another size is left alone. GatherOutput(grid=True) gathers."""
+    name: str
+    dim: int
+    position: Optional[int] = None
+    flat: bool = False
 
 
 @dataclass(frozen=True)
@@ -113,6 +130,31 @@ class SequenceSegments:
 
 
 @dataclass(frozen=True)
+class SequenceRows:
+    """A forward argument carrying per-token rows of the split sequence in a form of the model's own (ComfyUI 0.33
+    LTX-2's `CompressedTimestep`: one modulation row per latent frame, expanded to the frame's tokens inside the
+    block): set to `cut(value, start, stop, seq_len)` - this rank's rows [start, stop) of the whole sequence's
+    seq_len, in a form the model reads the same way (or the value itself where it is not per token: one row
+    broadcast to every token). The family adapter that knows the form supplies `cut`."""
+    name: str
+    cut: Callable
+    position: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class SequenceRanges:
+    """A forward argument holding (start, end) ranges of global positions - over the split sequence, or with
+    `after_prefix` over a [replicated prefix, sequence] stream whose prefix a SplitInput(after_prefix=True) cut off
+    before - set to the same tokens on this rank: ranges in the prefix unchanged, the rest clipped to this rank's
+    shard and counted from where the shard sits in the local stream; a range with no token here is dropped. For a
+    per-token rule over index ranges (ComfyUI 0.33's NextDiT Omni `timestep_zero_index`: the real image's and
+    caption's tokens take the timestep's modulation, the reference images' t = 0's)."""
+    name: str
+    position: Optional[int] = None
+    after_prefix: bool = False
+
+
+@dataclass(frozen=True)
 class Attention:
     """Inside matching modules attention is self-attention over the sharded sequence.
 
@@ -129,6 +171,15 @@ class Attention:
     text_arg: Optional[str] = None
     text_first: Union[bool, Callable] = True
     seam: str = "sdpa"  # "sdpa": F.scaled_dot_product_attention inside the module; "comfy": ComfyUI's override
+    # comfy seam only: the module's attention has its queries from a stream the plan leaves whole on every rank and
+    # its keys / values from this rank's shard of the split sequence (LTX-2's video-to-audio attention: audio queries,
+    # video keys): k and v are gathered along the sequence, then the model's own kernel runs on the whole keys
+    gather_kv: bool = False
+    # comfy seam only: the attention call may hold queries for only the last rows of its keys - the rows before them
+    # being replicated prefix (text) whose queries the model computes apart (HiDream-O1's two-pass attention: the
+    # causal AR prefix's own pass, then the generated tokens' queries over [AR prefix, generated] keys). The missing
+    # query rows are filled with zeros for the joint attention and their output rows dropped: rows are independent
+    query_tail: bool = False
 
 
 @dataclass(frozen=True)
@@ -152,7 +203,7 @@ class PipelinePlan:
 
 
 # the declarations that act on a module's (or method's) inputs
-_INPUT_ACTIONS = (SplitInput, PrefixLength, SequenceIndex, SequenceSegments)
+_INPUT_ACTIONS = (SplitInput, PrefixLength, SequenceIndex, SequenceSegments, SequenceRows, SplitGrid, SequenceRanges)
 
 # ComfyUI arguments no sequence split has to know: the call's options, the pooled vector (one row per sample), and
 # the ControlNet's own text (ComfyUI hands it to every model call; only the ControlNet on the driver reads it)
@@ -219,6 +270,8 @@ class _RunState:
     text_len: Optional[int] = None     # the whole text's length, once a declared text split saw it
     text_sizes: Optional[list] = None  # its shards over the sp ranks; None: the text stays whole on every rank
     prefix_len: Optional[int] = None   # the prefix a GatherOutput(after_prefix=True) kept (for PrefixLength)
+    split_prefix: Optional[int] = None  # the prefix an after_prefix split kept whole in front (for SequenceRanges)
+    grid: Optional[tuple] = None       # (T, H, W, rows per rank) once a SplitGrid split the sequence
 
     def sizes_for(self, n: int, sp_size: int, where: str, weights=None) -> list:
         """The image sequence's shards over the sp ranks: near-equal, or in proportion to the ranks' speeds
@@ -310,6 +363,7 @@ def _shard_after_prefix(x: torch.Tensor, dim: int, prefix: int, applied: _Applie
     rest = x.shape[dim] - prefix
     if applied.state.seq_len is not None and rest != applied.state.seq_len:
         return x  # already local (or not this sequence): leave it
+    applied.state.split_prefix = prefix
     head = x.narrow(dim, 0, prefix)
     if applied.state.text_sizes is not None and prefix == applied.state.text_len:
         head = _shard_text(head, dim, applied, where)
@@ -366,10 +420,80 @@ def _sequence_segments(value, applied, where: str) -> list:
     return out
 
 
+def _shard_grid(spec, x, applied, where: str):
+    """SplitGrid: this rank's rows of every frame of a (.., T, H, W, ..) token grid, or of a flattened (t h w) table."""
+    sp, state = applied.ctx.sp, applied.state
+    dim = spec.dim % x.ndim
+    if state.grid is None:
+        if spec.flat:
+            raise RuntimeError(f"{where} is a flattened table of a token grid no split has seen yet: the family "
+                               f"plan is inconsistent")
+        T, H, W = x.shape[dim - 1], x.shape[dim], x.shape[dim + 1]
+        if H < sp.size:
+            raise ValueError(f"{where}: {H} rows of patches cannot be split over {sp.size} sequence-parallel ranks; "
+                             f"use a larger latent or a smaller ulysses/ring degree")
+        rows = weighted_sizes(H, applied.ctx.sp_weights, sp.size)
+        state.seq_len, state.seq_sizes = T * H * W, [T * r * W for r in rows]
+        state.grid = (T, H, W, rows)
+    T, H, W, rows = state.grid
+    start, n = sum(rows[:sp.rank]), rows[sp.rank]
+    if spec.flat:
+        if x.shape[dim] != T * H * W:
+            return x
+        grid = x.reshape(x.shape[:dim] + (T, H, W) + x.shape[dim + 1:]).narrow(dim + 1, start, n)
+        return grid.reshape(x.shape[:dim] + (T * n * W,) + x.shape[dim + 1:])
+    if tuple(x.shape[dim - 1:dim + 2]) != (T, H, W):
+        return x
+    return x.narrow(dim, start, n)
+
+
+def _sequence_rows(spec, value, applied, where: str):
+    """SequenceRows: the model's per-token rows of the whole sequence -> this rank's, cut by the adapter's function."""
+    sizes = applied.state.seq_sizes
+    if sizes is None:
+        raise RuntimeError(f"{where} holds rows of the split sequence but no split has seen that sequence yet: "
+                           f"the family plan is inconsistent")
+    lo = sum(sizes[:applied.ctx.sp.rank])
+    return spec.cut(value, lo, lo + sizes[applied.ctx.sp.rank], applied.state.seq_len)
+
+
+def _sequence_ranges(value, applied, after_prefix: bool, where: str) -> list:
+    """SequenceRanges: global (start, end) ranges -> this rank's, in its local stream."""
+    sizes = applied.state.seq_sizes
+    prefix = applied.state.split_prefix if after_prefix else 0
+    if sizes is None or prefix is None:
+        raise RuntimeError(f"{where} holds positions in the split sequence but no split has seen it yet: the family "
+                           f"plan is inconsistent")
+    rank = applied.ctx.sp.rank
+    lo = sum(sizes[:rank])
+    hi = lo + sizes[rank]
+    out = []
+    for start, end in value:
+        if start < prefix:  # the replicated prefix: the same positions on every rank
+            out.append((start, min(end, prefix)))
+        a, b = max(start - prefix, lo), min(end - prefix, hi)
+        if a < b:
+            out.append((prefix + a - lo, prefix + b - lo))
+    return out
+
+
 def _split_input_hook(applied, path, specs):
     def hook(module, args, kwargs):
         for s in specs:
             value, where = _arg(args, kwargs, s.name, s.position)
+            if isinstance(s, SequenceRanges):
+                if where is not None and isinstance(value, (list, tuple)):
+                    args, kwargs = _set_arg(args, kwargs, where, _sequence_ranges(value, applied, s.after_prefix,
+                                                                                  f"{path}:{s.name}"))
+                continue
+            if isinstance(s, SplitGrid):
+                if isinstance(value, torch.Tensor):
+                    args, kwargs = _set_arg(args, kwargs, where, _shard_grid(s, value, applied, f"{path}:{s.name}"))
+                continue
+            if isinstance(s, SequenceRows):
+                if where is not None and value is not None:
+                    args, kwargs = _set_arg(args, kwargs, where, _sequence_rows(s, value, applied, f"{path}:{s.name}"))
+                continue
             if isinstance(s, SequenceSegments):
                 if where is not None and isinstance(value, (list, tuple)):
                     args, kwargs = _set_arg(args, kwargs, where, _sequence_segments(value, applied,
@@ -435,6 +559,8 @@ def _gather_output_hook(applied, path, spec):
         if sizes is None:
             raise RuntimeError(f"{path!r} gathers a sequence that was never split: the family plan is inconsistent")
         dim = spec.dim % output.ndim
+        if spec.grid:
+            return all_gather_uneven(output.contiguous(), dim, applied.ctx.sp, sizes=applied.state.grid[3])
         if spec.after_prefix:
             prefix = output.shape[dim] - sizes[applied.ctx.sp.rank]
             applied.state.prefix_len = prefix
@@ -497,6 +623,8 @@ def _method_split_wrapper(applied, path, specs):
 
 
 def _gather_batch(out, ax, sizes):
+    if isinstance(out, list):  # a multi-stream model's output, one tensor per stream (LTX-2: video, audio)
+        return [all_gather_uneven(o.contiguous(), 0, ax, sizes=sizes) for o in out]
     if isinstance(out, tuple):
         return (all_gather_uneven(out[0].contiguous(), 0, ax, sizes=sizes),) + tuple(out[1:])
     if hasattr(out, "sample"):
@@ -668,4 +796,5 @@ def remove_plan(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-Sequence = Union[SplitInput, SplitOutput, GatherOutput, PrefixLength, SequenceIndex, SequenceSegments]
+Sequence = Union[SplitInput, SplitOutput, GatherOutput, PrefixLength, SequenceIndex, SequenceSegments, SequenceRows,
+                 SplitGrid, SequenceRanges]

@@ -68,6 +68,17 @@ FAMILIES = {  # the tiny checkpoints each family's workflow loads, and the shape
     # MiniMax H3: width 256 (4 heads of 64), 32-wide text; a packed video + audio latent (NestedTensor)
     "minimax_h3": dict(unet="tiny_minimax_h3.safetensors", vae=None, latent="EmptyMiniMaxH3LatentAV", tokens=7,
                        context_dim=32, pooled_dim=0),
+    # Cosmos Predict2 (MiniTrainDIT) and Anima (its subclass): width 256 (16 heads, as detection fixes), 1024-wide text
+    # (fixed); Wan 2.1 latents (16 channels, 8x), 5-D
+    "cosmos_predict2": dict(unet="tiny_cosmos_predict2.safetensors", vae=None, latent="EmptySD3LatentImage", tokens=7,
+                            context_dim=1024, pooled_dim=0),
+    "anima": dict(unet="tiny_anima.safetensors", vae=None, latent="EmptySD3LatentImage", tokens=7, context_dim=1024,
+                  pooled_dim=0),
+    # HiDream-O1: detection reads no sizes (the class's are the 8.7B Qwen3-VL), so the tiny checkpoint (width 32, real
+    # vocabulary, models/checkpoints: CheckpointLoaderSimple gives its tokenizer-only text encoder) carries them in its
+    # metadata for the test's size shim; the conditioning is CLIPTextEncode's token ids (`tokens`: none of the others)
+    "hidream_o1": dict(unet="tiny_hidream_o1.safetensors", vae=None, latent="EmptyHiDreamO1LatentImage", tokens=0,
+                       context_dim=0, pooled_dim=0),
     # SD1.5 and an SDXL-class UNet (KOALA-700M's depths at width 320): no family adapter, CFG / data parallel only;
     # written on demand by their test, with the SD VAE
     "sd15": dict(unet="tiny_sd15.safetensors", vae="tiny_kl4.safetensors", latent="EmptyLatentImage", tokens=7,

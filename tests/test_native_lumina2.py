@@ -7,8 +7,8 @@ main layer) and Z-Image (3840, 30 heads x 128, image and caption padded to multi
 inputs, odd and even latents (odd: ComfyUI pads to the patch grid, Z-Image then pads the tokens), ulysses 2,
 ring 2, ulysses 2 x ring 2 and cfg 2; Z-Image is `slow` (run before resolving). Where `unpatchify` cuts the image
 out is ComfyUI's caption length, which ComfyUI 0.33 computes from the split stream: the plan resets it (the odd
-latents catch a wrong cut). Reference latents (ComfyUI 0.33's Omni / edit mode) are refused under ulysses/ring and
-equal ComfyUI's forward under cfg 2.
+latents catch a wrong cut). Reference latents (ComfyUI 0.33's Omni / edit mode) equal ComfyUI's forward under
+ulysses, ring and cfg.
 """
 import pytest
 import torch
@@ -93,17 +93,18 @@ def test_lumina2_distrifusion_and_sharded_weights(comfy, cpu_pool, tmp_path):  #
 
 
 def test_lumina2_reference_latents(comfy, cpu_pool, tmp_path):  # noqa: F811
-    """Omni / edit mode (ComfyUI 0.33: `ref_latents`, one caption per reference in `ref_contexts`) marks token ranges
-    of the whole stream: refused under ulysses 2 naming cfg/dp, before the model runs (the pool stays usable); under
-    cfg 2 - each sample its own references, the lists split with the batch - equal to ComfyUI's forward. A ComfyUI
-    whose NextDiT takes no references ignores them in both."""
+    """Omni / edit mode (ComfyUI 0.33: `ref_latents`, one caption per reference in `ref_contexts`) joins the
+    references' tokens to the image sequence and marks token ranges (`timestep_zero_index`) over the image sequence
+    and over the joined stream: under ulysses 2, ring 2 and ulysses 2 x ring 2 each rank's ranges are cut to its own
+    tokens (refused before; a split taking ComfyUI's ranges as they are was 5.3e-2 wrong), and under cfg 2 - each sample
+    its own references, the lists split with the batch - all equal to ComfyUI's forward, on references of two sizes
+    (one whose tokens do not divide). A ComfyUI whose NextDiT takes no references ignores them."""
     import inspect
 
     from comfy.ldm.lumina.model import NextDiT
     from comfy.sd import load_diffusion_model
     from comfyui_hybrid_parallel.doctor import tiny_checkpoints as tiny
     from comfyui_hybrid_parallel.parallel import ParallelConfig
-    from comfyui_hybrid_parallel.workers.pool import PoolError
     path = tmp_path / "lumina2.safetensors"
     tiny.write_lumina2(path, seed=77)
     base = load_diffusion_model(str(path), model_options={"dtype": torch.float8_e4m3fn}).model
@@ -112,18 +113,21 @@ def test_lumina2_reference_latents(comfy, cpu_pool, tmp_path):  # noqa: F811
     plain = {"x": torch.randn(2, 16, 9, 13, generator=g).to(dtype),
              "context": torch.randn(2, 5, 32, generator=g).to(dtype), "num_tokens": 5,
              "timestep": torch.rand(2, generator=g)}
-    inp = dict(plain, ref_latents=[torch.randn(2, 16, 6, 10, generator=g).to(dtype)],
-               ref_contexts=[torch.randn(2, 4, 32, generator=g).to(dtype)])
-    ref = comfy_forward(base, inp)
-    if "ref_latents" in inspect.signature(NextDiT._forward).parameters:
-        assert rel(comfy_forward(base, plain), ref) > 1e-3  # the references matter
-    with pytest.raises(PoolError) as e:
-        _send(cpu_pool, ParallelConfig(ulysses_degree=2), "lumina2:u2", base, inp)
-    msg = str(e.value)
-    assert "reference latents" in msg and "cfg/dp" in msg, msg
-    out = _send(cpu_pool, ParallelConfig(cfg_degree=2), "lumina2:cfg2", base, inp)
-    err = rel(out, ref)
-    print(f"Lumina 2 references cfg2: rel {err:.2e}")
-    assert out.shape == ref.shape and err <= 1e-5, err
-    out = _send(cpu_pool, ParallelConfig(ulysses_degree=2), "lumina2:u2", base, plain)
-    assert rel(out, comfy_forward(base, plain)) <= 1e-5
+    refs = {"one": dict(plain, ref_latents=[torch.randn(2, 16, 6, 10, generator=g).to(dtype)],
+                        ref_contexts=[torch.randn(2, 4, 32, generator=g).to(dtype)]),
+            "two": dict(plain, ref_latents=[torch.randn(2, 16, 6, 10, generator=g).to(dtype),
+                                            torch.randn(2, 16, 6, 6, generator=g).to(dtype)],
+                        ref_contexts=[torch.randn(2, 4, 32, generator=g).to(dtype),
+                                      torch.randn(2, 3, 32, generator=g).to(dtype)])}
+    takes_refs = "ref_latents" in inspect.signature(NextDiT._forward).parameters
+    for name, inp in refs.items():
+        ref = comfy_forward(base, inp)
+        if takes_refs:
+            assert rel(comfy_forward(base, plain), ref) > 1e-3  # the references matter
+        for degrees in ({"ulysses_degree": 2}, {"ring_degree": 2}, {"ulysses_degree": 2, "ring_degree": 2},
+                        {"cfg_degree": 2}):
+            config = ParallelConfig(**degrees)
+            out = _send(cpu_pool, config, f"lumina2:{config.describe()}", base, inp)
+            err = rel(out, ref)
+            print(f"Lumina 2 references ({name}) {config.describe()}: rel {err:.2e}")
+            assert out.shape == ref.shape and err <= 1e-5, (name, degrees, err)

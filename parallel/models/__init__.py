@@ -5,13 +5,13 @@ Each adapter holds two plans on the same mechanism: `comfy_plan` for ComfyUI's o
 class (what the workers run for the nodes) and `plan` for the diffusers class (the library API and
 the reference in tests).
 """
-from . import (any_model, auraflow, chroma, cogvideox, ernie, flux, hunyuan_video, kandinsky5, krea2, lumina2, ltxv,
-               minimax_h3, pixart, qwen_image, sd3, wan)
+from . import (any_model, auraflow, chroma, cogvideox, cosmos, ernie, flux, hidream_o1, hunyuan_video, kandinsky5,
+               krea2, lumina2, ltxav, ltxv, minimax_h3, pixart, qwen_image, sd3, wan)
 from ..plan import resolve_plan
 from .adapter import FamilyAdapter
 
 ADAPTERS = {a.family: a for m in (flux, sd3, pixart, wan, qwen_image, chroma, lumina2, hunyuan_video, ltxv, auraflow,
-                                   kandinsky5, krea2, cogvideox, ernie, minimax_h3)
+                                   kandinsky5, krea2, cogvideox, ernie, minimax_h3, ltxav, cosmos, hidream_o1)
             for a in (m.ADAPTER, *getattr(m, "VARIANTS", ()))}  # a variant: its own class, its own plan (Wan VACE)
 PLANS = {a.diffusers_class: a.plan for a in ADAPTERS.values() if a.plan is not None}
 COMFY_PLANS = {a.comfy_class: a.comfy_plan for a in ADAPTERS.values()}
