@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from comfyui_hybrid_parallel.parallel.plan import _RunState, _sequence_segments
+from comfyui_hybrid_parallel.parallel.plan_inputs import _RunState, _sequence_segments
 
 
 def _applied(sizes, rank):

@@ -6,7 +6,7 @@ import torch
 
 from comfyui_hybrid_parallel.parallel import ParallelConfig, ParallelContext, parallelize, unparallelize
 from comfyui_hybrid_parallel.parallel.comm import split_sizes, weighted_sizes
-from comfyui_hybrid_parallel.parallel.plan import _RunState
+from comfyui_hybrid_parallel.parallel.plan_inputs import _RunState
 from dist_harness import context_for
 import tiny_models as tm
 

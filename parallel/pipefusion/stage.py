@@ -52,7 +52,8 @@ from torch.overrides import TorchFunctionMode
 
 from ..comm import all_gather_uneven, complete, split_sizes
 from ..attention_seam import sdpa_arguments
-from ..plan import GatherOutput, SplitInput, SplitOutput, _arg, _set_arg, path_matches, restore_forwards, wrap_forward
+from ..plan import GatherOutput, SplitInput, SplitOutput, path_matches, restore_forwards, wrap_forward
+from ..plan_inputs import _arg, _set_arg
 from .plans import flat_blocks
 
 TAG_ACT, TAG_LATENT = 11, 12
