@@ -39,13 +39,14 @@ def _graph(family, size, tag, degrees=None, node="model", length=None):
 
 
 @pytest.mark.parametrize("family", ["anima", "cosmos_predict2"])
-@pytest.mark.parametrize("size", [(80, 72), (64, 64)], ids=["odd", "even"])
+@pytest.mark.parametrize("size", [(80, 72), pytest.param((64, 64), marks=pytest.mark.slow)], ids=["odd", "even"])
 def test_equals_ksampler(server, family, size):
     _write(server, family)
     cases = CASES if size == (80, 72) else CASES[:1] + CASES[3:4]
     equal_ksampler(server, lambda *a: _graph(family, size, *a), f"{family}_{size[0]}", cases)
 
 
+@pytest.mark.slow
 def test_cosmos_predict2_video_equals_ksampler(server):
     """Two latent frames: each rank holds its rows of both frames (not one run of the flattened sequence)."""
     _write(server, "cosmos_predict2")

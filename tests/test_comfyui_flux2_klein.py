@@ -48,7 +48,7 @@ def _graph(size, tag, degrees=None, node="model", edit=None):
     return g if degrees is None else on_pool(g, degrees, node)
 
 
-@pytest.mark.parametrize("size", [(112, 80), (128, 96)], ids=["odd", "even"])
+@pytest.mark.parametrize("size", [(112, 80), pytest.param((128, 96), marks=pytest.mark.slow)], ids=["odd", "even"])
 def test_flux2_klein_equals_ksampler(server, size):
     _write(server)
     cases = CASES if size == (112, 80) else CASES[:1] + CASES[3:4]

@@ -78,6 +78,7 @@ def test_hidream_o1_equals_ksampler_odd_tokens(server):
     equal_ksampler(server, lambda *a: _graph(96, 96, *a), "hidream_o1_9", CASES)
 
 
+@pytest.mark.slow
 def test_hidream_o1_equals_ksampler_even_tokens(server):
     equal_ksampler(server, lambda *a: _graph(96, 64, *a), "hidream_o1_6", CASES[:3])
 

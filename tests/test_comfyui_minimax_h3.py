@@ -37,7 +37,7 @@ def _graph(size, tag, degrees=None, node="model", mask=False, shifts=None, steps
     return g if degrees is None else on_pool(g, degrees, node)
 
 
-@pytest.mark.parametrize("size", [(96, 80), (128, 96)], ids=["odd", "even"])
+@pytest.mark.parametrize("size", [(96, 80), pytest.param((128, 96), marks=pytest.mark.slow)], ids=["odd", "even"])
 def test_minimax_h3_equals_ksampler(server, size):
     _write(server)
     cases = CASES if size == (96, 80) else CASES[:1] + CASES[3:4]
@@ -69,6 +69,7 @@ def test_minimax_h3_sigma_shifts_travel(server):
                    [("u2", {"ulysses_degree": 2}, "model")])
 
 
+@pytest.mark.slow  # the lanes themselves: tests/test_distrifusion.py (CI)
 def test_minimax_h3_distrifusion(server):
     """DistriFusion: ComfyUI calls MiniMax H3 once per conditioning (its per-run payload cannot be batched), so the
     pool keeps stale K/V per conditioning (DistriFusionState.start_call lanes). All steps synchronous: exact; one
