@@ -55,16 +55,18 @@ def files(tmp_path_factory):
     return out
 
 
-def _comfy_quant_file(sd: dict, fmt: str) -> dict:
+def _comfy_quant_file(sd: dict, fmt: str, only=None) -> dict:
     """ComfyUI's per-layer quantized form of `sd`: every 2-D Linear weight quantized by the layout ComfyUI loads
     `fmt` with (its own `quantize`, comfy-kitchen's kernels), written by the tensor's own `state_dict`, and the
-    layer's `comfy_quant` entry encoded as comfy.utils.convert_old_quants encodes it."""
+    layer's `comfy_quant` entry encoded as comfy.utils.convert_old_quants encodes it. `only(key, weight)`: the layers
+    to quantize, where a layout takes some shapes only (convrot_w4a4 / asym_w4a8_int8: input widths in groups of
+    256) - a mixed file, as the tools that write them make."""
     import comfy.quant_ops as q
     layout = q.QUANT_ALGOS[fmt]["comfy_tensor_layout"]
     cls = q.get_layout_class(layout)
     out = {}
     for k, v in sd.items():
-        if k.endswith(".weight") and v.ndim == 2 and "embed" not in k:  # the layers _scaled_fp8 quantizes
+        if k.endswith(".weight") and v.ndim == 2 and "embed" not in k and (only is None or only(k, v)):
             qdata, params = cls.quantize(v, **({"scale": "recalculate"} if fmt.startswith("float8") else {}))
             out.update(q.QuantizedTensor(qdata, layout, params).state_dict(k))
             out[k[:-len("weight")] + "comfy_quant"] = torch.tensor(list(json.dumps({"format": fmt}).encode("utf-8")),
