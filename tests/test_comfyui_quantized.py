@@ -15,7 +15,12 @@ from comfy_server import equal_ksampler, workflow
 pytestmark = pytest.mark.comfy
 
 W, H = 104, 72
-FORMS = ["scaled_fp8", "float8_e4m3fn", "float8_e5m2", "int8_tensorwise", "nvfp4", "mxfp8"]
+FORMS = ["scaled_fp8", "float8_e4m3fn", "float8_e5m2", "int8_tensorwise", "int8_per_channel", "nvfp4", "mxfp8"]
+# layouts that quantize the activations on the fly, whose ComfyUI forward is not batch-invariant (a batch of two vs its
+# samples one by one, one forward of the tiny SD3 on this CPU: int8 tensorwise 6.4e-3, per channel 5.5e-4, asym
+# w4a8 5.4e-3): a last-bit difference upstream flips an int8 step, which sampling carries on. Measured over two
+# steps: int8 tensorwise 9.6e-5 (u2) / 3.6e-5 (cfg2), per channel 1.4e-7 / 1.5e-2, asym w4a8 1.3e-2 / 1.8e-2
+MEASURED = {"int8_tensorwise": 1e-3, "int8_per_channel": 5e-2, "asym_w4a8_int8": 5e-2}
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +56,7 @@ def test_quantized_checkpoint_on_the_pool_equals_ksampler(server, quantized, for
     equal_ksampler(server, graph, f"quant_{form}_d1", [("pool", {}, "model")], bound=0.0)
     equal_ksampler(server, graph, f"quant_{form}", [("u2", {"ulysses_degree": 2}, "model"),
                                                    ("cfg2", {"cfg_degree": 2}, "sampler")],
-                   bound=1e-3 if form == "int8_tensorwise" else 1e-5)
+                   bound=MEASURED.get(form, 1e-5))
 
 
 W4 = ["convrot_w4a4", "asym_w4a8_int8"]
@@ -104,4 +109,4 @@ def test_four_bit_layouts_on_the_pool_equal_ksampler(server, quantized_w4, form)
                                                    ("cfg2", {"cfg_degree": 2}, "sampler"),
                                                    ("u2_sharded", {"ulysses_degree": 2, "shard_weights": "sequence"},
                                                     "sampler")],
-                   bound=5e-2 if form == "asym_w4a8_int8" else 1e-5)
+                   bound=MEASURED.get(form, 1e-5))

@@ -62,12 +62,15 @@ def _comfy_quant_file(sd: dict, fmt: str, only=None) -> dict:
     to quantize, where a layout takes some shapes only (convrot_w4a4 / asym_w4a8_int8: input widths in groups of
     256) - a mixed file, as the tools that write them make."""
     import comfy.quant_ops as q
+    kwargs = {"scale": "recalculate"} if fmt.startswith("float8") else {}
+    if fmt == "int8_per_channel":  # int8 with a scale per output row: the int8 layout's own per-channel form
+        fmt, kwargs = "int8_tensorwise", {"per_channel": True}
     layout = q.QUANT_ALGOS[fmt]["comfy_tensor_layout"]
     cls = q.get_layout_class(layout)
     out = {}
     for k, v in sd.items():
         if k.endswith(".weight") and v.ndim == 2 and "embed" not in k and (only is None or only(k, v)):
-            qdata, params = cls.quantize(v, **({"scale": "recalculate"} if fmt.startswith("float8") else {}))
+            qdata, params = cls.quantize(v, **kwargs)
             out.update(q.QuantizedTensor(qdata, layout, params).state_dict(k))
             out[k[:-len("weight")] + "comfy_quant"] = torch.tensor(list(json.dumps({"format": fmt}).encode("utf-8")),
                                                                    dtype=torch.uint8)
