@@ -23,7 +23,7 @@ from .comm import split_sizes
 from .config import ConfigError, ParallelConfig
 
 # families whose text enters by cross-attention (the rest put it in the self-attention: MMDiT / single stream)
-CROSS_TEXT = frozenset({"pixart", "wan", "wan_vace", "wan_camera", "ltxv", "cosmos_predict2"})
+CROSS_TEXT = frozenset({"pixart", "wan", "wan_vace", "wan_camera", "ltxv", "ltxav", "cosmos_predict2"})
 ULYSSES_CALLS_PER_LAYER = 2  # parallel/usp.py: q|k|v in one all-to-all, output (+ replicated text's heads) back
 _TEXT_NAMES = ("txt", "context", "add_", "cap_", "kv_linear", "cross_attn.k", "cross_attn.v", "attn2.to_k",
                "attn2.to_v", "attn.w1", "mlpC")  # AuraFlow's text projections: attn.w1q/k/v/o, mlpC

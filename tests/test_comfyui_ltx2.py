@@ -125,3 +125,15 @@ def test_ltx2_timestep_rows_match_comfyui_expansion():
                 for g, w in zip(got, whole):
                     assert torch.equal(g.expand(2, n, 8), w[:, start:start + n]), (name, ranks, start)
                 start += n
+
+
+def test_ltx2_cost_model_reads_the_shape(server):
+    """degrees auto reads LTX-2's shape from the adapter's attention modules (the video self-attention's blocks; text
+    by cross-attention: CROSS_TEXT)."""
+    import comfy.sd
+    from comfyui_hybrid_parallel.parallel.costmodel import shape_from_module
+    name = _write(server)
+    dm = comfy.sd.load_diffusion_model(str(server.base / "models" / "diffusion_models" / name)).model.diffusion_model
+    shape = shape_from_module(dm)
+    print("LTX-2 shape:", shape)
+    assert shape.family == "ltxav" and shape.blocks >= 1 and shape.heads >= 1 and shape.cross_text, shape

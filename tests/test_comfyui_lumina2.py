@@ -40,7 +40,14 @@ CASES = [("u2", {"ulysses_degree": 2}, "model"), ("r2", {"ring_degree": 2}, "mod
 
 
 def test_lumina2_equals_ksampler(server):
-    _equal_ksampler(server, _write(server, False), "lumina2", CASES)
+    """u2 and cfg2 here (0.42B: the smallest Lumina 2 detection allows); ring 2 and u2 x r2 in the slow set and on the
+    pool against ComfyUI's forward (tests/test_native_lumina2.py, CI)."""
+    _equal_ksampler(server, _write(server, False), "lumina2", [CASES[0], CASES[3]])
+
+
+@pytest.mark.slow
+def test_lumina2_ring_equals_ksampler(server):
+    _equal_ksampler(server, _write(server, False), "lumina2_ring", CASES[1:3])
 
 
 @pytest.mark.slow

@@ -84,3 +84,14 @@ def test_minimax_h3_distrifusion(server):
     err = rel(latent(server, "mmh3_df_stale"), ref)
     print(f"MiniMax H3 DistriFusion warmup 1 of 3 steps: {err:.2e} from KSampler (random tiny weights)")
     assert 0.0 < err < 0.5, err
+
+
+def test_minimax_h3_cost_model_reads_the_shape(server):
+    """degrees auto reads the packed stream's shape: every block a single-stream one (text in the stream)."""
+    import comfy.sd
+    from comfyui_hybrid_parallel.parallel.costmodel import shape_from_module
+    name = _write(server)
+    dm = comfy.sd.load_diffusion_model(str(server.base / "models" / "diffusion_models" / name)).model.diffusion_model
+    shape = shape_from_module(dm)
+    print("MiniMax H3 shape:", shape)
+    assert (shape.family, shape.blocks, shape.hidden, shape.heads, shape.cross_text) == ("minimax_h3", 2, 256, 4, False)
