@@ -248,15 +248,20 @@ def _sequence_index(value, applied, where: str) -> int:
     return min(max(int(value) - sum(sizes[:rank]), 0), sizes[rank])
 
 
+def _shard_bounds(applied) -> tuple:
+    """[lo, hi): this rank's tokens in the whole split sequence."""
+    sizes, rank = applied.state.seq_sizes, applied.ctx.sp.rank
+    lo = sum(sizes[:rank])
+    return lo, lo + sizes[rank]
+
+
 def _sequence_segments(value, applied, where: str) -> list:
     """SequenceSegments: a segment table over the whole sequence -> this rank's part, counted from its shard's start."""
     sizes = applied.state.seq_sizes
     if sizes is None or not value or value[-1][1] != applied.state.seq_len:
         raise RuntimeError(f"{where} is a segment table that does not cover the split sequence "
                            f"({applied.state.seq_len} tokens): the family plan is inconsistent")
-    rank = applied.ctx.sp.rank
-    lo = sum(sizes[:rank])
-    hi = lo + sizes[rank]
+    lo, hi = _shard_bounds(applied)
     out = []
     for start, stop, rows in value:
         a, b = max(start, lo), min(stop, hi)
@@ -300,8 +305,7 @@ def _sequence_rows(spec, value, applied, where: str):
     if sizes is None:
         raise RuntimeError(f"{where} holds rows of the split sequence but no split has seen that sequence yet: "
                            f"the family plan is inconsistent")
-    lo = sum(sizes[:applied.ctx.sp.rank])
-    return spec.cut(value, lo, lo + sizes[applied.ctx.sp.rank], applied.state.seq_len)
+    return spec.cut(value, *_shard_bounds(applied), applied.state.seq_len)
 
 
 def _sequence_ranges(value, applied, after_prefix: bool, where: str) -> list:
@@ -311,9 +315,7 @@ def _sequence_ranges(value, applied, after_prefix: bool, where: str) -> list:
     if sizes is None or prefix is None:
         raise RuntimeError(f"{where} holds positions in the split sequence but no split has seen it yet: the family "
                            f"plan is inconsistent")
-    rank = applied.ctx.sp.rank
-    lo = sum(sizes[:rank])
-    hi = lo + sizes[rank]
+    lo, hi = _shard_bounds(applied)
     out = []
     for start, end in value:
         if start < prefix:  # the replicated prefix: the same positions on every rank
