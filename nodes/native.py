@@ -157,8 +157,9 @@ def check_loader_methods(diffusion_model, config, patched: bool) -> None:
     scales, so a shard would have to be re-quantized - not the loader's weights any more), PipeFusion (not
     checked with a loader's ops), and weight patches (LoRA) on ranks that do not hold the whole model (the loader
     keeps them on the tensor beside its bytes; sharded bytes would leave them behind). Weight patches (LoRA) on
-    ComfyUI's own quantized weights (QuantizedTensor layouts) are refused too: the workers do not re-quantize a
-    patched weight as ComfyUI does yet (and ComfyUI 0.33's own KSampler fails on CPU there)."""
+    ComfyUI's own quantized weights (QuantizedTensor layouts) are refused too: the workers do not patch a quantized
+    weight yet (their base map holds it by its quantized parts; ComfyUI dequantizes, patches and re-quantizes it with
+    the layer's layout) - ComfyUI's own KSampler runs such a LoRA in a real server, CPU included."""
     if patched:
         from ..parallel.shard import is_wrapper, layout_name
         quantized = sorted({layout_name(t) for t in host_tensors(diffusion_model).values() if is_wrapper(t)} |

@@ -295,7 +295,8 @@ def test_a_lora_strength_change_moves_only_the_patch_and_equals_ksampler(comfy, 
     if precision == "scaled_fp8" and any(is_wrapper(m.weight) for m in dm.modules()
                                          if isinstance(getattr(m, "weight", None), torch.Tensor)):
         # ComfyUI >= 0.33 loads the file as quantized tensors: LoRA on them is refused before any worker starts
-        # (ComfyUI's own KSampler fails there on CPU: "Cannot set version_counter for inference tensor")
+        # (ComfyUI's own KSampler fails in this library test - the model was loaded outside inference mode:
+        # "Cannot set version_counter for inference tensor" - but runs it in a real server, which loads inside it)
         from comfyui_hybrid_parallel.nodes.native import NotCarried
         from comfyui_hybrid_parallel.nodes.sampler_node import HybridSampler
         hidden = dm.joint_blocks[0].x_block.attn.qkv.in_features
