@@ -270,6 +270,16 @@ def comfy_runtime() -> dict:
             "comfy_args": _comfy_args(), "attention": picked_attention()}
 
 
+# transformer_options entries that hold a sampler's state living in ComfyUI's process (they cannot travel, and a model
+# call without them computes something else): such a call is refused before the workers see it
+STATEFUL_OPTIONS = {
+    "ar_state": "a causal autoregressive sampler (ComfyUI's ar_video, for Wan 2.1 Causal AR models) keeps the model's "
+                "KV caches and its frame position in ComfyUI's process, which the workers cannot see - without them "
+                "each call would run the plain bidirectional forward on its frames alone; use KSampler (or Parallel "
+                "Model with another sampler) for it",
+}
+
+
 def portable_options(transformer_options: dict | None, carried: tuple = ()) -> dict:
     """The part of ComfyUI's transformer_options that travels to the workers (JSON-safe): the RoPE options and the
     entries the model's family reads (FamilyAdapter.carried_options: MiniMax H3's sigma shifts, set by a node).
@@ -285,6 +295,9 @@ def portable_options(transformer_options: dict | None, carried: tuple = ()) -> d
         if live:
             raise NotCarried(f"this MODEL carries {name} {sorted(map(str, live))} from another node; those run "
                              f"inside ComfyUI's process and cannot run on the workers - remove that node or use KSampler")
+    for name, why in STATEFUL_OPTIONS.items():
+        if opts.get(name) is not None:
+            raise NotCarried(why)
     out = {}
     rope = opts.get("rope_options")
     if rope is not None:
