@@ -141,6 +141,28 @@ def write_flux2_klein(path: Path, *, hidden: int = 256, seed: int = 0,
     return _save(make, path, seed, dtype)
 
 
+def write_flux_variant(path: Path, *, variant: str, seed: int = 0,
+                       dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
+    """Models ComfyUI 0.33 runs in its own Flux class with other settings, told apart by detection only: LongCat-Image
+    (3584-wide Qwen2.5 text, no pooled vector, no guidance: text ids on two axes, RoPE shifts set per call) and
+    Ovis-Image ("yak" gated MLPs and a text RMSNorm: text ids on two axes). Width 256 (2 heads of 128: ComfyUI 0.33
+    reads the width), one block of each kind."""
+    from comfy.ldm.flux.model import Flux, FluxParams
+
+    if variant not in ("longcat", "ovis"):
+        raise ValueError(f"variant must be 'longcat' or 'ovis', got {variant!r}")
+    longcat = variant == "longcat"
+
+    def make():
+        return Flux(image_model="flux", in_channels=16, out_channels=16, vec_in_dim=None if longcat else TINY_POOLED_DIM,
+                    context_in_dim=3584 if longcat else TINY_CONTEXT_DIM, hidden_size=256, mlp_ratio=4.0,
+                    num_heads=2, depth=1, depth_single_blocks=1, axes_dim=[16, 56, 56], theta=10000, patch_size=2,
+                    qkv_bias=True, guidance_embed=False, operations=_ops(), device="meta",
+                    **detected(FluxParams, txt_ids_dims=[1, 2], yak_mlp=not longcat, txt_norm=not longcat))
+
+    return _save(make, path, seed, dtype)
+
+
 def write_chroma(path: Path, *, seed: int = 0, dtype: torch.dtype = torch.float8_e4m3fn) -> dict[str, torch.Tensor]:
     """Chroma: Flux's blocks without per-block modulation plus a distilled guidance network; detection fixes 24
     heads x 128 (hidden 3072) and the 5120-wide, 5-layer approximator: ~0.8B parameters with one block of each

@@ -89,6 +89,11 @@ FAMILIES = {  # the tiny checkpoints each family's workflow loads, and the shape
     # written on demand (write_flux_checkpoint), not with the others
     "flux": dict(unet="tiny_flux.safetensors", vae="tiny_kl16.safetensors", latent="EmptySD3LatentImage",
                  tokens=7, context_dim=32, pooled_dim=24, guidance=3.5),
+    # LongCat-Image and Ovis-Image: ComfyUI's Flux class at width 256 with their settings (detection tells them apart)
+    "longcat": dict(unet="tiny_longcat.safetensors", vae=None, latent="EmptySD3LatentImage", tokens=7,
+                    context_dim=3584, pooled_dim=4),
+    "ovis": dict(unet="tiny_ovis.safetensors", vae=None, latent="EmptySD3LatentImage", tokens=7, context_dim=32,
+                 pooled_dim=24),
 }
 
 
