@@ -157,18 +157,8 @@ def check_loader_methods(diffusion_model, config, patched: bool) -> None:
     scales, so a shard would have to be re-quantized - not the loader's weights any more), PipeFusion (not
     checked with a loader's ops), and weight patches (LoRA) on ranks that do not hold the whole model (the loader
     keeps them on the tensor beside its bytes; sharded bytes would leave them behind). Weight patches (LoRA) on
-    ComfyUI's own quantized weights (QuantizedTensor layouts) are refused too: the workers do not patch a quantized
-    weight yet (their base map holds it by its quantized parts; ComfyUI dequantizes, patches and re-quantizes it with
-    the layer's layout) - ComfyUI's own KSampler runs such a LoRA in a real server, CPU included."""
-    if patched:
-        from ..parallel.shard import is_wrapper, layout_name
-        quantized = sorted({layout_name(t) for t in host_tensors(diffusion_model).values() if is_wrapper(t)} |
-                           {layout_name(t) for m in diffusion_model.modules() for t in
-                            (getattr(m, "weight", None),) if t is not None and is_wrapper(t)})
-        if quantized:
-            raise NotCarried(f"weight patches (LoRA) on ComfyUI's quantized weights ({', '.join(quantized)}) do not "
-                             f"run on the workers yet: use the same model in bf16 / fp16 or an fp8 weight_dtype "
-                             f"(Load Diffusion Model) with the LoRA, or remove the LoRA")
+    ComfyUI's own quantized weights (QuantizedTensor layouts) are patched on the workers as ComfyUI patches them
+    (workers/comfy_patches.apply: dequantized, patched, re-quantized by the layer's own set_weight)."""
     tensors = loader_tensors(diffusion_model)
     if not tensors:
         return

@@ -110,3 +110,29 @@ def test_four_bit_layouts_on_the_pool_equal_ksampler(server, quantized_w4, form)
                                                    ("u2_sharded", {"ulysses_degree": 2, "shard_weights": "sequence"},
                                                     "sampler")],
                    bound=MEASURED.get(form, 1e-5))
+
+
+@pytest.mark.parametrize("form", ["scaled_fp8", pytest.param("float8_e4m3fn", marks=pytest.mark.slow),
+                                  pytest.param("nvfp4", marks=pytest.mark.slow)])
+def test_lora_on_quantized_weights_equals_ksampler(server, quantized, form):
+    """A LoRA on ComfyUI's quantized weights (refused before: the workers' base map held a quantized weight by its
+    parts): each rank patches a quantized layer as ComfyUI does - the layer's own tensor before any patch is the
+    base, dequantized into the LoRA work copy, patched, re-quantized by the layer's set_weight with the key's seed
+    (workers/comfy_patches.apply). Two strengths in a row (the second re-patches the resident model from that base):
+    degree 1 bitwise, u2 and cfg2 exact; with shard_weights the driver sends ComfyUI's patched quantized weights,
+    split like any quantized weight. The old scaled-fp8 form is what the templates' files are; fp8 and nvfp4 in
+    the slow set."""
+    from comfy_server import on_pool
+    for strength in (0.8, 0.3):
+        def graph(tag, degrees=None, node="model"):
+            g = workflow(None, tag, W, H, family="sd3", steps=2, lora=("tiny_lora.safetensors", strength))
+            for k in ("7", "8", "11"):
+                g.pop(k, None)
+            g["1"]["inputs"]["unet_name"] = quantized[form]
+            return g if degrees is None else on_pool(g, degrees, node)
+        tag = f"lora_{form}_{int(strength * 10)}"
+        equal_ksampler(server, graph, f"{tag}_d1", [("pool", {}, "model")], bound=0.0)
+        equal_ksampler(server, graph, tag, [("u2", {"ulysses_degree": 2}, "model"),
+                                            ("cfg2", {"cfg_degree": 2}, "sampler"),
+                                            ("u2_sharded", {"ulysses_degree": 2, "shard_weights": "sequence"},
+                                             "sampler")])

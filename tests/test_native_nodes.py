@@ -294,24 +294,11 @@ def test_a_lora_strength_change_moves_only_the_patch_and_equals_ksampler(comfy, 
     from comfyui_hybrid_parallel.parallel.shard import is_wrapper
     if precision == "scaled_fp8" and any(is_wrapper(m.weight) for m in dm.modules()
                                          if isinstance(getattr(m, "weight", None), torch.Tensor)):
-        # ComfyUI >= 0.33 loads the file as quantized tensors: LoRA on them is refused before any worker starts
-        # (ComfyUI's own KSampler fails in this library test - the model was loaded outside inference mode:
-        # "Cannot set version_counter for inference tensor" - but runs it in a real server, which loads inside it)
-        from comfyui_hybrid_parallel.nodes.native import NotCarried
-        from comfyui_hybrid_parallel.nodes.sampler_node import HybridSampler
-        hidden = dm.joint_blocks[0].x_block.attn.qkv.in_features
-        model = comfy_sd.load_lora_for_models(base, None, _lora(hidden, len(dm.joint_blocks)), 0.5, 0)[0]
-        made = []
-        runtime = Runtime(make_pool=lambda device: made.append(device))
-        HybridSampler.runtime = runtime
-        try:
-            with torch.inference_mode(), pytest.raises(NotCarried, match=r"LoRA\) on ComfyUI's quantized weights"):
-                HybridSampler().sample(model, 5, 2, 4.0, "euler", "normal", _conds(1), _conds(2),
-                                       {"samples": torch.zeros(1, 16, 9, 13)}, _hp(ulysses_degree=2))
-        finally:
-            HybridSampler.runtime = None
-        assert made == []  # no pool, no worker
-        return
+        # ComfyUI >= 0.33 loads the file as quantized tensors: LoRA on them is checked against KSampler in a real
+        # server (tests/test_comfyui_quantized.py::test_lora_on_quantized_weights_equals_ksampler). Here the model is
+        # loaded outside inference mode, where ComfyUI's own KSampler fails on it ("Cannot set version_counter for
+        # inference tensor"), so there is no reference to compare with in this library test
+        pytest.skip("quantized tensors (ComfyUI >= 0.33): LoRA checked in a real server, test_comfyui_quantized.py")
     hidden = dm.joint_blocks[0].x_block.attn.qkv.in_features
     lora = _lora(hidden, len(dm.joint_blocks))
     clean = {k: v.clone() for k, v in dm.state_dict().items() if "attn" in k}

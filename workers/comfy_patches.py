@@ -178,16 +178,29 @@ def apply(dm: torch.nn.Module, base: dict, patches: dict, previous: set, device,
     each key is then patched by that class's `patch_weight_to_device` (ComfyUI-GGUF: the quantized weight keeps
     its bytes and holds the patches, applied as it is dequantized at each call)."""
     import comfy.utils
+
+    from ..parallel.shard import is_wrapper
     holder = _Holder(dm)
     device = torch.device(device)
     for key in set(previous) | set(patches):
         if key[len(MODEL_PREFIX):] not in base:
-            raise KeyError(f"patch of {key!r}: no such base weight on this rank")
+            current = comfy.utils.get_attr(holder, key) if key not in previous else None
+            if current is None or not is_wrapper(current):
+                raise KeyError(f"patch of {key!r}: no such base weight on this rank")
+            # ComfyUI's quantized weight (a QuantizedTensor the model built from its parts): the layer's own tensor,
+            # before any patch, is the base every later version of the patches starts from
+            base[key[len(MODEL_PREFIX):]] = current
     if patcher is not None:
         return _apply_with_loader(holder, base, patches, previous, device, patcher)
     for key in sorted(set(previous) - set(patches)):
         comfy.utils.set_attr_param(holder, key, base[key[len(MODEL_PREFIX):]].to(device))
     keys = sorted(patches)
+    # quantized weights are patched by every rank itself (dequantized, patched, re-quantized by the layer's own
+    # set_weight as ComfyUI does): a quantized tensor has no storage of its own to share through a mapped file
+    own = [key for key in keys if is_wrapper(base[key[len(MODEL_PREFIX):]])]
+    for key in own:
+        _patch_one(holder, key, base[key[len(MODEL_PREFIX):]], patches[key], device)
+    keys = [key for key in keys if key not in own]
     if share is None or share[1] <= 1:
         for key in keys:
             _patch_one(holder, key, base[key[len(MODEL_PREFIX):]], patches[key], device)
