@@ -370,6 +370,8 @@ def check_declared(diffusion_model, config) -> None:
     if config.pp_degree > 1 and not a.pipefusion_nodes:
         refuse(f"PipeFusion (pp_degree={config.pp_degree})",
                a.comfy_plan.pipeline_refusal or "no pipeline stages are declared for it")
+    if config.method == "distrifusion" and config.sp_degree > 1 and a.comfy_plan.distrifusion_refusal:
+        refuse("DistriFusion (method distrifusion)", a.comfy_plan.distrifusion_refusal)
     if config.tp_degree > 1 and a.comfy_plan.tp_layout() is None:
         refuse(f"tensor parallel (tp_degree={config.tp_degree})", a.comfy_plan.tp_refusal or
                "no shard layout is declared for it")

@@ -116,6 +116,8 @@ class FamilyPlan:
     comfy: bool = False        # a ComfyUI module: forward(x, timestep, context, ..., transformer_options)
     pipeline: Optional[PipelinePlan] = None  # PipeFusion's stages (None: refused with pipeline_refusal)
     pipeline_refusal: str = ""
+    # why DistriFusion (stale K/V) is refused for the family, before any worker starts; "" = it runs
+    distrifusion_refusal: str = ""
     # ComfyUI inputs (beyond batch_inputs and sequence_refusals) the sequence-parallel plan was checked with; any
     # other tensor input under ulysses/ring is refused at the call (`checked_inputs`)
     other_inputs: tuple = ()
