@@ -184,7 +184,10 @@ def apply(dm: torch.nn.Module, base: dict, patches: dict, previous: set, device,
     device = torch.device(device)
     for key in set(previous) | set(patches):
         if key[len(MODEL_PREFIX):] not in base:
-            current = comfy.utils.get_attr(holder, key) if key not in previous else None
+            try:
+                current = comfy.utils.get_attr(holder, key) if key not in previous else None
+            except AttributeError:  # a key the model does not have
+                current = None
             if current is None or not is_wrapper(current):
                 raise KeyError(f"patch of {key!r}: no such base weight on this rank")
             # ComfyUI's quantized weight (a QuantizedTensor the model built from its parts): the layer's own tensor,
