@@ -188,6 +188,20 @@ def equal_ksampler(server, graph, tag: str, cases, bound: float = 1e-5):
     return ref
 
 
+def distrifusion_sync_and_stale(server, graph, tag: str, steps: int, bound: float = 0.5) -> float:
+    """DistriFusion at ulysses 2 through Hybrid Sampler on `graph`: every step synchronous (warmup = steps) within
+    the exact bound of KSampler, then one warmup step - the stale error, printed and returned (measured: above 0,
+    below `bound`)."""
+    ref = equal_ksampler(server, graph, tag,
+                         [("sync", {"ulysses_degree": 2, "method": "distrifusion", "warmup_steps": steps}, "sampler")])
+    assert_ok(server, server.run(graph(f"{tag}_stale", {"ulysses_degree": 2, "method": "distrifusion",
+                                                        "warmup_steps": 1}, "sampler")))
+    err = rel(latent(server, f"{tag}_stale"), ref)
+    print(f"{tag}: DistriFusion with one warmup step of {steps}: {err:.2e} from KSampler (random tiny weights)")
+    assert 0.0 < err < bound, err
+    return err
+
+
 def workflow(degrees, tag: str, width: int, height: int, steps: int = 3, cfg: float = 4.0,
              sampler: str = "euler", scheduler: str = "normal", batch: int = 1, png: bool = False,
              family: str = "sd3", length: int = 5, lora: tuple = None, denoise: float = 1.0,

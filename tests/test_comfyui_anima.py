@@ -102,13 +102,6 @@ def test_too_few_rows_is_refused_with_the_fix(server):
 def test_anima_distrifusion(server):
     """DistriFusion on the token grid's row split: every step synchronous exact (1.1e-6 here); one warmup step of two:
     the stale error, measured (1.4e-3 here, random tiny weights)."""
-    from comfy_server import assert_ok, latent, rel
+    from comfy_server import distrifusion_sync_and_stale
     _write(server, "anima")
-    graph = lambda *a: _graph("anima", (80, 72), *a)  # noqa: E731
-    ref = equal_ksampler(server, graph, "anima_df",
-                         [("sync", {"ulysses_degree": 2, "method": "distrifusion", "warmup_steps": 2}, "sampler")])
-    assert_ok(server, server.run(graph("anima_df_stale", {"ulysses_degree": 2, "method": "distrifusion",
-                                                           "warmup_steps": 1}, "sampler")))
-    err = rel(latent(server, "anima_df_stale"), ref)
-    print(f"Anima DistriFusion warmup 1 of 2 steps: {err:.2e} from KSampler (random tiny weights)")
-    assert 0.0 < err < 0.1, err
+    distrifusion_sync_and_stale(server, lambda *a: _graph("anima", (80, 72), *a), "anima_df", steps=2, bound=0.1)
