@@ -60,21 +60,20 @@ class PoolDiffusionModel(torch.nn.Module):
     def _native_forward(self, x, timestep, context, transformer_options, extra):
         """ComfyUI's own model on the workers: its call's arguments go as they are (call_payload), its output
         comes back as is."""
-        tensors, structure = call_payload(context, without_rebuilt(self._original[0], extra))  # refusals first
-        changing = ("x", "timestep")
-        if isinstance(x, (list, tuple)):  # a multi-stream latent (MiniMax H3, LTX-2: video + audio), one per stream
-            structure["x"], streams = _encode_nested(list(x), "x")
-            tensors.update(streams)
-            changing = ("timestep", *streams)
-        else:
-            tensors["x"] = x
-        if isinstance(timestep, (list, tuple)):  # LTX-2: (video, audio) timesteps (model_base.LTXAV.process_timestep)
-            structure["timestep"], steps = _encode_nested(list(timestep), "timestep")
-            tensors.update(steps)
-            changing = (*(c for c in changing if c != "timestep"), *steps)
-        else:
-            tensors["timestep"] = timestep
-        structure["transformer_options"] = portable_options(transformer_options, carried_options(self._original[0]))
+        from ..parallel.models import adapter_for
+        adapter = adapter_for(self._original[0])
+        tensors, structure = call_payload(context, without_rebuilt(adapter, extra))  # refusals first
+        changing = []  # what differs at every call: never reused from the previous one
+        for name, value in (("x", x), ("timestep", timestep)):
+            if isinstance(value, (list, tuple)):  # multi-stream (MiniMax H3, LTX-2: video + audio), one per stream
+                structure[name], parts = _encode_nested(list(value), name)
+                tensors.update(parts)
+                changing += parts
+            else:
+                tensors[name] = value
+                changing.append(name)
+        structure["transformer_options"] = portable_options(transformer_options,
+                                                            adapter.carried_options if adapter is not None else ())
         values = {"key": self.state["key"], "call_index": self.state["calls"], "structure": structure}
         which = (transformer_options or {}).get("cond_or_uncond")
         if isinstance(which, (list, tuple)) and all(isinstance(i, int) for i in which):
@@ -83,11 +82,12 @@ class PoolDiffusionModel(torch.nn.Module):
             values["compile"] = self.state["compile"]
         self._ensure_resident()
         self.state["calls"] += 1
-        res = submit_once(self.runtime.pool(self.hp), self.hp.config, values, tensors, self.state, changing)
+        res = submit_once(self.runtime.pool(self.hp), self.hp.config, values, tensors, self.state, tuple(changing))
+        device = (x[0] if isinstance(x, (list, tuple)) else x).device
         if "out_streams" in res.values:
-            return [res.tensors[f"out.{i}"].to(x[0].device) for i in range(res.values["out_streams"])]
+            return [res.tensors[f"out.{i}"].to(device) for i in range(res.values["out_streams"])]
         # one tensor back for a multi-stream latent too (video-only LTX-2: x = [video], the model returns the video)
-        return res.tensors["out"].to((x[0] if isinstance(x, (list, tuple)) else x).device)
+        return res.tensors["out"].to(device)
 
     def forward(self, x, timestep, context=None, control=None, transformer_options=None, **extra):
         """ComfyUI's diffusion model runs its DIFFUSION_MODEL wrappers around its forward; the ones that can run in
@@ -143,20 +143,11 @@ def _encode_nested(value, path: str):
     raise NotCarried(f"Hybrid Sampler cannot send {path} ({type(value).__name__}) to the workers")
 
 
-def carried_options(model) -> tuple:
-    """The transformer_options entries the model's family adapter says its forward reads (FamilyAdapter)."""
-    from ..parallel.models import adapter_for
-    a = adapter_for(model)
-    return a.carried_options if a is not None else ()
-
-
-def without_rebuilt(model, extra: dict) -> dict:
+def without_rebuilt(adapter, extra: dict) -> dict:
     """`extra` less the arguments the model's family adapter names as rebuilt by the model when absent
     (FamilyAdapter.rebuilt_inputs: a per-run cache object that cannot travel and need not); the dicts along each
     path are copied, never changed in place (ComfyUI reuses them at the next step)."""
-    from ..parallel.models import adapter_for
-    a = adapter_for(model)
-    for path in (a.rebuilt_inputs if a is not None else ()):
+    for path in (adapter.rebuilt_inputs if adapter is not None else ()):
         *parents, leaf = path.split(".")
         extra = dict(extra)
         node = extra
