@@ -168,7 +168,6 @@ class DistriFusionState:
         self.layers_per_comm = layers_per_comm
         self.run_id = 0
         self.history = []       # one dict per forward of the current run (benchmarks, tests)
-        self._exchanges = [None, None]
         self._explicit_step = None
         self.total_steps = None
         self._lane, self._lanes = (), {}  # the current lane, and the others' parked state (start_call)
@@ -184,7 +183,6 @@ class DistriFusionState:
                     ex.drain()
         self._lane, self._lanes = (), {}
         self._forget()
-        self._exchanges = [None, None]
         self.history = []
         self.total_steps = total_steps
         self.run_id += 1
@@ -215,7 +213,6 @@ class DistriFusionState:
         parked = self._lanes.pop(lane, None)
         if parked is None:
             self._forget()
-            self._exchanges = [None, None]
         else:
             for f, v in parked.items():
                 setattr(self, f, v)
@@ -229,7 +226,6 @@ class DistriFusionState:
     def close(self) -> None:
         self._drain()
         self._forget()
-        self._exchanges = [None, None]
 
     # ---- internals ---------------------------------------------------------
     def _forget(self) -> None:
@@ -240,6 +236,7 @@ class DistriFusionState:
         self._layer = 0
         self._layout = []
         self._prev_layout = None
+        self._exchanges = [None, None]  # (draining them first is the caller's: _drain)
 
     def _drain(self) -> None:
         for ex in self._exchanges:
@@ -250,7 +247,6 @@ class DistriFusionState:
         if self._signature is not None and signature != self._signature:
             self._drain()  # resolution / batch changed: this lane starts again
             self._forget()
-            self._exchanges = [None, None]
         self._signature = signature
         step = self.step
         self._explicit_step = None
@@ -312,7 +308,6 @@ class DistriFusionState:
                 # half a forward leaves inconsistent buffers: the next call starts a new run (in-flight
                 # gathers keep their own tensors alive and finish on their own)
                 self._forget()
-                self._exchanges = [None, None]
                 raise
             return out
         return forward
