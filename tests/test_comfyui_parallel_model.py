@@ -129,10 +129,17 @@ def test_parallel_gpus_node_end_to_end(server):
         err = rel(got, ref)
         print(f"Parallel GPUs {preset!r} -> Parallel Model: relative error vs KSampler {err:.2e}")
         if preset == "auto":
-            assert torch.equal(got, ref), err
+            # the choice rests on this machine's measured throughputs (a CPU under load can tip a tiny model to
+            # cfg 2): whatever was chosen, the run is that config's and equals KSampler as that config must
             auto = server.get("/hybrid_parallel/mesh?degrees=auto")["auto"]
+            print(f"auto chose {auto['chosen']}: {[(c['config'], c['ms']) for c in auto['candidates']]}")
             assert auto["model"] == "sd3" and auto["tokens"] == 35 and auto["cfg"] is True and auto["devices"] == 2
-            assert auto["chosen"] == "serial" and any(c["config"].startswith("cfg2") for c in auto["candidates"])
+            assert any(c["config"].startswith("cfg2") for c in auto["candidates"]), auto
+            assert [c["config"] for c in auto["candidates"] if c["chosen"]] == [auto["chosen"]], auto
+            if auto["chosen"] == "serial":
+                assert torch.equal(got, ref), err
+            else:
+                assert err <= 1e-5, err
         else:
             assert err <= 1e-5, err
             assert server.get("/hybrid_parallel/pool")["mesh"].startswith("ulysses2")

@@ -280,7 +280,8 @@ def test_resolve_auto(comfy_models, monkeypatch):
 
 @pytest.mark.comfy
 def test_hybrid_sampler_auto_end_to_end(comfy_models):
-    """Through the real nodes and pool: auto on a tiny SD3 picks one rank here and equals KSampler bitwise."""
+    """Through the real nodes and pool: auto on a tiny SD3 (one rank here, usually) equals KSampler - bitwise on one
+    rank."""
     from comfy_env import comfy_nodes as load_comfy_nodes, setup_comfy
     comfy_nodes = load_comfy_nodes(setup_comfy())
     from comfyui_hybrid_parallel.nodes.runtime import Runtime
@@ -300,13 +301,18 @@ def test_hybrid_sampler_auto_end_to_end(comfy_models):
     finally:
         runtime.stop()
         HybridSampler.runtime = None
-    assert torch.equal(out, ref), (out - ref).abs().max()
-    # what the mesh picture shows for degrees auto: this run's predicted time per step per choice
+    # what the mesh picture shows for degrees auto: this run's predicted time per step per choice. The choice rests
+    # on this machine's measured throughputs (one rank here unless a loaded CPU tips the tiny model to cfg 2):
+    # degree 1 equals KSampler bitwise, any split within 1e-5
     from comfyui_hybrid_parallel.nodes.routes import mesh_payload
     auto = mesh_payload({"degrees": "auto"}, runtime)["auto"]
-    assert auto["model"] == "sd3" and auto["tokens"] == 35 and auto["cfg"] is True and auto["chosen"] == "serial"
+    assert auto["model"] == "sd3" and auto["tokens"] == 35 and auto["cfg"] is True
     rows = {c["config"]: c for c in auto["candidates"]}
-    assert rows["serial"]["chosen"] and rows["serial"]["speedup"] == 1.0 and "cfg2" in rows and \
+    assert rows[auto["chosen"]]["chosen"] and rows["serial"]["speedup"] == 1.0 and "cfg2" in rows and \
         all(c["ms"] > 0 for c in rows.values()), rows
+    if auto["chosen"] == "serial":
+        assert torch.equal(out, ref), (out - ref).abs().max()
+    else:
+        assert ((out - ref).norm() / ref.norm()).item() <= 1e-5, auto
     assert "auto" not in mesh_payload({"degrees": "manual"}, runtime)
     assert mesh_payload({"degrees": "auto"}, None)["auto"] is None  # before any run: the picture says so
