@@ -14,16 +14,13 @@ ComfyUI's detection (comfy.model_detection, comfy.sd.VAE) still maps to the inte
   must stay 4096; depth 1.
 - Wan 2.1 T2V: heads = dim / 128, text_dim 4096 is not read by detection; dim 128, 1 layer.
 - Qwen-Image: 24 heads x 128 and a 3584-wide text input are fixed: one block is ~0.36B parameters.
-- KL VAE: architecture fixed by ComfyUI (ch 128, mult 1,2,4,4); only latent channels are read.
-  "sd" style has quant convs (4 channels), "flux" style has none (16 channels).
-- Wan 2.1 VAE: base width read from the weights.
+- The VAEs: tiny_vaes.py (re-exported here).
 
 The embedded default model of the pack (README main job, the doctor, the tests). Requires ComfyUI
 importable (the doctor and tests/comfy_env.setup_comfy() put it on sys.path first).
 """
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import torch
@@ -34,46 +31,7 @@ TINY_CONTEXT_DIM = 32
 TINY_POOLED_DIM = 24
 
 
-def _random_state_dict(module: torch.nn.Module, seed: int, dtype: torch.dtype,
-                       device: str = "cpu") -> dict[str, torch.Tensor]:
-    """Seeded values for every entry of module.state_dict(), scaled so activations stay O(1).
-
-    Nothing is left at zero (ComfyUI and diffusers zero-init some output layers): a zero layer
-    would let a wrong key mapping pass the equivalence tests unnoticed.
-    """
-    gen = torch.Generator(device).manual_seed(seed)  # device "cuda": the values of 12B parameters in seconds
-    out = {}
-    for name, ref in module.state_dict().items():
-        shape = tuple(ref.shape)
-        if not ref.dtype.is_floating_point:
-            raise TypeError(f"unexpected non-float entry {name} ({ref.dtype}) in a tiny checkpoint")
-        leaf = name.rsplit(".", 1)[-1]
-        t = torch.randn(shape, generator=gen, device=device)
-        if "norm" in name or leaf in ("gamma", "scale"):
-            t = 1.0 + 0.1 * t  # norm gains near 1
-        elif "pos_embed" in name or "y_embedding" in name:
-            t = 0.5 * t
-        elif len(shape) >= 2:
-            t = t / math.sqrt(max(1, math.prod(shape[1:])))
-        else:
-            t = 0.1 * t
-        out[name] = t.to(dtype).contiguous().cpu()
-    return out
-
-
-def _save(module_factory, path: Path, seed: int, dtype: torch.dtype,
-          meta_context: bool = False, device: str = "cpu") -> dict[str, torch.Tensor]:
-    """Build on the meta device: DiT classes take device= (a global meta context would break their
-    `.item()` calls at init); the VAE classes take no device argument, so they need the context."""
-    if meta_context:
-        with torch.device("meta"):
-            module = module_factory()
-    else:
-        module = module_factory()
-    sd = _random_state_dict(module, seed, dtype, device)
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    save_file(sd, str(path), metadata={"format": "pt"})
-    return sd
+from .tiny_weights import _random_state_dict, _save  # noqa: E402,F401 (shared with tiny_vaes / tiny_controlnets)
 
 
 def _ops():
@@ -472,84 +430,6 @@ def write_hunyuan_video(path: Path, *, version: str = "1.5", hidden: int = 256, 
     return _save(make, path, seed, dtype)
 
 
-def write_kl_vae(path: Path, *, style: str = "sd", seed: int = 0,
-                 dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
-    """The SD ("sd": 4 latent channels, quant convs) or Flux ("flux": 16 channels, none) KL VAE."""
-    from comfy.ldm.models.autoencoder import AutoencoderKL, AutoencodingEngine
-
-    if style not in ("sd", "flux"):
-        raise ValueError(f"style must be 'sd' or 'flux', got {style!r}")
-    z = 4 if style == "sd" else 16
-    ddconfig = {"double_z": True, "z_channels": z, "resolution": 256, "in_channels": 3, "out_ch": 3,
-                "ch": 128, "ch_mult": [1, 2, 4, 4], "num_res_blocks": 2, "attn_resolutions": [],
-                "dropout": 0.0}
-
-    def make():
-        if style == "sd":
-            return AutoencoderKL(ddconfig=ddconfig, embed_dim=z)
-        reg = {"target": "comfy.ldm.models.autoencoder.DiagonalGaussianRegularizer"}
-        enc = {"target": "comfy.ldm.modules.diffusionmodules.model.Encoder", "params": ddconfig}
-        dec = {"target": "comfy.ldm.modules.diffusionmodules.model.Decoder", "params": ddconfig}
-        return AutoencodingEngine(regularizer_config=reg, encoder_config=enc, decoder_config=dec)
-
-    return _save(make, path, seed, dtype, meta_context=True)
-
-
-def write_wan_vae(path: Path, *, dim: int = 8, seed: int = 0,
-                  dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
-    """Wan 2.1 VAE (16 latent channels, 4x temporal / 8x spatial) with base width `dim`."""
-    from comfy.ldm.wan.vae import WanVAE
-
-    def make():
-        return WanVAE(dim=dim, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=2, attn_scales=[],
-                      temperal_downsample=[False, True, True], dropout=0.0)
-
-    return _save(make, path, seed, dtype, meta_context=True)
-
-
-# what comfy/sd.py builds for any HunyuanVideo 1.0 VAE it detects ("decoder.conv_in.conv.weight", 16 channels)
-HUNYUAN_VIDEO_VAE_DDCONFIG = {"double_z": True, "z_channels": 16, "resolution": 256, "in_channels": 3, "out_ch": 3,
-                              "ch": 128, "ch_mult": [1, 2, 4, 4], "num_res_blocks": 2, "attn_resolutions": [],
-                              "dropout": 0.0, "conv3d": True, "time_compress": 4}
-
-
-def write_hunyuan_video_vae(path: Path, *, seed: int = 0, dtype: torch.dtype = torch.float32) -> dict:
-    """HunyuanVideo 1.0's 3-D KL VAE, decoder side (post_quant_conv + decoder: what a decode reads; VAELoader loads
-    with strict=False). Detection fixes the 128-wide, 4-level layout: 146M decoder parameters."""
-    from comfy.ldm.models.autoencoder import AutoencoderKL
-
-    with torch.device("meta"):
-        model = AutoencoderKL(ddconfig=HUNYUAN_VIDEO_VAE_DDCONFIG, embed_dim=16)
-    sd = {k: v for k, v in _random_state_dict(model, seed, dtype).items() if not k.startswith(("encoder.", "quant_"))}
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    save_file(sd, str(path), metadata={"format": "pt"})
-    return sd
-
-
-WAN22_VAE_DIM, WAN22_VAE_DEC_DIM = 160, 256  # what comfy/sd.py builds for any Wan 2.2 VAE it detects
-
-
-def wan22_vae(dim: int = WAN22_VAE_DIM, dec_dim: int = WAN22_VAE_DEC_DIM, device: str = "meta") -> torch.nn.Module:
-    """ComfyUI's own Wan 2.2 VAE class (comfy/ldm/wan/vae2_2.py: 48 latent channels, residual blocks with
-    averaging / duplicating shortcuts, 2x2 pixels folded into 12 channels) with these widths; the fixed parts
-    (dim_mult 1,2,4,4, two res blocks, temporal down [F, T, T]) as comfy/sd.py sets them."""
-    from comfy.ldm.wan.vae2_2 import WanVAE
-
-    with torch.device(device):
-        return WanVAE(dim=dim, dec_dim=dec_dim, z_dim=48, dim_mult=[1, 2, 4, 4], num_res_blocks=2, attn_scales=[],
-                      temperal_downsample=[False, True, True], dropout=0.0)
-
-
-def write_wan22_vae(path: Path, *, dim: int = WAN22_VAE_DIM, dec_dim: int = WAN22_VAE_DEC_DIM, seed: int = 0,
-                    dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
-    """The Wan 2.2 VAE. comfy.sd.VAE detects it by its nested up-block keys and then builds dim 160 / decoder width
-    256 whatever the file holds, loading with strict=False (a missing weight would stay uninitialised memory): the
-    smallest file VAELoader takes and decodes deterministically is the full 705M-parameter model (bf16 by default:
-    1.4 GB; ComfyUI casts it to its VAE dtype, float32 on CPU). Other widths are for tests that build ComfyUI's
-    class directly (`wan22_vae`) and convert it; VAELoader would reject their shapes."""
-    return _save(lambda: wan22_vae(dim, dec_dim), path, seed, dtype)  # built on the meta device: no memory
-
-
 # HiDream-O1's sizes: ComfyUI 0.33's detection reads none (it returns {"image_model": "hidream_o1"}, so the class's
 # defaults - the Qwen3-VL-8B decoder and its vision tower, ~8.7B parameters - are built); the tiny checkpoint carries
 # the overrides in its metadata under this key, which the tests' size shim (tests/test_comfyui_hidream_o1.py) hands
@@ -606,3 +486,8 @@ def write_anima(path: Path, *, blocks: int = 2, seed: int = 0,
     six layers, a 32128-entry embedding: 0.13B parameters; detection only asks for its first block)."""
     from comfy.ldm.anima.model import Anima
     return _save(lambda: _cosmos_predict2(Anima, 256, blocks), path, seed, dtype)
+
+
+# the VAE writers live in tiny_vaes.py; imported here so `tiny_checkpoints.write_*_vae` stays one namespace
+from .tiny_vaes import (HUNYUAN_VIDEO_VAE_DDCONFIG, WAN22_VAE_DEC_DIM, WAN22_VAE_DIM, wan22_vae,  # noqa: E402,F401
+                        write_hunyuan_video_vae, write_kl_vae, write_wan22_vae, write_wan_vae)

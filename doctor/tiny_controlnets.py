@@ -30,7 +30,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from .tiny_checkpoints import TINY_CONTEXT_DIM, TINY_POOLED_DIM, _ops, _random_state_dict, _save, detected
+from .tiny_checkpoints import TINY_CONTEXT_DIM, TINY_POOLED_DIM, _ops, detected
+from .tiny_weights import _random_state_dict, _save
 
 
 def _comfy_to_diffusers_mmdit(sd: dict, depth: int, num_blocks: int) -> dict[str, torch.Tensor]:
