@@ -1,5 +1,5 @@
-"""The GPU suite (bench/gpu_suite.py) and its device kit, rehearsed on CPU in CI: so that what a session lent a GPU
-runs first cannot rot between GPU sessions.
+"""The GPU suite (bench/gpu_suite.py) and its device kit, rehearsed on CPU (the slow set, and the first step before any
+device call: docs/doctor.md): so that what a session lent a GPU runs first has run here that day.
 
 The rehearsal does what the GPU machine will do, on this machine: the kit is built (scripts/device_kit.py, this
 Python's wheels; LZMA level 1 for speed - the device's cp312 kit is built at level 9), each part fits one device call
@@ -40,6 +40,8 @@ def _fresh_env(tmp: Path, kit: Path) -> tuple[Path, Path]:
     return venv / "bin" / "python", site
 
 
+# 3.5 min on 2 cores: with the slow set, and before every device call (docs/doctor.md: the kit's steps start with it)
+@pytest.mark.slow
 @pytest.mark.skipif(not (SHARED / "ComfyUI-0.33.0.tar.gz").is_file(),
                     reason="the kit carries ../shared/comfyui's ComfyUI 0.33.0, absent on this machine (a user's own "
                            "ComfyUI, not CI: CI has ../shared)")
