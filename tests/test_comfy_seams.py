@@ -129,3 +129,32 @@ def test_moved_symbol_needs_one_of_its_places(monkeypatch):
                                                                               one_of="g"))) == []
     gone = comfy_seams.missing((Seam("comfy.utils:nope", "t", one_of="g"), Seam("comfy.ops:nope2", "t", one_of="g")))
     assert len(gone) == 1 and "none of comfy.utils:nope, comfy.ops:nope2" in gone[0]
+
+
+def test_every_family_adapter_names_the_modules_comfyui_defines_its_classes_in():
+    """A family's plan applies to ComfyUI's class by name *and module*: a class of the same name elsewhere (a custom
+    node's own `WanModel`, AuraFlow's `MMDiT` beside SD3's) is another forward and must not inherit the plan. So every
+    adapter names its module(s), and each is where this ComfyUI defines the class - a release that moves a class
+    fails here, not as a model that silently runs as "any model". A family this ComfyUI lacks (its modules do not
+    import: 0.3.75 and the 2026 families) is skipped; its subclasses are checked where all its modules import."""
+    from comfyui_hybrid_parallel.parallel.models import ADAPTERS
+    checked = 0
+    for a in ADAPTERS.values():
+        assert a.comfy_module, f"{a.family}: no comfy_module"
+        modules = (a.comfy_module,) if isinstance(a.comfy_module, str) else a.comfy_module
+        loaded = []
+        for name in modules:
+            try:
+                loaded.append(importlib.import_module(name))
+            except ImportError:
+                pass
+        if not loaded:
+            continue
+        defined = {n for m in loaded for n, c in vars(m).items() if isinstance(c, type) and c.__module__ == m.__name__}
+        names = (a.comfy_class,) + (tuple(a.comfy_subclasses) if len(loaded) == len(modules) else ())
+        missing = [n for n in names if n not in defined]
+        assert not missing, f"{a.family}: {missing} not defined in {[m.__name__ for m in loaded]}"
+        cls = next(getattr(m, a.comfy_class) for m in loaded if a.comfy_class in vars(m))
+        assert a.declares(cls) and not a.declares(type(a.comfy_class, (), {})), a.family
+        checked += 1
+    assert checked >= 11, checked  # the families of ComfyUI 0.3.75 at least

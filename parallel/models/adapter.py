@@ -23,8 +23,10 @@ class FamilyAdapter:
     # subclasses of comfy_class checked to run under comfy_plan (tests vs KSampler); any other subclass does not
     # inherit the plan (parallel/models/__init__.py: _match)
     comfy_subclasses: tuple = ()
-    # the module of comfy_class where its name alone is ambiguous (AuraFlow's `MMDiT` beside SD3's); "" = any
-    comfy_module: str = ""
+    # the module(s) ComfyUI defines comfy_class (and the subclasses) in: a class of the same name elsewhere (AuraFlow's
+    # `MMDiT` beside SD3's, a custom node's own `WanModel`) is another model and does not get this plan. One module,
+    # or a tuple where the classes live in several (the same in every ComfyUI the tests ran); "" = any
+    comfy_module: str | tuple = ""
     # dotted paths of call arguments that are a cache the model rebuilds from the other arguments when it is absent
     # (MiniMax H3's packed layout, an object ComfyUI builds once per run): the driver does not send them
     rebuilt_inputs: tuple = ()
@@ -35,7 +37,8 @@ class FamilyAdapter:
     def declares(self, cls) -> bool:
         """Whether this adapter's ComfyUI plan applies to instances of `cls` (the class itself, or a subclass listed
         as checked; in comfy_module where that is set)."""
-        if self.comfy_module and cls.__module__ != self.comfy_module:
+        modules = (self.comfy_module,) if isinstance(self.comfy_module, str) else self.comfy_module
+        if self.comfy_module and cls.__module__ not in modules:
             return False
         return cls.__name__ == self.comfy_class or cls.__name__ in self.comfy_subclasses
 

@@ -43,4 +43,4 @@ COMFY_PLAN = FamilyPlan(
 )
 
 ADAPTER = FamilyAdapter(family="cosmos_predict2", title="Cosmos Predict2 / Anima", comfy_plan=COMFY_PLAN, plan=None,
-                        comfy_subclasses=("Anima",))
+                        comfy_subclasses=("Anima",), comfy_module=("comfy.ldm.cosmos.predict2", "comfy.ldm.anima.model"))

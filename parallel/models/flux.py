@@ -114,5 +114,5 @@ COMFY_PLAN = FamilyPlan(
 )
 
 ADAPTER = FamilyAdapter(
-    family="flux", title="Flux.1 / Flux.2", comfy_plan=COMFY_PLAN, plan=PLAN,
+    family="flux", title="Flux.1 / Flux.2", comfy_plan=COMFY_PLAN, plan=PLAN, comfy_module="comfy.ldm.flux.model",
 )

@@ -59,5 +59,5 @@ COMFY_PLAN = FamilyPlan(
 )
 
 ADAPTER = FamilyAdapter(
-    family="pixart", title="PixArt-α/Σ", comfy_plan=COMFY_PLAN, plan=PLAN,
+    family="pixart", title="PixArt-α/Σ", comfy_plan=COMFY_PLAN, plan=PLAN, comfy_module="comfy.ldm.pixart.pixartms",
 )

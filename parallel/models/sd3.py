@@ -74,4 +74,5 @@ COMFY_PLAN = FamilyPlan(
 
 ADAPTER = FamilyAdapter(
     family="sd3", title="SD3/3.5", comfy_plan=COMFY_PLAN, plan=PLAN,
+    comfy_module="comfy.ldm.modules.diffusionmodules.mmdit",
 )

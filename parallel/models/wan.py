@@ -100,7 +100,7 @@ COMFY_PLAN = FamilyPlan(
 )
 
 ADAPTER = FamilyAdapter(
-    family="wan", title="Wan 2.1/2.2", comfy_plan=COMFY_PLAN, plan=PLAN,
+    family="wan", title="Wan 2.1/2.2", comfy_plan=COMFY_PLAN, plan=PLAN, comfy_module="comfy.ldm.wan.model",
 )
 
 
@@ -130,5 +130,7 @@ CAMERA_PLAN = replace(
     pipeline=None, pipeline_refusal="PipeFusion was not checked on Wan Fun Camera; use ulysses/ring/cfg degrees",
 )
 
-VARIANTS = (FamilyAdapter(family="wan_vace", title="Wan 2.1 VACE", comfy_plan=VACE_PLAN, plan=None),
-            FamilyAdapter(family="wan_camera", title="Wan Fun Camera", comfy_plan=CAMERA_PLAN, plan=None))
+VARIANTS = (FamilyAdapter(family="wan_vace", title="Wan 2.1 VACE", comfy_plan=VACE_PLAN, plan=None,
+                          comfy_module="comfy.ldm.wan.model"),
+            FamilyAdapter(family="wan_camera", title="Wan Fun Camera", comfy_plan=CAMERA_PLAN, plan=None,
+                          comfy_module="comfy.ldm.wan.model"))
