@@ -26,6 +26,11 @@ WAN21 = HF + "Comfy-Org/Wan_2.1_ComfyUI_repackaged/resolve/main/split_files/"
 WAN22 = HF + "Comfy-Org/Wan_2.2_ComfyUI_Repackaged/resolve/main/split_files/"
 QWEN = HF + "Comfy-Org/Qwen-Image_ComfyUI/resolve/main/split_files/"
 HYV15 = HF + "Comfy-Org/HunyuanVideo_1.5_repackaged/resolve/main/split_files/"
+ZIMAGE = HF + "Comfy-Org/z_image/resolve/main/split_files/"
+ZIMAGE_TURBO = HF + "Comfy-Org/z_image_turbo/resolve/main/split_files/"
+LTX23 = "ltx-2.3-22b-dev-fp8.safetensors"
+LTX23_LORA = "ltx_2.3_22b_distilled_1.1_lora_dynamic_fro09_avg_rank_111_bf16.safetensors"
+GEMMA3 = "gemma_3_12B_it_fp4_mixed.safetensors"
 
 # file name -> (download URL, models/ folder), as ComfyUI's official templates give them
 MODELS = {
@@ -59,14 +64,24 @@ MODELS = {
     "t5xxl_fp8_e4m3fn_scaled.safetensors": (FLUX_TE + "t5xxl_fp8_e4m3fn_scaled.safetensors", "text_encoders"),
     "ae.safetensors": (HF + "Comfy-Org/Lumina_Image_2.0_Repackaged/resolve/main/split_files/vae/ae.safetensors",
                        "vae"),
+    "z_image_bf16.safetensors": (ZIMAGE + "diffusion_models/z_image_bf16.safetensors", "diffusion_models"),
+    "qwen_3_4b.safetensors": (ZIMAGE_TURBO + "text_encoders/qwen_3_4b.safetensors", "text_encoders"),
+    LTX23: (HF + "Lightricks/LTX-2.3-fp8/resolve/main/" + LTX23, "checkpoints"),
+    LTX23_LORA: (HF + "Comfy-Org/ltx-2.3/resolve/main/split_files/loras/" + LTX23_LORA, "loras"),
+    GEMMA3: (HF + "Comfy-Org/ltx-2/resolve/main/split_files/text_encoders/" + GEMMA3, "text_encoders"),
 }
 # the Qwen 2.5 VL text encoder is the same file in two repackaged repos; each template links its own model's
 QWEN_VL = "qwen_2.5_vl_7b_fp8_scaled.safetensors"
 QWEN_VL_URL = {"qwen_image": QWEN + "text_encoders/" + QWEN_VL, "hunyuan": HYV15 + "text_encoders/" + QWEN_VL}
+# a file some official template links from its own model's repo instead of MODELS' URL: (source, file) -> URL
+# (image_z_image links the Flux `ae` from the Z-Image Turbo repo; the same file)
+SOURCE_URL = {("z_image", "ae.safetensors"): ZIMAGE_TURBO + "vae/ae.safetensors"}
 
 # widgets that name model files, per loader: these get `properties.models`
 LOADER_FILES = {"CheckpointLoaderSimple": ("ckpt_name",), "UNETLoader": ("unet_name",), "VAELoader": ("vae_name",),
-                "CLIPLoader": ("clip_name",), "DualCLIPLoader": ("clip_name1", "clip_name2")}
+                "CLIPLoader": ("clip_name",), "DualCLIPLoader": ("clip_name1", "clip_name2"),
+                "LTXAVTextEncoderLoader": ("text_encoder", "ckpt_name"), "LTXVAudioVAELoader": ("ckpt_name",),
+                "LoraLoaderModelOnly": ("lora_name",)}
 
 WAN_NEGATIVE = ("色调艳丽，过曝，静态，细节模糊不清，字幕，风格，作品，画作，画面，静止，整体发灰，最差质量，低质量，JPEG压缩残留，丑陋的，残缺的，"
                 "多余的手指，画得不好的手部，画得不好的脸部，畸形的，毁容的，形态畸形的肢体，手指融合，静止不动的画面，杂乱的背景，三条腿，背景人很多，"
@@ -240,6 +255,62 @@ def flux_kontext():
     }
 
 
+def z_image():
+    """Z-Image base bf16 (ComfyUI's image_z_image): 1024x1024, 25 steps, cfg 4 res_multistep, shift 3; the CFG
+    halves on 2 GPUs (cfg_degree 2), Patch VAE Decode splits the Flux `ae` decode over them."""
+    return {
+        "1": node("UNETLoader", unet_name="z_image_bf16.safetensors", weight_dtype="default"),
+        "2": node("CLIPLoader", clip_name="qwen_3_4b.safetensors", type="lumina2", device="default"),
+        "3": node("VAELoader", vae_name="ae.safetensors"),
+        "4": text(["2", 0], "a fashion photograph in a dreamlike forest of blue trees under a clear light blue sky, "
+                            "a model in a yellow and white striped dress walking on the sand, low angle, noon sun"),
+        "5": text(["2", 0], ""),
+        "6": node("ModelSamplingAuraFlow", model=["1", 0], shift=3.0),
+        "7": node("EmptySD3LatentImage", width=1024, height=1024, batch_size=1),
+        "8": parallel(cfg_degree=2, ulysses_degree=1),
+        "9": hybrid_sampler(["6", 0], ["4", 0], ["5", 0], ["7", 0], ["8", 0], 25, 4.0, sampler="res_multistep"),
+        "10": patch_decode(["9", 0], ["3", 0], ["8", 0]),
+        "11": node("SaveImage", images=["10", 0], filename_prefix="hybrid/z_image"),
+    }
+
+
+def ltx23_t2v():
+    """LTX-2.3 22B fp8 text-to-video with audio (ComfyUI's video_ltx2_3_t2v, its subgraph flattened to the
+    essential path): the dev checkpoint (DiT + video VAE + audio VAE in one file) with the distilled LoRA at 0.5,
+    cfg 1, the template's 8 manual sigmas, euler; one pass at the full size instead of the template's half-size
+    pass + latent upscaler + 3 refining steps, and no prompt-enhancer LLM. cfg 1: no CFG half to split, so the
+    video tokens go over 4 GPUs (ulysses 4) through Parallel Model before the template's own sampler nodes; the
+    audio tokens stay whole on every GPU. VAE decode (tiled) and the audio decode run in ComfyUI, as in the
+    template."""
+    return {
+        "1": node("CheckpointLoaderSimple", ckpt_name=LTX23),
+        "2": node("LTXAVTextEncoderLoader", text_encoder=GEMMA3, ckpt_name=LTX23, device="default"),
+        "3": node("LTXVAudioVAELoader", ckpt_name=LTX23),
+        "4": node("LoraLoaderModelOnly", model=["1", 0], lora_name=LTX23_LORA, strength_model=0.5),
+        "5": text(["2", 0], "a close-up of a vintage radio on a wooden table, its dial glowing warm orange as it "
+                            "plays a soft jazz tune, dust drifting in a beam of sunlight, the camera slowly pushes in"),
+        "6": text(["2", 0], "pc game, console game, video game, cartoon, childish, ugly"),
+        "7": node("LTXVConditioning", positive=["5", 0], negative=["6", 0], frame_rate=25.0),
+        "8": node("EmptyLTXVLatentVideo", width=1280, height=704, length=121, batch_size=1),
+        "9": node("LTXVEmptyLatentAudio", frames_number=121, frame_rate=25, batch_size=1, audio_vae=["3", 0]),
+        "10": node("LTXVConcatAVLatent", video_latent=["8", 0], audio_latent=["9", 0]),
+        "11": parallel(cfg_degree=1, ulysses_degree=4),
+        "12": node("HybridParallelModel", model=["4", 0], parallel_config=["11", 0]),
+        "13": node("CFGGuider", model=["12", 0], positive=["7", 0], negative=["7", 1], cfg=1.0),
+        "14": node("RandomNoise", noise_seed=42),
+        "15": node("KSamplerSelect", sampler_name="euler"),
+        "16": node("ManualSigmas", sigmas="1.0, 0.99375, 0.9875, 0.98125, 0.975, 0.909375, 0.725, 0.421875, 0.0"),
+        "17": node("SamplerCustomAdvanced", noise=["14", 0], guider=["13", 0], sampler=["15", 0], sigmas=["16", 0],
+                   latent_image=["10", 0]),
+        "18": node("LTXVSeparateAVLatent", av_latent=["17", 0]),
+        "19": node("VAEDecodeTiled", samples=["18", 0], vae=["1", 2], tile_size=768, overlap=64, temporal_size=4096,
+                   temporal_overlap=4),
+        "20": node("LTXVAudioVAEDecode", samples=["18", 1], audio_vae=["3", 0]),
+        "21": node("CreateVideo", images=["19", 0], audio=["20", 0], fps=25.0),
+        "22": node("SaveVideo", video=["21", 0], filename_prefix="hybrid/ltx23_t2v", format="auto", codec="auto"),
+    }
+
+
 def _where(*files):
     lines = []
     for f in files:
@@ -345,11 +416,40 @@ Files:
 {_where("flux1-dev-kontext_fp8_scaled.safetensors", "clip_l.safetensors", "t5xxl_fp8_e4m3fn_scaled.safetensors",
         "ae.safetensors")}
 {COMMON}""",
+    "z_image_cfg2_2gpu": f"""Z-Image bf16 with CFG on 2 x 24 GB GPUs (cfg 2)
+
+cfg 4: the conditional and unconditional passes run side by side, one on each GPU (cfg_degree 2).
+4 GPUs: ulysses_degree 2 as well (cfg 2 x ulysses 2). Z-Image has 30 heads: Ulysses 2 (3, 5, 6) divides them,
+4 does not; for 8 GPUs use ring_degree 2 on top of cfg 2 x ulysses 2.
+Memory: the 6B model is 12 GB in bf16 on each GPU plus the activations: 24 GB cards at 1024x1024. 16 GB cards:
+set weight_dtype fp8_e4m3fn on Load Diffusion Model (6 GB), or with 4 GPUs shard_weights 'sequence'.
+Patch VAE Decode splits the VAE decode over the same GPUs.
+System RAM: about 32 GB (the model and the 8 GB text encoder stay on the host).
+Files:
+{_where("z_image_bf16.safetensors", "qwen_3_4b.safetensors", "ae.safetensors")}
+{COMMON}""",
+    "ltx23_t2v_audio_ulysses4": f"""LTX-2.3 22B fp8, text to video with audio on 4 x 48/80 GB GPUs (Ulysses 4)
+
+ComfyUI's LTX-2.3 text-to-video template, flattened to its essential path: the dev checkpoint with the distilled
+LoRA (strength 0.5), cfg 1, the template's 8 manual sigmas. Left out: the half-size pass + latent upscaler +
+3 refining steps (one pass at the full size here) and the prompt-enhancer LLM.
+cfg 1: no CFG half to split; the video tokens go over 4 GPUs (ulysses_degree 4, through Parallel Model before the
+template's own sampler nodes); the audio tokens stay whole on every GPU.
+2 GPUs: ulysses_degree 2. 8 GPUs: ulysses_degree 8 (32 heads). Without the LoRA (cfg 3-4, 30+ steps):
+cfg_degree 2 x ulysses_degree 2 on 4 GPUs.
+Memory: 22 GB of fp8 weights on each GPU plus a quarter of the 1280x704x121 activations: 48 GB cards, 80 GB with
+room for longer videos. 24 GB cards: shard_weights 'all' (5.5 GB of weights per GPU).
+The video decode (VAE Decode (Tiled)) and the audio decode run in ComfyUI, as in ComfyUI's template.
+System RAM: about 64 GB (the checkpoint and the Gemma 3 12B text encoder stay on the host).
+Files (one checkpoint holding the model, the video VAE and the audio VAE):
+{_where(LTX23, LTX23_LORA, GEMMA3)}
+{COMMON}""",
 }
 
 
 def templates():
-    """name -> (API prompt, note text, the Qwen 2.5 VL link to use or None)."""
+    """name -> (API prompt, note text, the source of its links: the Qwen 2.5 VL link to use, SOURCE_URL's, or
+    None)."""
     graphs = {
         "flux1_dev_fp8_2gpu_ulysses2": (flux_dev(2), None),
         "flux1_dev_fp8_4gpu_ulysses4": (flux_dev(4), None),
@@ -359,6 +459,8 @@ def templates():
         "wan22_ti2v_5b_cfg2_ulysses2": (wan22_ti2v_5b(), None),
         "hunyuan_video15_720p_t2v_cfg2_ulysses2": (hunyuan_video15(), "hunyuan"),
         "flux1_kontext_dev_edit_ulysses2": (flux_kontext(), None),
+        "z_image_cfg2_2gpu": (z_image(), "z_image"),
+        "ltx23_t2v_audio_ulysses4": (ltx23_t2v(), None),
     }
     return {name: (g, NOTES[name], vl) for name, (g, vl) in graphs.items()}
 
@@ -373,6 +475,8 @@ def model_links(prompt: dict, qwen_vl: str = None) -> dict:
         for f in files:
             if f == QWEN_VL:
                 links.append({"name": f, "url": QWEN_VL_URL[qwen_vl], "directory": "text_encoders"})
+            elif (qwen_vl, f) in SOURCE_URL:
+                links.append({"name": f, "url": SOURCE_URL[qwen_vl, f], "directory": MODELS[f][1]})
             else:
                 url, directory = MODELS[f]
                 links.append({"name": f, "url": url, "directory": directory})

@@ -17,8 +17,15 @@ What is substituted (no real weights here):
     and the Wan 2.2 VAE (full size: ComfyUI forces it); the Wan 2.1 / Qwen VAE = a narrow Wan 2.1 VAE; the Flux
     `ae` = the session's tiny Flux KL VAE; HunyuanVideo 1.5 = hidden 256, one block of each kind, and its VAE file
     is ComfyUI's light TAE for HunyuanVideo 1.5 latents (TAEHV, 32 channels), since the real VAE architecture is
-    forced to full size;
-  - sizes: width/height 64, 5 frames, 2 steps (KSamplerAdvanced pairs: steps 0-1, then 1-end);
+    forced to full size; Z-Image = the smallest one ComfyUI detects (width 3840, one main layer, 0.9B, caption
+    width 32: tests/test_comfyui_lumina2.py's file); its run is `slow` (ComfyUI holds the 0.9B model in fp32 on
+    the CPU: 3.4 GB to stream to the workers, ~60-90 s on 2 loaded cores; fp8 weights are slower still, cast at
+    every step); the LTX-2.3 checkpoint = a one-block LTX-2.3 DiT (doctor/tiny_checkpoints.write_ltxav, v23) with a
+    narrow video VAE, audio VAE and vocoder in the same file, their sizes set by the file's metadata config as the
+    real checkpoint's are (LTX_VAES: ComfyUI's own detection and classes, 17 MB in all), and the distilled LoRA a
+    rank-4 LoRA on one of its projections; the Gemma text-encoder loader (LTXAVTextEncoderLoader) is dropped too;
+  - sizes: width/height 64, 5 frames (LTX: 9, its 8k + 1), 2 steps (KSamplerAdvanced pairs: steps 0-1, then
+    1-end; ManualSigmas: the first, the middle and the last of the template's sigmas);
     FluxKontextImageScale (which picks a ~1 MP Kontext size) becomes ImageScale to 64 x 64.
 Each template must finish successfully and write its image / video (non-constant).
 """
@@ -36,15 +43,35 @@ pytestmark = pytest.mark.comfy
 REPO = Path(__file__).resolve().parents[1]
 API_DIR = REPO / "examples" / "template_prompts"
 SIZE, FRAMES, STEPS = 64, 5, 2
+LTX_FRAMES = 9  # LTX-2's video VAE: 1 + 8k frames
 TEXT = {  # family of a template -> HPExampleConditioning's shapes for its tiny model
     "flux": dict(tokens=7, context_dim=32, pooled_dim=24), "sd3": dict(tokens=7, context_dim=32, pooled_dim=24),
     "qwen": dict(tokens=7, context_dim=3584, pooled_dim=0), "wan": dict(tokens=7, context_dim=4096, pooled_dim=0),
-    "hunyuan": dict(tokens=7, context_dim=32, pooled_dim=4),
+    "hunyuan": dict(tokens=7, context_dim=32, pooled_dim=4), "lumina2": dict(tokens=7, context_dim=32, pooled_dim=0),
+    "ltxav": dict(tokens=7, context_dim=288, pooled_dim=0, padded=2),  # LTX-2.3: the [video, audio] text projected
+}
+# the LTX-2.3 stand-in's VAEs (the checkpoint's metadata "config", read by ComfyUI's VideoVAE and AudioVAE): 128
+# latent channels at 32 x 32 x 8 as the real video VAE (patch 4 + three 2x2x2 steps), the audio VAE's 8 x 16 latent
+# of 64 mel bins (the DiT's 128 audio channels), a 160x vocoder of 16 kHz
+LTX_VAES = {
+    "vae": {"dims": 3, "in_channels": 3, "out_channels": 3, "latent_channels": 128, "patch_size": 4,
+            "norm_layer": "pixel_norm", "latent_log_var": "uniform", "causal_decoder": False,
+            "encoder_base_channels": 8, "decoder_base_channels": 8, "encoder_blocks": [["compress_all", {}]] * 3,
+            "decoder_blocks": [["compress_all", {"multiplier": 2}]] * 3 + [["res_x", {"num_layers": 1}]]},
+    "audio_vae": {"model": {"params": {"sampling_rate": 16000, "ddconfig": {
+        "double_z": True, "mel_bins": 64, "z_channels": 8, "resolution": 256, "downsample_time": False,
+        "in_channels": 2, "out_ch": 2, "ch": 8, "ch_mult": [1, 1, 1], "num_res_blocks": 1, "attn_resolutions": [],
+        "dropout": 0.0, "mid_block_add_attention": False, "norm_type": "pixel", "causality_axis": "height"}}},
+        "preprocessing": {"stft": {"filter_length": 1024, "hop_length": 160}}},
+    "vocoder": {"resblock_kernel_sizes": [3], "upsample_rates": [5, 4, 2, 2, 2],
+                "upsample_kernel_sizes": [16, 16, 8, 4, 4], "resblock_dilation_sizes": [[1, 3, 5]], "upsample_initial_channel": 64, "stereo": True,
+                "activation": "snake", "resblock": "1"},
 }
 
 
 def _family(name):
-    for prefix, fam in (("flux", "flux"), ("sd35", "sd3"), ("qwen", "qwen"), ("wan", "wan"), ("hunyuan", "hunyuan")):
+    for prefix, fam in (("flux", "flux"), ("sd35", "sd3"), ("qwen", "qwen"), ("wan", "wan"), ("hunyuan", "hunyuan"),
+                        ("z_image", "lumina2"), ("ltx", "ltxav")):
         if name.startswith(prefix):
             return fam
     raise ValueError(name)
@@ -75,6 +102,35 @@ def _checkpoint(path: Path, unet: dict, vae: Path, vae_prefix: str):
     sd.update({f"{vae_prefix}{k}": v for k, v in load_file(str(vae)).items()})
     path.parent.mkdir(parents=True, exist_ok=True)
     save_file(sd, str(path))
+
+
+def _ltx23_checkpoint(path: Path, lora: Path):
+    """The LTX-2.3 checkpoint's layout (model.diffusion_model., vae., audio_vae., vocoder.) on tiny parts, with
+    their configs in the metadata; and a rank-4 LoRA on the DiT's first video query projection."""
+    import json
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+    from comfy.ldm.lightricks.vae.audio_vae import AudioVAE
+    from comfy.ldm.lightricks.vae.causal_video_autoencoder import VideoVAE
+    from comfyui_hybrid_parallel.doctor import tiny_checkpoints as tiny
+    from comfyui_hybrid_parallel.doctor.tiny_weights import _random_state_dict
+    dit_path = path.parent / "tiny_ltx23_template_dit.safetensors"
+    dit = tiny.write_ltxav(dit_path, v23=True, seed=48)
+    with safe_open(str(dit_path), "pt") as f:
+        config = dict(json.loads(f.metadata()["config"]), **LTX_VAES)
+    dit_path.unlink()
+    with torch.device("meta"):
+        video, audio = VideoVAE(config=LTX_VAES["vae"]), AudioVAE(metadata={"config": json.dumps(LTX_VAES)})
+    sd = {f"model.diffusion_model.{k}": v for k, v in dit.items()}
+    sd.update({f"vae.{k}": v for k, v in _random_state_dict(video, 49, torch.float32).items()})
+    sd.update({(k.replace("autoencoder.", "audio_vae.", 1) if k.startswith("autoencoder.") else k): v
+               for k, v in _random_state_dict(audio, 50, torch.float32).items()})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in sd.items()}, str(path), metadata={"config": json.dumps(config)})
+    g, k = torch.Generator().manual_seed(51), "diffusion_model.transformer_blocks.0.attn1.to_q"
+    lora.parent.mkdir(parents=True, exist_ok=True)
+    save_file({f"{k}.lora_up.weight": torch.randn(256, 4, generator=g) * 0.2,
+               f"{k}.lora_down.weight": torch.randn(4, 256, generator=g) * 0.2}, str(lora))
 
 
 @pytest.fixture(scope="module")
@@ -113,6 +169,11 @@ def stand_ins(server):
                     lambda p: tiny.write_hunyuan_video(p, version="1.5", seed=29))
     if not (vae / "hunyuanvideo15_vae_fp16.safetensors").exists():
         tiny._save(lambda: TAEHV(latent_channels=32), vae / "hunyuanvideo15_vae_fp16.safetensors", 46, torch.float32)
+    _reuse_or_write(dm / "z_image_bf16.safetensors", "tiny_zimage.safetensors",
+                    lambda p: tiny.write_lumina2(p, z_image=True, seed=24))  # as tests/test_comfyui_lumina2.py
+    if not (ck / "ltx-2.3-22b-dev-fp8.safetensors").exists():
+        _ltx23_checkpoint(ck / "ltx-2.3-22b-dev-fp8.safetensors", m / "loras" /
+                          "ltx_2.3_22b_distilled_1.1_lora_dynamic_fro09_avg_rank_111_bf16.safetensors")
     (server.base / "input").mkdir(exist_ok=True)
     g = torch.Generator().manual_seed(47)
     Image.fromarray((torch.rand(96, 128, 3, generator=g) * 255).byte().numpy()).save(server.base / "input" /
@@ -129,15 +190,19 @@ def tiny_prompt(name: str) -> dict:
         if cls == "CLIPTextEncode":
             g[nid] = {"class_type": "HPExampleConditioning", "inputs": {"seed": int(nid), **TEXT[fam],
                                                                         "guidance": -1.0}}
-        elif cls in ("CLIPLoader", "DualCLIPLoader"):
+        elif cls in ("CLIPLoader", "DualCLIPLoader", "LTXAVTextEncoderLoader"):
             del g[nid]
         elif cls == "FluxKontextImageScale":
             g[nid] = {"class_type": "ImageScale", "inputs": {"image": inp["image"], "upscale_method": "nearest-exact",
                                                              "width": SIZE, "height": SIZE, "crop": "disabled"}}
         if "width" in inp and "height" in inp:
             inp.update(width=SIZE, height=SIZE)
-        if "length" in inp:
-            inp["length"] = FRAMES
+        for key in ("length", "frames_number"):
+            if key in inp:
+                inp[key] = LTX_FRAMES if fam == "ltxav" else FRAMES
+        if cls == "ManualSigmas":
+            sigmas = inp["sigmas"].split(",")
+            inp["sigmas"] = ",".join(sigmas[i] for i in (0, len(sigmas) // 2, -1))
         if cls == "HybridSampler":
             inp["steps"] = STEPS
         if cls == "KSamplerAdvanced":
@@ -157,6 +222,7 @@ def _outputs(server, entry):
 
 
 NAMES = sorted(p.stem for p in API_DIR.glob("*.json"))
+SLOW = {"z_image_cfg2_2gpu"}  # see the module docstring
 
 
 def test_every_template_has_a_tiny_run():
@@ -165,7 +231,7 @@ def test_every_template_has_a_tiny_run():
     assert ui == NAMES, "example_workflows/ and examples/template_prompts/ must hold the same templates"
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in NAMES])
 def test_template_runs_on_tiny_stand_ins(stand_ins, name):
     import numpy as np
     from PIL import Image
@@ -184,8 +250,11 @@ def test_template_runs_on_tiny_stand_ins(stand_ins, name):
         else:
             import av
             with av.open(str(f)) as c:
+                audio = len(c.streams.audio)
                 frames = [fr.to_ndarray(format="rgb24") for fr in c.decode(video=0)]
-            assert len(frames) == FRAMES and frames[0].shape[:2] == (SIZE, SIZE), (name, len(frames))
+            assert audio == ("LTXVAudioVAEDecode" in classes), (name, audio)
+            expected = LTX_FRAMES if _family(name) == "ltxav" else FRAMES
+            assert len(frames) == expected and frames[0].shape[:2] == (SIZE, SIZE), (name, len(frames))
             assert np.std(frames) > 0, name
 
 

@@ -342,8 +342,9 @@ def test_opening_a_workflow_with_the_packs_nodes_warms_the_server(page):
 TEMPLATE_UI, TEMPLATE_API = REPO / "example_workflows", REPO / "examples" / "template_prompts"
 TEMPLATE_MODULE = "hybrid_parallel_under_test"  # the pack's folder name in the test server's custom_nodes
 DECORATE = """const app = window.comfyAPI.app.app, LG = window.LiteGraph;
-const [api, name, note, links] = arguments;
-app.loadApiJson(api, name + '.json');
+const [api, name, note, links, done] = arguments;
+(async () => {
+await app.loadApiJson(api, name + '.json');  // async in frontend 1.49 (ComfyUI 0.33): the graph is empty until then
 for (const [id, models] of Object.entries(links)) app.graph.getNodeById(+id).properties.models = models;
 let x0 = Infinity, y0 = Infinity;
 for (const n of app.graph.nodes) { x0 = Math.min(x0, n.pos[0]); y0 = Math.min(y0, n.pos[1]); }
@@ -353,7 +354,8 @@ memo.widgets[0].value = note;
 memo.color = '#432'; memo.bgcolor = '#653';
 app.graph.add(memo);
 memo.pos = [x0 - 560, y0]; memo.size = [520, 620];
-return JSON.stringify(app.graph.serialize());"""
+done(JSON.stringify(app.graph.serialize()));
+})().catch(e => done(JSON.stringify({error: String(e)})));"""
 # What the frontend reports missing when a workflow loads, from either frontend: before 1.4x it calls
 # app.showMissingNodesError / showMissingModelsError (hooked); later ones (ComfyUI 0.33 ships 1.49.6) fill the Pinia
 # stores 'missingNodesError' and 'missingModel' (the errors side panel), the models asynchronously once the server's
@@ -397,7 +399,8 @@ def _regenerate_template(page, name):
     api, note, vl = make_templates.templates()[name]
     page.execute_async_script("const done = arguments[arguments.length - 1]; window.comfyAPI.app.app.extensionManager"
                               ".setting.set('Comfy.NodeBadge.NodeSourceBadgeMode', 'None').then(done, done);")
-    ui = json.loads(page.execute_script(DECORATE, api, name, note, make_templates.model_links(api, vl)))
+    ui = json.loads(page.execute_async_script(DECORATE, api, name, note, make_templates.model_links(api, vl)))
+    assert "error" not in ui, (name, ui)
     TEMPLATE_UI.mkdir(exist_ok=True)
     (TEMPLATE_UI / f"{name}.json").write_text(json.dumps(ui, indent=1, ensure_ascii=False) + "\n")
     page.execute_script("return window.comfyAPI.app.app.loadGraphData(arguments[0], true, true, arguments[1], "
@@ -489,7 +492,8 @@ def test_templates_load_in_the_frontend_and_are_listed(page):
             _until(lambda: page.execute_script(READ_MISSING)["done"], 30, f"{name}: the missing-models check")
             missing = page.execute_script(READ_MISSING)
             assert missing["nodes"] is None, (name, missing["nodes"])
-            shown = sorted((m["name"], m["url"], m["directory"]) for m in missing["models"] or [])
+            # once per file (the frontend lists a file once per loader naming it: LTX-2.3's checkpoint, three)
+            shown = sorted({(m["name"], m["url"], m["directory"]) for m in missing["models"] or []})
             # the files the server lacks (the template run test may have written tiny stand-ins under some names)
             absent = sorted(o for o in set(offered) if o[0] not in server.get(f"/models/{o[2]}"))
             assert shown == absent, (name, shown, absent)
