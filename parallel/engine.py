@@ -175,10 +175,16 @@ class Engine:
             return True
         return False
 
-    def source_weights(self, key: str) -> Optional[dict]:
+    def source_weights(self, key: str, patches_follow: bool = False) -> Optional[dict]:
         """The weights `key` was built from under another mesh, if they were kept (a config change that keeps the
-        world rebuilds from them instead of receiving them again); None otherwise."""
-        return next((self.models[k].source for k in self._layouts(key) if self.models[k].source is not None), None)
+        world rebuilds from them instead of receiving them again); None otherwise.
+
+        A layout built from base weights + patches (LoRA applied on the ranks: `base` kept) kept the *base* as its
+        source: it serves a new layout only when the same patches come with the load (`patches_follow`) to be
+        applied again. A layout that takes no patches (tensor parallel, PipeFusion, sharded weights: the driver sends
+        ComfyUI's patched weights) built from it would run the model without its LoRA - a wrong picture, no error."""
+        return next((self.models[k].source for k in self._layouts(key) if self.models[k].source is not None
+                     and (patches_follow or self.models[k].base is None)), None)
 
     def _layouts(self, key: str) -> list:
         """The slots of `key`, one per mesh it was built for."""

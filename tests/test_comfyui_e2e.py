@@ -167,6 +167,23 @@ def test_lora_patched_weights_are_used(server, reference):
         assert _rel(par, ref) <= 1e-4, (strength, _rel(par, ref))
 
 
+def test_lora_then_a_layout_that_takes_no_patches_equals_ksampler(server):
+    """A LoRA travels as patches to ranks that hold the whole model (cfg / ulysses: base weights + patches applied
+    there); tensor parallel takes ComfyUI's patched weights instead. A config change that keeps the world rebuilds
+    the new layout from what the ranks hold - which, after a patched whole-model layout, is the *base*: tp 2 after
+    cfg 2 on the same MODEL ran without its LoRA, 0.77 from KSampler and no error (parallel/engine.source_weights).
+    And a new strength under tp after a patched version: the weights travel complete, never "undone in place"."""
+    from comfy_server import equal_ksampler, on_pool, workflow
+    for strength, cases in ((0.8, [("cfg2", {"cfg_degree": 2}, "sampler"), ("t2", {"tp_degree": 2}, "model")]),
+                            (0.3, [("t2", {"tp_degree": 2}, "sampler")])):
+        def graph(tag, degrees=None, node="model", strength=strength):
+            g = workflow(None, tag, 104, 72, family="sd3", steps=2, lora=("tiny_lora.safetensors", strength))
+            for k in ("7", "8", "11"):  # the latent is what is compared
+                g.pop(k, None)
+            return g if degrees is None else on_pool(g, degrees, node)
+        equal_ksampler(server, graph, f"lora_layouts_{int(strength * 10)}", cases)
+
+
 def test_bad_config_is_a_clear_error_and_the_next_prompt_works(server, reference):
     entry = server.run(_graph({"tp_degree": 3}, "bad"))
     text = str(entry)

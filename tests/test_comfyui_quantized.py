@@ -134,5 +134,6 @@ def test_lora_on_quantized_weights_equals_ksampler(server, quantized, form):
         equal_ksampler(server, graph, f"{tag}_d1", [("pool", {}, "model")], bound=0.0)
         equal_ksampler(server, graph, tag, [("u2", {"ulysses_degree": 2}, "model"),
                                             ("cfg2", {"cfg_degree": 2}, "sampler"),
+                                            ("t2", {"tp_degree": 2}, "model"),
                                             ("u2_sharded", {"ulysses_degree": 2, "shard_weights": "sequence"},
                                              "sampler")])

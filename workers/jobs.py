@@ -192,7 +192,8 @@ def job_load_model(state: WorkerState, ctx, payload: dict) -> dict:
                     "pages_rewritten": r.patch_pages.get("rewritten", 0)}
     weights = {k[len(WEIGHT_PREFIX):]: v for k, v in payload.items() if k.startswith(WEIGHT_PREFIX)}
     if not weights and not payload.get("path"):
-        weights = engine.source_weights(key) if payload.get("native") else None  # a config change: no transfer
+        # a config change: no transfer (a patched layout's base only where its patches come again)
+        weights = engine.source_weights(key, patches is not None) if payload.get("native") else None
         if weights is None:
             return {"need_weights": True, "loads": engine.loads, "resident": engine.resident()}
     if payload.get("path"):
