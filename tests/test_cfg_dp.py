@@ -43,7 +43,9 @@ def test_batch_parallel_equals_serial(dist_pools, family, degrees, batch):
         assert all(s.get("all_gather") for _, s in res), "the batch was not split and gathered"
 
 
-@pytest.mark.parametrize("family", ["flux", "sd3", "pixart", "wan"])
+# eight processes: SD3 (joint attention) and Wan (cross attention) in CI, Flux (43 s) and PixArt with the slow set
+@pytest.mark.parametrize("family", [pytest.param("flux", marks=pytest.mark.slow), "sd3",
+                                    pytest.param("pixart", marks=pytest.mark.slow), "wan"])
 def test_cfg2_ulysses2_ring2_eight_processes(dist_pools, family):
     h, w = {"flux": (5, 3), "sd3": (6, 10), "pixart": (6, 10), "wan": (4, 6)}[family]
     degrees = dict(cfg_degree=2, ulysses_degree=2, ring_degree=2)
