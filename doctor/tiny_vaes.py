@@ -5,6 +5,8 @@ filled from a seeded generator like the diffusion models of tiny_checkpoints.py 
   "sd" style has quant convs (4 channels), "flux" style has none (16 channels).
 - Wan 2.1 VAE: base width read from the weights; Wan 2.2's widths are fixed by comfy/sd.py.
 - HunyuanVideo 1.0's 3-D KL VAE: decoder side only.
+- LTX-2's video VAE: LTX's VideoVAE with LTX-2's stage list at tiny widths, its configuration in the file's header
+  (as in an LTX-2 checkpoint: ComfyUI reads it from there).
 """
 from __future__ import annotations
 
@@ -92,3 +94,39 @@ def write_wan22_vae(path: Path, *, dim: int = WAN22_VAE_DIM, dec_dim: int = WAN2
     1.4 GB; ComfyUI casts it to its VAE dtype, float32 on CPU). Other widths are for tests that build ComfyUI's
     class directly (`wan22_vae`) and convert it; VAELoader would reject their shapes."""
     return _save(lambda: wan22_vae(dim, dec_dim), path, seed, dtype)  # built on the meta device: no memory
+
+
+# LTX-2's video VAE configuration (an LTX-2 / 2.3 checkpoint's header "config" -> "vae": no timestep conditioning, no
+# noise, zero padding in space, non-causal decoder, pixel norm, 4x4 patches; the decoder's stage list, listed pixel
+# side first) with one layer per residual group and 8 base channels; ComfyUI's LTX VAE always has 128 latent channels
+LTX2_VAE_CONFIG = {
+    "_class_name": "CausalVideoAutoencoder", "dims": 3, "in_channels": 3, "out_channels": 3, "latent_channels": 128,
+    "encoder_blocks": [["res_x", {"num_layers": 1}]],
+    "decoder_blocks": [["res_x", {"num_layers": 1}], ["compress_space", {"multiplier": 2}], ["res_x", {"num_layers": 1}],
+                       ["compress_time", {"multiplier": 2}], ["res_x", {"num_layers": 1}],
+                       ["compress_all", {"multiplier": 1}], ["res_x", {"num_layers": 1}],
+                       ["compress_all", {"multiplier": 2}], ["res_x", {"num_layers": 1}]],
+    "scaling_factor": 1.0, "norm_layer": "pixel_norm", "patch_size": 4, "latent_log_var": "uniform",
+    "use_quant_conv": False, "causal_decoder": False, "timestep_conditioning": False,
+    "normalize_latent_channels": False, "encoder_base_channels": 8, "decoder_base_channels": 8,
+    "spatial_padding_mode": "zeros",
+}
+
+
+def write_ltx2_vae(path: Path, *, seed: int = 0, config: dict | None = None,
+                   dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    """LTX-2's video VAE (comfy.ldm.lightricks.vae.causal_video_autoencoder.VideoVAE) built from `config` (default
+    LTX2_VAE_CONFIG), written with that configuration in the header as {"config": {"vae": ...}}: VAELoader passes the
+    header to comfy.sd.VAE, which builds the VAE from it (the file's names alone give ComfyUI's default, timestep
+    conditioned configurations)."""
+    import json
+
+    from comfy.ldm.lightricks.vae.causal_video_autoencoder import VideoVAE
+
+    config = dict(LTX2_VAE_CONFIG if config is None else config)
+    with torch.device("meta"):
+        model = VideoVAE(config=config)
+    sd = _random_state_dict(model, seed, dtype)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    save_file(sd, str(path), metadata={"format": "pt", "config": json.dumps({"vae": config})})
+    return sd

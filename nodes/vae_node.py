@@ -31,8 +31,9 @@ class PatchVAEDecode:
             "samples": ("LATENT", {"tooltip": "The latent to decode."}),
             "vae": ("VAE", {"tooltip": "A KL image VAE (SD, SDXL, SD3, Flux.1 / Flux.2, PixArt, Lumina 2, Z-Image), "
                                        "a TAESD (taesd, taesdxl, taesd3, taef1), the Wan 2.1 / Wan 2.2 video VAE, "
-                                       "TAEHV, or HunyuanVideo 1.0 / 1.5's VAE; other VAEs (LTX-Video, Mochi, "
-                                       "Cosmos...): use VAE Decode."}),
+                                       "TAEHV, HunyuanVideo 1.0 / 1.5's VAE (Kandinsky 5's too) or LTX-2's video "
+                                       "VAE; other VAEs (timestep-conditioned LTX-Video, MiniMax H3, CogVideoX, "
+                                       "Mochi, Cosmos...): use VAE Decode."}),
             "parallel_config": ("PARALLEL_CONFIG", {"tooltip": "From the Parallel Config node; every rank of its "
                                                     "world decodes a band of rows."}),
         }, "optional": {
@@ -69,9 +70,13 @@ class PatchVAEDecode:
 def native_vae_spec(vae) -> dict:
     """What the workers build ComfyUI's VAE model from (workers/comfy_native.build_native_vae): its class, dtype and
     the classes it was built with, plus this process's ComfyUI runtime (family "vae_comfy" in the pool)."""
+    from ..parallel.vae.comfy_vaes import comfy_vae_for
     first = vae.first_stage_model
-    return {"vae": {"class": _qualname(first), "dtype": encode_value(vae.vae_dtype), "attrs": settings(first)},
-            **comfy_runtime()}
+    spec = {"class": _qualname(first), "dtype": encode_value(vae.vae_dtype), "attrs": settings(first)}
+    declared = comfy_vae_for(first)
+    if declared is not None and declared.metadata is not None:  # a configuration the weights alone do not give (LTX)
+        spec["metadata"] = declared.metadata(first)
+    return {"vae": spec, **comfy_runtime()}
 
 
 def settings(module) -> dict:

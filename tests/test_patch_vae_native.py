@@ -6,7 +6,7 @@ and split its decode by rows with the declared stand-ins (parallel/vae/native.py
 declared is here, with random weights in ComfyUI's format: the KL VAE as SD (quant convs, 4 channels), as Flux.1
 (AutoencodingEngine, 16 channels) and as Flux.2 (batch-norm latent un-shuffled into 2x2 pixel blocks), TAESD with 4
 and 16 channels, the Wan 2.1 and Wan 2.2 video VAEs, TAEHV (16 and 48 channels: the frame-by-frame memory blocks),
-HunyuanVideo 1.0 and 1.5; over 2, 3 and 4 ranks (4: slow), latents whose heights do and do not divide,
+HunyuanVideo 1.0 (Kandinsky 5's video VAE) and 1.5, LTX-2's video VAE; over 2, 3 and 4 ranks (4: slow), latents whose heights do and do not divide,
 with and without `block_size`; a bf16 VAE. The VAEs nobody declared, and latents that do not fit, are refused before
 any worker starts.
 """
@@ -105,6 +105,60 @@ def test_hunyuan_video_10_vae_over_4_ranks(hunyuan10, runtime):
     """The same over 4 ranks: a 6-row latent split 2/2/1/1, so two ranks hold a single latent row."""
     _assert_decode_equals(runtime, hunyuan10, torch.randn(1, 16, 2, 6, 4, generator=torch.Generator().manual_seed(64)),
                           4, "HunyuanVideo 1.0")
+
+
+@pytest.fixture(scope="module")
+def ltx2(comfy, tmp_path_factory):
+    """LTX-2's video VAE at tiny widths, built by ComfyUI's VAE from the file and its header as VAELoader (and an LTX-2
+    checkpoint's loader) does: the configuration comes from the header."""
+    import comfy.sd
+    import comfy.utils
+
+    from comfyui_hybrid_parallel.doctor import tiny_vaes
+    path = tmp_path_factory.mktemp("ltx2") / "ltx2_video_vae.safetensors"
+    tiny_vaes.write_ltx2_vae(path, seed=70)
+    sd, metadata = comfy.utils.load_torch_file(str(path), return_metadata=True)
+    vae = comfy.sd.VAE(sd=sd, metadata=metadata)
+    model = vae.first_stage_model
+    assert type(model).__name__ == "VideoVAE" and not model.timestep_conditioning
+    assert model.decoder.conv_in.conv.padding_mode == "zeros"
+    return vae
+
+
+LTX2_CASES = [(2, (1, 128, 3, 5, 4)), (3, (1, 128, 2, 6, 3))]
+
+
+@pytest.mark.parametrize("n, shape", LTX2_CASES, ids=[f"{n}r-{s[-2]}rows" for n, s in LTX2_CASES])
+def test_ltx2_video_vae(ltx2, runtime, n, shape):
+    """LTX-2's video VAE (LTX's VideoVAE, configured from the file's header, which the workers get with the weights):
+    causal convs padding time with frame copies and space with zeros, depth-to-space upsampling (channels into 2x2
+    pixel blocks, rows in order), pixel norms over channels, a 4x4 unpatchify. Heights that do and do not divide."""
+    latent = torch.randn(*shape, generator=torch.Generator().manual_seed(71 + n))
+    if not hasattr(ltx2.first_stage_model, "config"):  # ComfyUI 0.3.75: refused, the workers could not rebuild it
+        msg = _refuse(ltx2.first_stage_model, latent, n)
+        assert "keeps no copy of the configuration" in msg, msg
+        return
+    _assert_decode_equals(runtime, ltx2, latent, n, "LTX-2")
+
+
+@pytest.mark.slow  # a 33-frame decode ~6000 pixels tall (its last level: twice ComfyUI's chunk budget), serial and split
+def test_ltx2_video_vae_frame_chunks_agree(ltx2, runtime):
+    """Later ComfyUIs' LTX decoder cuts each level's output into frame chunks by the bytes it holds (at most
+    get_max_chunk_size: 32 to 128 MiB by the device's memory). The latent is sized so that the last level's top band
+    (k + 1 latent rows) holds more than the budget and the bottom band (k rows) not: alone, the top band would cut 2
+    chunks and the bottom one 1, and their convolutions would exchange border rows with different calls. Every band
+    cuts the serial decode's 3 chunks (the bytes summed over the ranks)."""
+    from comfy.ldm.lightricks.vae import causal_video_autoencoder as cva
+    if not hasattr(cva, "get_max_chunk_size"):
+        pytest.skip("this ComfyUI's LTX decoder does not chunk frames")
+    budget = cva.get_max_chunk_size(torch.device("cpu"))  # the workers run on this machine's CPU as well
+    frames, width = 33, 20  # 5 latent frames; 8 channels at the last level, 8 pixel rows and columns per latent one
+    row_bytes = 8 * 4 * frames * 8 * (width * 8)
+    k = budget // row_bytes
+    assert row_bytes * k <= budget < row_bytes * (k + 1)
+    latent = torch.randn(1, 128, 5, 2 * k + 1, width, generator=torch.Generator().manual_seed(75))
+    with torch.inference_mode():  # as ComfyUI runs a node (its chunked decode adds into split views in place)
+        _assert_decode_equals(runtime, ltx2, latent, 2, "LTX-2 (frame chunks)")
 
 
 HV15_DDCONFIG = {"block_out_channels": [128, 256, 512, 1024, 1024], "in_channels": 3, "out_channels": 3,
@@ -262,6 +316,36 @@ def test_vaes_nobody_declared_are_refused_before_any_worker(comfy, vaes):
     assert "3 rows tall cannot be split over 4 ranks" in msg and "at most 3 ranks" in msg, msg
 
 
+def test_video_vaes_refused_with_their_reason_before_any_worker(comfy):
+    """LTX-Video 0.9.1+'s VAE (timestep conditioned: its decode mixes unseeded noise into the latent) and 0.9.0's
+    (reflect padding in space), MiniMax H3's
+    (a ViT decoder over internally tiled frames) and CogVideoX's (a causal conv that convolves outside its child
+    conv) are refused with the written reason, before any worker starts."""
+    from comfy.ldm.lightricks.vae.causal_video_autoencoder import VideoVAE
+
+    with torch.device("meta"):
+        ltxv = VideoVAE(version=1)
+    msg = _refuse(ltxv, torch.zeros(1, 128, 2, 4, 4))
+    assert "timestep conditioned" in msg and "unseeded" in msg and "VAE Decode" in msg, msg
+    with torch.device("meta"):
+        ltxv_090 = VideoVAE(version=0)  # not conditioned; no spatial_padding_mode in its configuration: reflect
+    msg = _refuse(ltxv_090, torch.zeros(1, 128, 2, 4, 4))
+    assert "padding_mode='reflect'" in msg or not hasattr(ltxv_090, "config"), msg  # (0.3.75: refused before that)
+    import importlib.util
+    if importlib.util.find_spec("comfy.ldm.minimax") is not None:  # (ComfyUIs after 0.3.75)
+        import comfy.ldm.minimax.vae as minimax
+        with torch.device("meta"):
+            h3 = minimax.MiniMaxH3VideoVAE()
+        msg = _refuse(h3, torch.zeros(1, 24, 2, 4, 4))
+        assert "MiniMax H3" in msg and "tile" in msg, msg
+    if importlib.util.find_spec("comfy.ldm.cogvideo") is not None:
+        from comfy.ldm.cogvideo.vae import AutoencoderKLCogVideoX
+        with torch.device("meta"):
+            cog = AutoencoderKLCogVideoX(latent_channels=16)
+        msg = _refuse(cog, torch.zeros(1, 16, 2, 4, 4))
+        assert "CogVideoX" in msg and "fast path" in msg, msg
+
+
 def test_flux2_tae_is_refused_before_any_worker(comfy):
     """Flux.2's TAE (taef2: a TAESD whose decoder un-shuffles 128 latent channels into 2x2 pixel blocks and whose
     first blocks hold a GroupNorm; ComfyUIs after 0.3.75) is built by ComfyUI only with VAELoader's metadata, which
@@ -293,10 +377,11 @@ def test_the_driver_copy_becomes_the_workers_pages(comfy, vaes, runtime):
 def test_every_written_refusal_names_a_class_of_this_comfyui(comfy):
     """The refused VAEs' reasons and the declarations are keyed by class names: each must name a class of the
     ComfyUI in use (a typo would silently fall back to the generic message, or refuse a module), except the names of
-    RENAMED, one side of which it must have (each side is checked by the run on the ComfyUI that has it)."""
+    RENAMED, one side of which it must have (each side is checked by the run on the ComfyUI that has it), and those of
+    ADDED_LATER, checked where their module imports."""
     import importlib
 
-    from comfyui_hybrid_parallel.parallel.vae.comfy_vaes import DECLARED, RENAMED, REFUSED
+    from comfyui_hybrid_parallel.parallel.vae.comfy_vaes import ADDED_LATER, DECLARED, RENAMED, REFUSED
 
     def exists(name):
         module, _, cls = name.rpartition(".")
@@ -311,4 +396,15 @@ def test_every_written_refusal_names_a_class_of_this_comfyui(comfy):
     for pair in RENAMED:
         assert any(exists(n) for n in pair), pair
     for name in names:
+        if name in ADDED_LATER and not _module_imports(name):
+            continue
         assert exists(name) or (name in partner and exists(partner[name])), name
+
+
+def _module_imports(name: str) -> bool:
+    import importlib
+    try:
+        importlib.import_module(name.rpartition(".")[0])
+        return True
+    except ImportError:
+        return False

@@ -273,7 +273,7 @@ def build_native_vae(spec: dict, weights: dict) -> torch.nn.Module:
     want = spec["vae"]
     meta = {k: torch.empty(tuple(v.shape), dtype=v.dtype, device="meta") for k, v in weights.items()}
     with torch.device("meta"):
-        vae = comfy.sd.VAE(sd=meta, dtype=decode_value(want.get("dtype")))
+        vae = comfy.sd.VAE(sd=meta, dtype=decode_value(want.get("dtype")), metadata=want.get("metadata"))
     model = vae.first_stage_model
     got = f"{type(model).__module__}.{type(model).__qualname__}"
     if got != want["class"]:

@@ -194,7 +194,61 @@ TAEHV = ComfyVae(
     dims=5,
 )
 
-DECLARED = (KL, KL3D, HV15, TAESD, WAN21, WAN22, TAEHV)
+_LTX = "comfy.ldm.lightricks.vae"
+_LTXV = f"{_LTX}.causal_video_autoencoder"
+
+
+def _ltxv_problems(model) -> list:
+    """LTX's VideoVAE as its configuration builds it: LTX-2's (and LTX-2.3's) is neither timestep conditioned nor
+    noise injecting; LTX-Video 0.9.1 and later (ComfyUI's version 1 / 2 defaults) are both."""
+    out = []
+    if not isinstance(getattr(model, "config", None), dict):
+        out.append("this ComfyUI's VideoVAE keeps no copy of the configuration it was built from (the file's header), "
+                   "which the workers need to build it again (ComfyUI 0.3.75; later ones keep it)")
+    if getattr(model, "timestep_conditioning", False):
+        out.append("its decode is timestep conditioned: VideoVAE.decode first mixes unseeded torch.randn noise into the "
+                   "whole latent (decode_noise_scale), so no two VAE Decodes agree and a split has nothing exact to "
+                   "equal (LTX-Video 0.9.1+; LTX-2's VAE is not conditioned)")
+    decoder = getattr(model, "decoder", None)
+    if qualname(decoder) != f"{_LTXV}.Decoder":
+        out.append(f"its decoder is {qualname(decoder)}")
+    elif any(getattr(m, "inject_noise", False) for m in decoder.modules()):
+        out.append("its resnet blocks inject unseeded noise drawn over each band's own height (inject_noise)")
+    elif any(qualname(m) == f"{_LTX}.pixel_norm.PixelNorm" and m.dim != 1 for m in decoder.modules()):
+        out.append("a PixelNorm normalizes over another dimension than the channels")
+    return out
+
+
+def _ltxv_metadata(model) -> dict:
+    """The header comfy.sd.VAE reads LTX's VAE configuration from (a checkpoint's or VAE file's "config")."""
+    import json
+    return {"config": json.dumps({"vae": model.config})}
+
+
+LTXV = ComfyVae(
+    title="LTX-2's video VAE (LTX's VideoVAE without timestep conditioning)",
+    classes=(f"{_LTXV}.VideoVAE",),
+    # decode: per_channel_statistics.un_normalize (per channel), then the decoder. Later ComfyUIs: Decoder.run_up
+    # runs each up block on the output of the last, in frame chunks by bytes (byte_chunked: the serial decode's
+    # chunks on every rank), into an output buffer sized from the band
+    parts=("per_channel_statistics", "decoder"),
+    # Decoder: conv_in, up blocks - UNetMidBlock3D (ResnetBlock3D: PixelNorm over channels, SiLU, CausalConv3d, 1x1x1
+    # shortcut; the residual sum carried across frame chunks), DepthToSpaceUpsample (a CausalConv3d, then channels
+    # into (frame, 2x2 pixel) blocks - rows in order -, the first frame dropped; residual: the input rearranged the
+    # same way and repeated over channels) -, PixelNorm, SiLU, conv_out, unpatchify (channels into 4x4 pixel blocks).
+    # CausalConv3d pads time itself (copies of the first / last frame, or the previous chunk's frames of this band)
+    # and runs its child Conv3d, which pads space with its padding_mode: zeros (LTX-2) split by PatchConv; reflect
+    # (the configurations without spatial_padding_mode: LTX-Video 0.9.0) is refused by PatchConv
+    row_local=(f"{_LTXV}.Decoder", f"{_LTXV}.UNetMidBlock3D", f"{_LTXV}.ResnetBlock3D",
+               f"{_LTXV}.DepthToSpaceUpsample", f"{_LTXV}.processor", f"{_LTX}.causal_conv3d.CausalConv3d",
+               f"{_LTX}.pixel_norm.PixelNorm"),
+    byte_chunked=(f"{_LTXV}.Decoder",),
+    dims=5,
+    check=_ltxv_problems,
+    metadata=_ltxv_metadata,
+)
+
+DECLARED = (KL, KL3D, HV15, TAESD, WAN21, WAN22, TAEHV, LTXV)
 
 # Declared names that only some ComfyUI releases define: (the earlier releases' name, the later ones'). Every other
 # name in DECLARED and REFUSED must be a class of the ComfyUI in use, and of each pair one side
@@ -205,6 +259,9 @@ RENAMED = (
     ("torch.nn.Sequential", f"{_TAESD}.Decoder"),  # earlier: a function returning an nn.Sequential
 )
 
+# Classes only later ComfyUIs define (not a rename): the tests check them where their module imports.
+ADDED_LATER = ("comfy.ldm.minimax.vae.MiniMaxH3VideoVAE", "comfy.ldm.cogvideo.vae.AutoencoderKLCogVideoX")
+
 # Read and refused, with the reason (what an entry would need). Keys: the first_stage_model class, or
 # "class/decoder class" where one class hosts several decoders.
 REFUSED = {
@@ -212,10 +269,15 @@ REFUSED = {
     "(32x, pixel un-shuffle upsampling) was not read for a row split yet",
     "comfy.ldm.models.autoencoder.AutoencodingEngine/comfy.ldm.modules.temporal_ae.VideoDecoder": "SVD's temporal "
     "decoder keeps frames in the batch and normalizes over all of them (GroupNorm over time): not split yet",
-    "comfy.ldm.lightricks.vae.causal_video_autoencoder.VideoVAE": "LTX-Video's VAE: its timestep-conditioned decode "
-    "draws noise over whole frames inside its resnet blocks (unseeded: no two VAE Decodes agree), and its causal "
-    "convs (reflect padding in space), depth-to-space upsampling and mid-block attention were not declared for a row "
-    "split yet",
+    "comfy.ldm.minimax.vae.MiniMaxH3VideoVAE": "MiniMax H3's video VAE: its decoder is a ViT (ViT3DDecoder) whose "
+    "every token attends to all tokens of its tile plus 4 register tokens, with RoPE positions counted from the "
+    "tile's origin, and the model tiles each frame itself (256-pixel tiles, overlaps blended, the grid placed from the "
+    "full height; 17-frame chunks blended in time): a band of rows changes the tiles. An exact split would hand whole "
+    "tiles of that same grid to the ranks (tile parallel), which the row mechanism does not do",
+    "comfy.ldm.cogvideo.vae.AutoencoderKLCogVideoX": "CogVideoX's VAE: its CausalConv3d convolves a lone uncached "
+    "frame (a one-frame latent) with F.conv3d itself, outside its child conv, and its SpatialNorm3D resizes the latent "
+    "to each level by size (nearest): a split needs a stand-in for that causal conv's fast path and a check that every "
+    "resize keeps an integer row ratio - not declared yet",
     "comfy.ldm.genmo.vae.model.VideoVAE": "Mochi's VAE: its GroupNormSpatial normalizes each frame on its own and its "
     "PConv3d pads time itself before a replicate-padded conv: not declared for a row split yet",
     "comfy.ldm.cosmos.vae.CausalContinuousVideoTokenizer": "Cosmos' tokenizer pads inside its own causal conv module "

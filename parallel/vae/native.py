@@ -59,6 +59,8 @@ class ComfyVae:
     dims: int = 4                    # latent (B, C, H, W) or (B, C, T, H, W)
     decoder: str = ""                # its `decoder` attribute's class, where one model class hosts several
     check: Optional[Callable] = None  # model -> [problems] beyond the module walk (a variant the entry excludes)
+    byte_chunked: tuple = ()         # modules whose `run_up(..., max_chunk_size)` chunks frames by its band's bytes
+    metadata: Optional[Callable] = None  # model -> the `metadata` comfy.sd.VAE needs to build it again (its config)
 
 
 def qualname(obj) -> str:
@@ -103,6 +105,53 @@ def _gather_kv(attention, ax):
     return gathered
 
 
+class _AgreedChunks:
+    """A `max_chunk_size` every rank's ComfyUI reads as the serial decode's: LTX's Decoder.run_up cuts each level's
+    output into `(total_bytes + max_chunk_size - 1) // max_chunk_size` frame chunks, and a band's bytes are its share
+    of the whole, so each rank alone would cut fewer chunks than VAE Decode does - and differently from the other
+    ranks, whose convolutions then exchange rows with a different call. Here that expression's `total_bytes` is
+    summed over the ranks (one tiny all-reduce, at the point every rank reaches together) before it is divided: every
+    rank cuts the serial decode's chunks. Any other arithmetic on it fails loudly (a changed formula is not guessed)."""
+
+    def __init__(self, budget: int, ax, device):
+        self.budget, self.ax, self.device = int(budget), ax, device
+
+    def __radd__(self, local_bytes):
+        return _PendingChunks(self, int(local_bytes), self.budget)
+
+
+class _PendingChunks:
+    def __init__(self, agreed: _AgreedChunks, local_bytes: int, offset: int):
+        self.agreed, self.local_bytes, self.offset = agreed, local_bytes, offset
+
+    def __sub__(self, n):
+        return _PendingChunks(self.agreed, self.local_bytes, self.offset - int(n))
+
+    def __floordiv__(self, other):
+        if other is not self.agreed:
+            return NotImplemented
+        from ..comm import all_reduce
+        total = all_reduce(torch.tensor([self.local_bytes], dtype=torch.int64, device=self.agreed.device),
+                           self.agreed.ax)
+        return (int(total.item()) + self.offset) // self.agreed.budget
+
+
+def _agreed_run_up(run_up, ax):
+    """`run_up(idx, sample_ref, ..., max_chunk_size)` with the frame chunks of the serial decode on every rank."""
+    def agreed(*args, **kwargs):
+        args = list(args)
+        budget = kwargs["max_chunk_size"] if "max_chunk_size" in kwargs else args[-1]
+        if not isinstance(budget, _AgreedChunks):
+            budget = _AgreedChunks(budget, ax, args[1][0].device if len(args) > 1 else kwargs["sample_ref"][0].device)
+        if "max_chunk_size" in kwargs:
+            kwargs["max_chunk_size"] = budget
+        else:
+            args[-1] = budget
+        return run_up(*args, **kwargs)
+    agreed.__wrapped__ = run_up
+    return agreed
+
+
 def _plain_child_conv(m: nn.Module, path: str, name: str) -> nn.Module:
     """The `.conv` a padding wrapper (VideoConv3d, NoPadConv3d) runs, refused unless a plain convolution."""
     conv = getattr(m, "conv", None)
@@ -139,6 +188,8 @@ def _walk(m: nn.Module, path: str, vae: ComfyVae, ax, plan: NativePlan, block_si
             stand_in = PrepaddedConv(m, ax, timeout_s=timeout_s, name=path)
             plan.add(m, "forward", stand_in.forward, stand_in.halo)
         return
+    if name in vae.byte_chunked and callable(getattr(m, "run_up", None)):  # (earlier ComfyUIs: no run_up, no chunks)
+        plan.add(m, "run_up", _agreed_run_up(m.run_up, ax))
     if name in vae.attention:
         fn = getattr(m, "optimized_attention", None)
         if fn is None:
