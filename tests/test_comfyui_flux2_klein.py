@@ -36,8 +36,8 @@ def _reference(server):
     return path.name
 
 
-def _graph(size, tag, degrees=None, node="model", edit=None):
-    g = workflow(None, tag, *size, family="flux2_klein", steps=2)
+def _graph(size, tag, degrees=None, node="model", edit=None, weight_dtype="default"):
+    g = workflow(None, tag, *size, family="flux2_klein", steps=2, weight_dtype=weight_dtype)
     for k in ("7", "8", "11", "6"):  # no VAE: the latent is what is compared
         g.pop(k, None)
     if edit is not None:
@@ -59,3 +59,11 @@ def test_flux2_klein_edit_equals_ksampler(server):
     _write(server)
     ref = _reference(server)
     equal_ksampler(server, lambda *a: _graph((112, 80), *a, edit=ref), "klein_edit", CASES[:4])
+
+
+@pytest.mark.slow
+def test_flux2_klein_fp8_weights_equal_ksampler(server):
+    """UNETLoader's fp8_e4m3fn weight dtype: fp8 storage, computed in fp32 on CPU (manual cast) - the exact bound."""
+    _write(server)
+    equal_ksampler(server, lambda *a: _graph((112, 80), *a, weight_dtype="fp8_e4m3fn"), "klein_fp8",
+                   [CASES[0], CASES[3]])

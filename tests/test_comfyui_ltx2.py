@@ -35,9 +35,10 @@ def _write(server, v23=False):
                      lambda p: tiny.write_ltxav(p, v23=v23, seed=43))
 
 
-def _graph(size, tag, degrees=None, node="model", mask=None, v23=False):
+def _graph(size, tag, degrees=None, node="model", mask=None, v23=False, weight_dtype="default"):
     w, h, frames, audio = SIZES[size]
-    g = workflow(None, tag, w, h, family="ltxav", length=frames, steps=2, mask=mask == "spatial")
+    g = workflow(None, tag, w, h, family="ltxav", length=frames, steps=2, mask=mask == "spatial",
+                 weight_dtype=weight_dtype)
     if v23:  # its text is the projected [video, audio] widths side by side: 256 + 32
         g["1"]["inputs"]["unet_name"] = V23
         for k in ("2", "3"):
@@ -146,3 +147,10 @@ def test_ltx2_distrifusion(server):
     from comfy_server import distrifusion_sync_and_stale
     _write(server)
     distrifusion_sync_and_stale(server, lambda *a: _graph("odd", *a), "ltx2_df", steps=2, bound=0.1)
+
+
+@pytest.mark.slow
+def test_ltx2_fp8_weights_equal_ksampler(server):
+    """UNETLoader's fp8_e4m3fn weight dtype: fp8 storage, computed in fp32 on CPU (manual cast) - the exact bound."""
+    _write(server)
+    equal_ksampler(server, lambda *a: _graph("odd", *a, weight_dtype="fp8_e4m3fn"), "ltx2_fp8", [CASES[0], CASES[3]])
