@@ -102,8 +102,8 @@ def write_wan22_vae(path: Path, *, dim: int = WAN22_VAE_DIM, dec_dim: int = WAN2
 LTX2_VAE_CONFIG = {
     "_class_name": "CausalVideoAutoencoder", "dims": 3, "in_channels": 3, "out_channels": 3, "latent_channels": 128,
     "encoder_blocks": [["res_x", {"num_layers": 1}]],
-    "decoder_blocks": [["res_x", {"num_layers": 1}], ["compress_space", {"multiplier": 2}], ["res_x", {"num_layers": 1}],
-                       ["compress_time", {"multiplier": 2}], ["res_x", {"num_layers": 1}],
+    "decoder_blocks": [["res_x", {"num_layers": 1}], ["compress_space", {"multiplier": 2}],
+                       ["res_x", {"num_layers": 1}], ["compress_time", {"multiplier": 2}], ["res_x", {"num_layers": 1}],
                        ["compress_all", {"multiplier": 1}], ["res_x", {"num_layers": 1}],
                        ["compress_all", {"multiplier": 2}], ["res_x", {"num_layers": 1}]],
     "scaling_factor": 1.0, "norm_layer": "pixel_norm", "patch_size": 4, "latent_log_var": "uniform",

@@ -6,9 +6,9 @@ and split its decode by rows with the declared stand-ins (parallel/vae/native.py
 declared is here, with random weights in ComfyUI's format: the KL VAE as SD (quant convs, 4 channels), as Flux.1
 (AutoencodingEngine, 16 channels) and as Flux.2 (batch-norm latent un-shuffled into 2x2 pixel blocks), TAESD with 4
 and 16 channels, the Wan 2.1 and Wan 2.2 video VAEs, TAEHV (16 and 48 channels: the frame-by-frame memory blocks),
-HunyuanVideo 1.0 (Kandinsky 5's video VAE) and 1.5, LTX-2's video VAE; over 2, 3 and 4 ranks (4: slow), latents whose heights do and do not divide,
-with and without `block_size`; a bf16 VAE. The VAEs nobody declared, and latents that do not fit, are refused before
-any worker starts.
+HunyuanVideo 1.0 (Kandinsky 5's video VAE) and 1.5, LTX-2's video VAE; over 2, 3 and 4 ranks (4: slow), latents
+whose heights do and do not divide, with and without `block_size`; a bf16 VAE. The VAEs nobody declared, and latents
+that do not fit, are refused before any worker starts.
 """
 import types
 
@@ -141,7 +141,7 @@ def test_ltx2_video_vae(ltx2, runtime, n, shape):
     _assert_decode_equals(runtime, ltx2, latent, n, "LTX-2")
 
 
-@pytest.mark.slow  # a 33-frame decode ~6000 pixels tall (its last level: twice ComfyUI's chunk budget), serial and split
+@pytest.mark.slow  # a 33-frame decode ~6000 pixels tall (its last level: twice ComfyUI's chunk budget), twice
 def test_ltx2_video_vae_frame_chunks_agree(ltx2, runtime):
     """Later ComfyUIs' LTX decoder cuts each level's output into frame chunks by the bytes it holds (at most
     get_max_chunk_size: 32 to 128 MiB by the device's memory). The latent is sized so that the last level's top band

@@ -206,9 +206,9 @@ def _ltxv_problems(model) -> list:
         out.append("this ComfyUI's VideoVAE keeps no copy of the configuration it was built from (the file's header), "
                    "which the workers need to build it again (ComfyUI 0.3.75; later ones keep it)")
     if getattr(model, "timestep_conditioning", False):
-        out.append("its decode is timestep conditioned: VideoVAE.decode first mixes unseeded torch.randn noise into the "
-                   "whole latent (decode_noise_scale), so no two VAE Decodes agree and a split has nothing exact to "
-                   "equal (LTX-Video 0.9.1+; LTX-2's VAE is not conditioned)")
+        out.append("its decode is timestep conditioned: VideoVAE.decode first mixes unseeded torch.randn noise into "
+                   "the whole latent (decode_noise_scale), so no two VAE Decodes agree and a split has nothing exact "
+                   "to equal (LTX-Video 0.9.1+; LTX-2's VAE is not conditioned)")
     decoder = getattr(model, "decoder", None)
     if qualname(decoder) != f"{_LTXV}.Decoder":
         out.append(f"its decoder is {qualname(decoder)}")
