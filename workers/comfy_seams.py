@@ -57,6 +57,10 @@ SEAMS = (
     Seam("comfy.ldm.modules.attention:REGISTERED_ATTENTION_FUNCTIONS", "workers/comfy_native", optional=True),
     Seam("comfy.sd:load_diffusion_model", "doctor, workers/comfy_native: ComfyUI's loader"),
     Seam("comfy.sd:VAE", "nodes/vae_node: the VAE the workers decode with"),
+    Seam("comfy.sd:VAE", "workers/comfy_native: LTX-2's VAE built again from its header's config (ComfyUI 0.33)",
+         params=("metadata",), optional=True),
+    Seam("comfy.ldm.lightricks.vae.causal_video_autoencoder:Decoder.run_up", "parallel/vae/native: LTX-2's frame "
+         "chunks, by bytes, agreed across the ranks (ComfyUI 0.33)", params=("max_chunk_size",), optional=True),
     # sampling on the driver (nodes/sampler_node.py, nodes/loop_mode.py)
     Seam("comfy.sample:sample", "nodes/sampler_node: KSampler's own sampling"),
     Seam("comfy.sample:sample_custom", "nodes/sampler_node"),
