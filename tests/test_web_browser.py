@@ -2,7 +2,8 @@
 
 What a user sees: the Parallel Config node's mesh picture (cells, groups, colours) following the
 widgets, the config error inline, the worker panel, and Hybrid Sampler's progress reaching the
-frontend. Screenshots go to $HP_ARTIFACTS_DIR (default build/test-artifacts).
+frontend; the same with the frontend's Vue nodes (Nodes 2.0) and with the pack's nodes inside a subgraph. Screenshots
+go to $HP_ARTIFACTS_DIR (default build/test-artifacts).
 Under scripts/test.sh (HP_REQUIRE_BROWSER=1) a missing browser fails these tests; elsewhere it skips them.
 """
 import json
@@ -28,7 +29,17 @@ ARTIFACTS = Path(os.environ.get("HP_ARTIFACTS_DIR", REPO / "build" / "test-artif
 SEED = dict(dp_degree=2, cfg_degree=2, pp_degree=2, ulysses_degree=2)  # xDiT's 16-device example
 W, H = 104, 72
 
-APP = "const app = window.comfyAPI.app.app; const node = app.graph.findNodesByType('HybridParallelConfig')[0];"
+APP = """const app = window.comfyAPI.app.app;
+const node = (() => {  // the workflow's Parallel Config: the root graph's, else the first inside a subgraph
+  for (const gs = [app.graph], seen = new Set(); gs.length;) {
+    const g = gs.shift();
+    if (seen.has(g)) continue;
+    seen.add(g);
+    const n = g.nodes.find((n) => n.comfyClass === 'HybridParallelConfig');
+    if (n) return n;
+    gs.push(...g.nodes.filter((n) => n.subgraph).map((n) => n.subgraph));
+  }
+})();"""
 READY = """const a = window.comfyAPI?.app?.app;
 return !!(a && a.graph && window.LiteGraph?.registered_node_types?.HybridSampler
           && a.extensions?.some((e) => e.name === 'hybrid_parallel.ui')
@@ -516,3 +527,180 @@ def test_templates_load_in_the_frontend_and_are_listed(page):
     finally:  # the other tests of this module expect the Hybrid Parallel test workflow
         page.execute_script("window.comfyAPI.app.app.loadApiJson(arguments[0], 'hybrid_parallel.json')",
                             workflow({}, "browser", W, H, steps=3))
+
+
+# Nodes 2.0: the frontend (1.2x+; ComfyUI 0.33 ships 1.49.6) can draw every node as a Vue component over the canvas
+# instead of on it; a DOM widget's element then moves into the node's component (WidgetDOM)
+VUE_NODES = "Comfy.VueNodes.Enabled"
+SETTING = """const [id, value, done] = arguments;
+window.comfyAPI.app.app.extensionManager.setting.set(id, value).then(() => done(true), (e) => done(String(e)));"""
+LOAD_API = """const [api, name, done] = arguments;
+Promise.resolve(window.comfyAPI.app.app.loadApiJson(api, name)).then(() => done(true), (e) => done(String(e)));"""
+IN_VUE_NODE = APP + """const el = node.widgets.find((w) => w.name === 'mesh_picture').element;
+return el.closest('[data-node-id]')?.dataset.nodeId === String(node.id) && el.offsetParent !== null;"""
+FITS = APP + """const root = node.widgets.find((w) => w.name === 'mesh_picture').element;
+return [root.firstElementChild.scrollWidth, root.clientWidth];"""
+
+
+def _setting(page, key, value, mode=None):
+    assert page.execute_async_script(SETTING, key, value) is True, key
+    if mode is not None:
+        _until(lambda: page.execute_script("return window.LiteGraph.vueNodesMode;") == mode, 10, f"{key} = {value}")
+
+
+def _load_api(page, graph):
+    assert page.execute_async_script(LOAD_API, graph, "hybrid_parallel.json") is True
+    _until(lambda: page.execute_script(SETTLED), 30, "the mesh picture")
+
+
+def _picture_with(page, what, **widgets):
+    """The picture once settled on these widget values (a click's value reaches the widget a moment later)."""
+    import urllib.parse
+
+    def ready():
+        if not page.execute_script(SETTLED):
+            return None
+        pic = page.execute_script(READ)
+        q = dict(urllib.parse.parse_qsl(pic["query"], keep_blank_values=True))
+        return pic if all(q.get(k) == str(v) for k, v in widgets.items()) else None
+    return _until(ready, 30, what)
+
+
+def _focus_config(page, x=420, y=110):
+    page.execute_script(APP + """const c = app.canvas, ds = c.ds;
+ds.scale = 1; ds.offset[0] = arguments[0] - node.pos[0]; ds.offset[1] = arguments[1] - node.pos[1];
+c.setDirty(true, true);""", x, y)
+    time.sleep(0.3)  # a frame for the canvas and the node components
+
+
+def test_vue_nodes_mode_shows_the_picture_in_the_node(page):
+    """With Nodes 2.0 on: the picture sits inside Parallel Config's Vue component, wide enough for it (the component
+    pads its body), follows clicks on the component's own "+" buttons and its legend chips; the Workers panel shows
+    the pool's state; switched back, the picture is the canvas's DOM widget again."""
+    from selenium.webdriver.common.by import By
+    if not page.execute_script("return 'vueNodesMode' in window.LiteGraph;"):
+        pytest.skip("this frontend has no Vue nodes mode (Nodes 2.0)")
+    try:
+        _setting(page, VUE_NODES, True, mode=True)
+        _load_api(page, workflow({}, "browser", W, H, steps=3))
+        _focus_config(page)
+        _until(lambda: page.execute_script(IN_VUE_NODE), 10, "the picture inside the Vue node")
+        vue_node = f'[data-node-id="{page.execute_script(APP + "return node.id;")}"]'
+        for name in ("dp_degree", "cfg_degree", "pp_degree", "ulysses_degree"):  # a click on each "+": 1 -> 2
+            page.find_element(By.CSS_SELECTOR, f'{vue_node} [aria-label="{name}"] [data-testid="increment"]').click()
+        pic = _picture_with(page, "the picture after the clicks", **SEED)
+        assert pic["ok"] == "true" and pic["worldSize"] == 16 and len(pic["cells"]) == 16
+        groups = rank_groups(ParallelConfig(**SEED))
+        for axis in ("dp", "cfg", "pp", "ulysses", "sp"):
+            assert _partition(pic["cells"], axis) == sorted(groups[axis]), axis
+        assert pic["boxes"] == {"dp": 2, "cfg": 4, "pp": 8} and pic["colorBy"] == "ulysses"
+        assert _colors_follow(pic["cells"], "ulysses")
+        _until(lambda: (lambda s: s[0] <= s[1])(page.execute_script(FITS)), 5,
+               "the node wide enough for the picture")  # not clipped by the component's padding
+        page.find_element(By.CSS_SELECTOR, f'{vue_node} .hp-chip[data-axis="cfg"]').click()
+        by_cfg = page.execute_script(READ)
+        assert by_cfg["colorBy"] == "cfg" and _colors_follow(by_cfg["cells"], "cfg")
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        page.find_element(By.CSS_SELECTOR, vue_node).screenshot(str(ARTIFACTS / "vue_nodes_mesh_picture.png"))
+
+        if not page.execute_script("return !!document.getElementById('hp-worker-panel')?.isConnected;"):
+            page.execute_script("window.comfyAPI.app.app.extensionManager.command"
+                                ".execute('Workspace.ToggleSidebarTab.hybrid-parallel-workers');")
+        state = "return document.getElementById('hp-worker-panel')?.dataset.state ?? null;"
+        want = page.comfy.get("/hybrid_parallel/pool")["state"]
+        _until(lambda: page.execute_script(state) == want, 20, f"the worker panel showing {want}")
+
+        _setting(page, VUE_NODES, False, mode=False)  # back on the canvas: the same element, a DOM widget again
+        _until(lambda: page.execute_script(APP + """const el = node.widgets.find((w) => w.name === 'mesh_picture')
+.element; return el.isConnected && !el.closest('[data-node-id]');"""), 10, "the picture back on the canvas")
+    finally:
+        _setting(page, VUE_NODES, False)
+        _load_api(page, workflow({}, "browser", W, H, steps=3))
+
+
+TO_SUBGRAPH = """const done = arguments[arguments.length - 1];
+const app = window.comfyAPI.app.app, c = app.canvas;
+c.deselectAll();
+for (const type of ['HybridParallelConfig', 'HybridSampler']) c.select(app.graph.findNodesByType(type)[0]);
+app.extensionManager.command.execute('Comfy.Graph.ConvertToSubgraph')  // what the selection toolbox's button runs
+  .then(() => done(JSON.stringify(app.graph.serialize())), (e) => done(JSON.stringify({ error: String(e) })));"""
+OPEN_SUBGRAPH = """const app = window.comfyAPI.app.app;
+const host = app.graph.nodes.find((n) => n.isSubgraphNode?.());
+app.canvas.openSubgraph(host.subgraph, host);"""
+
+
+def test_the_packs_nodes_inside_a_subgraph(page):
+    """Parallel Config and Hybrid Sampler converted to a subgraph (Convert to Subgraph; the saved workflow holds them
+    in definitions.subgraphs): the frontend's prompt (ids "<subgraph node>:<node>") runs through the pack to the end,
+    with Hybrid Sampler's progress reaching the page; opened, the subgraph shows the config's picture, which follows
+    its widgets; and a fresh page opening the saved workflow (in Vue nodes mode) sends the warm request with the
+    Parallel Config inside the subgraph, whose picture the opened subgraph shows in the node's component."""
+    server = page.comfy
+    if not page.execute_script("return typeof window.comfyAPI.app.app.graph.convertToSubgraph === 'function';"):
+        pytest.skip("this frontend has no subgraphs")
+    vue = page.execute_script("return 'vueNodesMode' in window.LiteGraph;")
+    persist = page.execute_script("return window.comfyAPI.app.app.extensionManager.setting"
+                                  ".get('Comfy.Workflow.Persist');")
+    import urllib.parse
+    from comfy_server import PARALLEL_DEFAULTS
+    mesh = server.get("/hybrid_parallel/mesh?" + urllib.parse.urlencode({**PARALLEL_DEFAULTS, "ulysses_degree": 2}))
+    mesh = mesh["describe"]
+    try:
+        _load_api(page, workflow({"ulysses_degree": 2}, "browser_subgraph", W, H, steps=2))
+        saved = json.loads(page.execute_async_script(TO_SUBGRAPH))
+        assert "error" not in saved, saved
+        [sub] = saved["definitions"]["subgraphs"]
+        [host] = [n for n in saved["nodes"] if n["type"] == sub["id"]]
+        inner = {n["type"]: n["id"] for n in sub["nodes"]}
+        assert sorted(inner) == ["HybridParallelConfig", "HybridSampler"], inner
+        assert not {n["type"] for n in saved["nodes"]} & set(inner)
+        cfg_id, sampler_id = (f"{host['id']}:{inner[t]}" for t in ("HybridParallelConfig", "HybridSampler"))
+
+        prompt = json.loads(page.execute_async_script(TO_PROMPT))
+        assert prompt[cfg_id]["class_type"] == "HybridParallelConfig"
+        assert prompt[cfg_id]["inputs"]["ulysses_degree"] == 2
+        assert prompt[sampler_id]["inputs"]["parallel_config"] == [cfg_id, 0], prompt[sampler_id]
+        page.execute_script("""window.__hpProgress = [];
+window.comfyAPI.api.api.addEventListener('progress', (e) => window.__hpProgress.push(e.detail));""")
+        client = page.execute_script("return window.comfyAPI.api.api.clientId;")
+        pid = server.post("/prompt", {"prompt": prompt, "client_id": client})["prompt_id"]
+        entry = _until(lambda: server.get(f"/history/{pid}").get(pid, {}).get("status", {}).get("completed")
+                       is not None and server.get(f"/history/{pid}")[pid], 300, "the subgraph's prompt")
+        assert entry["status"]["status_str"] == "success", entry["status"]
+        events = page.execute_script("return window.__hpProgress;")
+        assert max(e["value"] for e in events if str(e["node"]) == sampler_id) == 2, events
+
+        page.execute_script(OPEN_SUBGRAPH)
+        _until(lambda: page.execute_script(SETTLED), 30, "the picture in the opened subgraph")
+        _focus_config(page)
+        pic = page.execute_script(READ)
+        assert pic["ok"] == "true" and pic["worldSize"] == 2 and _partition(pic["cells"], "ulysses") == [[0, 1]]
+        assert page.execute_script(APP + "return node.widgets.find((w) => w.name === 'mesh_picture')"
+                                   ".element.offsetParent !== null;"), "the picture is hidden in the subgraph"
+        assert _set(page, ring_degree=2)["worldSize"] == 4
+        _screenshot(page, "subgraph_mesh_picture")
+        assert _set(page, ring_degree=1)["worldSize"] == 2
+
+        # a fresh page (the warm request goes once per page) opening the saved workflow
+        _setting(page, "Comfy.Workflow.Persist", False)  # it opens the default workflow, not the last one
+        if vue:
+            _setting(page, VUE_NODES, True)
+        warmed = server.get("/hybrid_parallel/pool")["warm_requests"]
+        page.refresh()
+        _until(lambda: page.execute_script(READY), 60, "the frontend, reloaded")
+        page.execute_script("return window.comfyAPI.app.app.loadGraphData(arguments[0], true, true, 'subgraph.json');",
+                            saved)
+        _until(lambda: server.get("/hybrid_parallel/pool")["warm_requests"] > warmed, 30, "the warm request")
+        assert server.get("/hybrid_parallel/pool")["warm_mesh"] == mesh  # the config inside the subgraph
+        if vue:
+            page.execute_script(OPEN_SUBGRAPH)
+            _until(lambda: page.execute_script(SETTLED), 30, "the picture in the opened subgraph, Vue nodes")
+            _focus_config(page)
+            _until(lambda: page.execute_script(IN_VUE_NODE), 10, "the picture inside the Vue node in the subgraph")
+            assert page.execute_script(READ)["worldSize"] == 2
+    finally:
+        if vue:
+            _setting(page, VUE_NODES, False)
+        _setting(page, "Comfy.Workflow.Persist", persist if persist is not None else True)
+        page.execute_script("window.comfyAPI.app.app.extensionManager.command.execute('Comfy.Graph.ExitSubgraph');")
+        _load_api(page, workflow({}, "browser", W, H, steps=3))

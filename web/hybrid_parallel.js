@@ -6,6 +6,8 @@
 // - A "Workers" sidebar tab: pool state, per-rank device / memory / models, current step, stop button.
 // - Hybrid Sampler's progress: ComfyUI's standard per-node progress bar, fed by the node itself (step
 //   mode: ComfyUI's sampler callback; loop mode: the workers' per-step reports).
+// Works with the frontend's Vue nodes (Nodes 2.0: the picture's element moves into the node's component) and with
+// the pack's nodes inside subgraphs (tests/test_web_browser.py checks both).
 import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
 import { renderMesh, STYLE } from "./mesh_picture.js";
@@ -25,11 +27,28 @@ function warmOnce() {
   if (warmed) return;
   warmed = true;
   setTimeout(() => {
-    const config = (app.graph?.nodes || app.graph?._nodes || []).find((n) => n.comfyClass === CONFIG_NODE);
+    const config = workflowNodes(app.graph).find((n) => n.comfyClass === CONFIG_NODE);
     const body = config ? { config: Object.fromEntries(widgetQuery(config)) } : {};
     api.fetchApi("/hybrid_parallel/warm", { method: "POST", headers: { "Content-Type": "application/json" },
                                             body: JSON.stringify(body) }).catch(() => { warmed = false; });
   }, WARM_DELAY_MS);
+}
+// Every node of a workflow, the root graph's first: a node inside a subgraph (frontend 1.2x+, a workflow's
+// `definitions.subgraphs`) is in its subgraph's `nodes`, not in app.graph.nodes - only a subgraph node is.
+function workflowNodes(graph) {
+  const out = [];
+  const seen = new Set();
+  const queue = [graph];
+  while (queue.length) {
+    const g = queue.shift();
+    if (!g || seen.has(g)) continue;
+    seen.add(g);
+    for (const n of g.nodes || g._nodes || []) {
+      out.push(n);
+      if (n.subgraph) queue.push(n.subgraph); // a subgraph node: its inner graph (instances share one definition)
+    }
+  }
+  return out;
 }
 const MESH_WIDGET = "mesh_picture";
 const DEBOUNCE_MS = 120;
@@ -74,15 +93,24 @@ function attachMesh(node) {
     const inner = root.firstElementChild;
     if (!inner || !inner.offsetHeight) return; // hidden (off screen, collapsed): keep the last size
     const h = inner.offsetHeight + 2 * MARGIN + 2;
-    const w = inner.scrollWidth + 2 * MARGIN + 4;
+    let w = inner.scrollWidth + 2 * MARGIN + 4;
+    // Vue nodes (the frontend's "Nodes 2.0") pad their body: the picture gets less than the node's width minus the
+    // margins, so the node grows by what the picture still lacks (the observer sees the picture's box resized)
+    if (root.clientWidth && inner.scrollWidth > root.clientWidth) {
+      w = Math.max(w, node.size[0] + inner.scrollWidth - root.clientWidth + 2);
+    }
     if (h === height && w <= node.size[0]) return;
     height = h;
     const min = node.computeSize();
     node.setSize([Math.max(node.size[0], w, min[0]), min[1]]);
-    app.graph?.setDirtyCanvas(true, true);
+    app.canvas?.setDirty(true, true); // the canvas shown (app.graph is the root even inside a subgraph)
   }
   const observer = new ResizeObserver(() => fit());
-  mesh.observe = () => { observer.disconnect(); if (root.firstElementChild) observer.observe(root.firstElementChild); };
+  mesh.observe = () => {
+    observer.disconnect();
+    observer.observe(root);
+    if (root.firstElementChild) observer.observe(root.firstElementChild);
+  };
   mesh.disconnect = () => observer.disconnect();
 
   function draw() {
