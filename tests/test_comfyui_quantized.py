@@ -10,11 +10,22 @@ the sampler carries on.
 """
 import pytest
 
-from comfy_server import equal_ksampler, workflow
+from comfy_server import equal_ksampler, on_pool, workflow
 
 pytestmark = pytest.mark.comfy
 
 W, H = 104, 72
+
+
+def _graph(unet_name: str, lora: tuple = None):
+    """graph(tag, degrees, node) for equal_ksampler: the tiny SD3 graph on this file (and LoRA), the latent compared."""
+    def graph(tag, degrees=None, node="model"):
+        g = workflow(None, tag, W, H, family="sd3", steps=2, lora=lora)
+        for k in ("7", "8", "11"):  # no decode: the latent is what is compared
+            g.pop(k, None)
+        g["1"]["inputs"]["unet_name"] = unet_name
+        return g if degrees is None else on_pool(g, degrees, node)
+    return graph
 FORMS = ["scaled_fp8", "float8_e4m3fn", "float8_e5m2", "int8_tensorwise", "int8_per_channel", "nvfp4", "mxfp8"]
 # layouts that quantize the activations on the fly, whose ComfyUI forward is not batch-invariant (a batch of two vs its
 # samples one by one, one forward of the tiny SD3 on this CPU: int8 tensorwise 6.4e-3, per channel 5.5e-4, asym
@@ -50,14 +61,7 @@ def quantized(server):
 
 @pytest.mark.parametrize("form", FORMS)
 def test_quantized_checkpoint_on_the_pool_equals_ksampler(server, quantized, form):
-    from comfy_server import on_pool
-
-    def graph(tag, degrees=None, node="model"):
-        g = workflow(None, tag, W, H, family="sd3", steps=2)
-        for k in ("7", "8", "11"):  # the latent is what is compared
-            g.pop(k, None)
-        g["1"]["inputs"]["unet_name"] = quantized[form]
-        return g if degrees is None else on_pool(g, degrees, node)
+    graph = _graph(quantized[form])
     equal_ksampler(server, graph, f"quant_{form}_d1", [("pool", {}, "model")], bound=0.0)
     equal_ksampler(server, graph, f"quant_{form}", [("u2", {"ulysses_degree": 2}, "model"),
                                                    ("cfg2", {"cfg_degree": 2}, "sampler")],
@@ -69,14 +73,7 @@ def test_quantized_checkpoint_on_the_pool_equals_ksampler(server, quantized, for
 def test_quantized_checkpoint_ring_and_sharded_equal_ksampler(server, quantized, form):
     """The rest of the matrix per layout (CI: degree 1, u2, cfg2 above; ring / sharding on every layout vs ComfyUI's
     forward in tests/test_quantized_weights.py): ring 2 and u2 with the quantized bytes sharded, against KSampler."""
-    from comfy_server import on_pool
-
-    def graph(tag, degrees=None, node="model"):
-        g = workflow(None, tag, W, H, family="sd3", steps=2)
-        for k in ("7", "8", "11"):
-            g.pop(k, None)
-        g["1"]["inputs"]["unet_name"] = quantized[form]
-        return g if degrees is None else on_pool(g, degrees, node)
+    graph = _graph(quantized[form])
     equal_ksampler(server, graph, f"quant_{form}_more", [("r2", {"ring_degree": 2}, "model"),
                                                         ("u2_sharded", {"ulysses_degree": 2,
                                                                         "shard_weights": "sequence"}, "sampler")],
@@ -120,14 +117,7 @@ def test_four_bit_layouts_on_the_pool_equal_ksampler(server, quantized_w4, form)
     (seen 1.3e-2 / 1.8e-2 over two steps) - ComfyUI's own forward with this layout is not batch-invariant: a batch
     of two against its samples one by one differs by 5.4e-3 in one forward on this CPU (int8 tensorwise 3.9e-4 on
     the same model), so no split of the batch or the sequence can be closer than ComfyUI is to itself."""
-    from comfy_server import on_pool
-
-    def graph(tag, degrees=None, node="model"):
-        g = workflow(None, tag, W, H, family="sd3", steps=2)
-        for k in ("7", "8", "11"):
-            g.pop(k, None)
-        g["1"]["inputs"]["unet_name"] = quantized_w4[form]
-        return g if degrees is None else on_pool(g, degrees, node)
+    graph = _graph(quantized_w4[form])
     equal_ksampler(server, graph, f"quant_{form}_d1", [("pool", {}, "model")], bound=0.0)
     equal_ksampler(server, graph, f"quant_{form}", [("u2", {"ulysses_degree": 2}, "model"),
                                                    ("cfg2", {"cfg_degree": 2}, "sampler"),
@@ -146,14 +136,8 @@ def test_lora_on_quantized_weights_equals_ksampler(server, quantized, form):
     degree 1 bitwise, u2 and cfg2 exact; with shard_weights the driver sends ComfyUI's patched quantized weights,
     split like any quantized weight; tensor parallel (tensorwise layouts) after cfg 2. The old scaled-fp8 form is
     what the templates' files are; every other layout in the slow set (int8's within their measured bounds)."""
-    from comfy_server import on_pool
     for strength in (0.8, 0.3):
-        def graph(tag, degrees=None, node="model"):
-            g = workflow(None, tag, W, H, family="sd3", steps=2, lora=("tiny_lora.safetensors", strength))
-            for k in ("7", "8", "11"):
-                g.pop(k, None)
-            g["1"]["inputs"]["unet_name"] = quantized[form]
-            return g if degrees is None else on_pool(g, degrees, node)
+        graph = _graph(quantized[form], lora=("tiny_lora.safetensors", strength))
         tag = f"lora_{form}_{int(strength * 10)}"
         equal_ksampler(server, graph, f"{tag}_d1", [("pool", {}, "model")], bound=0.0)
         # tensor parallel where the layout splits (tensorwise scales), after cfg 2: the layout rebuilt with ComfyUI's
