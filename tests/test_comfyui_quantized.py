@@ -10,7 +10,7 @@ the sampler carries on.
 """
 import pytest
 
-from comfy_server import equal_ksampler, on_pool, workflow
+from comfy_server import equal_ksampler, error_text, on_pool, workflow
 
 pytestmark = pytest.mark.comfy
 
@@ -147,3 +147,24 @@ def test_lora_on_quantized_weights_equals_ksampler(server, quantized, form):
                                             ("cfg2", {"cfg_degree": 2}, "sampler")] + tp +
                        [("u2_sharded", {"ulysses_degree": 2, "shard_weights": "sequence"}, "sampler")],
                        bound=LORA_MEASURED.get(form, 1e-5))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("form", W4)
+def test_lora_on_four_bit_layouts(server, quantized_w4, form):
+    """The tiny LoRA (rank 4 on the four joint blocks' image qkv, 256 wide: layers these files quantize) on the
+    4-bit layouts at two strengths. asym_w4a8_int8: degree 1 bitwise, u2 / cfg2 within its measured bound (seen
+    1.2e-2 - 1.8e-2). convrot_w4a4: degree 1 bitwise, but u2 came out 2.1e-4 from KSampler (without the LoRA it is
+    exact; not understood): a LoRA on it across ranks is refused by name before any worker starts."""
+    for strength in (0.8, 0.3):
+        graph = _graph(quantized_w4[form], lora=("tiny_lora.safetensors", strength))
+        tag = f"lora_{form}_{int(strength * 10)}"
+        equal_ksampler(server, graph, f"{tag}_d1", [("pool", {}, "model")], bound=0.0)
+        if form == "convrot_w4a4":
+            entry = server.run(graph(f"{tag}_u2", {"ulysses_degree": 2}, "model"))
+            assert entry["status"]["status_str"] == "error"
+            msg = error_text(entry)
+            assert "convrot_w4a4" in msg and "degree 1" in msg, msg
+            continue
+        equal_ksampler(server, graph, tag, [("u2", {"ulysses_degree": 2}, "model"),
+                                            ("cfg2", {"cfg_degree": 2}, "sampler")], bound=LORA_MEASURED.get(form, 1e-5))
