@@ -465,8 +465,9 @@ def templates():
     return {name: (g, NOTES[name], vl) for name, (g, vl) in graphs.items()}
 
 
-def model_links(prompt: dict, qwen_vl: str = None) -> dict:
-    """node id -> ComfyUI's `properties.models` list ({name, url, directory}) for each loader of `prompt`."""
+def model_links(prompt: dict, source: str = None) -> dict:
+    """node id -> ComfyUI's `properties.models` list ({name, url, directory}) for each loader of `prompt`; `source`
+    (templates()' third element) picks the Qwen 2.5 VL link and any SOURCE_URL override."""
     out = {}
     for nid, n in prompt.items():
         keys = LOADER_FILES.get(n["class_type"], ())
@@ -474,9 +475,9 @@ def model_links(prompt: dict, qwen_vl: str = None) -> dict:
         links = []
         for f in files:
             if f == QWEN_VL:
-                links.append({"name": f, "url": QWEN_VL_URL[qwen_vl], "directory": "text_encoders"})
-            elif (qwen_vl, f) in SOURCE_URL:
-                links.append({"name": f, "url": SOURCE_URL[qwen_vl, f], "directory": MODELS[f][1]})
+                links.append({"name": f, "url": QWEN_VL_URL[source], "directory": "text_encoders"})
+            elif (source, f) in SOURCE_URL:
+                links.append({"name": f, "url": SOURCE_URL[source, f], "directory": MODELS[f][1]})
             else:
                 url, directory = MODELS[f]
                 links.append({"name": f, "url": url, "directory": directory})

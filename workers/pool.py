@@ -504,11 +504,10 @@ class WorkerPool:
             k for k in w.resident if k != key and self._lineage.get(k) == lineage]
         if lineage is not None:
             self._lineage[key] = lineage
-            if patches is None and native is not None and config.whole_model and \
-                    any(k in self._via_patches for k in relatives):
-                # the unpatched version of a model whose patched one is resident: undo in place. (Not for a layout
-                # that takes no patches - tp / pp / sharded: there the weights sent are complete, ComfyUI's patched
-                # ones where the model has patches)
+            # the unpatched version of a model whose patched one is resident: undo in place (a layout that takes
+            # no patches - tp / pp / sharded - gets complete weights instead: ComfyUI's patched ones, if any)
+            if patches is None and native is not None and config.whole_model and any(
+                    k in self._via_patches for k in relatives):
                 patches = ({}, {})
             if patches is not None:
                 self._via_patches.add(key)
