@@ -151,28 +151,6 @@ def weight_bytes(diffusion_model) -> int:
     return sum(nbytes(t) for t in sent_tensors(diffusion_model, cast=False).values())
 
 
-# ComfyUI's quantized layouts whose LoRA patching the ranks do not reproduce exactly yet, with what was measured: a
-# weight patch on them runs on one rank only (degree 1 is bitwise), refused before any worker starts elsewhere
-PATCH_UNCHECKED_LAYOUTS = {
-    "TensorCoreConvRotW4A4Layout": "a LoRA on convrot_w4a4 weights came out 2.1e-4 from KSampler at ulysses 2 (the "
-                                   "same file without the LoRA is exact, and degree 1 with it is bitwise): not "
-                                   "understood yet",
-}
-
-
-def check_quantized_patches(diffusion_model, config, patched: bool) -> None:
-    """Refuse weight patches (LoRA) on a quantized layout listed in PATCH_UNCHECKED_LAYOUTS for a world of more than
-    one rank - a picture a little off without an error is what it would give."""
-    if not patched or config.world_size <= 1:
-        return
-    from ..parallel.shard import is_wrapper, layout_name
-    for name, t in diffusion_model.named_parameters():  # (the state dict holds these layers' plain parts)
-        why = PATCH_UNCHECKED_LAYOUTS.get(layout_name(t)) if is_wrapper(t) else None
-        if why:
-            raise NotCarried(f"weight patches (LoRA) on {name}'s quantized layout across {config.world_size} ranks: "
-                             f"{why}; run it at degree 1, use another weight format, or remove the LoRA")
-
-
 def check_loader_methods(diffusion_model, config, patched: bool) -> None:
     """Refuse, before any worker starts, what a custom loader's quantized weights cannot run: tensor parallel
     (it cuts weight rows and columns; a quantized weight packs a row's values in blocks of 32 or 256 with their

@@ -15,7 +15,6 @@ import torch
 
 from .loop_mode import Captured, check_loop_mode, ksampler_latent, make_loop_sampler, uses_loop_mode
 from .native import (NotCarried, check_any_model, check_declared, check_diffusion_wrappers, check_loader_methods,
-                     check_quantized_patches,
                      check_memory, check_native_pipefusion, check_native_tp, check_weights, diffusion_wrappers,
                      native_spec, portable_options, runs_diffusion_wrappers)
 from .runtime import take_over_from_dynamic_vram, weights_key
@@ -393,7 +392,6 @@ def pool_state(model, hp) -> dict:
     portable_options(model.model_options.get("transformer_options"))  # other nodes' patches: refused now
     state["key"] = "native:" + state["key"]
     check_loader_methods(model.model.diffusion_model, hp.config, patched=bool(model.patches))  # GGUF
-    check_quantized_patches(model.model.diffusion_model, hp.config, patched=bool(model.patches))
     state["patches"] = portable_patches(model, hp.config)  # LoRA & co travel as patches where they can
     if state["patches"] is not None:
         state["native"]["patcher"] = loader_patcher(model)  # a loader that patches its own way (GGUF)

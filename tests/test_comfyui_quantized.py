@@ -10,7 +10,7 @@ the sampler carries on.
 """
 import pytest
 
-from comfy_server import equal_ksampler, error_text, on_pool, workflow
+from comfy_server import equal_ksampler, on_pool, workflow
 
 pytestmark = pytest.mark.comfy
 
@@ -34,8 +34,9 @@ FORMS = ["scaled_fp8", "float8_e4m3fn", "float8_e5m2", "int8_tensorwise", "int8_
 MEASURED = {"int8_tensorwise": 1e-3, "int8_per_channel": 5e-2, "asym_w4a8_int8": 5e-2}
 # with the LoRA (slow set): int8 tensorwise u2 8.7e-3 over two steps, within ComfyUI's own variance on this model -
 # its forward on a batch of two against the samples one by one differs by 9.9e-3 in one forward here, with the LoRA
-# applied and without (fresh inputs of tests/test_native_pool.inputs, inference mode)
-LORA_MEASURED = {**MEASURED, "int8_tensorwise": 5e-2}
+# applied and without (fresh inputs of tests/test_native_pool.inputs, inference mode); convrot_w4a4 2.1e-4, its own
+# variance with the LoRA 7.8e-2 (test_measured_bounds_rest_on_comfyuis_own_variance checks each)
+LORA_MEASURED = {**MEASURED, "int8_tensorwise": 5e-2, "convrot_w4a4": 5e-2}
 TENSORWISE = {"scaled_fp8", "float8_e4m3fn", "float8_e5m2", "int8_tensorwise"}  # tensor parallel splits these
 
 
@@ -153,18 +154,55 @@ def test_lora_on_quantized_weights_equals_ksampler(server, quantized, form):
 @pytest.mark.parametrize("form", W4)
 def test_lora_on_four_bit_layouts(server, quantized_w4, form):
     """The tiny LoRA (rank 4 on the four joint blocks' image qkv, 256 wide: layers these files quantize) on the
-    4-bit layouts at two strengths. asym_w4a8_int8: degree 1 bitwise, u2 / cfg2 within its measured bound (seen
-    1.2e-2 - 1.8e-2). convrot_w4a4: degree 1 bitwise, but u2 came out 2.1e-4 from KSampler (without the LoRA it is
-    exact; not understood): a LoRA on it across ranks is refused by name before any worker starts."""
+    4-bit layouts at two strengths: degree 1 bitwise, u2 / cfg2 within the layout's measured bound. Seen over two
+    steps: asym_w4a8_int8 1.2e-2 - 1.8e-2; convrot_w4a4 2.1e-4 (strength 0.8: u2, cfg2, r2 and cfg 2 through
+    Parallel Model alike), 2.7e-7 / 2.9e-2 (0.3: u2 / cfg2) (refused across ranks for a while as not understood: it is ComfyUI's own variance - with the LoRA its
+    forward on a batch of two differs from the samples one by one by 7.8e-2, a 5e-6 difference upstream flipping one
+    4-bit step of an activation, test_measured_bounds_rest_on_comfyuis_own_variance)."""
     for strength in (0.8, 0.3):
         graph = _graph(quantized_w4[form], lora=("tiny_lora.safetensors", strength))
         tag = f"lora_{form}_{int(strength * 10)}"
         equal_ksampler(server, graph, f"{tag}_d1", [("pool", {}, "model")], bound=0.0)
-        if form == "convrot_w4a4":
-            entry = server.run(graph(f"{tag}_u2", {"ulysses_degree": 2}, "model"))
-            assert entry["status"]["status_str"] == "error"
-            msg = error_text(entry)
-            assert "convrot_w4a4" in msg and "degree 1" in msg, msg
-            continue
         equal_ksampler(server, graph, tag, [("u2", {"ulysses_degree": 2}, "model"),
                                             ("cfg2", {"cfg_degree": 2}, "sampler")], bound=LORA_MEASURED.get(form, 1e-5))
+
+
+def _own_variance(path: str, lora_path: str = None, strength: float = 0.0, seeds: int = 4) -> float:
+    """ComfyUI's own forward of the file (and LoRA) on a batch of two against its samples one by one, in process
+    as its executor runs it (inference mode): the worst relative difference over `seeds` fresh inputs."""
+    import comfy.sd
+    import comfy.utils
+    import torch
+
+    from test_native_pool import comfy_forward, inputs
+    m = comfy.sd.load_diffusion_model(path)
+    if lora_path:
+        m, _ = comfy.sd.load_lora_for_models(m, None, comfy.utils.load_torch_file(lora_path), strength, 0)
+    m.patch_model()
+    worst = 0.0
+    for seed in range(seeds):
+        inp = inputs("sd3", m.model, seed)
+        both = comfy_forward(m.model, inp)
+        one = torch.cat([comfy_forward(m.model, {k: v[i:i + 1] for k, v in inp.items()}) for i in range(2)])
+        worst = max(worst, ((both - one).norm() / both.norm()).item())
+    return worst
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("form,lora", [("int8_tensorwise", False), ("int8_per_channel", False),
+                                       ("asym_w4a8_int8", False), ("int8_tensorwise", True),
+                                       ("asym_w4a8_int8", True), ("convrot_w4a4", True)])
+def test_measured_bounds_rest_on_comfyuis_own_variance(server, quantized, quantized_w4, form, lora):
+    """The measured bounds (MEASURED, LORA_MEASURED) are for layouts that quantize activations on the fly, where
+    ComfyUI's own forward is not batch-invariant: a split of the batch or the sequence cannot be closer than ComfyUI
+    is to itself. This keeps them honest - if ComfyUI's forward with one becomes batch-invariant, this fails and
+    that layout's bound goes back to the exact 1e-5. Seen here (worst of four inputs, one forward): int8 tensorwise
+    1.2e-2 (with the LoRA 9.9e-3), per channel 8.0e-3, asym w4a8 8.8e-3 (LoRA 1.2e-2), convrot_w4a4 with the LoRA
+    7.8e-2 (without it 2.9e-7: exact, no bound)."""
+    unet = server.base / "models" / "diffusion_models"
+    name = quantized_w4[form] if form in W4 else quantized[form]
+    lora_path = str(server.base / "models" / "loras" / "tiny_lora.safetensors") if lora else None
+    var = _own_variance(str(unet / name), lora_path, 0.8)
+    print(f"{form}{' + LoRA' if lora else ''}: ComfyUI's forward, a batch of two vs one by one: {var:.2e}")
+    assert var > 1e-5, (form, lora, var)
+    assert form in (LORA_MEASURED if lora else MEASURED)
