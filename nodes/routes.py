@@ -63,26 +63,35 @@ def warm_config(widgets) -> object | None:
     return None if getattr(hp, "auto_devices", 0) else hp
 
 
+def node_config(kind: str, widgets) -> object | None:
+    """The world a Parallel Config (`kind` "HybridParallelConfig") or Parallel GPUs ("HybridParallelGPUs") node's
+    widget values fix now, valid and placeable here; None for anything else, or for degrees / devices "auto" (they
+    choose at the sampler). The headless warm-up (prompt_config) and the frontend's /warm both start it."""
+    from .simple_node import ParallelGPUsNode
+    if kind == "HybridParallelConfig":
+        return warm_config(widgets)
+    if kind != "HybridParallelGPUs" or not isinstance(widgets, dict):
+        return None
+    try:
+        hp = ParallelGPUsNode.configure(**{k: widgets[k] for k in ("devices", "preset") if k in widgets})
+        check_hp_placement(hp)
+    except (ValueError, TypeError):
+        return None  # the node reports it when the prompt runs
+    return None if getattr(hp, "auto_devices", 0) else hp
+
+
 def prompt_config(prompt) -> object | None:
     """The world an API prompt's first Parallel Config / Parallel GPUs node fixes now (widget values only; a
     linked input or degrees "auto" choose at the sampler): what the headless warm-up starts; else None."""
-    from .simple_node import ParallelGPUsNode
     if not isinstance(prompt, dict):
         return None
     for node in prompt.values():
         if not isinstance(node, dict):
             continue
         kind = node.get("class_type")
-        widgets = {k: v for k, v in (node.get("inputs") or {}).items() if not isinstance(v, list)}  # list = a link
-        if kind == "HybridParallelConfig":
-            return warm_config(widgets)
-        if kind == "HybridParallelGPUs":
-            try:
-                hp = ParallelGPUsNode.configure(**{k: widgets[k] for k in ("devices", "preset") if k in widgets})
-                check_hp_placement(hp)
-            except (ValueError, TypeError):
-                return None  # the node reports it when the prompt runs
-            return None if getattr(hp, "auto_devices", 0) else hp
+        if kind in ("HybridParallelConfig", "HybridParallelGPUs"):
+            widgets = {k: v for k, v in (node.get("inputs") or {}).items() if not isinstance(v, list)}  # list: a link
+            return node_config(kind, widgets)
     return None
 
 
@@ -197,18 +206,21 @@ def register(server, runtime) -> None:
     @routes.post("/hybrid_parallel/warm")
     async def warm(request):
         """A workflow holding the pack's nodes was opened in the frontend: start the spare interpreters (torch
-        imported) now, and with its Parallel Config's widgets ({"config": {...}}) that world (Runtime.warm), so the
-        first prompt does not wait for them - and not before anyone uses the pack."""
+        imported) now, and with its Parallel Config's widgets ({"config": {...}}) or its Parallel GPUs node's
+        ({"gpus": {...}}) that world (Runtime.warm), so the first prompt does not wait for them - and not before
+        anyone uses the pack."""
         try:
             body = json.loads(await request.text() or "{}")
         except ValueError:
             body = {}
-        widgets = body.get("config") if isinstance(body, dict) else None
+        body = body if isinstance(body, dict) else {}
+        kind, widgets = (("HybridParallelConfig", body["config"]) if "config" in body else
+                         ("HybridParallelGPUs", body.get("gpus")))
 
         def start():
             from ..workers.spares import default_count
             n = default_count()
-            return n, runtime.warm(n, warm_config(widgets))
+            return n, runtime.warm(n, node_config(kind, widgets))
         try:
             n, mesh = await asyncio.get_running_loop().run_in_executor(None, start)
         except Exception as e:  # noqa: BLE001 - a convenience: say why, never fail the frontend

@@ -48,6 +48,13 @@ def test_the_first_world_takes_the_spares(tmp_path):
         assert workers == [pid for pid, _ in spares], (workers, spares)  # no new process was spawned
         ref, got = (load_file(str(srv.output(f"lat_{t}.safetensors")))["images"] for t in ("ref", "u2"))
         assert ((got.double() - ref.double()).norm() / ref.double().norm()).item() <= 1e-4
+        # a workflow whose only config node is Parallel GPUs: the frontend sends that node's widgets (it sent none
+        # before, so such a workflow started no world ahead of its first prompt) - here the world already running
+        answer = srv.post("/hybrid_parallel/warm", {"gpus": {"devices": "2", "preset": "split the image"}})
+        assert answer["ok"] and answer["world"].startswith("ulysses2 on 2 "), answer
+        assert srv.post("/hybrid_parallel/warm", {"gpus": {"devices": "2", "preset": "auto"}})["world"] is None
+        status = srv.get("/hybrid_parallel/pool")
+        assert sorted(w["pid"] for w in status["workers"]) == workers and status["mesh"] == "ulysses2", status
     finally:
         srv.stop()
     assert _survivors([pid for pid, _ in spares]) == []  # they went with the server

@@ -14,6 +14,7 @@ import { renderMesh, STYLE } from "./mesh_picture.js";
 import { mountPanel, PANEL_STYLE } from "./worker_panel.js";
 
 const CONFIG_NODE = "HybridParallelConfig";
+const GPUS_NODE = "HybridParallelGPUs";
 const PACK_NODES = new Set(["HybridParallelGPUs", "HybridParallelConfig", "HybridSampler", "HybridPatchVAEDecode", "HybridParallelModel",
                             "HybridParallelCluster"]);
 let warmed = false;
@@ -21,14 +22,17 @@ const WARM_DELAY_MS = 300;
 
 // The server starts nothing until the pack is used: a workflow holding one of its nodes, opened or built here,
 // asks once for the spare worker interpreters (torch imported ahead of the first prompt's world) and sends its
-// Parallel Config's widgets, so the server can start that world too while the user edits. Sent a moment after the
+// Parallel Config's widgets (else its Parallel GPUs node's), so the server can start that world too while the user edits. Sent a moment after the
 // first node appears: a loaded workflow's nodes take their saved values only after nodeCreated.
 function warmOnce() {
   if (warmed) return;
   warmed = true;
   setTimeout(() => {
-    const config = workflowNodes(app.graph).find((n) => n.comfyClass === CONFIG_NODE);
-    const body = config ? { config: Object.fromEntries(widgetQuery(config)) } : {};
+    const nodes = workflowNodes(app.graph);
+    const config = nodes.find((n) => n.comfyClass === CONFIG_NODE);
+    const gpus = config ? null : nodes.find((n) => n.comfyClass === GPUS_NODE);
+    const body = config ? { config: Object.fromEntries(widgetQuery(config)) }
+               : gpus ? { gpus: Object.fromEntries((gpus.widgets || []).map((w) => [w.name, w.value])) } : {};
     api.fetchApi("/hybrid_parallel/warm", { method: "POST", headers: { "Content-Type": "application/json" },
                                             body: JSON.stringify(body) }).catch(() => { warmed = false; });
   }, WARM_DELAY_MS);
