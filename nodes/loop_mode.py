@@ -66,6 +66,40 @@ def check_loop_mode(sampler_name: str) -> None:
                          "sampling_mode auto/step: every ComfyUI sampler)")
 
 
+def loop_convention(model_sampling, sigmas=None) -> dict:
+    """How the workers' own loop (PipeFusion, loop mode) turns sigma into the model's input and timestep and its
+    output into `denoised` - the two forms it computes (parallel/pipefusion/sampling.Convention): "flow" (ComfyUI's
+    CONST with a timestep linear in sigma: SD3, Flux, Wan, Qwen-Image ...) and "eps" (ComfyUI's EPS with sigma_data 1:
+    PixArt; the timestep per sigma of the run's `sigmas`). Which one is read from what ComfyUI's model sampling
+    computes on probe values, not from the family's name: a model of a declared family can sample otherwise - Wan 2.1
+    FlowRVS is Wan's WanModel on IMG_TO_IMG_FLOW with discrete timesteps (taken for flow, loop mode was 2.1e1 from
+    KSampler, no error), Cosmos Predict2 samples as COSMOS_RFLOW. Any other sampling is refused (ValueError), which
+    the sampler node asks before any work."""
+    g = torch.Generator().manual_seed(0)
+    s = torch.tensor([0.9, 0.45, 0.07])
+    x, out = torch.randn(3, 5, generator=g), torch.randn(3, 5, generator=g)
+    col = s[:, None]
+
+    def same(a, b) -> bool:
+        return tuple(a.shape) == tuple(b.shape) and torch.allclose(a.float(), b.float(), rtol=1e-5, atol=1e-6)
+    try:
+        inp, den = model_sampling.calculate_input(s, x), model_sampling.calculate_denoised(s, out, x)
+        t, t1 = model_sampling.timestep(s), model_sampling.timestep(torch.ones(1))
+    except Exception:  # noqa: BLE001 - a sampling object of another shape: not one the loop knows
+        inp = den = t = t1 = None
+    if den is not None and same(den, x - out * col):
+        if same(inp, x) and same(t.reshape(-1), s * t1.float()):
+            return {"kind": "flow", "timestep_scale": float(t1.item())}
+        if same(inp, x / (col ** 2 + 1) ** 0.5):
+            ts = None if sigmas is None else [float(model_sampling.timestep(v.reshape(1)).item())
+                                              for v in sigmas.float().cpu()]
+            return {"kind": "eps", "timesteps": ts}
+    kinds = " x ".join(b.__name__ for b in type(model_sampling).__bases__) or type(model_sampling).__name__
+    raise ValueError(f"PipeFusion and loop mode run the sampler in the workers, which compute ComfyUI's flow (CONST) "
+                     f"and eps sampling only; this model samples as {kinds}: use step mode (pp_degree 1, "
+                     "sampling_mode auto or step - every other method runs ComfyUI's own sampler)")
+
+
 def _cond_uncond_order(inputs: dict, cond_or_uncond: list, batch: int) -> tuple:
     """Reorder ComfyUI's batch (chunks in `cond_or_uncond` order) to [cond, uncond]; cfg halves or cond only."""
     if sorted(cond_or_uncond) not in ([0], [0, 1]):
@@ -131,12 +165,7 @@ def make_loop_sampler(runtime, hp, state: dict, sampler_name: str, cfg: float, m
             # the same every step, so it travels once and the workers join it to theirs before each model call
             inputs["c_concat"] = cap.x[:, x.shape[1]:].contiguous()
         inputs, has_uncond = _cond_uncond_order(inputs, cap.cond_or_uncond, x.shape[0])
-        if family == "pixart":
-            ts = [float(model_sampling.timestep(s.reshape(1)).item()) for s in sigmas.float().cpu()]
-            convention = {"kind": "eps", "timesteps": ts}
-        else:  # ComfyUI's CONST models: timestep = sigma * multiplier (1000 for SD3/Wan, 1 for Flux)
-            scale = float(model_sampling.timestep(torch.ones(1)).item())
-            convention = {"kind": "flow", "timestep_scale": scale}
+        convention = loop_convention(model_sampling, sigmas)  # (checked before any work: sampler_node)
         values = {"key": state["key"], "structure": _structure(inputs), "sampler": sampler_name,
                   "cfg_scale": float(cfg) if has_uncond else None, "convention": convention}
         model_options = extra_args.get("model_options")

@@ -13,7 +13,8 @@ from contextlib import contextmanager
 
 import torch
 
-from .loop_mode import Captured, check_loop_mode, ksampler_latent, make_loop_sampler, uses_loop_mode
+from .loop_mode import (Captured, check_loop_mode, ksampler_latent, loop_convention, make_loop_sampler,
+                        uses_loop_mode)
 from .native import (NotCarried, check_any_model, check_declared, check_diffusion_wrappers, check_loader_methods,
                      check_memory, check_native_pipefusion, check_native_tp, check_weights, diffusion_wrappers,
                      native_spec, portable_options, runs_diffusion_wrappers)
@@ -486,6 +487,7 @@ class HybridSampler:
         loop = uses_loop_mode(hp)
         if loop:
             check_loop_mode(sampler_name)  # before any work
+            loop_convention(model.get_model_object("model_sampling"))  # a sampling the workers' loop computes
         m = host_clone(model)  # ComfyUI's copy of the diffusion model stays on the host (see host_clone)
         without_compile_wrapper(m.wrappers)  # the workers compile their own model (compile_spec)
         check_not_on_pool(model, "Hybrid Sampler")

@@ -19,7 +19,8 @@ VAE Encode (tiny Wan 2.1 VAE) - latent 3 frames x 9 x 13, padded by the model to
 Compared with KSampler (2 steps, cfg 3), on the latent and on 1 - latent: Parallel Model + KSampler under ulysses 2
 and ring 2, Hybrid Sampler under cfg 2 and ulysses 2 with shard_weights; the single step at cfg 1 under Hybrid
 Sampler ulysses 2; a 5-frame 96 x 64 video (2 x 4 x 6 = 48 tokens, even) under ulysses 2. Slow: ulysses 2 x ring 2.
-Loop mode and PipeFusion, which run the sampler in the workers, are strict xfails: see their reason.
+Loop mode and PipeFusion, which run the sampler in the workers, are refused before any work (they took it for
+flow sampling: 2e1 from KSampler before).
 """
 import json
 
@@ -126,16 +127,20 @@ def test_flowrvs_usp_mesh(server, flowrvs):
     _equal_ksampler(server, ODD, "flowrvs", [("u2r2", {"ulysses_degree": 2, "ring_degree": 2}, "model")])
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "loop mode and PipeFusion (nodes/loop_mode.py make_loop_sampler) treat every non-PixArt model as ComfyUI's CONST "
-    "with a linear timestep: the workers get timestep = sigma x model_sampling.timestep(1.0) and denoised = x - out x "
-    "sigma; FlowRVS samples with ModelSamplingDiscrete x IMG_TO_IMG_FLOW (first step: sigma 14.61, timestep 999, "
-    "denoised = out), so the workers run timestep 5173.6 (14.61 x 354) and the wrong denoised: 9.8e0 - 2.6e1 from "
-    "KSampler (reproduced in-process to 3.6e-7 by those two substitutions). Not the Wan plan: step mode is exact"))
 @pytest.mark.parametrize("video, name, degrees", [
     (ODD, "u2_loop", {"ulysses_degree": 2, "sampling_mode": "loop"}),
-    (EVEN, "pp2", {"pp_degree": 2, "num_pipeline_patch": 2, "warmup_steps": 2})])  # warmup = all steps: exact
-def test_flowrvs_loop_mode_and_pipefusion(server, flowrvs, video, name, degrees):
-    """Hybrid Sampler's loop mode (ulysses 2) on the odd video and PipeFusion (pp 2: two blocks, two stages) on the
-    even one, vs KSampler: the workers run the sampler themselves."""
-    _equal_ksampler(server, video, "flowrvs" if video is ODD else "flowrvs_even", [(name, degrees, "sampler")])
+    (EVEN, "pp2", {"pp_degree": 2, "num_pipeline_patch": 2, "warmup_steps": 2})])
+def test_flowrvs_loop_mode_and_pipefusion_are_refused_before_work(server, flowrvs, video, name, degrees):
+    """Hybrid Sampler's loop mode and PipeFusion run the sampler in the workers, which compute ComfyUI's flow (CONST)
+    and eps sampling only. They took FlowRVS (ModelSamplingDiscrete x IMG_TO_IMG_FLOW: first step timestep 999 and
+    denoised = out) for flow - timestep sigma x 354 and denoised x - out x sigma: 2.1e1 / 2.2e1 from KSampler, no
+    error. Now the sampling is read from ComfyUI's model sampling (nodes/loop_mode.loop_convention) and this one is
+    refused before any work, naming step mode; the next prompt runs."""
+    from comfy_server import error_text
+    tag = f"flowrvs_refused_{name}"
+    entry = server.run(_graph(video, tag, degrees, "sampler"))
+    assert entry["status"]["status_str"] == "error", entry["status"]
+    msg = error_text(entry)
+    assert "IMG_TO_IMG_FLOW" in msg and "step mode" in msg and "remote traceback" not in msg, msg
+    _equal_ksampler(server, video, "flowrvs_after" if video is ODD else "flowrvs_even_after",
+                    [("u2_hybrid", {"ulysses_degree": 2}, "sampler")])
