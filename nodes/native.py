@@ -265,8 +265,9 @@ def comfy_runtime() -> dict:
 STATEFUL_OPTIONS = {
     "ar_state": "a causal autoregressive sampler (ComfyUI's ar_video, for Wan 2.1 Causal AR models) keeps the model's "
                 "KV caches and its frame position in ComfyUI's process, which the workers cannot see - without them "
-                "each call would run the plain bidirectional forward on its frames alone; use KSampler (or Parallel "
-                "Model with another sampler) for it",
+                "each call would run the plain bidirectional forward on its frames alone; run the ar_video sampler on "
+                "the MODEL without Parallel Model (one device) - KSampler would sample it as plain Wan 2.1, "
+                "another algorithm",
 }
 
 

@@ -19,7 +19,7 @@ model call, which the workers cannot see:
   runs as an unknown model, CFG / data parallel only (nodes/native.check_any_model) - before any worker starts, but
   the message is that one, not the ar_video one;
 - through Parallel Model at dp 2 or cfg 2 (what that message tells the user to use) the first model call is refused by
-  nodes/native.STATEFUL_OPTIONS ("causal autoregressive" ... "KSampler") in the driver (nodes/sampler_node.py
+  nodes/native.STATEFUL_OPTIONS ("causal autoregressive" ... "without Parallel Model") in the driver (nodes/sampler_node.py
   _native_forward's portable_options), before the call is sent and before the model is shipped: no residency key the
   next, successful prompt puts on the workers was there after the refusals (and where no world was up, none starts).
   ComfyUI's own sample_ar_video has already allocated the KV caches for the whole video (comfy/k_diffusion/
@@ -137,7 +137,7 @@ def test_ar_video_on_the_pool_is_refused_then_the_pool_samples(server, causal_ar
     before, after_refusals = set(_resident(server)), set()
     for name, degrees in (("dp2", {"dp_degree": 2}), ("cfg2", {"cfg_degree": 2})):
         err = _one_message(server.run(_ar_graph(f"car_ar_{name}", degrees)),
-                           "causal autoregressive", "KV caches", "KSampler")
+                           "causal autoregressive", "KV caches", "without Parallel Model")
         assert err.get("node_type") == "SamplerCustomAdvanced", err
         assert not server.output(f"lat_car_ar_{name}.safetensors").exists()
         pool = server.get("/hybrid_parallel/pool")

@@ -11,7 +11,7 @@ from comfyui_hybrid_parallel.nodes.native import NotCarried, STATEFUL_OPTIONS, p
 
 
 def test_ar_state_is_refused_with_the_fix():
-    with pytest.raises(NotCarried, match="KSampler") as e:
+    with pytest.raises(NotCarried, match="without Parallel Model") as e:
         portable_options({"ar_state": {"start_frame": 3, "kv_caches": [], "crossattn_caches": []},
                           "rope_options": {"shift_t": 1.0}})
     assert "causal autoregressive" in str(e.value)
