@@ -31,6 +31,11 @@ ZIMAGE_TURBO = HF + "Comfy-Org/z_image_turbo/resolve/main/split_files/"
 LTX23 = "ltx-2.3-22b-dev-fp8.safetensors"
 LTX23_LORA = "ltx_2.3_22b_distilled_1.1_lora_dynamic_fro09_avg_rank_111_bf16.safetensors"
 GEMMA3 = "gemma_3_12B_it_fp4_mixed.safetensors"
+MMH3 = HF + "Comfy-Org/MiniMax-H3/resolve/main/"  # video_minimax_h3_t2v's links (comfyui_workflow_templates 0.11)
+MMH3_DIT = "minimax_h3_fl2va_pruned_int8_convrot.safetensors"
+MMH3_TE = "qwen3vl_32b_minimax_h3_nvfp4_awq.safetensors"
+MMH3_VAE = "minimax_h3_video_vae_fp16.safetensors"
+MMH3_AUDIO_VAE = "minimax_h3_audio_vae_fp32.safetensors"
 
 # file name -> (download URL, models/ folder), as ComfyUI's official templates give them
 MODELS = {
@@ -69,6 +74,10 @@ MODELS = {
     LTX23: (HF + "Lightricks/LTX-2.3-fp8/resolve/main/" + LTX23, "checkpoints"),
     LTX23_LORA: (HF + "Comfy-Org/ltx-2.3/resolve/main/split_files/loras/" + LTX23_LORA, "loras"),
     GEMMA3: (HF + "Comfy-Org/ltx-2/resolve/main/split_files/text_encoders/" + GEMMA3, "text_encoders"),
+    MMH3_DIT: (MMH3 + "diffusion_models/" + MMH3_DIT, "diffusion_models"),
+    MMH3_TE: (MMH3 + "text_encoders/" + MMH3_TE, "text_encoders"),
+    MMH3_VAE: (MMH3 + "vae/" + MMH3_VAE, "vae"),
+    MMH3_AUDIO_VAE: (MMH3 + "vae/" + MMH3_AUDIO_VAE, "vae"),
 }
 # the Qwen 2.5 VL text encoder is the same file in two repackaged repos; each template links its own model's
 QWEN_VL = "qwen_2.5_vl_7b_fp8_scaled.safetensors"
@@ -311,6 +320,41 @@ def ltx23_t2v():
     }
 
 
+def minimax_h3_t2v():
+    """MiniMax H3 text-to-video with audio (ComfyUI's video_minimax_h3_t2v, its subgraph flattened): the int8
+    convrot DiT, the Qwen3-VL 32B text encoder through MiniMax H3 Image to Video (no frames: text to video; it gives
+    the conditioning and the empty video + audio latent), the template's defaults: 864x480 (its Resolution Selector:
+    16:9, 0.4 MP), 124 frames (its 5 s snapped to the 17k + 5 grid), 20 steps res_multistep / simple, BasicGuider
+    (no CFG), no turbo LoRA (off in the template). No CFG half to split: the packed [text, audio, video] stream goes
+    over 4 GPUs (ulysses 4) through Parallel Model before the template's own sampler nodes. Its video VAE is one Patch
+    VAE Decode refuses (a ViT decoder): VAE Decode and VAE Decode Audio run in ComfyUI, as in the template."""
+    return {
+        "1": node("UNETLoader", unet_name=MMH3_DIT, weight_dtype="default"),
+        "2": node("CLIPLoader", clip_name=MMH3_TE, type="minimax", device="default"),
+        "3": node("VAELoader", vae_name=MMH3_VAE),
+        "4": node("VAELoader", vae_name=MMH3_AUDIO_VAE),
+        "5": node("MiniMaxH3ImageToVideo", clip=["2", 0], vae=["3", 0], prompt=(
+            "Realistic live-action cinematic look, a post-rain dusk metropolis, anamorphic lens, film grain, "
+            "volumetric fog.\n\n[0s-2s] A runner sprints along a rooftop edge, wind catching his coat.\n[2s-4s] He "
+            "leaps the gap to the next building, flying-car light trails behind him.\n[4s-5s] He lands, rolls and "
+            "keeps running, low angle.\n\nAudio: wind, rapid footsteps, city ambience, a low score with an accent "
+            "hit on the leap.\n\nNo text, subtitles or watermarks."), width=864, height=480, length=124),
+        "6": parallel(cfg_degree=1, ulysses_degree=4),
+        "7": node("HybridParallelModel", model=["1", 0], parallel_config=["6", 0]),
+        "8": node("BasicGuider", model=["7", 0], conditioning=["5", 0]),
+        "9": node("RandomNoise", noise_seed=42),
+        "10": node("KSamplerSelect", sampler_name="res_multistep"),
+        "11": node("BasicScheduler", model=["7", 0], scheduler="simple", steps=20, denoise=1.0),
+        "12": node("SamplerCustomAdvanced", noise=["9", 0], guider=["8", 0], sampler=["10", 0], sigmas=["11", 0],
+                   latent_image=["5", 1]),
+        "13": node("VAEDecode", samples=["12", 0], vae=["3", 0]),
+        "14": node("VAEDecodeAudio", samples=["12", 0], vae=["4", 0]),
+        "15": node("CreateVideo", images=["13", 0], audio=["14", 0], fps=24.0),
+        "16": node("SaveVideo", video=["15", 0], filename_prefix="hybrid/minimax_h3_t2v", format="auto",
+                   codec="auto"),
+    }
+
+
 def _where(*files):
     lines = []
     for f in files:
@@ -444,6 +488,24 @@ System RAM: about 64 GB (the checkpoint and the Gemma 3 12B text encoder stay on
 Files (one checkpoint holding the model, the video VAE and the audio VAE):
 {_where(LTX23, LTX23_LORA, GEMMA3)}
 {COMMON}""",
+    "minimax_h3_t2v_audio_ulysses4": f"""MiniMax H3 int8, text to video with audio on 4 x 48/80 GB GPUs (Ulysses 4)
+
+ComfyUI's MiniMax H3 text-to-video template, flattened (its subgraph opened up), with its defaults: 864x480
+(16:9, 0.4 MP), 124 frames (5 s at 24 fps; lengths are 17k + 5), 20 steps res_multistep, no CFG (BasicGuider).
+Left out: the template's switch to the 8-step turbo LoRA (off there too) and its duration / resolution helpers
+(set width, height and length on MiniMax H3 Image to Video: its native canvas is 1344x768).
+No CFG half to split: the model's one packed stream (text, audio and video tokens together) goes over 4 GPUs
+(ulysses_degree 4, through Parallel Model before the template's own sampler nodes).
+2 GPUs: ulysses_degree 2. 8 GPUs: ulysses_degree 8 (56 heads: 2, 4, 7 or 8 divide them; ring_degree beyond).
+Memory: the 33B model is ~33 GB in int8 on each GPU plus a quarter of the activations: 48 GB cards at 864x480,
+80 GB for 1344x768 or longer videos. 24 GB cards: shard_weights 'sequence' (~8 GB of weights per GPU on 4 GPUs;
+~17 GB on 2 GPUs: tight).
+The video decode (VAE Decode) and the audio decode run in ComfyUI, as in ComfyUI's template (Patch VAE Decode
+does not split MiniMax H3's ViT video decoder).
+System RAM: about 96 GB (the model, the Qwen3-VL 32B text encoder and the VAEs stay on the host).
+Files:
+{_where(MMH3_DIT, MMH3_TE, MMH3_VAE, MMH3_AUDIO_VAE)}
+{COMMON}""",
 }
 
 
@@ -461,6 +523,7 @@ def templates():
         "flux1_kontext_dev_edit_ulysses2": (flux_kontext(), None),
         "z_image_cfg2_2gpu": (z_image(), "z_image"),
         "ltx23_t2v_audio_ulysses4": (ltx23_t2v(), None),
+        "minimax_h3_t2v_audio_ulysses4": (minimax_h3_t2v(), None),
     }
     return {name: (g, NOTES[name], vl) for name, (g, vl) in graphs.items()}
 

@@ -24,6 +24,12 @@ What is substituted (no real weights here):
     narrow video VAE, audio VAE and vocoder in the same file, their sizes set by the file's metadata config as the
     real checkpoint's are (LTX_VAES: ComfyUI's own detection and classes, 17 MB in all), and the distilled LoRA a
     rank-4 LoRA on one of its projections; the Gemma text-encoder loader (LTXAVTextEncoderLoader) is dropped too;
+    MiniMax H3 = the session's tiny MiniMax H3 (width 256, two blocks: tests/test_comfyui_minimax_h3.py's file), its
+    video VAE file ComfyUI's light TAE for MiniMax H3 latents (TAEHV, 24 channels; the real ViT VAE is forced to
+    2.6B), its audio VAE the real architecture (ComfyUI forces it too: 151M, fp16 random weights, 300 MB; its
+    decode is most of this template's run). Its text encoder has no tiny stand-in: ComfyUI detects Qwen3-VL 32B
+    only by its 50th layer and builds it at full size, so MiniMax H3 Image to Video (which encodes the prompt with
+    it) becomes HPExampleConditioning + Empty MiniMax H3 AV Latent of the node's size, and the CLIPLoader goes;
   - sizes: width/height 64, 5 frames (LTX: 9, its 8k + 1), 2 steps (KSamplerAdvanced pairs: steps 0-1, then
     1-end; ManualSigmas: the first, the middle and the last of the template's sigmas);
     FluxKontextImageScale (which picks a ~1 MP Kontext size) becomes ImageScale to 64 x 64.
@@ -49,6 +55,7 @@ TEXT = {  # family of a template -> HPExampleConditioning's shapes for its tiny 
     "qwen": dict(tokens=7, context_dim=3584, pooled_dim=0), "wan": dict(tokens=7, context_dim=4096, pooled_dim=0),
     "hunyuan": dict(tokens=7, context_dim=32, pooled_dim=4), "lumina2": dict(tokens=7, context_dim=32, pooled_dim=0),
     "ltxav": dict(tokens=7, context_dim=288, pooled_dim=0, padded=2),  # LTX-2.3: the [video, audio] text projected
+    "minimax_h3": dict(tokens=7, context_dim=32, pooled_dim=0),
 }
 # the LTX-2.3 stand-in's VAEs (the checkpoint's metadata "config", read by ComfyUI's VideoVAE and AudioVAE): 128
 # latent channels at 32 x 32 x 8 as the real video VAE (patch 4 + three 2x2x2 steps), the audio VAE's 8 x 16 latent
@@ -71,7 +78,7 @@ LTX_VAES = {
 
 def _family(name):
     for prefix, fam in (("flux", "flux"), ("sd35", "sd3"), ("qwen", "qwen"), ("wan", "wan"), ("hunyuan", "hunyuan"),
-                        ("z_image", "lumina2"), ("ltx", "ltxav")):
+                        ("z_image", "lumina2"), ("ltx", "ltxav"), ("minimax_h3", "minimax_h3")):
         if name.startswith(prefix):
             return fam
     raise ValueError(name)
@@ -137,6 +144,7 @@ def _ltx23_checkpoint(path: Path, lora: Path):
 def stand_ins(server):
     """The templates' file names in the server's models/ and input/ folders, holding tiny models (see the module
     docstring). The session's server already has tiny_kl16 (Flux VAE) and tiny_wan_vae (Wan 2.1 VAE)."""
+    import importlib.util
     from PIL import Image
     from comfy.taesd.taehv import TAEHV
     from comfyui_hybrid_parallel.doctor import tiny_checkpoints as tiny
@@ -174,6 +182,16 @@ def stand_ins(server):
     if not (ck / "ltx-2.3-22b-dev-fp8.safetensors").exists():
         _ltx23_checkpoint(ck / "ltx-2.3-22b-dev-fp8.safetensors", m / "loras" /
                           "ltx_2.3_22b_distilled_1.1_lora_dynamic_fro09_avg_rank_111_bf16.safetensors")
+    if importlib.util.find_spec("comfy.ldm.minimax") is not None:  # ComfyUI 0.30+
+        from comfy.ldm.minimax.audio_vae import MiniMaxH3AudioVAE
+        _reuse_or_write(dm / "minimax_h3_fl2va_pruned_int8_convrot.safetensors", "tiny_minimax_h3.safetensors",
+                        lambda p: tiny.write_minimax_h3(p, seed=41))  # as tests/test_comfyui_minimax_h3.py
+        if not (vae / "minimax_h3_video_vae_fp16.safetensors").exists():
+            tiny._save(lambda: TAEHV(latent_channels=24), vae / "minimax_h3_video_vae_fp16.safetensors", 52,
+                       torch.float32)
+        if not (vae / "minimax_h3_audio_vae_fp32.safetensors").exists():
+            tiny._save(MiniMaxH3AudioVAE, vae / "minimax_h3_audio_vae_fp32.safetensors", 53, torch.float16,
+                       meta_context=True)
     (server.base / "input").mkdir(exist_ok=True)
     g = torch.Generator().manual_seed(47)
     Image.fromarray((torch.rand(96, 128, 3, generator=g) * 255).byte().numpy()).save(server.base / "input" /
@@ -192,6 +210,16 @@ def tiny_prompt(name: str) -> dict:
                                                                         "guidance": -1.0}}
         elif cls in ("CLIPLoader", "DualCLIPLoader", "LTXAVTextEncoderLoader"):
             del g[nid]
+        elif cls == "MiniMaxH3ImageToVideo":  # the prompt's encoder has no tiny stand-in (module docstring)
+            latent = str(max(int(k) for k in g) + 1)
+            g[latent] = {"class_type": "EmptyMiniMaxH3LatentAV", "inputs": {"width": SIZE, "height": SIZE,
+                                                                            "length": FRAMES}}
+            g[nid] = {"class_type": "HPExampleConditioning", "inputs": {"seed": int(nid), **TEXT[fam],
+                                                                        "guidance": -1.0}}
+            for other in g.values():
+                for k, v in other["inputs"].items():
+                    if v == [nid, 1]:
+                        other["inputs"][k] = [latent, 0]
         elif cls == "FluxKontextImageScale":
             g[nid] = {"class_type": "ImageScale", "inputs": {"image": inp["image"], "upscale_method": "nearest-exact",
                                                              "width": SIZE, "height": SIZE, "crop": "disabled"}}
@@ -236,6 +264,8 @@ def test_template_runs_on_tiny_stand_ins(stand_ins, name):
     import numpy as np
     from PIL import Image
     server = stand_ins
+    if _family(name) == "minimax_h3":
+        pytest.importorskip("comfy.ldm.minimax", reason="a later ComfyUI's family")
     g = tiny_prompt(name)
     classes = {n["class_type"] for n in g.values()}
     assert "CLIPTextEncode" not in classes and classes & {"HybridSampler", "HybridParallelModel"}
@@ -252,7 +282,7 @@ def test_template_runs_on_tiny_stand_ins(stand_ins, name):
             with av.open(str(f)) as c:
                 audio = len(c.streams.audio)
                 frames = [fr.to_ndarray(format="rgb24") for fr in c.decode(video=0)]
-            assert audio == ("LTXVAudioVAEDecode" in classes), (name, audio)
+            assert audio == bool(classes & {"LTXVAudioVAEDecode", "VAEDecodeAudio"}), (name, audio)
             expected = LTX_FRAMES if _family(name) == "ltxav" else FRAMES
             assert len(frames) == expected and frames[0].shape[:2] == (SIZE, SIZE), (name, len(frames))
             assert np.std(frames) > 0, name
