@@ -47,7 +47,7 @@ def session_child(ckpts: list, reduced: bool, cuda: bool) -> dict:
     import comfy.sd
     from comfyui_hybrid_parallel.doctor.machine import dynamic_vram_on
     from comfyui_hybrid_parallel.nodes.model_node import ParallelModel
-    from comfyui_hybrid_parallel.nodes.routes import warm_config
+    from comfyui_hybrid_parallel.nodes.routes import node_config
     from comfyui_hybrid_parallel.nodes.sampler_node import HybridSampler
     family, _, latent_shape, conditioning, steps, ranks = REDUCED if reduced else FULL
     cond, latent = sampler_inputs(family, latent_shape, conditioning)
@@ -84,7 +84,7 @@ def session_child(ckpts: list, reduced: bool, cuda: bool) -> dict:
         row["ksampler_first_s"], row["ksampler_warm_s"] = ks(a, keep="ks"), ks(a)
         row["comfy_models_before"] = len(mm.current_loaded_models)
         row["device_used_before"] = _device_used(cuda)
-        runtime.warm(ranks, warm_config(widgets))
+        runtime.warm(ranks, node_config("HybridParallelConfig", widgets))
         time.sleep(8.0)
         row["pool_first_s"], row["pool_warm_s"] = hy(a, keep="hy"), hy(a)
         row["hybrid_rel"] = rel("hy", "ks")

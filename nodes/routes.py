@@ -50,33 +50,22 @@ def config_from_widgets(widgets: dict):
     return ParallelConfigNode.configure(**kwargs)
 
 
-def warm_config(widgets) -> object | None:
-    """The config a /warm request may start a world for: the workflow's Parallel Config widgets, when they are valid,
-    name a world this machine can place and fix it now (degrees "auto" choose at the sampler); else None."""
-    if not isinstance(widgets, dict) or not widgets:
-        return None
-    try:
-        hp = config_from_widgets(widgets)
-        check_hp_placement(hp)
-    except ValueError:
-        return None  # the node itself reports it when the prompt runs
-    return None if getattr(hp, "auto_devices", 0) else hp
-
-
 def node_config(kind: str, widgets) -> object | None:
     """The world a Parallel Config (`kind` "HybridParallelConfig") or Parallel GPUs ("HybridParallelGPUs") node's
-    widget values fix now, valid and placeable here; None for anything else, or for degrees / devices "auto" (they
-    choose at the sampler). The headless warm-up (prompt_config) and the frontend's /warm both start it."""
+    widget values fix now, valid and placeable here; None for any other node, for values the node itself will refuse
+    when the prompt runs, or for degrees / devices "auto" (they choose at the sampler). The headless warm-up
+    (prompt_config) and the frontend's /warm both start it."""
     from .simple_node import ParallelGPUsNode
-    if kind == "HybridParallelConfig":
-        return warm_config(widgets)
-    if kind != "HybridParallelGPUs" or not isinstance(widgets, dict):
+    build = {"HybridParallelConfig": config_from_widgets,
+             "HybridParallelGPUs": lambda w: ParallelGPUsNode.configure(
+                 **{k: w[k] for k in ("devices", "preset") if k in w})}.get(kind)
+    if build is None or not isinstance(widgets, dict) or not widgets:
         return None
     try:
-        hp = ParallelGPUsNode.configure(**{k: widgets[k] for k in ("devices", "preset") if k in widgets})
+        hp = build(widgets)
         check_hp_placement(hp)
     except (ValueError, TypeError):
-        return None  # the node reports it when the prompt runs
+        return None  # the node itself reports it when the prompt runs
     return None if getattr(hp, "auto_devices", 0) else hp
 
 

@@ -34,8 +34,8 @@ def test_every_comfyui_sampling_is_computed_as_comfyui_does_or_refused(comfy):
     seen = {}
     for model_type in comfy.model_base.ModelType:
         ms = _sampling(model_type)
-        sigmas = torch.cat([ms.sigma_max.reshape(1).float() * torch.rand(4, generator=g).sort(descending=True)[0],
-                            torch.zeros(1)])[:-1].clamp(min=float(ms.sigma_min))
+        sigmas = (float(ms.sigma_max) * torch.rand(4, generator=g).sort(descending=True)[0]).clamp(
+            min=float(ms.sigma_min))
         try:
             spec = loop_convention(ms, sigmas)
         except ValueError as e:

@@ -22,8 +22,9 @@ const WARM_DELAY_MS = 300;
 
 // The server starts nothing until the pack is used: a workflow holding one of its nodes, opened or built here,
 // asks once for the spare worker interpreters (torch imported ahead of the first prompt's world) and sends its
-// Parallel Config's widgets (else its Parallel GPUs node's), so the server can start that world too while the user edits. Sent a moment after the
-// first node appears: a loaded workflow's nodes take their saved values only after nodeCreated.
+// Parallel Config's widgets (else its Parallel GPUs node's), so the server can start that world too while the user
+// edits. Sent a moment after the first node appears: a loaded workflow's nodes take their saved values only after
+// nodeCreated.
 function warmOnce() {
   if (warmed) return;
   warmed = true;
