@@ -26,7 +26,7 @@ import json
 
 import pytest
 
-from comfy_server import assert_ok, latent, on_pool, rel, workflow
+from comfy_server import assert_ok, equal_ksampler, latent, on_pool, rel, workflow
 
 pytestmark = pytest.mark.comfy
 
@@ -89,17 +89,15 @@ def _graph(video, tag, degrees=None, node="model", steps=2, cfg=3.0, seed=5):
 
 
 def _equal_ksampler(server, video, tag, cases, **sampling):
-    """KSampler's latent on `video`, then each case `(name, degrees, node)` on the pool within 1e-5 of it - on the
-    latent, and on the sampler's own result (1 - latent: IMG_TO_IMG_FLOW's inverse_noise_scaling adds the constant 1,
-    which would make the first relative error smaller than the model's). Returns KSampler's latent."""
-    assert_ok(server, server.run(_graph(video, f"{tag}_ref", **sampling)))
-    ref = latent(server, f"{tag}_ref")
-    for name, degrees, node in cases:
-        assert_ok(server, server.run(_graph(video, f"{tag}_{name}", degrees, node, **sampling)))
-        got = latent(server, f"{tag}_{name}")
-        err, err_x = rel(got, ref), rel(1 - got.double(), 1 - ref.double())
-        print(f"{tag} {name}: relative error vs KSampler {err:.2e} on the latent, {err_x:.2e} on 1 - latent")
-        assert err <= 1e-5 and err_x <= 1e-5, (tag, name, err, err_x)
+    """comfy_server.equal_ksampler on `video` (each case within 1e-5 of KSampler's latent), and the same bound on the
+    sampler's own result (1 - latent: IMG_TO_IMG_FLOW's inverse_noise_scaling adds the constant 1, which would make
+    the first relative error smaller than the model's). Returns KSampler's latent."""
+    ref = equal_ksampler(server, lambda t, degrees=None, node="model": _graph(video, t, degrees, node, **sampling),
+                         tag, cases)
+    for name, _, _ in cases:
+        err_x = rel(1 - latent(server, f"{tag}_{name}").double(), 1 - ref.double())
+        print(f"{tag} {name}: relative error vs KSampler {err_x:.2e} on 1 - latent")
+        assert err_x <= 1e-5, (tag, name, err_x)
     return ref
 
 
