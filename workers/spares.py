@@ -79,6 +79,7 @@ def spare_main() -> int:
     """The spare's side: import what every worker imports, then wait for a role (worker_main.main) or EOF."""
     import torch  # noqa: F401  (the slow part, done before anyone waits)
     import torch.distributed  # noqa: F401
+    preload()
     line = sys.stdin.readline()
     if not line.strip():
         return 0
@@ -86,6 +87,23 @@ def spare_main() -> int:
     os.environ.update(role.get("env") or {})
     from .worker_main import main
     return main(role["argv"])
+
+
+# What a worker imports once ComfyUI builds a model, that touches no device and needs no role: torch's compiler
+# front end (ComfyUI's ops pull it in; with sympy ~1.7 s of CPU per rank on this 2-core VM, most of a small model's
+# first load on a new world). ComfyUI itself waits for the role: comfy.model_management picks and queries a CUDA
+# device when imported, before the rank has set its own.
+PRELOAD = ("torch._dynamo",)
+
+
+def preload() -> None:
+    """Import PRELOAD while the spare waits for a role (a module that fails here is imported, or fails, later)."""
+    import importlib
+    for name in PRELOAD:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - a head start only
+            pass
 
 
 def default_count() -> int:
