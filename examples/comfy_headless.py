@@ -28,8 +28,9 @@ def _free_port() -> int:
 
 
 class ComfyServer:
-    def __init__(self, comfy_dir: Path, base: Path, spares: int = 0):
+    def __init__(self, comfy_dir: Path, base: Path, spares: int = 0, env: dict | None = None):
         self.comfy_dir, self.base = Path(comfy_dir), Path(base)
+        self.env = dict(env or {})  # more of the server's environment (HP_PRESTART: tests/test_comfyui_spares.py)
         # the pack's spare interpreters (workers/spares.py): none by default, so that the tests that count worker
         # processes see exactly the pool's; tests/test_comfyui_spares.py starts a server with some
         self.spares = spares
@@ -60,7 +61,7 @@ class ComfyServer:
 
     def _start_once(self, timeout_s: float) -> "ComfyServer":
         self.log = open(self.base / "comfyui.log", "w")
-        env = dict(os.environ, PYTHONUNBUFFERED="1", HP_SPARE_WORKERS=str(self.spares))
+        env = dict(os.environ, PYTHONUNBUFFERED="1", HP_SPARE_WORKERS=str(self.spares), **self.env)
         self.proc = subprocess.Popen(
             [sys.executable, "main.py", "--cpu", "--listen", "127.0.0.1", "--port", str(self.port),
              "--base-directory", str(self.base), "--disable-auto-launch", "--database-url", "sqlite:///:memory:",

@@ -223,3 +223,83 @@ def register(server, runtime) -> None:
         cancelled = runtime.cancel()
         was = await asyncio.get_running_loop().run_in_executor(None, runtime.stop)
         return web.json_response({"ok": True, "stopped": was, "cancelled": cancelled})
+
+
+PRESTART_HELP = ("HP_PRESTART takes 'spares', an API prompt file (ComfyUI's 'Export (API)': its Parallel Config / "
+                 "Parallel GPUs node), or a Parallel Config's widgets as JSON, e.g. '{\"ulysses_degree\": 2}'")
+
+
+def prestart_config(value: str):
+    """HP_PRESTART's value -> (hp or None, why not): what a headless server starts with ComfyUI. A ValueError names
+    the fix for a value that cannot mean anything; hp None with a reason for a world that chooses at the sampler or
+    cannot be placed here (the spares still start)."""
+    import json
+    import os
+    text = value.strip()
+    if text.lower() == "spares":
+        return None, "spares only (asked)"
+    if not text.startswith("{"):
+        if not os.path.isfile(text):
+            raise ValueError(f"HP_PRESTART={value!r}: no such file. {PRESTART_HELP}")
+        with open(text, encoding="utf-8") as f:
+            text = f.read()
+    try:
+        data = json.loads(text)
+    except ValueError as e:
+        raise ValueError(f"HP_PRESTART: not JSON ({e}). {PRESTART_HELP}") from None
+    if isinstance(data, dict) and isinstance(data.get("prompt"), dict):  # the body a script posts to /prompt
+        data = data["prompt"]
+    if not isinstance(data, dict) or isinstance(data.get("nodes"), list):
+        raise ValueError("HP_PRESTART: a workflow saved by the frontend (its 'nodes' list) - save it with 'Export "
+                         f"(API)' instead. {PRESTART_HELP}")
+    nodes = [n for n in data.values() if isinstance(n, dict) and "class_type" in n]
+    if nodes:
+        node = next((n for n in nodes if n["class_type"] in ("HybridParallelConfig", "HybridParallelGPUs")), None)
+        if node is None:
+            return None, "the prompt has no Parallel Config / Parallel GPUs node: spares only"
+        kind = node["class_type"]
+        widgets = {k: v for k, v in (node.get("inputs") or {}).items() if not isinstance(v, list)}
+    else:
+        kind, widgets = "HybridParallelConfig", data
+    hp = node_config(kind, widgets)
+    if hp is not None:
+        return hp, ""
+    try:  # why not: the node's own message where it would refuse, else degrees / devices "auto"
+        from .simple_node import ParallelGPUsNode
+        built = (config_from_widgets(widgets) if kind == "HybridParallelConfig" else
+                 ParallelGPUsNode.configure(**{k: widgets[k] for k in ("devices", "preset") if k in widgets}))
+        check_hp_placement(built)
+    except (ValueError, TypeError) as e:
+        return None, f"{e}: spares only"
+    return None, "its degrees / devices are 'auto' (chosen at the sampler): spares only"
+
+
+def prestart_from_env(runtime, value: str | None = None, start=None) -> str:
+    """A headless server's head start (HP_PRESTART; no frontend opens its workflow, so no /warm comes): the spare
+    interpreters, and the world of the prompt the scripts will post, start with ComfyUI - a first prompt on a
+    model ComfyUI already holds then pays only for its weights. Off unless set: nothing starts before use. A bad
+    value is one log line naming the fix, never an error in ComfyUI's start. Returns that line ("" when unset)."""
+    import logging
+    import os
+    import threading
+    value = os.environ.get("HP_PRESTART", "") if value is None else value
+    if not value.strip():
+        return ""
+    log = logging.getLogger(__name__)
+    try:
+        hp, why = prestart_config(value)
+    except ValueError as e:
+        log.error("hybrid parallel: %s", e)
+        return str(e)
+    line = (f"hybrid parallel: HP_PRESTART starts {hp.describe()} with ComfyUI" if hp is not None else
+            f"hybrid parallel: HP_PRESTART: {why}")
+    log.info("%s", line)
+
+    def run():
+        try:
+            from ..workers.spares import default_count
+            runtime.warm(default_count() or (0 if hp is None else hp.config.world_size), hp)
+        except Exception as e:  # noqa: BLE001 - a head start only: the prompt's own run reports errors
+            log.error("hybrid parallel: HP_PRESTART failed: %s", e)
+    (start or (lambda f: threading.Thread(target=f, name="hybrid-parallel-prestart", daemon=True).start()))(run)
+    return line

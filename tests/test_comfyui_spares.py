@@ -87,6 +87,68 @@ def test_a_headless_prompt_starts_its_world_when_queued(tmp_path):
         srv.stop()
 
 
+def test_a_headless_server_prestarts_the_world_of_its_prompt_file(tmp_path):
+    """HP_PRESTART: a headless server (scripts post /prompt, no frontend ever sends /warm) starts the spares and the
+    world of the API prompt file it names with ComfyUI - before any prompt - and the first prompt runs on those
+    processes (none spawned), equal to KSampler's."""
+    import json
+
+    from comfy_env import setup_comfy
+    prompt = workflow({"ulysses_degree": 2}, "u2", 104, 72)
+    path = tmp_path / "my_prompt_api.json"
+    path.write_text(json.dumps({"prompt": prompt}))  # the body the script posts
+    srv = ComfyServer(setup_comfy(), tmp_path / "base", spares=2, env={"HP_PRESTART": str(path)})
+    write_checkpoints(srv.base, ("sd3",))
+    srv.start()
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            status = srv.get("/hybrid_parallel/pool")
+            if status["state"] == "ready" and len(status["workers"]) == 2:
+                break
+            time.sleep(0.5)
+        assert status["state"] == "ready" and status["mesh"] == "ulysses2", (status, srv.tail())
+        assert status["prestart"]["mesh"] == "ulysses2" and status["prompt_warms"] == 0, status  # no prompt yet
+        assert "HP_PRESTART starts ulysses2" in srv.tail(200), srv.tail()
+        workers = sorted(w["pid"] for w in status["workers"])
+        assert workers == sorted(pid for pid, is_spare in srv.worker_pids(spares=True) if is_spare)
+        for degrees, tag in ((None, "ref"), ({"ulysses_degree": 2}, "u2")):
+            entry = srv.run(workflow(degrees, tag, 104, 72))
+            assert entry["status"]["status_str"] == "success", (entry["status"], srv.tail())
+        assert sorted(w["pid"] for w in srv.get("/hybrid_parallel/pool")["workers"]) == workers  # none spawned
+        ref, got = (load_file(str(srv.output(f"lat_{t}.safetensors")))["images"] for t in ("ref", "u2"))
+        assert ((got.double() - ref.double()).norm() / ref.double().norm()).item() <= 1e-4
+    finally:
+        srv.stop()
+
+
+def test_prestart_values_start_what_they_name_or_say_the_fix(tmp_path):
+    from comfyui_hybrid_parallel.nodes.routes import prestart_config, prestart_from_env
+    hp, why = prestart_config('{"ulysses_degree": 2, "device": "cpu"}')
+    assert hp.config.describe() == "ulysses2" and why == ""
+    assert prestart_config("spares") == (None, "spares only (asked)")
+    api = {"1": {"class_type": "UNETLoader", "inputs": {}},
+           "9": {"class_type": "HybridParallelConfig", "inputs": {"ring_degree": 2, "device": "cpu", "x": ["1", 0]}}}
+    f = tmp_path / "api.json"
+    f.write_text(__import__("json").dumps(api))
+    assert prestart_config(str(f))[0].config.describe() == "ring2"
+    hp, why = prestart_config('{"1": {"class_type": "KSampler", "inputs": {}}}')
+    assert hp is None and "no Parallel Config" in why
+    hp, why = prestart_config('{"degrees": "auto"}')
+    assert hp is None and "auto" in why and "spares only" in why
+    hp, why = prestart_config('{"ulysses_degree": 3, "ring_degree": 3, "device": "cpu"}')  # 9 CPU ranks: refused
+    assert hp is None and "spares only" in why, why
+    (tmp_path / "ui.json").write_text('{"nodes": [], "links": []}')
+    for bad, fix in ((str(tmp_path / "missing.json"), "no such file"), ("{not json", "not JSON"),
+                     (str(tmp_path / "ui.json"), "saved by the frontend")):
+        with pytest.raises(ValueError, match=fix):
+            prestart_config(bad)
+    started = []
+    line = prestart_from_env(object(), "{not json", start=started.append)  # one line naming the fix, nothing started
+    assert "HP_PRESTART" in line and "Export (API)" in line and started == []
+    assert prestart_from_env(object(), "", start=started.append) == "" and started == []  # unset: nothing
+
+
 def test_prompt_config_reads_the_api_prompts_config_node():
     from comfyui_hybrid_parallel.nodes.routes import prompt_config, warm_on_prompt
     prompt = {"1": {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": "x"}},
