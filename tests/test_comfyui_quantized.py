@@ -139,8 +139,8 @@ def test_lora_on_quantized_weights_equals_ksampler(server, quantized, form):
     """A LoRA on ComfyUI's quantized weights (refused before: the workers' base map held a quantized weight by its
     parts): each rank patches a quantized layer as ComfyUI does - the layer's own tensor before any patch is the
     base, dequantized into the LoRA work copy, patched, re-quantized by the layer's set_weight with the key's seed
-    (workers/comfy_patches.apply). Two strengths in a row (the second re-patches the resident model from that base):
-    degree 1 bitwise, u2 and cfg2 exact; with shard_weights the driver sends ComfyUI's patched quantized weights,
+    (workers/comfy_patches.apply). Two strengths in a row (the second re-patches the resident model from that base,
+    degree 1 and u2): degree 1 bitwise, u2 and cfg2 exact; with shard_weights the driver sends ComfyUI's patched quantized weights,
     split like any quantized weight; tensor parallel (tensorwise layouts) after cfg 2. The old scaled-fp8 form is
     what the templates' files are; every other layout in the slow set (int8's within their measured bounds)."""
     for strength in (0.8, 0.3):
@@ -150,9 +150,11 @@ def test_lora_on_quantized_weights_equals_ksampler(server, quantized, form):
         # tensor parallel where the layout splits (tensorwise scales), after cfg 2: the layout rebuilt with ComfyUI's
         # patched weights, never from the ranks' base (engine.source_weights: 7.7e-1 before)
         tp = [("t2", {"tp_degree": 2}, "model")] if form in TENSORWISE else []
-        equal_ksampler(server, graph, tag, [("u2", {"ulysses_degree": 2}, "model"),
-                                            ("cfg2", {"cfg_degree": 2}, "sampler")] + tp +
-                       [("u2_sharded", {"ulysses_degree": 2, "shard_weights": "sequence"}, "sampler")],
+        # the second strength re-patches the resident models from their base: degree 1 and u2 show it; cfg 2, tensor
+        # parallel and the sharded run add nothing to that (CI time), they run at the first strength
+        more = [("cfg2", {"cfg_degree": 2}, "sampler")] + tp + \
+            [("u2_sharded", {"ulysses_degree": 2, "shard_weights": "sequence"}, "sampler")] if strength == 0.8 else []
+        equal_ksampler(server, graph, tag, [("u2", {"ulysses_degree": 2}, "model")] + more,
                        bound=LORA_MEASURED.get(form, 1e-5))
 
 

@@ -33,10 +33,12 @@ def _graph(tag, degrees=None, weight_dtype="fp8_e4m3fn", node="model"):
 CASES = {"u2": ({"ulysses_degree": 2}, "model"), "r2": ({"ring_degree": 2}, "model"),
          "cfg2": ({"cfg_degree": 2}, "sampler"), "u2r2": ({"ulysses_degree": 2, "ring_degree": 2}, "model"),
          "u2_sharded": ({"ulysses_degree": 2, "shard_weights": "sequence"}, "sampler")}
-# CI: in fp8 (as most people run it) u2 x r2 covers both sequence methods, cfg2 and the sharded run the rest; bf16
-# weights Ulysses. The rest of the matrix runs with the slow set.
-CI = {"fp8_e4m3fn": ("u2r2", "cfg2", "u2_sharded"), "default": ("u2",)}
-REST = {"fp8_e4m3fn": ("u2", "r2"), "default": ("r2", "cfg2")}
+# CI: in bf16 weights (ComfyUI computes them in fp32 on a CPU: 0.4 s a step here) u2 x r2 covers both sequence
+# methods, cfg2 and the sharded run the rest; fp8 weights (as most people run it) Ulysses - on a CPU every call
+# casts all 0.38B fp8 weights on every rank (3 s a step), so the fp8 matrix and the edit tests in fp8 cost CI ~2
+# minutes for the same split code. The rest of the matrix runs with the slow set.
+CI = {"default": ("u2r2", "cfg2", "u2_sharded"), "fp8_e4m3fn": ("u2",)}
+REST = {"default": ("u2", "r2"), "fp8_e4m3fn": ("u2r2", "r2", "cfg2", "u2_sharded")}
 
 
 def _matrix(server, weight_dtype, names):
@@ -52,7 +54,7 @@ def _matrix(server, weight_dtype, names):
         assert err <= 1e-5, (name, err)
 
 
-@pytest.mark.parametrize("weight_dtype", ["fp8_e4m3fn", "default"])
+@pytest.mark.parametrize("weight_dtype", ["default", "fp8_e4m3fn"])
 def test_qwen_image_equals_ksampler(server, qwen, weight_dtype):
     _matrix(server, weight_dtype, CI[weight_dtype])
 
@@ -73,7 +75,7 @@ def test_qwen_image_tensor_parallel_is_refused_with_the_fix(server, qwen):
 def _edit_graph(tag, degrees=None, node="model", mode="auto"):
     """Qwen-Image edit: ReferenceLatent puts an encoded image into both conditionings (its tokens join the
     image sequence inside the model, and are split with it)."""
-    g = _graph(tag, degrees, "fp8_e4m3fn", node)
+    g = _graph(tag, degrees, "default", node)
     g["30"] = {"class_type": "EmptyImage", "inputs": {"width": 64, "height": 48, "batch_size": 1, "color": 0x9a3c5e}}
     g["31"] = {"class_type": "VAEEncode", "inputs": {"pixels": ["30", 0], "vae": ["6", 0]}}
     g["32"] = {"class_type": "ReferenceLatent", "inputs": {"conditioning": ["2", 0], "latent": ["31", 0]}}
@@ -88,7 +90,7 @@ def test_qwen_image_edit_reference_latents_equal_ksampler(server, qwen):
     ref = equal_ksampler(server, _edit_graph, "qwen_edit", [
         ("u2", {"ulysses_degree": 2}, "model"), ("cfg2", {"cfg_degree": 2}, "model"),
         ("r2_hybrid", {"ring_degree": 2}, "sampler")])
-    plain = latent(server, "qwen_ref_fp8_e4m3fn")
+    plain = latent(server, "qwen_ref_default")
     assert rel(plain, ref) > 1e-3  # the reference tokens change the result: a dropped reference cannot pass
     entry = server.run(_edit_graph("qwen_edit_loop", {"ulysses_degree": 2}, "sampler", mode="loop"))
     assert entry["status"]["status_str"] == "error"
