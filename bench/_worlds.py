@@ -90,7 +90,20 @@ def machine_info() -> dict:
         info["diffusers"] = diffusers.__version__
     except ImportError:
         pass
+    info["comfyui"] = _comfyui_version()
     return info
+
+
+def _comfyui_version() -> str | None:
+    """The version of the ComfyUI on sys.path (comfy_env.setup_comfy puts it there), read from its
+    comfyui_version.py without importing ComfyUI; None when no ComfyUI was set up."""
+    import re
+    for entry in sys.path:
+        path = os.path.join(entry or ".", "comfyui_version.py")
+        if os.path.isfile(path):
+            m = re.search(r'__version__\s*=\s*"([^"]+)"', open(path).read())
+            return m.group(1) if m else "unknown"
+    return None
 
 
 def write_results(name: str, rows: list, markdown: str, extra: dict | None = None) -> str:

@@ -92,6 +92,10 @@ class Runtime:
         pool = self._pool
         if hp is not None and pool is not None and pool.running and \
                 pool.world.world_key == hp.config.world_key(pool.split_kernel_worlds):
+            if cpu_workers_here(hp):
+                # its world is up: spares started now (torch imported, ~4 s of CPU each) would only take cores
+                # from this prompt's own CPU ranks (bench/bench_headless.py: the pool's warm prompt 1.4-2x slower)
+                return None
             hp = None
         self.keep_spares(n)
         if hp is None:

@@ -171,3 +171,27 @@ def test_prompt_config_reads_the_api_prompts_config_node():
     assert handler(body) is body and rt.calls == ["ulysses2"]
     assert handler({"prompt": {"1": prompt["1"]}}) is not None and rt.calls == ["ulysses2"]  # not the pack's: nothing
     assert handler({"prompt": "garbage"}) == {"prompt": "garbage"} and handler(None) is None
+
+
+def test_a_prompt_whose_cpu_world_is_up_starts_no_spares():
+    """The on-prompt warm-up refills the spares only where they can help: with the prompt's world already up on this
+    machine's CPU cores, new interpreters (torch imported, seconds of CPU each) would only slow that prompt's ranks
+    (bench/bench_headless.py: the pool's warm prompt 1.4-2x slower); a GPU world's prompt still refills them."""
+    from types import SimpleNamespace
+
+    from comfyui_hybrid_parallel.nodes.routes import node_config
+    from comfyui_hybrid_parallel.nodes.runtime import Runtime
+    rt = Runtime()
+    filled = []
+    rt.keep_spares = filled.append
+    rt.prestart = lambda hp: filled.append(("prestart", hp.config.describe()))
+    cpu = node_config("HybridParallelConfig", {"ulysses_degree": 2, "device": "cpu"})
+    key = cpu.config.world_key(True)
+    rt._pool = SimpleNamespace(running=True, world=SimpleNamespace(world_key=key), split_kernel_worlds=True)
+    assert rt.warm_for_prompt(2, cpu) is None and filled == []  # its CPU world is up: nothing started
+    other = node_config("HybridParallelConfig", {"ring_degree": 2, "cfg_degree": 1, "device": "cpu"})
+    if other.config.world_key(True) != key:  # another world: spares, then that world from them
+        assert rt.warm_for_prompt(2, other) == other.describe() and filled == [2, ("prestart", "ring2")]
+    gpu = SimpleNamespace(config=cpu.config, device="cuda", cluster=None, describe=cpu.describe)
+    filled.clear()
+    assert rt.warm_for_prompt(2, gpu) is None and filled == [2]  # a GPU world up: the spares are refilled
