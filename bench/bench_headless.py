@@ -13,7 +13,7 @@ Client-side wall time from the post to /history's completion. Modes:
 Flux.1 in ComfyUI's format (hidden 3072: 1 double + 1 single block, 531M, bf16 file computed in fp32 on the CPU),
 2 steps at 256 x 256 (a 32 x 32 latent), cfg 1; latents saved, no decode (the same on both sides).
 
-    python bench/bench_headless.py [--runs 3]
+    python bench/bench_headless.py [--runs 3] [--quick]
 """
 from __future__ import annotations
 
@@ -83,7 +83,10 @@ def one_run(mode: str, comfy_dir) -> dict:
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--quick", action="store_true", help="one run of each mode (bench/results/headless_quick)")
     args = p.parse_args(argv)
+    if args.quick:
+        args.runs = 1
     from _worlds import write_results
     from comfy_env import setup_comfy
     comfy_dir = setup_comfy()
@@ -108,7 +111,7 @@ def main(argv=None):
               "prompt file>, the spares and that world start with ComfyUI. Each run a fresh server, the modes "
               "interleaved."]
     print("\n".join(lines))
-    write_results("headless", rows, "\n".join(lines))
+    write_results("headless_quick" if args.quick else "headless", rows, "\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -42,6 +42,7 @@ SECTIONS = {
     "auto": ("bench_auto.py", ["auto"], [], 1200),
     "quality": ("bench_quality.py", ["quality"], [], 1800),
     "session": ("bench_session.py", ["session"], [], 1800),
+    "headless": ("bench_headless.py", ["headless"], [], 1200),
     "uneven": ("bench_uneven.py", ["uneven"], [], 600),
 }
 TITLES = {
@@ -60,6 +61,7 @@ TITLES = {
     "auto": "Parallel Config degrees auto vs degree 1 through the nodes and pool: never slower?",
     "quality": "Stale methods and step caching on the trained demo model: PSNR / SSIM / latent error vs serial",
     "session": "A real session vs KSampler: LoRA switch, KSampler -> pool, two experts, host memory vs N",
+    "headless": "Headless API prompts in a real server: the pool's first prompt vs KSampler's, default and HP_PRESTART",
     "uneven": "Ranks of different speeds: even split vs split by probed speed",
 }
 
