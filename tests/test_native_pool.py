@@ -24,8 +24,8 @@ PRECISIONS = ["fp32", "bf16", "fp16", "fp8_e4m3fn", "fp8_e4m3fn_fast", "fp8_e5m2
 MESHES = {"d1": {}, "u2": {"ulysses_degree": 2}, "r2": {"ring_degree": 2}, "cfg2": {"cfg_degree": 2},
           "u2r2": {"ulysses_degree": 2, "ring_degree": 2}, "t2": {"tp_degree": 2},
           "t2u2": {"tp_degree": 2, "ulysses_degree": 2}}
-MESHES.update({f"{m}+": MESHES[m] for m in ("d1", "u2", "u2r2")})  # the rest of those meshes' matrix (slow)
-SLOW_MESHES = {"t2u2", "d1+", "u2+", "u2r2+"}
+MESHES.update({f"{m}+": MESHES[m] for m in ("d1", "u2", "u2r2", "t2")})  # the rest of those meshes' matrix (slow)
+SLOW_MESHES = {"t2u2", "d1+", "u2+", "u2r2+", "t2+"}
 
 
 @pytest.fixture(scope="module")
@@ -145,27 +145,31 @@ def pool():
 
 
 # Each mesh's cases: CI runs every precision of SD3 at degree 1 and Ulysses 2 and at least one case of each family and
-# each weight format per mesh; the rest of the matrix (the "<mesh>+" cases) runs with the slow set.
+# each weight format per mesh; the rest of the matrix (the "<mesh>+" cases) runs with the slow set. Flux (531M: its
+# width is fixed) runs in fp32 in CI - fp8 casts all its weights at every call on a CPU, on every rank.
 def _cases(mesh):
     if mesh == "d1":
         return [("sd3", p) for p in PRECISIONS] + [("wan", "fp32"), ("wan", "bf16"), ("wan", "scaled_fp8"),
                                                    ("pixart", "fp16"), ("pixart", "fp8_e4m3fn_fast"),
-                                                   ("pixart", "fp8_e5m2"), ("flux", "scaled_fp8")]
+                                                   ("pixart", "fp8_e5m2"), ("flux", "fp32")]
     if mesh == "d1+":
         return [("wan", p) for p in PRECISIONS if p not in ("fp32", "bf16", "scaled_fp8")] + \
             [("pixart", p) for p in PRECISIONS if p not in ("fp16", "fp8_e4m3fn_fast", "fp8_e5m2")] + \
-            [("flux", "fp8_e4m3fn")]
+            [("flux", "fp8_e4m3fn"), ("flux", "scaled_fp8")]
     if mesh == "u2":
-        return [("sd3", p) for p in PRECISIONS] + [("wan", "fp32"), ("pixart", "bf16"), ("flux", "scaled_fp8")]
+        return [("sd3", p) for p in PRECISIONS] + [("wan", "fp32"), ("pixart", "bf16"), ("flux", "fp32")]
     if mesh == "u2+":
-        return [("wan", "fp8_e4m3fn"), ("pixart", "fp32"), ("pixart", "scaled_fp8"), ("flux", "fp8_e4m3fn")]
+        return [("wan", "fp8_e4m3fn"), ("pixart", "fp32"), ("pixart", "scaled_fp8"), ("flux", "fp8_e4m3fn"),
+                ("flux", "scaled_fp8")]
     if mesh == "r2":
         return [("sd3", "fp32"), ("sd3", "fp8_e5m2"), ("wan", "scaled_fp8"), ("pixart", "fp16")]
     if mesh == "cfg2":
         return [("sd3", "bf16"), ("wan", "fp32")]
     if mesh == "t2":
         return [("sd3", "fp32"), ("sd3", "bf16"), ("sd3", "fp8_e4m3fn_fast"), ("sd3", "scaled_fp8"), ("wan", "fp32"),
-                ("wan", "fp8_e4m3fn"), ("flux", "fp8_e4m3fn"), ("pixart", "fp32"), ("pixart", "fp8_e4m3fn")]
+                ("wan", "fp8_e4m3fn"), ("flux", "fp32"), ("pixart", "fp32"), ("pixart", "fp8_e4m3fn")]
+    if mesh == "t2+":
+        return [("flux", "fp8_e4m3fn")]
     if mesh == "t2u2":
         return [("sd3", "fp16"), ("wan", "scaled_fp8"), ("flux", "scaled_fp8"), ("pixart", "bf16")]
     if mesh == "u2r2":

@@ -39,7 +39,7 @@ def _send(pool, config, key, base, inp):
 
 def test_flux_kontext_reference_latents(comfy, cpu_pool):  # noqa: F811
     from comfyui_hybrid_parallel.parallel import ParallelConfig
-    base = load_model(comfy, "flux", "fp8_e4m3fn").model
+    base = load_model(comfy, "flux", "fp32").model  # fp8 would cast all 531M weights at every call on a CPU
     import inspect
     from comfy.ldm.flux.model import Flux
     timestep_zero = "index_timestep_zero" in inspect.getsource(Flux)  # ComfyUI >= 0.33
@@ -83,7 +83,7 @@ def _residuals(g, batch, tokens, width, n, short_at=None):
 def test_controlnet_residuals(comfy, cpu_pool):  # noqa: F811
     from comfyui_hybrid_parallel.parallel import ParallelConfig
     cases = [("sd3", "fp32", {"ulysses_degree": 2}), ("sd3", "fp8_e4m3fn", {"ring_degree": 2}),
-             ("sd3", "fp32", {"cfg_degree": 2, "ulysses_degree": 2}), ("flux", "fp8_e4m3fn", {"ulysses_degree": 2})]
+             ("sd3", "fp32", {"cfg_degree": 2, "ulysses_degree": 2}), ("flux", "fp32", {"ulysses_degree": 2})]
     for family, precision, degrees in cases:
         base = load_model(comfy, family, precision).model
         dm = base.diffusion_model
