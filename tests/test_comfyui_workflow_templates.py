@@ -11,7 +11,8 @@ What is substituted (no real weights here):
     examples/hp_example_nodes), and the text-encoder loaders (CLIPLoader, DualCLIPLoader) are dropped; the
     checkpoints hold no text encoder (CheckpointLoaderSimple's CLIP output is then unused);
   - the model files are tiny stand-ins of the same family: Flux.1 dev fp8 checkpoint = one double + one single
-    Flux block (width 3072, fp8 e4m3fn) + a Flux KL VAE, also loaded by UNETLoader as the Kontext model; SD3.5
+    Flux block (width 3072, written bf16 under the fp8 name: a CPU casts fp8 weights at every call, on
+    every rank, which doubled the three Flux templates' time; fp8 files run in test_comfyui_e2e) + a Flux KL VAE, also loaded by UNETLoader as the Kontext model; SD3.5
     Large fp8 checkpoint = a 4-block SD3 MMDiT + a 16-channel KL VAE; Qwen-Image = one block; Wan 2.2 14B
     experts = two 1-layer Wan models with the I2V 36-channel input; Wan 2.2 TI2V 5B = a 1-layer 48-channel Wan
     and the Wan 2.2 VAE (full size: ComfyUI forces it); the Wan 2.1 / Qwen VAE = a narrow Wan 2.1 VAE; the Flux
@@ -152,7 +153,7 @@ def stand_ins(server):
     dm, vae, ck = m / "diffusion_models", m / "vae", m / "checkpoints"
     kl16, wan_vae = vae / "tiny_kl16.safetensors", vae / "tiny_wan_vae.safetensors"
     if not (ck / "flux1-dev-fp8.safetensors").exists():
-        flux = tiny.write_flux(dm / "tiny_flux_fp8_template.safetensors", seed=41, dtype=torch.float8_e4m3fn)
+        flux = tiny.write_flux(dm / "tiny_flux_fp8_template.safetensors", seed=41)  # bf16: see the docstring
         _checkpoint(ck / "flux1-dev-fp8.safetensors", flux, kl16, "vae.")
         del flux
         (dm / "tiny_flux_fp8_template.safetensors").unlink()
