@@ -13,6 +13,16 @@ from test_pool_orphans import _survivors
 pytestmark = pytest.mark.comfy
 
 
+def _ready_world(srv, ranks: int, timeout_s: float = 120.0) -> dict:
+    """The pool's status once a world of `ranks` workers is ready (or the last status seen at the deadline)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        status = srv.get("/hybrid_parallel/pool")
+        if (status["state"] == "ready" and len(status["workers"]) == ranks) or time.monotonic() > deadline:
+            return status
+        time.sleep(0.5)
+
+
 def test_the_first_world_takes_the_spares(tmp_path):
     from comfy_env import setup_comfy
     srv = ComfyServer(setup_comfy(), tmp_path, spares=2)
@@ -31,12 +41,7 @@ def test_the_first_world_takes_the_spares(tmp_path):
         # the frontend sends the workflow's Parallel Config: that world forms from the spares, before any prompt
         answer = srv.post("/hybrid_parallel/warm", {"config": {"ulysses_degree": 2, "device": "cpu"}})
         assert answer["ok"] and answer["world"], answer
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            status = srv.get("/hybrid_parallel/pool")
-            if status["state"] == "ready" and len(status["workers"]) == 2:
-                break
-            time.sleep(0.5)
+        status = _ready_world(srv, 2)
         assert status["state"] == "ready" and status["warm_mesh"] == answer["world"], status
         assert sorted(w["pid"] for w in status["workers"]) == [pid for pid, _ in spares], (status, spares)
         assert status["prestart"]["mesh"] == status["mesh"] == "ulysses2", status  # the world the warm started
@@ -101,12 +106,7 @@ def test_a_headless_server_prestarts_the_world_of_its_prompt_file(tmp_path):
     write_checkpoints(srv.base, ("sd3",))
     srv.start()
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            status = srv.get("/hybrid_parallel/pool")
-            if status["state"] == "ready" and len(status["workers"]) == 2:
-                break
-            time.sleep(0.5)
+        status = _ready_world(srv, 2)
         assert status["state"] == "ready" and status["mesh"] == "ulysses2", (status, srv.tail())
         assert status["prestart"]["mesh"] == "ulysses2" and status["prompt_warms"] == 0, status  # no prompt yet
         assert "HP_PRESTART starts ulysses2" in srv.tail(200), srv.tail()
