@@ -95,15 +95,12 @@ def machine_info() -> dict:
 
 
 def _comfyui_version() -> str | None:
-    """The version of the ComfyUI on sys.path (comfy_env.setup_comfy puts it there), read from its
-    comfyui_version.py without importing ComfyUI; None when no ComfyUI was set up."""
-    import re
-    for entry in sys.path:
-        path = os.path.join(entry or ".", "comfyui_version.py")
-        if os.path.isfile(path):
-            m = re.search(r'__version__\s*=\s*"([^"]+)"', open(path).read())
-            return m.group(1) if m else "unknown"
-    return None
+    """The version of the ComfyUI the tests and benches use (comfy_env.comfyui_dir), read from its
+    comfyui_version.py without importing ComfyUI; None when there is none."""
+    from comfy_env import comfyui_dir
+    from comfyui_hybrid_parallel.workers.comfy_seams import comfyui_version
+    path = comfyui_dir()
+    return None if path is None else comfyui_version(str(path))
 
 
 def write_results(name: str, rows: list, markdown: str, extra: dict | None = None) -> str:
