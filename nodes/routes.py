@@ -50,38 +50,50 @@ def config_from_widgets(widgets: dict):
     return ParallelConfigNode.configure(**kwargs)
 
 
-def node_config(kind: str, widgets) -> object | None:
-    """The world a Parallel Config (`kind` "HybridParallelConfig") or Parallel GPUs ("HybridParallelGPUs") node's
-    widget values fix now, valid and placeable here; None for any other node, for values the node itself will refuse
-    when the prompt runs, or for degrees / devices "auto" (they choose at the sampler). The headless warm-up
-    (prompt_config) and the frontend's /warm both start it."""
+def node_config_why(kind: str, widgets) -> tuple:
+    """(hp, "") for the world a Parallel Config (`kind` "HybridParallelConfig") or Parallel GPUs
+    ("HybridParallelGPUs") node's widget values fix now, valid and placeable here; else (None, why): another node,
+    values the node itself will refuse when the prompt runs (its message), or degrees / devices "auto" (they choose
+    at the sampler)."""
     from .simple_node import ParallelGPUsNode
     build = {"HybridParallelConfig": config_from_widgets,
              "HybridParallelGPUs": lambda w: ParallelGPUsNode.configure(
                  **{k: w[k] for k in ("devices", "preset") if k in w})}.get(kind)
-    if build is None or not isinstance(widgets, dict) or not widgets:
-        return None
+    if build is None or not isinstance(widgets, dict):
+        return None, "not a Parallel Config / Parallel GPUs node"
     try:
         hp = build(widgets)
         check_hp_placement(hp)
-    except (ValueError, TypeError):
-        return None  # the node itself reports it when the prompt runs
-    return None if getattr(hp, "auto_devices", 0) else hp
+    except (ValueError, TypeError) as e:
+        return None, str(e)  # the node itself reports it when the prompt runs
+    if getattr(hp, "auto_devices", 0):
+        return None, "its degrees / devices are 'auto' (chosen at the sampler)"
+    return hp, ""
+
+
+def node_config(kind: str, widgets) -> object | None:
+    """node_config_why's world, or None (and None for no widget values at all): what the headless warm-up
+    (prompt_config) and the frontend's /warm start."""
+    return node_config_why(kind, widgets)[0] if widgets else None
+
+
+def config_node(prompt) -> tuple | None:
+    """(class_type, widget values) of an API prompt's first Parallel Config / Parallel GPUs node (a linked input, a
+    list, is not a widget value), or None."""
+    if not isinstance(prompt, dict):
+        return None
+    for node in prompt.values():
+        if isinstance(node, dict) and node.get("class_type") in ("HybridParallelConfig", "HybridParallelGPUs"):
+            return node["class_type"], {k: v for k, v in (node.get("inputs") or {}).items()
+                                        if not isinstance(v, list)}
+    return None
 
 
 def prompt_config(prompt) -> object | None:
     """The world an API prompt's first Parallel Config / Parallel GPUs node fixes now (widget values only; a
     linked input or degrees "auto" choose at the sampler): what the headless warm-up starts; else None."""
-    if not isinstance(prompt, dict):
-        return None
-    for node in prompt.values():
-        if not isinstance(node, dict):
-            continue
-        kind = node.get("class_type")
-        if kind in ("HybridParallelConfig", "HybridParallelGPUs"):
-            widgets = {k: v for k, v in (node.get("inputs") or {}).items() if not isinstance(v, list)}  # list: a link
-            return node_config(kind, widgets)
-    return None
+    found = config_node(prompt)
+    return None if found is None else node_config(*found)
 
 
 PACK_NODES = ("HybridParallelConfig", "HybridParallelGPUs", "HybridSampler", "HybridParallelModel",
@@ -252,26 +264,14 @@ def prestart_config(value: str):
     if not isinstance(data, dict) or isinstance(data.get("nodes"), list):
         raise ValueError("HP_PRESTART: a workflow saved by the frontend (its 'nodes' list) - save it with 'Export "
                          f"(API)' instead. {PRESTART_HELP}")
-    nodes = [n for n in data.values() if isinstance(n, dict) and "class_type" in n]
-    if nodes:
-        node = next((n for n in nodes if n["class_type"] in ("HybridParallelConfig", "HybridParallelGPUs")), None)
-        if node is None:
+    if any(isinstance(n, dict) and "class_type" in n for n in data.values()):  # an API prompt
+        found = config_node(data)
+        if found is None:
             return None, "the prompt has no Parallel Config / Parallel GPUs node: spares only"
-        kind = node["class_type"]
-        widgets = {k: v for k, v in (node.get("inputs") or {}).items() if not isinstance(v, list)}
     else:
-        kind, widgets = "HybridParallelConfig", data
-    hp = node_config(kind, widgets)
-    if hp is not None:
-        return hp, ""
-    try:  # why not: the node's own message where it would refuse, else degrees / devices "auto"
-        from .simple_node import ParallelGPUsNode
-        built = (config_from_widgets(widgets) if kind == "HybridParallelConfig" else
-                 ParallelGPUsNode.configure(**{k: widgets[k] for k in ("devices", "preset") if k in widgets}))
-        check_hp_placement(built)
-    except (ValueError, TypeError) as e:
-        return None, f"{e}: spares only"
-    return None, "its degrees / devices are 'auto' (chosen at the sampler): spares only"
+        found = "HybridParallelConfig", data
+    hp, why = node_config_why(*found)
+    return (hp, "") if hp is not None else (None, f"{why}: spares only")
 
 
 def prestart_from_env(runtime, value: str | None = None, start=None) -> str:
