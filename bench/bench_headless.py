@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -72,7 +73,6 @@ def one_run(mode: str, comfy_dir) -> dict:
         row["prestarted"] = (status.get("prestart") or {}).get("mesh")
     finally:
         server.stop()
-        import shutil
         shutil.rmtree(base, ignore_errors=True)  # 1.4 GB of checkpoints per run
     row["ratio_first"] = round(row["pool_u2_first_s"] / row["ksampler_first_s"], 3)
     row["ratio_vs_ksampler_warm"] = round(row["pool_u2_first_s"] / row["ksampler_warm_s"], 3)

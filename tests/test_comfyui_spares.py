@@ -189,9 +189,9 @@ def test_a_prompt_whose_cpu_world_is_up_starts_no_spares():
     key = cpu.config.world_key(True)
     rt._pool = SimpleNamespace(running=True, world=SimpleNamespace(world_key=key), split_kernel_worlds=True)
     assert rt.warm_for_prompt(2, cpu) is None and filled == []  # its CPU world is up: nothing started
-    other = node_config("HybridParallelConfig", {"ring_degree": 2, "cfg_degree": 1, "device": "cpu"})
-    if other.config.world_key(True) != key:  # another world: spares, then that world from them
-        assert rt.warm_for_prompt(2, other) == other.describe() and filled == [2, ("prestart", "ring2")]
+    other = node_config("HybridParallelConfig", {"cfg_degree": 2, "device": "cpu"})  # another (kernel) world
+    assert other.config.world_key(True) != key
+    assert rt.warm_for_prompt(2, other) == other.describe() and filled == [2, ("prestart", "cfg2")]  # spares, then it
     gpu = SimpleNamespace(config=cpu.config, device="cuda", cluster=None, describe=cpu.describe)
     filled.clear()
     assert rt.warm_for_prompt(2, gpu) is None and filled == [2]  # a GPU world up: the spares are refilled
