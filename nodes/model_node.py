@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from .auto import guider_inputs, resolve_auto, warn_idle_cfg
 from .runtime import take_over_from_dynamic_vram
-from .sampler_node import (WRAPPER_KEY, check_not_multigpu, check_not_on_pool, host_clone, make_apply_model_wrapper,
-                           patches_on_workers, pool_state, without_compile_wrapper)
+from ..workers.bridge.graph import executing, given
+from .sampler_node import (WRAPPER_KEY, capture_run, check_not_multigpu, check_not_on_pool, host_clone,
+                           make_apply_model_wrapper, patches_on_workers, pool_state, without_compile_wrapper)
 
 
 class ParallelModel:
@@ -34,9 +35,9 @@ class ParallelModel:
             "model": ("MODEL", {"tooltip": "A diffusion model (any family Hybrid Sampler runs)."}),
             "parallel_config": ("PARALLEL_CONFIG", {"tooltip": "From Parallel GPUs or Parallel Config. Degrees "
                                 "'auto' is decided at each run, when the latent and the cfg are known."}),
-        }}
+        }, "hidden": {"prompt": "PROMPT", "unique_id": "UNIQUE_ID"}}  # (to name a node whose patch is refused)
 
-    def patch(self, model, parallel_config):
+    def patch(self, model, parallel_config, prompt=None, unique_id=None):
         hp = parallel_config
         if hp.config.pp_degree > 1:
             raise ValueError(f"Parallel Model: PipeFusion (pp_degree={hp.config.pp_degree}) runs the whole denoising "
@@ -47,7 +48,9 @@ class ParallelModel:
         import comfy.patcher_extension as ext
         check_not_on_pool(model, "Parallel Model")
         check_not_multigpu(model, "Parallel Model")
-        state = pool_state(model, hp)  # refusals now, before any worker starts
+        # refusals now, before any worker starts: what the graph put on the MODEL so far (the sampler's run checks
+        # the whole of it again, with what nodes after this one added and the conditioning)
+        state = pool_state(model, hp, capture_run(model, hp, "Parallel Model", given(prompt, unique_id), mode="step"))
         m = host_clone(model)  # ComfyUI's copy stays on the host (a non-dynamic patcher under DynamicVRAM)
         runtime = self.runtime
         chosen = {"hp": hp}  # this run's config: degrees "auto" is decided per run, when the latent is known
@@ -64,8 +67,10 @@ class ParallelModel:
                 runtime.last_auto = report  # the mesh picture shows it (nodes/routes.py)
             warn_idle_cfg(run_hp, cfg, negative, "Parallel Model")
             chosen["hp"] = run_hp
+            cap = capture_run(patcher, run_hp, "Parallel Model", executing(), mode="step", conds=guider.conds,
+                              model_options=guider.model_options)
             state.clear()
-            state.update(pool_state(patcher, run_hp))
+            state.update(pool_state(patcher, run_hp, cap))
             without_compile_wrapper(guider.model_options["transformer_options"].get("wrappers") or {})  # this run's
             take_over_from_dynamic_vram(patcher)  # before ComfyUI loads it: its DynamicVRAM copy leaves the GPU
             with runtime.track("sample"), runtime.quiet_driver(run_hp), patches_on_workers(patcher, state):

@@ -26,24 +26,8 @@ from ..parallel.models.any_model import RECIPE
 from ..workers.comfy_native import FORWARDED_ARGS, picked_attention
 from ..workers.transport import _DTYPES
 
-class NotCarried(ValueError):
-    """This MODEL cannot run on the workers; the message says why and what works."""
-
-
-def encode_value(v):
-    """JSON-safe form of a unet_config value: dtypes tagged, tuples tagged, nested containers kept."""
-    if isinstance(v, torch.dtype):
-        return {"__dtype__": str(v).removeprefix("torch.")}
-    if isinstance(v, tuple):
-        return {"__tuple__": [encode_value(x) for x in v]}
-    if isinstance(v, list):
-        return [encode_value(x) for x in v]
-    if isinstance(v, dict):
-        return {str(k): encode_value(x) for k, x in v.items()}
-    if v is None or isinstance(v, (bool, int, float, str)):
-        return v
-    raise NotCarried(f"this model's ComfyUI config holds a {type(v).__name__} ({v!r:.60}), which the workers "
-                     f"cannot rebuild; Hybrid Sampler runs models loaded by ComfyUI's own loaders")
+from ..workers.bridge.capture import NotCarried  # (re-exported: the nodes' refusals)
+from ..workers.bridge.carry import encode_value  # (re-exported)
 
 
 def family_adapter(diffusion_model):
@@ -110,7 +94,7 @@ def host_tensors(diffusion_model) -> dict:
     return held(diffusion_model)
 
 
-def sent_tensors(module, cast: bool = True) -> dict:
+def sent_tensors(module, cast: bool = True, unhooked: dict | None = None) -> dict:
     """The weights as the workers must hold them: `host_tensors`, each in the dtype ComfyUI computes the layer with.
 
     Why: under DynamicVRAM (ComfyUI 0.33 on NVIDIA) ComfyUI's loaders keep each layer's tensor as the checkpoint stores
@@ -122,11 +106,13 @@ def sent_tensors(module, cast: bool = True) -> dict:
     such a tensor travels cast as ComfyUI's loader casts it. Elsewhere the recorded dtype is the one held, or there is
     none (ComfyUI 0.3.x): nothing is cast. `cast` False: the same tensors, each as a meta tensor of the dtype it
     travels in where that differs (sizes and dtypes only, nothing computed).
-    A loader's tensor subclass (GGUF) travels as it is held."""
+    A loader's tensor subclass (GGUF) travels as it is held. `unhooked`: {name: tensor} sent instead of what the
+    layer holds (a weight a hook group holds patched now, as ComfyUI saved it: workers/bridge/residency.unhooked)."""
     from ..workers.loader_types import host_tensors as held, is_plain
     owners = dict(module.named_modules())
     out = {}
     for name, t in held(module).items():
+        t = (unhooked or {}).get(name, t)
         path, _, leaf = name.rpartition(".")
         want = getattr(owners.get(path), f"{leaf}_comfy_model_dtype", None)
         if isinstance(want, torch.dtype) and want != t.dtype and is_plain(t) and t.is_floating_point() and \
@@ -196,8 +182,11 @@ def _declared(config, name: str):
     return getattr(config, name) if name in vars(config) or hasattr(type(config), name) else None
 
 
-def native_spec(base_model) -> dict:
-    """What a worker needs to build `base_model.diffusion_model` as ComfyUI built it (JSON-safe)."""
+def native_spec(base_model, compute_dtype=None) -> dict:
+    """What a worker needs to build `base_model.diffusion_model` as ComfyUI built it (JSON-safe). `compute_dtype`:
+    the dtype a ModelComputeDtype node set (its object patch `manual_cast_dtype`, with the patcher's forced weight
+    cast): the workers build the same ops and cast every layer's weights to it at each call, as ComfyUI's load
+    does."""
     dm = base_model.diffusion_model
     family_adapter(dm)
     config = base_model.model_config
@@ -237,6 +226,7 @@ def native_spec(base_model) -> dict:
                 **({"quant_config": encode_value(quant), "disabled": disabled_formats(dm)} if quant else {})},
         **({"tensors": tensors, "packages": tensor_packages(tensors)} if tensors else {}),
         **({"quantized": quantized} if quantized else {}),
+        **({"compute_dtype": encode_value(compute_dtype), "force_cast": True} if compute_dtype is not None else {}),
         **comfy_runtime(),
     }
 
@@ -258,49 +248,6 @@ def comfy_runtime() -> dict:
     import comfy.model_management
     return {"comfy_dir": os.path.dirname(os.path.dirname(os.path.abspath(comfy.model_management.__file__))),
             "comfy_args": _comfy_args(), "attention": picked_attention()}
-
-
-# transformer_options entries that hold a sampler's state living in ComfyUI's process (they cannot travel, and a model
-# call without them computes something else): such a call is refused before the workers see it
-STATEFUL_OPTIONS = {
-    "ar_state": "a causal autoregressive sampler (ComfyUI's ar_video, for Wan 2.1 Causal AR models) keeps the model's "
-                "KV caches and its frame position in ComfyUI's process, which the workers cannot see - without them "
-                "each call would run the plain bidirectional forward on its frames alone; run the ar_video sampler on "
-                "the MODEL without Parallel Model (one device) - KSampler would sample it as plain Wan 2.1, "
-                "another algorithm",
-}
-
-
-def portable_options(transformer_options: dict | None, carried: tuple = ()) -> dict:
-    """The part of ComfyUI's transformer_options that travels to the workers (JSON-safe): the RoPE options and the
-    entries the model's family reads (FamilyAdapter.carried_options: MiniMax H3's sigma shifts, set by a node).
-    Everything else stays: ComfyUI's own per-call bookkeeping (sigmas, uuids, DynamicVRAM's prefetch flag) is the
-    driver's.
-
-    Patches installed by other nodes (attention / block replacements, wrappers that act inside the
-    diffusion model) are Python callables in the ComfyUI process and cannot run on the workers: refuse.
-    """
-    opts = transformer_options or {}
-    for name in ("patches", "patches_replace"):
-        live = {k: v for k, v in (opts.get(name) or {}).items() if v}
-        if live:
-            raise NotCarried(f"this MODEL carries {name} {sorted(map(str, live))} from another node; those run "
-                             f"inside ComfyUI's process and cannot run on the workers - remove that node or use KSampler")
-    for name, why in STATEFUL_OPTIONS.items():
-        if opts.get(name) is not None:
-            raise NotCarried(why)
-    out = {}
-    rope = opts.get("rope_options")
-    if rope is not None:
-        out["rope_options"] = encode_value(dict(rope))
-    for key in carried:
-        value = opts.get(key)
-        if value is None:
-            continue
-        if not isinstance(value, (bool, int, float, str)):
-            raise NotCarried(f"transformer_options[{key!r}] ({type(value).__name__}) cannot travel to the workers")
-        out[key] = value
-    return out
 
 
 # ComfyUI runs DIFFUSION_MODEL wrappers inside the diffusion model's forward, which on the pool is the workers'.
@@ -463,4 +410,4 @@ def check_memory(model, hp, latent_shape, positive, cfg: float) -> dict | None:
 
 __all__ = ["DRIVER_WRAPPERS", "NotCarried", "check_declared", "check_diffusion_wrappers", "diffusion_wrappers", "loop_step_cache", "runs_diffusion_wrappers", "check_memory", "check_native_pipefusion", "check_native_tp", "check_weights", "check_any_model",
            "check_loader_methods", "host_tensors", "loader_tensors", "sent_tensors", "weight_bytes",
-           "comfy_runtime", "encode_value", "family_adapter", "native_spec", "portable_options"]
+           "comfy_runtime", "encode_value", "family_adapter", "native_spec"]

@@ -116,6 +116,9 @@ def warm_on_prompt(runtime, start=None):
                                                        for n in prompt.values()):
                 return json_data
             hp = prompt_config(prompt)
+            from ..workers.bridge.classified import refused_in
+            if hp is not None and refused_in(prompt, loop=hp.config.pp_degree > 1 or hp.mode == "loop"):
+                return json_data  # its sampler will refuse it before any work: no workers for it either
 
             def run():
                 try:

@@ -11,7 +11,6 @@ import os
 import sys
 import threading
 import time
-import uuid
 from contextlib import contextmanager
 
 import torch
@@ -187,12 +186,14 @@ class Runtime:
         self._prestart.start()
 
     def ensure_native(self, hp, key: str, spec: dict, diffusion_model, lineage: str | None = None,
-                      patches: tuple | None = None, family: str | None = None) -> str:
+                      patches: tuple | None = None, family: str | None = None, unhooked: dict | None = None) -> str:
         """Make ComfyUI's own diffusion model (or, with `family` "vae_comfy", its VAE model) resident on the workers
         under `key`; returns its family.
 
         The weights are the module's tensors as ComfyUI holds them now (storage dtype, patches applied),
         written once into shared memory that every local rank maps; nothing is converted or copied here.
+        `unhooked`: {name: tensor} for the weights a hook group holds patched in place now (ComfyUI's own backup of
+        each): those travel, and ComfyUI's hooked tensors are left as they are.
         """
         from ..workers.loader_types import raw
         from .native import family_adapter, sent_tensors, weight_bytes
@@ -204,9 +205,11 @@ class Runtime:
             free_beside_comfy(pool, hp.config, weight_bytes(diffusion_model), pool.gpus)
         # the weights as the layers hold them, in the dtype ComfyUI computes them in (native.sent_tensors); a
         # loader's tensor subclass (GGUF) as its raw bytes (spec["tensors"] says how the workers rebuild it)
-        pool.ensure_model(hp.config, key, family, {}, native=spec, lineage=lineage, adopt=adopter(diffusion_model),
-                          patches=patches,
-                          state_dict=lambda: {k: raw(v) for k, v in sent_tensors(diffusion_model).items()})
+        unhooked = unhooked or {}
+        pool.ensure_model(hp.config, key, family, {}, native=spec, lineage=lineage,
+                          adopt=adopter(diffusion_model, skip=set(unhooked)), patches=patches,
+                          state_dict=lambda: {k: raw(v) for k, v in sent_tensors(diffusion_model,
+                                                                                  unhooked=unhooked).items()})
         self.remember(key, (family, {}))
         return family
 
@@ -385,7 +388,7 @@ def trim_host_heap(collect: bool = True) -> None:
         pass
 
 
-def adopter(module: torch.nn.Module):
+def adopter(module: torch.nn.Module, skip: set = frozenset()):
     """adopt(name, mapped) for pool.ensure_model: ComfyUI's own host tensor `name` of `module` takes the mapped
     pages of the file just written for the workers (copy-on-write: ComfyUI writing into it - an in-place LoRA
     patch - gets private pages, the workers never see it). ComfyUI's copy and every local rank's are then one set of
@@ -394,7 +397,7 @@ def adopter(module: torch.nn.Module):
     those pages are the file's, which the kernel drops under memory pressure and ComfyUI reads back from the file
     itself; the workers' copy would only take their place with pages nothing can drop."""
     from ..workers.loader_types import describe, host_tensors, raw, rebuild
-    targets = host_tensors(module)
+    targets = {k: v for k, v in host_tensors(module).items() if k not in skip}  # skip: ComfyUI's hooked tensors
     owners = dict(module.named_modules())
     lock = threading.Lock()
     freed = [0]  # bytes let go since the heap was last trimmed
@@ -565,16 +568,3 @@ def driver_attention_is_pytorch() -> bool:
 def _is_pool_error(e: BaseException) -> bool:
     """A failure of the workers (raised, died, hung), not a cancel or a refused input."""
     return isinstance(e, PoolError) and not isinstance(e, JobCancelled)
-
-
-def weights_key(base_model, patches_uuid) -> str:
-    """Identify the weights the workers must hold: this model object and its applied patches (LoRA...).
-
-    A uid is attached to the model object on first sight (ids of dead objects get reused; a uid does not);
-    ComfyUI renews `patches_uuid` whenever patches or their strengths change.
-    """
-    uid = getattr(base_model, "_hp_uid", None)
-    if uid is None:
-        uid = uuid.uuid4().hex
-        base_model._hp_uid = uid
-    return f"{uid}:{patches_uuid}"

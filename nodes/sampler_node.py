@@ -15,10 +15,15 @@ import torch
 
 from .loop_mode import (Captured, check_loop_mode, ksampler_latent, loop_convention, make_loop_sampler,
                         uses_loop_mode)
+from ..parallel.models import adapter_for
+from ..workers.bridge.capture import capture
+from ..workers.bridge.carry import call_options, hook_call, object_values, skipped_blocks
+from ..workers.bridge.graph import given
+from ..workers.bridge.residency import unhooked, weights_key
 from .native import (NotCarried, check_any_model, check_declared, check_diffusion_wrappers, check_loader_methods,
                      check_memory, check_native_pipefusion, check_native_tp, check_weights, diffusion_wrappers,
-                     native_spec, portable_options, runs_diffusion_wrappers)
-from .runtime import take_over_from_dynamic_vram, weights_key
+                     native_spec, runs_diffusion_wrappers)
+from .runtime import take_over_from_dynamic_vram
 
 WRAPPER_KEY = "comfyui_hybrid_parallel"
 
@@ -28,9 +33,10 @@ class PoolDiffusionModel(torch.nn.Module):
     """Stands in for ComfyUI's diffusion model during one call: sends the call's arguments to the workers, which run
     ComfyUI's own model, and returns their output."""
 
-    def __init__(self, runtime, hp, original: torch.nn.Module, state: dict):
+    def __init__(self, runtime, hp, original: torch.nn.Module, state: dict, patcher=None):
         super().__init__()
         self.runtime, self.hp, self.state = runtime, hp, state
+        self.patcher = patcher  # the ModelPatcher sampling now (BaseModel.current_patcher): its hooks, its backups
         self.dtype = original.dtype
         self.device = getattr(original, "device", None)
         self._original = [original]  # not a submodule: keep ComfyUI's weights out of this proxy
@@ -54,8 +60,11 @@ class PoolDiffusionModel(torch.nn.Module):
     def _ensure_resident(self):
         st = self.state
         if not st.get("resident"):
+            # the weights as they are without a hook: ComfyUI patches a hook group into them in place before the
+            # call (its per-call hooks travel separately: carry.hook_call)
             st["family"] = self.runtime.ensure_native(self.hp, st["key"], st["native"], self._original[0],
-                                                      st.get("lineage"), st.get("patches"))
+                                                      st.get("lineage"), st.get("patches"),
+                                                      unhooked=unhooked(self.patcher))
             st["resident"] = True
 
     def _native_forward(self, x, timestep, context, transformer_options, extra):
@@ -73,9 +82,20 @@ class PoolDiffusionModel(torch.nn.Module):
             else:
                 tensors[name] = value
                 changing.append(name)
-        structure["transformer_options"] = portable_options(transformer_options,
-                                                            adapter.carried_options if adapter is not None else ())
+        options = call_options(transformer_options, adapter.carried_options if adapter is not None else ())
+        structure["transformer_options"] = options
+        self._check_skips(adapter, options)
         values = {"key": self.state["key"], "call_index": self.state["calls"], "structure": structure}
+        if self.state.get("object_values"):
+            values["object_values"] = self.state["object_values"]
+        hooks = getattr(self.patcher, "current_hooks", None)
+        if hooks is not None or self.state.get("hooks"):  # the call's hook group (ComfyUI switches it per cond)
+            if not self.state.get("hooks"):
+                raise NotCarried("this model call runs under a hook group that was not on the MODEL or its "
+                                 "conditioning when sampling started; the pack cannot carry it")
+            values["hooks"], parts = hook_call(self.patcher, hooks, self.state.setdefault("hooks_sent", set()))
+            tensors.update(parts)
+            changing += parts
         which = (transformer_options or {}).get("cond_or_uncond")
         if isinstance(which, (list, tuple)) and all(isinstance(i, int) for i in which):
             values["conds"] = list(which)  # which conditionings this call holds: DistriFusion's lane
@@ -89,6 +109,16 @@ class PoolDiffusionModel(torch.nn.Module):
             return [res.tensors[f"out.{i}"].to(device) for i in range(res.values["out_streams"])]
         # one tensor back for a multi-stream latent too (video-only LTX-2: x = [video], the model returns the video)
         return res.tensors["out"].to(device)
+
+    def _check_skips(self, adapter, options) -> None:
+        """A block skipped by this call (Skip Layer Guidance's extra call) where the family's plan splits the tokens
+        would never split them: refused (the node's layers are checked before work; this is the net)."""
+        skipped = skipped_blocks(options)
+        if skipped and adapter is not None and self.hp.config.sp_degree > 1:
+            hit = sorted(skipped & split_blocks(adapter))
+            if hit:
+                raise NotCarried(f"this model call skips block {hit[0]}, where the pack splits the image tokens over "
+                                 f"the ranks ({adapter.title}): skip layers from 1, or use cfg / dp degrees")
 
     def forward(self, x, timestep, context=None, control=None, transformer_options=None, **extra):
         """ComfyUI's diffusion model runs its DIFFUSION_MODEL wrappers around its forward; the ones that can run in
@@ -265,7 +295,8 @@ def make_apply_model_wrapper(runtime, hp, state: dict):
         _note_step(runtime, kwargs.get("transformer_options", args[5] if len(args) > 5 else None))
         base = executor.class_obj
         original = base.diffusion_model
-        proxy = PoolDiffusionModel(runtime, hp() if callable(hp) else hp, original, state)
+        proxy = PoolDiffusionModel(runtime, hp() if callable(hp) else hp, original, state,
+                                   patcher=getattr(base, "current_patcher", None))
         base.diffusion_model = proxy
         try:
             return executor(*args, **kwargs)
@@ -375,30 +406,99 @@ def without_compile_wrapper(wrappers: dict) -> None:
     (wrappers.get(ext.WrappersMP.APPLY_MODEL) or {}).pop(COMPILE_KEY, None)
 
 
-def pool_state(model, hp) -> dict:
-    """How the pool runs this MODEL for `hp`: its residency key (weights, patches, method), ComfyUI's own model
-    spec where the config runs natively, and the call counter. Refuses, before any worker starts, what cannot
-    travel (other nodes' patches, tp / pp where the family declares none, tp degrees the model cannot be sharded by)."""
+def capture_run(model, hp, who: str, graph, mode: str | None = None, conds=None, model_options=None):
+    """Everything the graph put on `model` (and `conds`), refused before any work where the pool cannot carry it
+    exactly, naming the node (workers/bridge/capture.py). Returns the capture (pool_state reads what it carries)."""
+    adapter = adapter_for(model.model.diffusion_model)
+    mode = mode or ("loop" if hp.config.pp_degree > 1 or hp.mode == "loop" else "step")
+    cap = capture(model, mode, model_options=model_options, conds=conds,
+                  carried_options=adapter.carried_options if adapter is not None else ())
+    cap.check(who, graph)
+    return cap
+
+
+def pool_state(model, hp, cap) -> dict:
+    """How the pool runs this MODEL for `hp`: its residency key (what the weights hold - base, patches, compute
+    dtype - and the method), ComfyUI's own model spec, what travels with each call (object values, hooks) and the call
+    counter. Refuses, before any worker starts, what cannot travel (tp / pp where the family declares none, tp degrees
+    the model cannot be sharded by, carried patches a method cannot run). `cap`: the run's capture (capture_run)."""
     # the workers keep the model parallelized for one method: the method is part of its identity
     method = f"{hp.config.method}" + (f"-w{hp.config.warmup_steps}" if hp.config.method != "usp" else "")
-    state = {"key": f"{weights_key(model.model, model.patches_uuid)}|{method}", "calls": 0,
+    cast = [f.detail["value"] for f in cap.carried("compute_dtype")]
+    extra = f"cast-{str(cast[-1]).removeprefix('torch.')}" if cast and cast[-1] is not None else ""
+    state = {"key": f"native:{weights_key(model.model, model.patches, extra)}|{method}", "calls": 0,
              "lineage": f"{model.model._hp_uid}|{method}"}  # this model under other patches: replaced, not kept
     check_any_model(model.model.diffusion_model, hp)  # a model no adapter declares: cfg / dp only
     check_declared(model.model.diffusion_model, hp.config)  # tp / pp where the family declares them
     compiled = compile_spec(model, hp)
     # ComfyUI's own model on the workers; refused here, before any worker starts, if it cannot travel
-    state["native"] = native_spec(model.model)
+    state["native"] = native_spec(model.model, compute_dtype=cast[-1] if cast else None)
     check_weights(model.model.diffusion_model)
     check_native_tp(model.model.diffusion_model, hp.config)
-    portable_options(model.model_options.get("transformer_options"))  # other nodes' patches: refused now
-    state["key"] = "native:" + state["key"]
     check_loader_methods(model.model.diffusion_model, hp.config, patched=bool(model.patches))  # GGUF
     state["patches"] = portable_patches(model, hp.config)  # LoRA & co travel as patches where they can
     if state["patches"] is not None:
         state["native"]["patcher"] = loader_patcher(model)  # a loader that patches its own way (GGUF)
     state["compile"] = compiled
-    check_diffusion_wrappers(model.wrappers)  # EasyCache: the driver (step mode) or the workers (loop) apply it
+    state["object_values"] = object_values(cap.carried("object_values"))
+    state["hooks"] = bool(cap.carried("hooks"))
+    check_carried_calls(model, hp, cap, state)
     return state
+
+
+def check_carried_calls(model, hp, cap, state) -> None:
+    """Refuse, before any worker starts, carried per-call patches this config cannot apply exactly: hook LoRAs where
+    the ranks do not hold whole weights they can patch (tp / pp / sharded, quantized or a loader's weights, a compiled
+    model), and block skips (Skip Layer Guidance) of a block where the family's plan splits the sequence or with
+    DistriFusion (its stale activations are kept per conditioning, which the extra call would overwrite)."""
+    config = hp.config
+    if state["hooks"]:
+        why = ("tensor parallel, PipeFusion or weight sharding" if not config.whole_model else
+               "a compiled model (TorchCompileModel)" if state["compile"] else
+               "quantized weights" if state["native"].get("quantized") or state["native"].get("tensors") else "")
+        if why:
+            raise NotCarried(f"hook LoRAs switch weights per conditioning on the workers, which {why} cannot do "
+                             f"exactly; use ulysses / ring / cfg / dp degrees with shard_weights none on bf16 / fp16 / "
+                             f"fp32 weights, or load the LoRA with LoraLoaderModelOnly")
+    extra_calls = cap.carried("skip_blocks") + cap.carried("value_attention")
+    if not extra_calls:
+        return
+    if config.method == "distrifusion" and config.sp_degree > 1:
+        raise NotCarried(f"{cap.creator(extra_calls[0])} makes an extra model call per step, which DistriFusion's "
+                         f"stale activations (kept per conditioning) cannot tell from the real one: use method usp")
+    adapter = adapter_for(model.model.diffusion_model)
+    split = split_blocks(adapter) if adapter is not None and config.sp_degree > 1 else set()
+    for f in cap.carried("skip_blocks"):
+        hit = sorted(split & skip_layers(f.detail.get("function")))
+        if hit:
+            raise NotCarried(f"{cap.creator(f)} skips block {hit[0]}, where the pack splits the image tokens over the "
+                             f"ranks ({adapter.title}): choose layers from 1, or use cfg / dp degrees")
+
+
+def split_blocks(adapter) -> set:
+    """The block indices the family's sequence plan hooks into ("blocks.0" splits the tokens): a block a replacement
+    skips never runs its hooks."""
+    found = set()
+    for path in adapter.comfy_plan.sequence:
+        last = path.rsplit(".", 1)[-1]
+        if last.isdigit():
+            found.add(int(last))
+    return found
+
+
+def skip_layers(fn) -> set:
+    """The layer indices Skip Layer Guidance's function skips (its closure's double_layers / single_layers)."""
+    code, cells = getattr(fn, "__code__", None), getattr(fn, "__closure__", None) or ()
+    if code is None:
+        return set()
+    found = set()
+    for name, cell in zip(code.co_freevars, cells):
+        if name in ("double_layers", "single_layers", "layers"):
+            try:
+                found |= {int(i) for i in cell.cell_contents}
+            except (TypeError, ValueError):
+                pass
+    return found
 
 
 def portable_patches(model, config):
@@ -470,10 +570,10 @@ class HybridSampler:
             "parallel_config": ("PARALLEL_CONFIG", {"tooltip": "From Parallel GPUs (simple) or Parallel Config."}),
             "denoise": ("FLOAT", {"default": 1.0, "min": 0.0, "max": 1.0, "step": 0.01,
                                   "tooltip": "Below 1.0 keeps part of the input latent (img2img)."}),
-        }}
+        }, "hidden": {"prompt": "PROMPT", "unique_id": "UNIQUE_ID"}}  # (to name a node whose patch is refused)
 
     def sample(self, model, seed, steps, cfg, sampler_name, scheduler, positive, negative, latent_image,
-               parallel_config, denoise=1.0):
+               parallel_config, denoise=1.0, prompt=None, unique_id=None):
         import comfy.patcher_extension
 
         from .auto import resolve_auto, warn_idle_cfg  # degrees "auto": chosen here, where the latent is known
@@ -488,11 +588,14 @@ class HybridSampler:
         if loop:
             check_loop_mode(sampler_name)  # before any work
             loop_convention(model.get_model_object("model_sampling"))  # a sampling the workers' loop computes
-        m = host_clone(model)  # ComfyUI's copy of the diffusion model stays on the host (see host_clone)
-        without_compile_wrapper(m.wrappers)  # the workers compile their own model (compile_spec)
         check_not_on_pool(model, "Hybrid Sampler")
         check_not_multigpu(model, "Hybrid Sampler")
-        state = pool_state(model, hp)
+        # everything the graph put on the MODEL and the conditioning: carried exactly, or refused here
+        cap = capture_run(model, hp, "Hybrid Sampler", given(prompt, unique_id),
+                          conds={"positive": positive, "negative": negative})
+        m = host_clone(model)  # ComfyUI's copy of the diffusion model stays on the host (see host_clone)
+        without_compile_wrapper(m.wrappers)  # the workers compile their own model (compile_spec)
+        state = pool_state(model, hp, cap)
         check_native_pipefusion(model.model.diffusion_model, hp.config, tuple(latent_image["samples"].shape))
         # fits the devices? (the plan it checked is what the mesh picture shows: nodes/routes.py)
         self.runtime.last_memory = check_memory(model, hp, tuple(latent_image["samples"].shape), positive, cfg)

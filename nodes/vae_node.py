@@ -11,7 +11,7 @@ import torch
 
 from ..parallel.config import ConfigError
 from .native import comfy_runtime, encode_value
-from .runtime import weights_key
+from ..workers.bridge.residency import stamp
 from .sampler_node import submit_interruptible
 
 
@@ -51,7 +51,7 @@ class PatchVAEDecode:
         if latent.is_nested:
             raise ValueError("Parallel VAE Decode does not take nested (multi-part) latents; use VAE Decode")
         declared = check_vae(first, latent, hp.config.world_size, block_size or None)  # before anything travels
-        key = weights_key(first, "vae")
+        key = f"{stamp(first)}:vae"
         self.runtime.ensure_native(hp, key, native_vae_spec(vae), first, family="vae_comfy")
         pool = self.runtime.pool(hp)
         values = {"key": key}

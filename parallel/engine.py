@@ -29,6 +29,7 @@ class Resident:
     patched: frozenset = frozenset()            # the keys the current patches changed (restored from `base` next)
     compiled: dict = field(default_factory=dict)  # torch.compile options (JSON) -> the compiled model, built once
     patch_pages: dict = field(default_factory=dict)  # workers/comfy_patches.apply's record: keys the ranks map shared
+    hooks: Optional[object] = None              # the per-call hook weights the worker applies (workers/bridge/carry.py)
 
     def callable_for(self, compile_spec: Optional[dict]):
         """The model to call: itself, or - with ComfyUI's TorchCompileModel options - its torch.compile'd module,

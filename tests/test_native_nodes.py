@@ -391,7 +391,8 @@ def test_torch_compile_options_travel_and_what_cannot_is_refused_before_workers(
     set_torch_compile_wrapper(model, backend="inductor", mode="max-autotune", dynamic=False)
     assert compile_spec(model, _hp(ulysses_degree=2)) == {"backend": "inductor", "options": None,
                                                          "mode": "max-autotune", "fullgraph": False, "dynamic": False}
-    _refused(model, "step mode only", ulysses_degree=2, sampling_mode="loop")
+    _refused(model, "TorchCompileModel.*own loop runs their model uncompiled.*sampling_mode to step", ulysses_degree=2,
+             sampling_mode="loop")
     model = comfy()
     set_torch_compile_wrapper(model, backend=lambda gm, inputs: gm)
     _refused(model, "backend that is not a name", ulysses_degree=2)

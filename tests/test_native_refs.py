@@ -25,7 +25,8 @@ pytestmark = pytest.mark.comfy
 
 def _send(pool, config, key, base, inp):
     """What PoolDiffusionModel._native_forward sends for this call (its encoding of lists and plain values)."""
-    from comfyui_hybrid_parallel.nodes.native import family_adapter, native_spec, portable_options
+    from comfyui_hybrid_parallel.nodes.native import family_adapter, native_spec
+    from comfyui_hybrid_parallel.workers.bridge.carry import call_options
     from comfyui_hybrid_parallel.nodes.sampler_node import call_payload
     dm = base.diffusion_model
     pool.ensure_model(config, key, family_adapter(dm).family, {}, native=native_spec(base),
@@ -33,7 +34,7 @@ def _send(pool, config, key, base, inp):
     tensors, structure = call_payload(inp["context"], {k: v for k, v in inp.items()
                                                        if k not in ("x", "timestep", "context")})
     tensors.update(x=inp["x"], timestep=inp["timestep"])
-    structure["transformer_options"] = portable_options({})
+    structure["transformer_options"] = call_options({})
     return pool.submit(config, "forward", {"key": key, "structure": structure}, tensors).tensors["out"]
 
 

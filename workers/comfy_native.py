@@ -206,6 +206,13 @@ def build_native(spec: dict, weights: dict, device: torch.device, sequence_paral
     if left:
         raise RuntimeError(f"{spec['class']} keeps tensors outside its state dict ({left[:8]}); the workers "
                            f"cannot build it without initialising them - report this model class")
+    if spec.get("force_cast"):
+        # a ModelComputeDtype node: ComfyUI's load casts every layer's weights to the compute dtype at each call
+        # (ModelPatcher.force_cast_weights -> comfy_cast_weights on each op module); the same here
+        for m in model.modules():
+            if hasattr(m, "comfy_cast_weights"):
+                m.comfy_cast_weights = True
+                m.comfy_force_cast_weights = True
     # on the host still: the engine shards it (tensor parallel, PipeFusion stages) before it moves to `device`
     return model.eval().requires_grad_(False)
 
@@ -301,7 +308,8 @@ def compute_dtype(spec: dict) -> torch.dtype:
     """The dtype ComfyUI hands the spec's model its latent in (BaseModel._apply_model: the manual-cast dtype,
     else the model's own)."""
     ops = spec["ops"]
-    return decode_value(ops.get("manual_cast_dtype")) or decode_value(ops.get("weight_dtype")) or torch.float32
+    return (decode_value(spec.get("compute_dtype")) or decode_value(ops.get("manual_cast_dtype")) or
+            decode_value(ops.get("weight_dtype")) or torch.float32)
 
 
 def call_native(model, inputs: dict):

@@ -41,6 +41,16 @@ def _encode(value, tensors: dict):
     raise NotPortable(f"a {cls.__module__}.{cls.__name__} in the patches")
 
 
+def _number(value):
+    """A strength as JSON: a hook keyframe's strength reaches ComfyUI's patches as a 0-d tensor (its interpolated
+    keyframes are torch values); its value as a Python float is the same number in any float dtype it multiplies."""
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise NotPortable(f"a strength of shape {tuple(value.shape)}")
+        return float(value.item())
+    return value
+
+
 def encode(patches: dict) -> tuple:
     """(spec, tensors) of a ModelPatcher's `patches` ({key: [(strength_patch, data, strength_model, offset,
     function)]}); NotPortable if any part cannot travel."""
@@ -52,7 +62,7 @@ def encode(patches: dict) -> tuple:
         for strength_patch, data, strength_model, offset, function in entries:
             if function is not None:
                 raise NotPortable(f"a patch of {key!r} with a Python function")
-            out.append([strength_patch, _encode(data, tensors), strength_model,
+            out.append([_number(strength_patch), _encode(data, tensors), _number(strength_model),
                         None if offset is None else list(offset)])
         spec[key] = out
     return spec, tensors

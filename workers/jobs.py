@@ -156,11 +156,20 @@ def _share(state: WorkerState, ctx, key: str):
     return ctx.rank, ctx.world_size, state.shm_prefix, dist.barrier, key
 
 
+def unhook_all(engine) -> None:
+    """Every resident model back to the weights it holds without a hook group (carry.HookWeights): before anything
+    reads or patches those weights other than a hooked call."""
+    for r in list(engine.models.values()):
+        if r.hooks is not None:
+            r.hooks.restore(r.model)
+
+
 def job_load_model(state: WorkerState, ctx, payload: dict) -> dict:
     """Make `key` resident (build from config + weights), or just touch it if it already is. With `patches`, the
     weights are the model's base and the patches are applied here; a resident version of the same lineage is
     patched in place (only the patches travelled), its previous patches undone first."""
     key, engine = payload["key"], state.engine
+    unhook_all(engine)
     custom = (payload.get("native") or {}).get("ops", {}).get("custom")
     if custom:
         # a custom loader's layer settings are class attributes (ComfyUI-GGUF's dequant_dtype): the driver's class
@@ -238,13 +247,16 @@ def job_load_model(state: WorkerState, ctx, payload: dict) -> dict:
     return {"loaded": True, "loads": engine.loads, "resident": engine.resident(), "attention": kernel_name}
 
 
+HOOK_PREFIX = "hook."  # the tensors of a hook group's weight patches (workers/bridge/carry.py hook_call)
+
+
 def _inputs(state: WorkerState, payload: dict) -> dict:
     """The forward's kwargs: the JSON part (`kwargs`, or `structure` as the nodes send it, nested
     dicts and lists allowed) with every tensor put in place; a tensor named "a.b.2" goes to kwargs[a][b][2]
     (a list slot comes from the structure's placeholder)."""
     kwargs = json_copy(payload.get("kwargs") or payload.get("structure") or {})
     for name, v in payload.items():
-        if not isinstance(v, torch.Tensor):
+        if not isinstance(v, torch.Tensor) or name.startswith(HOOK_PREFIX):  # a hook group's patches: not an input
             continue
         v = v.to(state.device)
         *parents, leaf = name.split(".")
@@ -295,13 +307,23 @@ def job_forward(state: WorkerState, ctx, payload: dict) -> dict:
 
     `call_index` is the sampler's model call (DistriFusion's warmup / stale decision).
     """
+    from .bridge.carry import HookWeights, ObjectValues, rebuild_options
     key = payload["key"]
     _reuse_inputs(state, key, payload)
     kwargs = _inputs(state, payload)
-    out = state.engine.forward(key, ctx, kwargs, call_index=payload.get("call_index"), conds=payload.get("conds"),
-                               before=lambda: state.stop_point(ctx),
-                               compile_spec=payload.get("compile"))
+    if "transformer_options" in kwargs:  # block replacements made functions again (Skip Layer Guidance, PAG)
+        kwargs["transformer_options"] = rebuild_options(kwargs["transformer_options"])
     r = state.engine.get(key, ctx)
+    hook = payload.get("hooks") or {"id": None}
+    if hook["id"] is not None or r.hooks is not None:  # this call's hook group on the weights (ComfyUI's per cond)
+        if r.hooks is None:
+            r.hooks = HookWeights()
+        r.hooks.remember(payload.get("run"), hook, payload)
+        r.hooks.switch(r.model, payload.get("run"), hook["id"], state.device)
+    with ObjectValues(r.model, payload.get("object_values")):
+        out = state.engine.forward(key, ctx, kwargs, call_index=payload.get("call_index"), conds=payload.get("conds"),
+                                   before=lambda: state.stop_point(ctx),
+                                   compile_spec=payload.get("compile"))
     if isinstance(out, (list, tuple)):  # a multi-stream model (MiniMax H3, LTX-2: video + audio): a tensor per stream
         reply = {**{f"out.{i}": t for i, t in enumerate(out)}, "out_streams": len(out), "parallelized": r.parallelized}
     else:
@@ -321,6 +343,8 @@ def job_loop(state: WorkerState, ctx, payload: dict) -> dict:
     """
     from comfyui_hybrid_parallel.parallel.pipefusion import PipelineCancelled
 
+    from .bridge.carry import ObjectValues
+    unhook_all(state.engine)
     sigmas = payload["sigmas"]
     n_steps = len(sigmas) - 1
     inputs = {k: v for k, v in _inputs(state, payload).items() if k not in ("noise", "sigmas")}
@@ -335,12 +359,13 @@ def job_loop(state: WorkerState, ctx, payload: dict) -> dict:
 
     report = {}
     try:
-        out = state.engine.loop(payload["key"], ctx, inputs, sigmas, payload["noise"].to(state.device),
-                                convention=payload["convention"], sampler=payload["sampler"],
-                                cfg_scale=payload.get("cfg_scale"),
-                                before_step=lambda i, n: state.stop_point(ctx), callback=progress,
-                                cancel=lambda: state.run.cancel_requested, step_cache=payload.get("step_cache"),
-                                cache_report=report)
+        with ObjectValues(state.engine.get(payload["key"], ctx).model, payload.get("object_values")):
+            out = state.engine.loop(payload["key"], ctx, inputs, sigmas, payload["noise"].to(state.device),
+                                    convention=payload["convention"], sampler=payload["sampler"],
+                                    cfg_scale=payload.get("cfg_scale"),
+                                    before_step=lambda i, n: state.stop_point(ctx), callback=progress,
+                                    cancel=lambda: state.run.cancel_requested, step_cache=payload.get("step_cache"),
+                                    cache_report=report)
     except PipelineCancelled as e:
         raise Cancelled(str(e)) from None
     return {"out": out, **({"step_cache": report} if report else {})}

@@ -1,0 +1,145 @@
+"""The graphs users build around the pack's nodes, in a real ComfyUI: carried exactly, or refused before any work
+naming the node (workers/bridge/capture.py).
+
+Each carried graph is compared with KSampler on the same graph (≤ 1e-5; fp32 on CPU) through Parallel Model and / or
+Hybrid Sampler; each refusal is checked to come from the pack's node before any worker computes anything (no new
+resident model, no world started for it), with the node's name and the fix in its one message. The prompts run on one
+server in a row, so a pool that ran a patched prompt must serve the next prompt as a fresh pool would (the hook LoRA
+prompt is followed by the plain one: before the residency key said what is in the weights, that plain prompt got the
+hooked weights, 4.9e-2 from KSampler).
+"""
+import pytest
+
+from comfy_server import assert_ok, error_text, latent, on_pool, rel, workflow
+
+pytestmark = pytest.mark.comfy
+
+W, H = 88, 72  # an 11 x 9 latent: odd, so Ulysses / ring split the 5 x 5 patch rows (+ text) unevenly
+STEPS = 3
+LORA = "tiny_lora.safetensors"
+
+
+def _graph(tag, degrees=None, node="model", model_nodes=None, cond_nodes=None, steps=STEPS):
+    """The tiny SD3 KSampler graph (latent saved, no decode) with `model_nodes` (id -> node, chained from the loader
+    "1"; the last feeds the sampler) and `cond_nodes` (a function adding nodes to the graph and returning the
+    positive / negative links); on the pool when `degrees` is given ("model": Parallel Model, "sampler": Hybrid
+    Sampler)."""
+    g = workflow(None, tag, W, H, steps=steps)
+    for k in ("6", "7", "8", "11"):
+        g.pop(k, None)
+    g["5"]["inputs"]["sampler_name"] = "euler"
+    model = ["1", 0]
+    for nid, n in (model_nodes or {}).items():
+        n = {"class_type": n["class_type"], "inputs": {**n["inputs"], "model": list(model)}}
+        g[nid] = n
+        model = [nid, 0]
+    g["5"]["inputs"]["model"] = model
+    if cond_nodes is not None:
+        pos, neg = cond_nodes(g)
+        g["5"]["inputs"]["positive"], g["5"]["inputs"]["negative"] = pos, neg
+    return g if degrees is None else on_pool(g, degrees, node)
+
+
+def _equal(server, tag, cases, bound=1e-5, **kw):
+    assert_ok(server, server.run(_graph(f"{tag}_ref", **kw)))
+    ref = latent(server, f"{tag}_ref")
+    for name, degrees, node in cases:
+        assert_ok(server, server.run(_graph(f"{tag}_{name}", degrees, node, **kw)))
+        err = rel(latent(server, f"{tag}_{name}"), ref)
+        print(f"{tag} {name}: {err:.2e} from KSampler")
+        assert err <= bound, (tag, name, err)
+    return ref
+
+
+def _resident(server):
+    return sorted(k for w in server.get("/hybrid_parallel/pool")["workers"] for k in w.get("resident") or [])
+
+
+def _refused(server, g, *needles, node_type=None):
+    """The prompt fails with one NotCarried from the pack's node naming `needles`, and no model was made resident."""
+    before = _resident(server)
+    entry = server.run(g)
+    assert entry["status"]["status_str"] == "error", entry["status"]
+    errors = [m[1] for m in entry["status"]["messages"] if m[0] == "execution_error"]
+    assert len(errors) == 1 and errors[0].get("exception_type", "").endswith("NotCarried"), errors
+    msg = error_text(entry)
+    print(f"  refused by {errors[0].get('node_type')}: {msg}")
+    for n in needles:
+        assert n in msg, (n, msg)
+    if node_type:
+        assert errors[0].get("node_type") == node_type, errors[0]
+    assert set(_resident(server)) <= set(before), "a refused prompt made a model resident"
+    return msg
+
+
+def _hooked_positive(keyframes: bool):
+    """Positive conditioning with a hook LoRA (CreateHookLoraModelOnly on the tiny LoRA, optionally keyframed from
+    strength 1.0 to 0.2 over the steps), the negative without: each model call runs under its cond's hook group."""
+    def add(g):
+        g["30"] = {"class_type": "CreateHookLoraModelOnly", "inputs": {"lora_name": LORA, "strength_model": 0.8}}
+        hooks = ["30", 0]
+        if keyframes:
+            g["31"] = {"class_type": "CreateHookKeyframesInterpolated", "inputs": {
+                "strength_start": 1.0, "strength_end": 0.2, "interpolation": "linear", "start_percent": 0.0,
+                "end_percent": 1.0, "keyframes_count": 3, "print_keyframes": False}}
+            g["32"] = {"class_type": "SetHookKeyframes", "inputs": {"hooks": hooks, "hook_kf": ["31", 0]}}
+            hooks = ["32", 0]
+        g["33"] = {"class_type": "ConditioningSetProperties", "inputs": {
+            "cond_NEW": ["2", 0], "strength": 1.0, "set_cond_area": "default", "hooks": hooks}}
+        return ["33", 0], ["3", 0]
+    return add
+
+
+def test_hook_loras_per_cond_then_a_plain_prompt(server):
+    """A hook LoRA on the positive only, keyframed: ComfyUI switches the weights per cond batch and per keyframe; the
+    workers do the same. Then the plain graph on the same loader: served the weights without the hook."""
+    _equal(server, "hook", [("pm_u2", {"ulysses_degree": 2}, "model"), ("hs_cfg2", {"cfg_degree": 2}, "sampler")],
+           cond_nodes=_hooked_positive(keyframes=True))
+    _equal(server, "hookplain", [("pm_u2", {"ulysses_degree": 2}, "model"), ("hs_cfg2", {"cfg_degree": 2}, "sampler")])
+
+
+def test_hook_loras_refused_in_the_workers_loop(server):
+    g = _graph("hook_loop", {"ulysses_degree": 2, "sampling_mode": "loop"}, "sampler",
+               cond_nodes=_hooked_positive(keyframes=False))
+    _refused(server, g, "CreateHookLoraModelOnly", "sampling_mode to step", node_type="HybridSampler")
+
+
+SLG = {"class_type": "SkipLayerGuidanceDiT", "inputs": {"double_layers": "1, 2", "single_layers": "", "scale": 3.0,
+                                                        "start_percent": 0.01, "end_percent": 0.9,
+                                                        "rescaling_scale": 0.0}}
+
+
+def test_skip_layer_guidance_is_carried(server):
+    """SLG's extra guidance call skips blocks 1 and 2: the block list travels with that call."""
+    _equal(server, "slg", [("pm_u2", {"ulysses_degree": 2}, "model"), ("hs_r2", {"ring_degree": 2}, "sampler")],
+           model_nodes={"20": SLG})
+    simple = {"class_type": "SkipLayerGuidanceDiTSimple", "inputs": {"double_layers": "2", "single_layers": "",
+                                                                      "start_percent": 0.0, "end_percent": 1.0}}
+    _equal(server, "slgs", [("pm_u2", {"ulysses_degree": 2}, "model")], model_nodes={"20": simple})
+
+
+def test_skip_layer_guidance_on_the_split_block_is_refused(server):
+    slg0 = {"class_type": SLG["class_type"], "inputs": {**SLG["inputs"], "double_layers": "0"}}
+    _refused(server, _graph("slg0", {"ulysses_degree": 2}, "model", model_nodes={"20": slg0}),
+             "SkipLayerGuidanceDiT (node 20)", "skips block 0", "choose layers from 1")
+
+
+def test_compute_dtype_is_carried(server):
+    """ModelComputeDtype bf16 on fp32 weights: every layer casts its weights to bf16 at each call, on the workers as
+    in ComfyUI - bitwise at degree 1 (left out, the ranks computed fp32 weights on bf16 inputs: 1.5e-4)."""
+    _equal(server, "mcd", [("pm_d1", {}, "model"), ("hs_d1", {}, "sampler")], bound=0.0,
+           model_nodes={"20": {"class_type": "ModelComputeDtype", "inputs": {"dtype": "bf16"}}})
+
+
+def test_cfg_functions_run_in_step_mode_and_are_refused_in_the_loop(server):
+    rescale = {"class_type": "RescaleCFG", "inputs": {"multiplier": 0.7}}
+    _equal(server, "rescale", [("hs_u2", {"ulysses_degree": 2}, "sampler")], model_nodes={"20": rescale})
+    _refused(server, _graph("rescale_loop", {"ulysses_degree": 2, "sampling_mode": "loop"}, "sampler",
+                            model_nodes={"20": rescale}),
+             'RescaleCFG (node 20)', "sampling_mode to step", node_type="HybridSampler")
+
+
+def test_lora_bypass_is_refused_naming_the_node(server):
+    bypass = {"class_type": "LoraLoaderBypassModelOnly", "inputs": {"lora_name": LORA, "strength_model": 0.8}}
+    _refused(server, _graph("bypass", {"ulysses_degree": 2}, "model", model_nodes={"20": bypass}),
+             "LoraLoaderBypassModelOnly", "LoraLoaderModelOnly", node_type="HybridParallelModel")

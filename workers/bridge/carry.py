@@ -1,0 +1,277 @@
+"""What travels with each model call besides its tensors, and how the workers put it back - both sides in one file.
+
+Why both sides here: what the driver encodes and what a rank rebuilds must be the same shape, and the shape is
+ComfyUI's (its transformer_options, its block-replacement keys, its hook patches). The driver side
+(`call_options`, `hook_call`) reads ComfyUI's objects at each call; the worker side (`rebuild_options`,
+`ObjectValues`, `HookWeights`) rebuilds them with plain Python and ComfyUI's own weight arithmetic.
+
+- transformer_options: the RoPE options, the entries the model's family reads (FamilyAdapter.carried_options) and
+  block replacements of two known shapes - a block that returns its input (Skip Layer Guidance's skip) and an
+  attention that returns its values (Perturbed-Attention Guidance): each function is checked to be exactly that
+  (its code against a reference compiled here), travels as a name, and is rebuilt on the workers. Anything else in
+  the call's options that the model could read is refused at the call (capture.py refuses what it can see before
+  any work; this is the net for what ComfyUI adds during sampling).
+- object values: "diffusion_model.<attribute>" object patches holding a plain value, set on the rank's model for the
+  call and put back after.
+- hooks: the call's hook group (ComfyUI switches weights per cond batch): its combined weight patches travel once per
+  run and group, and each rank patches the weights it holds as ComfyUI's ModelPatcher.patch_hooks does, putting
+  back the previous group's first.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+
+import torch
+
+from .capture import NotCarried
+
+# ComfyUI's per-call bookkeeping in transformer_options, never sent: what its sampler and BaseModel set for the driver
+# (the batch's conds, sigmas, wrappers, DynamicVRAM's prefetch flag, EasyCache's holder, the context window), and what
+# the diffusion model sets itself inside its forward before reading it (ComfyUI reuses the dict across calls)
+BOOKKEEPING = frozenset({"cond_or_uncond", "uuids", "sigmas", "sample_sigmas", "wrappers", "callbacks", "easycache",
+                         "context_window", "prefetch_dynamic_vbars", "multigpu_thread_device",
+                         "total_blocks", "block_type", "block_index", "block", "transformer_index", "activations_shape",
+                         "original_shape", "grid_sizes", "img_slice", "reference_image_num_tokens", "x_ref_attn_map",
+                         "model_patch_data"})
+
+
+def encode_value(v):
+    """JSON-safe form of a unet_config value: dtypes tagged, tuples tagged, nested containers kept."""
+    if isinstance(v, torch.dtype):
+        return {"__dtype__": str(v).removeprefix("torch.")}
+    if isinstance(v, tuple):
+        return {"__tuple__": [encode_value(x) for x in v]}
+    if isinstance(v, list):
+        return [encode_value(x) for x in v]
+    if isinstance(v, dict):
+        return {str(k): encode_value(x) for k, x in v.items()}
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    raise NotCarried(f"this model's ComfyUI config holds a {type(v).__name__} ({v!r:.60}), which the workers "
+                     f"cannot rebuild; Hybrid Sampler runs models loaded by ComfyUI's own loaders")
+
+
+
+def _skip(args, extra_args):
+    return args
+
+
+def _value(q, k, v, extra_options, mask=None):
+    return v
+
+
+SHAPES = {"skip": _skip, "value": _value}  # the block replacements the workers rebuild, by name
+
+
+def shape_of(fn) -> str | None:
+    """"skip" / "value" when `fn` computes exactly what the reference of that name does (same code, constants,
+    names and arity; no closure it reads), else None."""
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return None
+    for name, ref in SHAPES.items():
+        rc = ref.__code__
+        if (code.co_code, code.co_consts, code.co_names, code.co_argcount, code.co_varnames) == \
+                (rc.co_code, rc.co_consts, rc.co_names, rc.co_argcount, rc.co_varnames) and not code.co_freevars:
+            return name
+    return None
+
+
+def call_options(opts: dict | None, carried: tuple = ()) -> dict:
+    """The JSON part of a call's transformer_options that travels; NotCarried for what the workers cannot rebuild."""
+    opts = opts or {}
+    out = {}
+    for key, value in opts.items():
+        if value is None or key in BOOKKEEPING:
+            continue
+        if key == "rope_options":
+            out[key] = encode_value(dict(value))
+        elif key in carried:
+            if not isinstance(value, (bool, int, float, str)):
+                raise NotCarried(f"transformer_options[{key!r}] ({type(value).__name__}) cannot travel to the workers")
+            out[key] = value
+        elif key == "patches_replace":
+            replaced = _replacements(value)
+            if replaced:
+                out[key] = replaced
+        elif key == "patches":
+            live = sorted(str(k) for k, v in (value or {}).items() if v)
+            if live:
+                raise NotCarried(f"this model call carries model patches {live} from another node; they run inside "
+                                 f"ComfyUI's diffusion model in its own process and cannot run on the workers - "
+                                 f"remove that node, or sample without the pack")
+        elif key == "ar_state":
+            from .known import TRANSFORMER_OPTIONS
+            rule = TRANSFORMER_OPTIONS["ar_state"]
+            raise NotCarried(f"{rule.why}; {rule.fix}")
+        else:
+            raise NotCarried(f"this model call carries transformer_options[{key!r}] ({type(value).__name__}), which "
+                             f"the pack does not know how to carry to the workers; remove the node that sets it, or "
+                             f"sample without the pack")
+    return out
+
+
+def _replacements(value: dict) -> dict:
+    """{kind: [[name, index or None, shape], ...]} of ComfyUI's patches_replace ({kind: {(name, index): fn}})."""
+    out = {}
+    for kind, entries in (value or {}).items():
+        rows = []
+        for where, fn in (entries or {}).items():
+            shape = shape_of(fn)
+            if shape is None:
+                raise NotCarried(f"this model call replaces the '{kind}' block {where} with a function from another "
+                                 f"node ({getattr(fn, '__qualname__', type(fn).__name__)}); it would run inside "
+                                 f"ComfyUI's diffusion model, which runs on the workers - remove that node, or sample "
+                                 f"without the pack")
+            name, index = (where if isinstance(where, tuple) else (where, None))[:2]
+            rows.append([name, index, shape])
+        if rows:
+            out[str(kind)] = rows
+    return out
+
+
+def rebuild_options(opts: dict | None) -> dict:
+    """Worker side: the call's transformer_options with its block replacements made functions again."""
+    opts = dict(opts or {})
+    rows = opts.pop("patches_replace", None)
+    if rows:
+        opts["patches_replace"] = {kind: {(name if index is None else (name, index)): SHAPES[shape]
+                                          for name, index, shape in entries} for kind, entries in rows.items()}
+    return opts
+
+
+def skipped_blocks(opts: dict | None) -> set:
+    """Block indices a call's (encoded) options skip, of any kind."""
+    return {index for entries in ((opts or {}).get("patches_replace") or {}).values()
+            for _, index, shape in entries if shape == "skip" and index is not None}
+
+
+# ---- object values ----
+def object_values(found) -> dict:
+    """{attribute path under the diffusion model: value} of the capture's plain "diffusion_model.*" object patches."""
+    return {f.detail["key"][len("diffusion_model."):]: f.detail["value"] for f in found}
+
+
+class ObjectValues:
+    """Worker side: set plain attribute values on the rank's model for one call, put the old ones back after."""
+
+    def __init__(self, model, values: dict | None):
+        self.model, self.values, self.saved = model, dict(values or {}), []
+
+    def __enter__(self):
+        for path, value in self.values.items():
+            owner, _, leaf = path.rpartition(".")
+            target = self.model
+            for part in owner.split(".") if owner else ():
+                target = getattr(target, part)
+            self.saved.append((target, leaf, getattr(target, leaf)))
+            setattr(target, leaf, value)
+        return self
+
+    def __exit__(self, *exc):
+        for target, leaf, old in reversed(self.saved):
+            setattr(target, leaf, old)
+        self.saved.clear()
+
+
+# ---- hooks ----
+def hook_group_patches(patcher, hooks) -> dict:
+    """ComfyUI's combined weight patches of a hook group at its current keyframe strengths (what its
+    ModelPatcher.patch_hooks applies), diffusion-model keys only."""
+    if hooks is None:
+        return {}
+    return {k: v for k, v in patcher.get_combined_hook_patches(hooks).items() if k.startswith("diffusion_model.")}
+
+
+def hook_call(patcher, hooks, sent: set) -> tuple:
+    """(JSON, tensors) for a model call run under `hooks` (a HookGroup, or None): the group's id - a digest of its
+    combined patches, strengths included - and, the first time this run sends that id (`sent`), its patches."""
+    patches = hook_group_patches(patcher, hooks)
+    if not patches:
+        return {"id": None}, {}
+    from ..comfy_patches import NotPortable, encode
+    try:
+        spec, tensors = encode(patches)
+    except NotPortable as e:
+        raise NotCarried(f"a hook LoRA on this conditioning cannot travel to the workers ({e}); the pack carries "
+                         f"LoRA hooks (CreateHookLora / CreateHookLoraModelOnly), not a model used as a hook") from None
+    if any(_model_as_lora(entry) for entries in spec.values() for entry in entries):
+        raise NotCarried("a model used as a hook LoRA (CreateHookModelAsLora) needs that model's weights on the "
+                         "workers, which the pack does not send; use CreateHookLora with a LoRA file")
+    from .residency import stamp
+    digest = hashlib.sha1(json.dumps([spec, {n: stamp(t) for n, t in tensors.items()}], sort_keys=True,
+                                     default=str).encode()).hexdigest()[:16]
+    if digest in sent:
+        return {"id": digest}, {}
+    sent.add(digest)
+    return {"id": digest, "spec": spec}, {f"hook.{n}": t for n, t in tensors.items()}
+
+
+def _model_as_lora(entry) -> bool:
+    data = entry[1]
+    return isinstance(data, dict) and isinstance(data.get("$tuple"), list) and data["$tuple"][:1] == ["model_as_lora"]
+
+
+class HookWeights:
+    """Worker side: the hook group the rank's weights hold now, switched as ComfyUI's ModelPatcher.patch_hooks does
+    (unpatch the previous group's keys, then each key of the new group from the weight it holds without hooks, in
+    float32, rounded back seeded by the key) - but always into a new tensor, never into the weight's pages, which
+    other ranks and the resident base share."""
+
+    def __init__(self):
+        self.current = None   # the group id applied
+        self.backup = {}      # key -> the tensor the model held before the group
+        self.groups = {}      # (run, id) -> decoded patches, this run's
+
+    def remember(self, run, hook: dict, tensors: dict) -> None:
+        if hook.get("spec") is not None:
+            from ..comfy_patches import decode
+            self.groups = {k: v for k, v in self.groups.items() if k[0] == run}
+            self.groups[(run, hook["id"])] = decode(hook["spec"], {k[len("hook."):]: v for k, v in tensors.items()
+                                                                   if k.startswith("hook.")})
+
+    def switch(self, model, run, group_id, device) -> None:
+        """Make `model` hold the weights of hook group `group_id` (None: none)."""
+        if group_id == self.current:
+            return
+        self.restore(model)
+        if group_id is None:
+            return
+        patches = self.groups.get((run, group_id))
+        if patches is None:
+            raise RuntimeError(f"hook group {group_id} of run {run} was never sent to this worker")
+        import comfy.float
+        import comfy.lora
+        import comfy.utils
+        import torch
+        from comfy.model_patcher import get_key_weight
+
+        from ..comfy_patches import _Holder, seed_of
+        holder = _Holder(model)
+        for key, patch in patches.items():
+            weight, set_func, convert_func = get_key_weight(holder, key)
+            self.backup[key] = weight
+            temp = weight.to(device=device, dtype=torch.float32, copy=True)
+            if convert_func is not None:
+                temp = convert_func(temp, inplace=True)
+            out = comfy.lora.calculate_weight(patch, temp, key)
+            if set_func is None:
+                out = comfy.float.stochastic_rounding(out, weight.dtype, seed=seed_of(key))
+                comfy.utils.set_attr_param(holder, key, out)
+            else:
+                set_func(out, inplace_update=False, seed=seed_of(key))
+        self.current = group_id
+
+    def restore(self, model) -> None:
+        if not self.backup:
+            self.current = None
+            return
+        import comfy.utils
+
+        from ..comfy_patches import _Holder
+        holder = _Holder(model)
+        for key, weight in self.backup.items():
+            comfy.utils.set_attr_param(holder, key, weight)
+        self.backup.clear()
+        self.current = None

@@ -1,0 +1,196 @@
+"""What the pack knows about each thing a node can put on a MODEL or a conditioning: carried, run by ComfyUI in its own
+process, or refused - per sampling mode. Everything not listed here is refused (workers/bridge/capture.py).
+
+Why a table, and why by name: ComfyUI hands the sampler Python objects (functions, holders, hooks) that no message
+can carry. Whether one of them is exact on the pool depends on *where it runs*:
+- DRIVER: ComfyUI runs it in its own process around the model call - CFG functions, sampler wrappers, cond timing.
+  In step mode ComfyUI's own sampler runs (the pool answers each model call), so these run exactly as under
+  KSampler. The workers' own loop (sampling_mode loop, PipeFusion) never calls them: refused there.
+- CARRIED: it acts inside the model call; what it does travels as data (a dtype, a list of blocks to skip, a hook's
+  LoRA) and the workers apply it with ComfyUI's own code (workers/bridge/carry.py).
+- REFUSED: it acts inside the diffusion model with state the workers cannot have (a closure recording attention
+  maps, a module swapped in ComfyUI's process). Refused before any work, naming the node and what to do instead.
+A function is known by where it was defined ("module:Class." - the node class whose code made it), a wrapper or
+callback by its type and key, an object patch, option or attachment by its key. tests/test_every_node.py walks
+ComfyUI's node registry and checks every node that outputs a MODEL, GUIDER or CONDITIONING against this table.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DRIVER, CARRIED, IGNORED, REFUSED = "driver", "carried", "ignored", "refused"
+
+STEP_FIX = ("set sampling_mode to step and pp_degree to 1 on Parallel Config (ComfyUI's own sampler then runs it and "
+            "sends one model call at a time to the workers), or use Parallel Model")
+KSAMPLER_FIX = "remove that node, or sample this MODEL without the pack (KSampler on one device)"
+
+
+@dataclass(frozen=True)
+class Rule:
+    step: str                 # what happens in step mode (ComfyUI's sampler, each model call on the pool)
+    loop: str                 # ... in the workers' loop (sampling_mode loop, PipeFusion)
+    why: str = ""             # for a refusal: what would go wrong
+    fix: str = KSAMPLER_FIX   # for a refusal: what to do instead
+    carry: str = ""           # how it travels when CARRIED (workers/bridge/carry.py)
+    nodes: tuple = ()         # node classes known to add it (names the node when no function does)
+
+    def verdict(self, mode: str) -> str:
+        return self.loop if mode == "loop" else self.step
+
+
+def _driver(*nodes, loop_why: str = "the workers' own loop does not call it") -> Rule:
+    return Rule(DRIVER, REFUSED, why=loop_why, fix=STEP_FIX, nodes=nodes)
+
+
+def _refused(why: str, *nodes, fix: str = KSAMPLER_FIX) -> Rule:
+    return Rule(REFUSED, REFUSED, why=why, fix=fix, nodes=nodes)
+
+
+INSIDE = ("it runs inside ComfyUI's diffusion model, which runs on the workers; the pack has no way to carry this "
+          "Python function there")
+
+# Functions by where they were defined ("module:Qualname" prefix): CFG and sampler functions ComfyUI calls around
+# the model. A prefix ending in "." covers every function a node class's code defines.
+FUNCTIONS = {
+    "comfy_extras.nodes_model_advanced:RescaleCFG.": _driver("RescaleCFG"),
+    "comfy_extras.nodes_cfg:CFGZeroStar.": _driver("CFGZeroStar"),
+    "comfy_extras.nodes_cfg:CFGNorm.": _driver("CFGNorm"),
+    "comfy_extras.nodes_apg:APG.": _driver("APG"),
+    "comfy_extras.nodes_tcfg:TCFG.": _driver("TCFG"),
+    "comfy_extras.nodes_mahiro:Mahiro.": _driver("Mahiro"),
+    "comfy_extras.nodes_fresca:FreSca.": _driver("FreSca"),
+    "comfy_extras.nodes_perpneg:PerpNeg.": _driver("PerpNeg"),
+    "comfy_extras.nodes_eps:EpsilonScaling.": _driver("Epsilon Scaling"),
+    "comfy_extras.nodes_eps:TemporalScoreRescaling.": _driver("TemporalScoreRescaling"),
+    "comfy_extras.nodes_latent:LatentApplyOperationCFG.": _driver("LatentApplyOperationCFG"),
+    "comfy_extras.nodes_video_model:VideoLinearCFGGuidance.": _driver("VideoLinearCFGGuidance"),
+    "comfy_extras.nodes_video_model:VideoTriangleCFGGuidance.": _driver("VideoTriangleCFGGuidance"),
+    "comfy_extras.nodes_lumina2:RenormCFG.": _driver("RenormCFG"),
+    "comfy_extras.nodes_differential_diffusion:DifferentialDiffusion.": _driver(
+        "DifferentialDiffusion", loop_why="the workers' own loop runs no noise mask"),
+    # Skip Layer Guidance: its extra model call skips blocks (an identity block replacement, `patches_replace`):
+    # the block list travels with that call and the workers skip the same blocks (carry.py skip_blocks)
+    "comfy_extras.nodes_slg:SkipLayerGuidanceDiT.": Rule(CARRIED, REFUSED, why="the workers' own loop makes no "
+                                                         "extra guidance call", fix=STEP_FIX, carry="skip_blocks",
+                                                         nodes=("SkipLayerGuidanceDiT",)),
+    "comfy_extras.nodes_slg:SkipLayerGuidanceDiTSimple.": Rule(CARRIED, REFUSED, why="the workers' own loop makes no "
+                                                               "extra guidance call", fix=STEP_FIX,
+                                                               carry="skip_blocks",
+                                                               nodes=("SkipLayerGuidanceDiTSimple",)),
+    "comfy_extras.nodes_sd3:SkipLayerGuidanceSD3.": Rule(CARRIED, REFUSED, why="the workers' own loop makes no "
+                                                         "extra guidance call", fix=STEP_FIX, carry="skip_blocks",
+                                                         nodes=("SkipLayerGuidanceSD3",)),
+    # Perturbed-Attention Guidance: its extra call replaces self-attention by its values (carry.py value_attention)
+    "comfy_extras.nodes_pag:PerturbedAttentionGuidance.": Rule(CARRIED, REFUSED, why="the workers' own loop makes no "
+                                                               "extra guidance call", fix=STEP_FIX,
+                                                               carry="value_attention",
+                                                               nodes=("PerturbedAttentionGuidance",)),
+    "comfy_extras.nodes_sag:SelfAttentionGuidance.": _refused(
+        "its attention patch records the attention map inside the model call, which runs on the workers; the "
+        "guidance would be computed from nothing", "SelfAttentionGuidance"),
+    "comfy_extras.nodes_freelunch:FreeU.": _refused(INSIDE, "FreeU"),
+    "comfy_extras.nodes_freelunch:FreeU_V2.": _refused(INSIDE, "FreeU_V2"),
+}
+
+# Wrappers by (ComfyUI's WrappersMP type, key); the pack's own key is never listed here (capture skips it).
+WRAPPERS = {
+    ("outer_sample", "easycache"): Rule(DRIVER, DRIVER, nodes=("EasyCache",)),
+    ("calc_cond_batch", "easycache"): Rule(DRIVER, CARRIED, carry="easycache", nodes=("EasyCache",)),
+    # EasyCache's diffusion-model wrapper: the driver runs it around the pool call (step), the workers apply its
+    # rule in their loop (parallel/stepcache.py)
+    ("diffusion_model", "easycache"): Rule(DRIVER, CARRIED, carry="easycache", nodes=("EasyCache",)),
+    ("outer_sample", "lazycache"): _driver("LazyCache"),
+    ("predict_noise", "lazycache"): _driver("LazyCache"),
+    # ComfyUI's TorchCompileModel: the workers compile their own model (nodes: compile_spec)
+    ("apply_model", "torch.compile"): Rule(CARRIED, REFUSED, why="the workers' own loop runs their model uncompiled",
+                                           fix=STEP_FIX, carry="compile", nodes=("TorchCompileModel",)),
+}
+
+# Callbacks by (CallbacksMP type, key): none known to act inside the model
+CALLBACKS: dict = {}
+
+# ModelPatcher object patches by key (a dotted attribute path of the BaseModel)
+OBJECT_PATCHES = {
+    # the sampling schedule: ComfyUI's sampler reads it in the driver; the workers' loop checks it exactly
+    # (nodes/loop_mode.loop_convention refuses what it cannot compute)
+    "model_sampling": Rule(DRIVER, DRIVER, nodes=(
+        "ModelSamplingDiscrete", "ModelSamplingContinuousEDM", "ModelSamplingContinuousV", "ModelSamplingStableCascade",
+        "ModelSamplingSD3", "ModelSamplingAuraFlow", "ModelSamplingFlux", "ModelSamplingLTXV", "ModelSamplingMiniMaxH3",
+        "ModelSamplingAnima", "RescaleCFG")),
+    "latent_format": Rule(DRIVER, DRIVER, nodes=("ModelSamplingDiscrete",)),
+    # ModelComputeDtype: the dtype the model computes in; the workers build their ops with it (carry.py)
+    "manual_cast_dtype": Rule(CARRIED, CARRIED, carry="compute_dtype", nodes=("ModelComputeDtype",)),
+}
+# "diffusion_model.<attribute>" set to a plain value (str / number / bool / None): set on the workers' model for
+# each call, as ComfyUI sets it on its own (Flux Kontext's reference method)
+PLAIN_OBJECT_PATCH = Rule(CARRIED, CARRIED, carry="object_values", nodes=("FluxKontextMultiReferenceLatentMethod",))
+
+# model_options entries that are not functions
+MODEL_OPTIONS = {
+    "transformer_options": Rule(IGNORED, IGNORED),  # enumerated entry by entry
+    "disable_cfg1_optimization": _driver("SelfAttentionGuidance"),
+    "torch_compile_kwargs": Rule(IGNORED, IGNORED),  # read with the torch.compile wrapper
+    # set by ComfyUI's sampler itself before its OUTER_SAMPLE wrappers run (CFGGuider.sample)
+    "to_load_options": Rule(IGNORED, IGNORED),
+    "registered_hooks": Rule(IGNORED, IGNORED),  # enumerated with the conds' hooks
+    # ComfyUI's context windows: the handler splits the model calls in the driver
+    "context_handler": _driver("WanContextWindowsManual", "ContextWindowsManual"),
+}
+# model_options entries that hold functions ComfyUI calls (looked up in FUNCTIONS)
+FUNCTION_OPTIONS = {
+    "sampler_cfg_function": "a CFG function",
+    "sampler_pre_cfg_function": "a pre-CFG function",
+    "sampler_post_cfg_function": "a post-CFG function",
+    "sampler_calc_cond_batch_function": "a cond-batch function",
+    "model_function_wrapper": "a model function wrapper",
+    "denoise_mask_function": "a denoise-mask function",
+}
+
+# transformer_options entries
+TRANSFORMER_OPTIONS = {
+    "rope_options": Rule(CARRIED, CARRIED, carry="rope_options", nodes=("ScaleROPE",)),
+    "easycache": Rule(DRIVER, CARRIED, carry="easycache", nodes=("EasyCache", "LazyCache")),
+    "wrappers": Rule(IGNORED, IGNORED),   # enumerated like the ModelPatcher's
+    "callbacks": Rule(IGNORED, IGNORED),
+    "ar_state": _refused("a causal autoregressive sampler (ComfyUI's ar_video, for Wan 2.1 Causal AR models) keeps the "
+                         "model's KV caches and its frame position in ComfyUI's process, which the workers cannot "
+                         "see - without them each call would run the plain bidirectional forward on its frames alone",
+                         fix="run the ar_video sampler on the MODEL without Parallel Model (one device) - KSampler "
+                             "would sample it as plain Wan 2.1, another algorithm"),
+    # ComfyUI's per-run / per-call bookkeeping, read in the driver
+    "sample_sigmas": Rule(IGNORED, IGNORED),
+}
+
+# ModelPatcher additional models / attachments by key
+ADDITIONAL_MODELS = {
+    "multigpu": _refused("ComfyUI's MultiGPU CFG Split already runs the cond / uncond batch on whole-model copies on "
+                         "other GPUs", "MultiGPU_WorkUnits",
+                         fix="use one of the two: remove MultiGPU CFG Split (cfg_degree 2 is the same split), or "
+                             "remove the pack's node to keep ComfyUI's split"),
+}
+ATTACHMENTS: dict = {}
+
+HOOK_NODES = ("CreateHookLora", "CreateHookLoraModelOnly", "CreateHookModelAsLora", "CreateHookModelAsLoraModelOnly",
+              "SetHookKeyframes", "CreateHookKeyframe", "CreateHookKeyframesInterpolated",
+              "CreateHookKeyframesFromFloats", "CombineHooks", "CombineHooksFour", "CombineHooksEight",
+              "ConditioningSetProperties", "ConditioningSetPropertiesAndCombine", "PairConditioningSetProperties",
+              "PairConditioningSetPropertiesAndCombine", "ConditioningSetDefaultCombine",
+              "PairConditioningSetDefaultCombine", "PairConditioningCombine", "SetClipHooks",
+              "ConditioningTimestepsRange", "SetModelHooksOnCond")
+# weight hooks (hook LoRAs, keyframed strengths): each model call runs under its cond's hook group, applied by the
+# workers to the weights they hold (carry.py hooks); ComfyUI's other hook kinds act in its process
+HOOKS = Rule(CARRIED, REFUSED, why="the workers' own loop does not switch weights per cond", fix=STEP_FIX,
+             carry="hooks", nodes=HOOK_NODES)
+OTHER_HOOKS = _refused("it patches objects, adds models or transformer options from a hook in ComfyUI's process",
+                       *HOOK_NODES)
+INJECTIONS = _refused("its injections (LoRA bypass) change ComfyUI's modules in its own process",
+                      "LoraLoaderBypass", "LoraLoaderBypassModelOnly",
+                      fix="load the LoRA with LoraLoaderModelOnly / LoraLoader (its patches travel to the workers)")
+WEIGHT_WRAPPERS = _refused("its weight wrappers change how ComfyUI's modules read their weights in its own process",
+                           "TrainLoraNode")
+
+# cond entries ComfyUI's sampler reads in the driver (cond timing, areas, strengths) and those the model reads
+# (they travel as the model call's arguments, checked at each call); what the workers' loop cannot run
+CONDS_LOOP_FIX = ("the workers' own loop runs one positive and one negative conditioning, whole: " + STEP_FIX)
+GLIGEN = _refused("GLIGEN's position patch runs a model in ComfyUI's process inside the diffusion model",
+                  "GLIGENTextBoxApply")
