@@ -181,6 +181,14 @@ def make_loop_sampler(runtime, hp, state: dict, sampler_name: str, cfg: float, m
         if step_cache is not None:
             values["step_cache"] = step_cache
         tensors = {**_flatten(inputs), "noise": x.float().contiguous(), "sigmas": sigmas.float().cpu()}
+        if state.get("object_values"):  # plain object patches of the MODEL (Flux Kontext's reference method)
+            values["object_values"] = state["object_values"]
+        if state.get("bypass"):  # a LoRA in bypass mode: injected around the loop's model calls
+            from ..workers.bridge.carry import bypass_call
+            import uuid
+            values["run"] = uuid.uuid4().hex
+            values["bypass"], parts = bypass_call(state["bypass"], set())
+            tensors.update(parts)
         pbar = comfy.utils.ProgressBar(len(sigmas) - 1)
         preview = None
         if callback is not None and hp.config.pp_degree == 1 and _previews_enabled():

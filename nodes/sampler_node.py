@@ -17,7 +17,7 @@ from .loop_mode import (Captured, check_loop_mode, ksampler_latent, loop_convent
                         uses_loop_mode)
 from ..parallel.models import adapter_for
 from ..workers.bridge.capture import capture
-from ..workers.bridge.carry import call_options, hook_call, object_values, skipped_blocks
+from ..workers.bridge.carry import bypass_call, call_options, hook_call, object_values, skipped_blocks
 from ..workers.bridge.graph import given
 from ..workers.bridge.residency import unhooked, weights_key
 from .native import (NotCarried, check_any_model, check_declared, check_diffusion_wrappers, check_loader_methods,
@@ -94,6 +94,10 @@ class PoolDiffusionModel(torch.nn.Module):
                 raise NotCarried("this model call runs under a hook group that was not on the MODEL or its "
                                  "conditioning when sampling started; the pack cannot carry it")
             values["hooks"], parts = hook_call(self.patcher, hooks, self.state.setdefault("hooks_sent", set()))
+            tensors.update(parts)
+            changing += parts
+        if self.state.get("bypass"):  # LoRA bypass: its adapters once per run, injected around each call
+            values["bypass"], parts = bypass_call(self.state["bypass"], self.state.setdefault("bypass_sent", set()))
             tensors.update(parts)
             changing += parts
         which = (transformer_options or {}).get("cond_or_uncond")
@@ -442,6 +446,7 @@ def pool_state(model, hp, cap) -> dict:
     state["compile"] = compiled
     state["object_values"] = object_values(cap.carried("object_values"))
     state["hooks"] = bool(cap.carried("hooks"))
+    state["bypass"] = {k: v for f in cap.carried("bypass") for k, v in f.detail["adapters"].items()}
     check_carried_calls(model, hp, cap, state)
     return state
 
@@ -460,6 +465,10 @@ def check_carried_calls(model, hp, cap, state) -> None:
             raise NotCarried(f"hook LoRAs switch weights per conditioning on the workers, which {why} cannot do "
                              f"exactly; use ulysses / ring / cfg / dp degrees with shard_weights none on bf16 / fp16 / "
                              f"fp32 weights, or load the LoRA with LoraLoaderModelOnly")
+    if state["bypass"] and (config.tp_degree > 1 or config.pp_degree > 1):
+        raise NotCarried(f"{cap.creator(cap.carried('bypass')[0])} computes its LoRA beside each whole layer, which "
+                         f"tensor parallel (a layer's output in shards) and PipeFusion (stages) do not run; use "
+                         f"ulysses / ring / cfg / dp degrees or shard_weights, or LoraLoaderModelOnly")
     extra_calls = cap.carried("skip_blocks") + cap.carried("value_attention")
     if not extra_calls:
         return

@@ -139,7 +139,16 @@ def test_cfg_functions_run_in_step_mode_and_are_refused_in_the_loop(server):
              'RescaleCFG (node 20)', "sampling_mode to step", node_type="HybridSampler")
 
 
-def test_lora_bypass_is_refused_naming_the_node(server):
+def test_lora_bypass_is_carried(server):
+    """LoraLoaderBypassModelOnly: the LoRA runs beside each layer's forward (not merged into the weights); its
+    adapters travel and the workers inject ComfyUI's own bypass hooks around each call - step mode and the loop."""
     bypass = {"class_type": "LoraLoaderBypassModelOnly", "inputs": {"lora_name": LORA, "strength_model": 0.8}}
-    _refused(server, _graph("bypass", {"ulysses_degree": 2}, "model", model_nodes={"20": bypass}),
-             "LoraLoaderBypassModelOnly", "LoraLoaderModelOnly", node_type="HybridParallelModel")
+    _equal(server, "bypass", [("pm_u2", {"ulysses_degree": 2}, "model"),
+                              ("hs_loop_u2", {"ulysses_degree": 2, "sampling_mode": "loop"}, "sampler")],
+           model_nodes={"20": bypass})
+
+
+def test_a_patch_inside_the_model_is_refused_naming_the_node(server):
+    tome = {"class_type": "TomePatchModel", "inputs": {"ratio": 0.3}}
+    _refused(server, _graph("tome", {"ulysses_degree": 2}, "model", model_nodes={"20": tome}),
+             "TomePatchModel (node 20)", "inside ComfyUI's diffusion model", node_type="HybridParallelModel")

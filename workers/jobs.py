@@ -38,6 +38,7 @@ class WorkerState:
         self.engine = Engine(max_models)  # the resident models and what computes with them
         self.run: JobRun | None = None
         self.call_inputs: dict | None = None  # the latest step-mode call's inputs that a run may reuse
+        self.bypass = None  # ComfyUI's LoRA-bypass sets of the running run (workers/bridge/carry.py Bypass)
 
     def stop_point(self, ctx) -> None:
         """Agree over the whole world whether the job was cancelled; raise Cancelled on every rank if so.
@@ -320,7 +321,7 @@ def job_forward(state: WorkerState, ctx, payload: dict) -> dict:
             r.hooks = HookWeights()
         r.hooks.remember(payload.get("run"), hook, payload)
         r.hooks.switch(r.model, payload.get("run"), hook["id"], state.device)
-    with ObjectValues(r.model, payload.get("object_values")):
+    with ObjectValues(r.model, payload.get("object_values")), _bypass(state, r.model, payload):
         out = state.engine.forward(key, ctx, kwargs, call_index=payload.get("call_index"), conds=payload.get("conds"),
                                    before=lambda: state.stop_point(ctx),
                                    compile_spec=payload.get("compile"))
@@ -332,6 +333,16 @@ def job_forward(state: WorkerState, ctx, payload: dict) -> dict:
         from torch._dynamo.utils import counters
         reply["compiled_graphs"] = int(counters["stats"]["unique_graphs"])
     return reply
+
+
+def _bypass(state: WorkerState, model, payload: dict):
+    """ComfyUI's LoRA-bypass injections of the job (workers/bridge/carry.py Bypass) around its model calls."""
+    from .bridge.carry import Bypass
+    call = payload.get("bypass") or {"id": None}
+    if state.bypass is None:
+        state.bypass = Bypass()
+    state.bypass.remember(payload.get("run"), call, payload)
+    return state.bypass.active(model, payload.get("run"), call["id"], state.device)
 
 
 def job_loop(state: WorkerState, ctx, payload: dict) -> dict:
@@ -359,7 +370,8 @@ def job_loop(state: WorkerState, ctx, payload: dict) -> dict:
 
     report = {}
     try:
-        with ObjectValues(state.engine.get(payload["key"], ctx).model, payload.get("object_values")):
+        model = state.engine.get(payload["key"], ctx).model
+        with ObjectValues(model, payload.get("object_values")), _bypass(state, model, payload):
             out = state.engine.loop(payload["key"], ctx, inputs, sigmas, payload["noise"].to(state.device),
                                     convention=payload["convention"], sampler=payload["sampler"],
                                     cfg_scale=payload.get("cfg_scale"),

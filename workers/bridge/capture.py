@@ -60,12 +60,13 @@ class Capture:
         refused = self.refused()
         if not refused:
             return
-        parts = []
-        for f in refused[:3]:
-            by = self.creator(f)
+        groups = {}  # one sentence per node and reason: "X adds a and b: why; fix"
+        for f in refused:
             why = f.rule.why or "the pack does not know what it does, so it cannot carry it exactly"
-            parts.append(f"{by} adds {f.what}: {why}; {f.rule.fix}")
-        more = f" (and {len(refused) - 3} more)" if len(refused) > 3 else ""
+            groups.setdefault((self.creator(f), why, f.rule.fix), []).append(f.what)
+        parts = [f"{by} adds {' and '.join(dict.fromkeys(whats))}: {why}; {fix}"
+                 for (by, why, fix), whats in list(groups.items())[:3]]
+        more = f" (and {len(groups) - 3} more)" if len(groups) > 3 else ""
         mode = "the workers' own loop" if self.mode == "loop" else "the pool"
         raise NotCarried(f"{who} cannot run this graph on {mode} exactly - " + ". ".join(parts) + more)
 
@@ -175,8 +176,15 @@ def capture(patcher, mode: str, *, model_options: dict | None = None, conds=None
     if not _empty(patcher.weight_wrapper_patches):
         f.append(Found("weight wrappers", "", known.WEIGHT_WRAPPERS))
     for key, injections in patcher.injections.items():
-        if injections:
-            f.append(Found(f"injections '{key}'", "", known.INJECTIONS))
+        if not injections:
+            continue
+        from .carry import bypass_adapters
+        adapters = bypass_adapters(injections) if key == "bypass_lora" else None
+        if adapters is not None:  # ComfyUI's LoRA bypass: its adapters travel, the workers inject them as it does
+            f.append(Found("a LoRA in bypass mode", "", known.BYPASS, {"adapters": adapters}))
+        else:
+            f.append(Found(f"injections '{key}'", origin_of(getattr(injections[0], "inject", injections[0])),
+                           known.INJECTIONS))
     _wrappers(patcher.wrappers, f)
     _callbacks(patcher.callbacks, f)
     for key, models in patcher.additional_models.items():

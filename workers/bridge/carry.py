@@ -275,3 +275,104 @@ class HookWeights:
             comfy.utils.set_attr_param(holder, key, weight)
         self.backup.clear()
         self.current = None
+
+
+# ---- LoRA bypass (ComfyUI's LoraLoaderBypass: the LoRA computed beside each layer's forward, not merged) ----
+BYPASS_ORIGIN = "comfy.weight_adapter.bypass:BypassInjectionManager."
+
+
+def bypass_adapters(injections: list) -> dict | None:
+    """{module key: (adapter, strength)} of ComfyUI's LoRA-bypass injections (its BypassInjectionManager, found in
+    the closure of the injection it made), or None when they are not that manager's."""
+    found = {}
+    for inj in injections or ():
+        fn = getattr(inj, "inject", None)
+        code = getattr(fn, "__code__", None)
+        if code is None or not f"{fn.__module__}:{fn.__qualname__}".startswith(BYPASS_ORIGIN):
+            return None
+        cells = dict(zip(code.co_freevars, (c.cell_contents for c in fn.__closure__ or ())))
+        manager = cells.get("self")
+        adapters = getattr(manager, "adapters", None)
+        if not isinstance(adapters, dict):
+            return None
+        found.update(adapters)
+    return found
+
+
+def bypass_call(adapters: dict, sent: set) -> tuple:
+    """(JSON, tensors) naming the run's bypass set by a digest; its adapters the first time (`sent`)."""
+    if not adapters:
+        return {"id": None}, {}
+    from ..comfy_patches import NotPortable, _encode
+    tensors = {}
+    try:
+        spec = {key: [_encode(adapter, tensors), float(strength)] for key, (adapter, strength) in adapters.items()}
+    except NotPortable as e:
+        raise NotCarried(f"a LoRA in bypass mode cannot travel to the workers ({e})") from None
+    from .residency import stamp
+    digest = hashlib.sha1(json.dumps([spec, {n: stamp(t) for n, t in tensors.items()}], sort_keys=True,
+                                     default=str).encode()).hexdigest()[:16]
+    if digest in sent:
+        return {"id": digest}, {}
+    sent.add(digest)
+    return {"id": digest, "spec": spec}, {f"hook.bypass.{n}": t for n, t in tensors.items()}
+
+
+class Bypass:
+    """Worker side: ComfyUI's own bypass injections (BypassInjectionManager) on the rank's model for one call."""
+
+    def __init__(self):
+        self.specs = {}     # (run, id) -> {module key: (adapter, strength)}
+        self.made = {}      # (id(model), run, id) -> the injections made on that model
+
+    def remember(self, run, call: dict, tensors: dict) -> None:
+        if call.get("spec") is None:
+            return
+        from ..comfy_patches import _decode
+        parts = {k[len("hook.bypass."):]: v for k, v in tensors.items() if k.startswith("hook.bypass.")}
+        self.specs = {k: v for k, v in self.specs.items() if k[0] == run}
+        self.made = {k: v for k, v in self.made.items() if k[1] == run}
+        self.specs[(run, call["id"])] = {key: (_decode(data, parts), strength)
+                                         for key, (data, strength) in call["spec"].items()}
+
+    def active(self, model, run, bypass_id, device=None):
+        """A context manager: the bypass set `bypass_id` injected into `model` for the call (nothing for None), its
+        adapters' tensors on the rank's `device`."""
+        import contextlib
+        if bypass_id is None:
+            return contextlib.nullcontext()
+        key = (id(model), run, bypass_id)
+        if key not in self.made:
+            adapters = self.specs.get((run, bypass_id))
+            if adapters is None:
+                raise RuntimeError(f"LoRA bypass set {bypass_id} of run {run} was never sent to this worker")
+            import comfy.weight_adapter
+            from ..comfy_patches import _Holder
+            manager = comfy.weight_adapter.BypassInjectionManager()
+            for module_key, (adapter, strength) in adapters.items():
+                manager.add_adapter(module_key, adapter, strength=strength)
+            self.made[key] = manager.create_injections(_Holder(model))
+        adapters = [a for a, _ in self.specs.get((run, bypass_id), {}).values()]
+        return _Injected(self.made[key], adapters, device)
+
+
+class _Injected:
+    def __init__(self, injections, adapters=(), device=None):
+        self.injections, self.adapters, self.device = injections, adapters, device
+
+    def __enter__(self):
+        for inj in self.injections:
+            inj.inject(None)
+        if self.device is not None:
+            # ComfyUI's inject moves the adapters to its compute device (comfy.model_management.get_torch_device,
+            # the rank's GPU on a worker); the rank's own device, so that a strict CPU rank computes them where a
+            # GPU rank would
+            for a in self.adapters:
+                if isinstance(getattr(a, "weights", None), (list, tuple)):
+                    a.weights = type(a.weights)(w.to(self.device) if isinstance(w, torch.Tensor) else w
+                                                for w in a.weights)
+        return self
+
+    def __exit__(self, *exc):
+        for inj in reversed(self.injections):
+            inj.eject(None)

@@ -183,6 +183,7 @@ HOOKS = Rule(CARRIED, REFUSED, why="the workers' own loop does not switch weight
              carry="hooks", nodes=HOOK_NODES)
 OTHER_HOOKS = _refused("it patches objects, adds models or transformer options from a hook in ComfyUI's process",
                        *HOOK_NODES)
+BYPASS = Rule(CARRIED, CARRIED, carry="bypass", nodes=("LoraLoaderBypass", "LoraLoaderBypassModelOnly"))
 INJECTIONS = _refused("its injections (LoRA bypass) change ComfyUI's modules in its own process",
                       "LoraLoaderBypass", "LoraLoaderBypassModelOnly",
                       fix="load the LoRA with LoraLoaderModelOnly / LoraLoader (its patches travel to the workers)")
