@@ -40,8 +40,8 @@ def server(tmp_path_factory):
     from pathlib import Path
     # the tests' GGUF loader node (ComfyUI-GGUF's contract; tests/test_comfyui_gguf.py)
     shutil.copytree(Path(__file__).parent / "hp_gguf_loader", base / "custom_nodes" / "hp_gguf_loader")
-    if os.environ.get("HP_COMFYUI_GGUF"):  # a ComfyUI-GGUF checkout: its loader joins the GGUF tests
-        shutil.copytree(os.environ["HP_COMFYUI_GGUF"], base / "custom_nodes" / "ComfyUI-GGUF")
+    for pack in third_party():  # the packs users chain (ComfyUI-GGUF, KJNodes), installed as users install them
+        shutil.copytree(pack, base / "custom_nodes" / pack.name)
     write_checkpoints(base, ("sd3", "pixart", "wan"))
     from demo_model.workflow import install  # examples/ is on sys.path (comfy_server)
     install(base)  # the shipped demo model (tests/test_demo_model.py)
@@ -49,6 +49,18 @@ def server(tmp_path_factory):
     srv.start()
     yield srv
     srv.stop()
+
+
+def third_party() -> list:
+    """The third-party node packs the session's server loads: what scripts/setup_thirdparty.sh unpacked into the
+    venv from ../shared/thirdparty (CI), and a ComfyUI-GGUF checkout named by HP_COMFYUI_GGUF; none on a machine
+    without them (the tests' stand-ins cover those paths there)."""
+    import sys
+    from pathlib import Path
+    found = {p.name: p for p in sorted((Path(sys.prefix) / "thirdparty").glob("*")) if (p / "__init__.py").is_file()}
+    if os.environ.get("HP_COMFYUI_GGUF"):
+        found["ComfyUI-GGUF"] = Path(os.environ["HP_COMFYUI_GGUF"])
+    return list(found.values())
 
 
 def _write_tiny_lora(path):

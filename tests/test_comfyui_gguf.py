@@ -4,15 +4,15 @@ Why: GGUF (ComfyUI-GGUF) is how many people fit Flux, Wan and Qwen-Image on cons
 subclass over the file's quantized blocks, dequantized by the loader's own operations at each call, and its LoRA
 patches stay on the tensor (workers/loader_types.py). The loader here is the tests' (tests/hp_gguf_loader, ComfyUI-
 GGUF's contract); the files are the session's tiny SD3 quantized with gguf-py: all Q8_0, and mixed Q8_0 + Q4_K (as
-a Q4_K_M file mixes types). Odd latent (13 x 9), batch 2 so data parallel splits it. With HP_COMFYUI_GGUF set to a
-ComfyUI-GGUF checkout (it is on no package registry this machine reaches), every test also runs on its own loader
-node, UnetLoaderGGUFAdvanced.
+a Q4_K_M file mixes types). Odd latent (13 x 9), batch 2 so data parallel splits it. Where ComfyUI-GGUF itself is
+installed in the server (CI: ../shared/thirdparty, scripts/setup_thirdparty.sh; or HP_COMFYUI_GGUF naming a checkout),
+the tests run on its own loader node, UnetLoaderGGUFAdvanced, instead.
 """
-import os
 
 import pytest
 
 from comfy_server import assert_ok, error_text, latent, on_pool, rel, workflow
+from conftest import third_party
 
 pytestmark = pytest.mark.comfy
 
@@ -21,7 +21,8 @@ BOUND = 1e-5
 Q8, MIXED = "tiny_sd3_q8_0.gguf", "tiny_sd3_q8_0_q4_k.gguf"
 
 
-LOADERS = ["hp_test"] + (["ComfyUI-GGUF"] if os.environ.get("HP_COMFYUI_GGUF") else [])
+# ComfyUI-GGUF's own loader where it is installed (CI), else the tests' stand-in of its contract
+LOADERS = ["ComfyUI-GGUF"] if any(p.name == "ComfyUI-GGUF" for p in third_party()) else ["hp_test"]
 
 
 @pytest.fixture(scope="module", params=LOADERS)

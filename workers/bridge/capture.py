@@ -149,8 +149,24 @@ BOOKKEEPING = {"size", "model", "backup", "backup_buffers", "object_patches_back
 
 def unknown_channels(patcher) -> list:
     """The ModelPatcher's attributes this module neither reads nor knows as bookkeeping: a channel a newer ComfyUI
-    added (a test fails on it; the capture refuses a MODEL that fills one)."""
-    return sorted(k for k in vars(patcher) if k not in READ | BOOKKEEPING and not k.startswith("_"))
+    added (a test fails on it; the capture refuses a MODEL that fills one). A custom loader's patcher class (GGUF's)
+    declares its own plain settings as class attributes: those travel with it (workers/loader_types.describe_patcher)."""
+    return sorted(k for k in vars(patcher) if k not in READ | BOOKKEEPING and not k.startswith("_")
+                  and not _loader_setting(patcher, k))
+
+
+def _loader_setting(patcher, name: str) -> bool:
+    """`name` is a plain value a ModelPatcher subclass declares on its class (a loader's own setting)."""
+    import comfy.model_patcher as mp
+    value = getattr(patcher, name, None)
+    if not (value is None or isinstance(value, (str, int, float, bool))):
+        return False
+    for base in type(patcher).__mro__:
+        if base is mp.ModelPatcher or not issubclass(base, mp.ModelPatcher):
+            return False
+        if name in vars(base):
+            return True
+    return False
 
 
 def _empty(value) -> bool:
