@@ -19,12 +19,12 @@ STEPS = 3
 LORA = "tiny_lora.safetensors"
 
 
-def _graph(tag, degrees=None, node="model", model_nodes=None, cond_nodes=None, steps=STEPS):
+def _graph(tag, degrees=None, node="model", model_nodes=None, cond_nodes=None, steps=STEPS, family="sd3"):
     """The tiny SD3 KSampler graph (latent saved, no decode) with `model_nodes` (id -> node, chained from the loader
     "1"; the last feeds the sampler) and `cond_nodes` (a function adding nodes to the graph and returning the
     positive / negative links); on the pool when `degrees` is given ("model": Parallel Model, "sampler": Hybrid
     Sampler)."""
-    g = workflow(None, tag, W, H, steps=steps)
+    g = workflow(None, tag, W, H, steps=steps, family=family, length=5)
     for k in ("6", "7", "8", "11"):
         g.pop(k, None)
     g["5"]["inputs"]["sampler_name"] = "euler"
@@ -152,3 +152,63 @@ def test_a_patch_inside_the_model_is_refused_naming_the_node(server):
     tome = {"class_type": "TomePatchModel", "inputs": {"ratio": 0.3}}
     _refused(server, _graph("tome", {"ulysses_degree": 2}, "model", model_nodes={"20": tome}),
              "TomePatchModel (node 20)", "inside ComfyUI's diffusion model", node_type="HybridParallelModel")
+
+
+# Every MODEL -> MODEL node the table carries or runs in the driver (workers/bridge/classified.py) that acts on the tiny
+# SD3, against KSampler through Parallel Model at ulysses 2 - its widgets at their defaults, except where a default
+# leaves the graph unchanged (each node must change KSampler's own latent, or the comparison would prove nothing).
+# CI runs one of each kind (a pre-CFG / post-CFG function, a KJNodes CFG function, a carried extra call, a carried
+# option); the slow set runs all. (EasyCache: a no-op on SD3 in ComfyUI itself - tests/test_comfyui_easycache.py.)
+SWEEP_CI = ("APG", "CFGZeroStar", "CFGZeroStarAndInit", "PerturbedAttentionGuidance", "ScaleROPE")
+SWEEP = ("CFGNorm", "Epsilon Scaling", "FreSca", "LazyCache", "Mahiro", "RenormCFG", "RescaleCFG", "TCFG",
+         "TemporalScoreRescaling", "VideoLinearCFGGuidance", "VideoTriangleCFGGuidance",
+         "SkipLayerGuidanceSD3")
+NOT_DEFAULT = {"ScaleROPE": {"scale_x": 1.5, "shift_y": 2.0}, "SkipLayerGuidanceSD3": {"layers": "1, 3",
+                                                                                        "end_percent": 0.9},
+               "LazyCache": {"reuse_threshold": 3.0, "start_percent": 0.0}}
+# where the tiny SD3 is not a model the node acts on in ComfyUI itself (SD3 has no RoPE and no UNet self-attention),
+# the family it runs on, and the split that family runs (SD1.5 has no adapter: CFG parallel)
+ON = {"ScaleROPE": ("wan", {"ulysses_degree": 2}), "PerturbedAttentionGuidance": ("sd15", {"cfg_degree": 2}),
+      "LazyCache": ("sd3", {"ulysses_degree": 2}, 8)}
+
+
+def _family(server, family: str) -> None:
+    """The tiny UNet of SD1.5 in the server's models when a test needs it (the other families are there)."""
+    from comfy_server import FAMILIES
+    path = server.base / "models" / "diffusion_models" / FAMILIES[family]["unet"]
+    if family == "sd15" and not path.exists():
+        from comfyui_hybrid_parallel.doctor import tiny_checkpoints as tc
+        tc.write_unet(path, xl=False, seed=41)
+
+
+def _defaults(server, class_type: str) -> dict:
+    """The node's required widget values at their defaults (ComfyUI's /object_info); its MODEL input left to link."""
+    info = server.get(f"/object_info/{class_type.replace(' ', '%20')}")[class_type]["input"]
+    out = {}
+    for name, spec in (info.get("required") or {}).items():
+        kind, opts = spec[0], (spec[1] if len(spec) > 1 else {}) or {}
+        if isinstance(kind, list):
+            out[name] = kind[0]
+        elif kind == "COMBO":
+            out[name] = opts.get("options", [None])[0]
+        elif kind in ("INT", "FLOAT", "BOOLEAN", "STRING"):
+            out[name] = opts.get("default", opts.get("min", 0))
+        elif kind != "MODEL":
+            raise AssertionError(f"{class_type}: input {name} ({kind}) is not a widget")
+    return out
+
+
+@pytest.mark.parametrize("class_type", [pytest.param(c, marks=() if c in SWEEP_CI else pytest.mark.slow)
+                                        for c in SWEEP_CI + SWEEP])
+def test_a_carried_or_driver_node_equals_ksampler(server, class_type):
+    from comfyui_hybrid_parallel.workers.bridge.classified import CARRIED, NODES, STEP
+    assert NODES[class_type] in (CARRIED, STEP), NODES[class_type]
+    node = {"class_type": class_type, "inputs": {**_defaults(server, class_type), **NOT_DEFAULT.get(class_type, {})}}
+    family, degrees, steps = (ON.get(class_type, ("sd3", {"ulysses_degree": 2})) + (STEPS,))[:3]
+    _family(server, family)
+    tag = f"sweep_{class_type.replace(' ', '_')}"
+    ref = _equal(server, tag, [("pm", degrees, "model")], model_nodes={"20": node}, family=family, steps=steps)
+    assert_ok(server, server.run(_graph(f"{tag}_plain", family=family, steps=steps)))
+    effect = rel(ref, latent(server, f"{tag}_plain"))
+    print(f"{class_type} changes KSampler's latent by {effect:.2e}")
+    assert effect > 1e-4, f"{class_type} leaves this graph unchanged: the comparison would prove nothing"

@@ -99,20 +99,34 @@ def origin_of(value) -> str:
     return f"{module_name(cls.__module__)}:{cls.__qualname__}"
 
 
-ANCHORS = ("comfy_extras/", "comfy_api_nodes/", "custom_nodes/")
+CORE_FOLDERS = ("comfy_extras", "comfy_api_nodes")
 
 
 def module_name(module: str) -> str:
-    """A module's name as the tables write it: a ComfyUI server loads comfy_extras and custom node packs by file path
-    (nodes.load_custom_node: the module is named "/.../comfy_extras/nodes_slg"), a plain import by package
-    ("comfy_extras.nodes_slg"); both become the latter."""
+    """A module's name as the tables write it. A ComfyUI server loads comfy_extras by file path
+    (nodes.load_custom_node: the module is "/.../comfy_extras/nodes_slg") and a custom node pack by its folder's path
+    with "." written "_x_" (its submodules "/.../custom_nodes/ComfyUI-KJNodes.nodes.model_optimization_nodes"); a plain
+    import gives "comfy_extras.nodes_slg". These become "comfy_extras.nodes_slg" and
+    "custom_nodes.kjnodes.nodes.model_optimization_nodes": a pack by its folder's name in lower case without a
+    leading "comfyui-" (users install KJNodes as ComfyUI-KJNodes from git, comfyui-kjnodes from the registry)."""
     path = str(module).replace("\\", "/")
     if "/" not in path:
         return path
-    for anchor in ANCHORS:
-        if anchor in path:
-            return anchor[:-1] + "." + path.rsplit(anchor, 1)[1].replace("/", ".")
-    return path
+    parent, _, tail = path.rpartition("/")
+    folder = parent.rpartition("/")[2]
+    if folder in CORE_FOLDERS:
+        return f"{folder}.{tail}"
+    pack, _, rest = tail.partition(".")
+    return "custom_nodes." + ".".join(p for p in (pack_name(pack.replace("_x_", ".")), rest) if p)
+
+
+def pack_name(folder: str) -> str:
+    """A custom node pack's name in the tables: its folder's name, lower case, without "comfyui-" / "comfyui_"."""
+    name = folder.lower()
+    for prefix in ("comfyui-", "comfyui_"):
+        if name.startswith(prefix):
+            return name[len(prefix):]
+    return name
 
 
 def function_rule(origin: str) -> Rule | None:
@@ -230,6 +244,8 @@ def _object_patch(key: str, value, f: list) -> None:
     if rule is None and key.startswith("diffusion_model.") and (value is None or isinstance(value, (str, int, float,
                                                                                                        bool))):
         rule = known.PLAIN_OBJECT_PATCH
+    if rule is None and not key.startswith("diffusion_model."):
+        rule = known.BASE_MODEL_PATCH
     if rule is None:
         rule = Rule(REFUSED, REFUSED, why="it replaces a part of ComfyUI's model in ComfyUI's process; the workers "
                                           "build their own model, without it")
@@ -247,10 +263,13 @@ def _wrappers(wrappers: dict, f: list) -> None:
         for key, fns in (by_key or {}).items():
             if key == OWN_KEY or not fns:
                 continue
-            rule = known.WRAPPERS.get((str(kind), str(key))) or Rule(
-                REFUSED, REFUSED, why="a wrapper the pack has not checked: it may act inside the model call, which "
-                                      "runs on the workers")
-            f.append(Found(f"a wrapper ({kind} '{key}')", origin_of(fns[0]), rule))
+            for fn in fns:
+                origin = origin_of(fn)
+                rule = _keyed_rule(known.WRAPPERS, kind, key, origin) or Rule(
+                    REFUSED, REFUSED, why="a wrapper the pack has not checked: it may act inside the model call, "
+                                          "which runs on the workers")
+                f.append(Found(f"a wrapper ({kind} '{key}')" if key is not None else f"a {kind} wrapper", origin,
+                               rule))
 
 
 def _callbacks(callbacks: dict, f: list) -> None:
@@ -258,9 +277,22 @@ def _callbacks(callbacks: dict, f: list) -> None:
         for key, fns in (by_key or {}).items():
             if key == OWN_KEY or not fns:
                 continue
-            rule = known.CALLBACKS.get((str(kind), str(key))) or Rule(
-                REFUSED, REFUSED, why="a callback the pack has not checked")
-            f.append(Found(f"a callback ({kind} '{key}')", origin_of(fns[0]), rule))
+            for fn in fns:
+                origin = origin_of(fn)
+                rule = _keyed_rule(known.CALLBACKS, kind, key, origin) or Rule(
+                    REFUSED, REFUSED, why="a callback the pack has not checked")
+                f.append(Found(f"a callback ({kind} '{key}')" if key is not None else f"a {kind} callback", origin,
+                               rule))
+
+
+def _keyed_rule(table: dict, kind, key, origin: str) -> Rule | None:
+    """The rule of a wrapper / callback: by its (type, key) where its function comes from where that rule expects
+    (known.WRAPPER_ORIGINS), else - unkeyed, or keyed but unknown - by where its function was defined."""
+    rule = table.get((str(kind), str(key))) if key is not None else None
+    need = known.WRAPPER_ORIGINS.get((str(kind), str(key)))
+    if rule is not None and (need is None or origin.startswith(need)):
+        return rule
+    return function_rule(origin)
 
 
 def _model_options(options: dict, f: list, carried_options) -> None:

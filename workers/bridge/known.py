@@ -68,6 +68,14 @@ FUNCTIONS = {
     "comfy_extras.nodes_lumina2:RenormCFG.": _driver("RenormCFG"),
     "comfy_extras.nodes_differential_diffusion:DifferentialDiffusion.": _driver(
         "DifferentialDiffusion", loop_why="the workers' own loop runs no noise mask"),
+    # SamplerCustomAdvanced's CFGOverride: a predict-noise wrapper that changes the cfg per step
+    "comfy_extras.nodes_custom_sampler:CFGOverride.": _driver("CFGOverride"),
+    # KJNodes (custom_nodes/ComfyUI-KJNodes), read and run against KSampler (tests/test_every_graph.py)
+    "custom_nodes.kjnodes.nodes.model_optimization_nodes:CFGZeroStarAndInit.": _driver("CFGZeroStarAndInit"),
+    "custom_nodes.kjnodes.nodes.model_optimization_nodes:PiDColorBiasCorrection.": _driver(
+        "PiDColorBiasCorrection"),
+    "custom_nodes.kjnodes.nodes.nodes:DifferentialDiffusionAdvanced.": _driver(
+        "DifferentialDiffusionAdvanced", loop_why="the workers' own loop runs no noise mask"),
     # Skip Layer Guidance: its extra model call skips blocks (an identity block replacement, `patches_replace`):
     # the block list travels with that call and the workers skip the same blocks (carry.py skip_blocks)
     "comfy_extras.nodes_slg:SkipLayerGuidanceDiT.": Rule(CARRIED, REFUSED, why="the workers' own loop makes no "
@@ -90,6 +98,11 @@ FUNCTIONS = {
         "guidance would be computed from nothing", "SelfAttentionGuidance"),
     "comfy_extras.nodes_freelunch:FreeU.": _refused(INSIDE, "FreeU"),
     "comfy_extras.nodes_freelunch:FreeU_V2.": _refused(INSIDE, "FreeU_V2"),
+    "custom_nodes.kjnodes.nodes.model_optimization_nodes:ModelMemoryUseReportPatch.": Rule(
+        DRIVER, DRIVER, nodes=("ModelMemoryUseReportPatch",)),  # logs the driver's memory use
+    "custom_nodes.kjnodes.nodes.model_optimization_nodes:ModelPatchTorchSettings.": _refused(
+        "it sets torch's matmul settings (fp16 accumulation) in ComfyUI's process only; the workers would compute "
+        "without them", "ModelPatchTorchSettings"),
 }
 
 # Wrappers by (ComfyUI's WrappersMP type, key); the pack's own key is never listed here (capture skips it).
@@ -101,12 +114,27 @@ WRAPPERS = {
     ("diffusion_model", "easycache"): Rule(DRIVER, CARRIED, carry="easycache", nodes=("EasyCache",)),
     ("outer_sample", "lazycache"): _driver("LazyCache"),
     ("predict_noise", "lazycache"): _driver("LazyCache"),
-    # ComfyUI's TorchCompileModel: the workers compile their own model (nodes: compile_spec)
+    # ComfyUI's TorchCompileModel: the workers compile their own model (nodes: compile_spec) - ComfyUI's own wrapper
+    # only (WRAPPER_ORIGINS); KJNodes' TorchCompileModelAdvanced compiles chosen blocks its own way
     ("apply_model", "torch.compile"): Rule(CARRIED, REFUSED, why="the workers' own loop runs their model uncompiled",
-                                           fix=STEP_FIX, carry="compile", nodes=("TorchCompileModel",)),
+                                           fix=STEP_FIX, carry="compile", nodes=("TorchCompileModel",
+                                                                                 "TorchCompileModelWanVideoV2",
+                                                                                 "TorchCompileModelFluxAdvancedV2")),
+    # ComfyUI's context windows: the handler splits each model call in the driver, one window per call
+    ("prepare_sampling", "ContextWindows_prepare_sampling"): _driver("ContextWindowsManual", "WanContextWindowsManual",
+                                                                     "LTXVContextWindows"),
+    ("sampler_sample", "ContextWindows_sampler_sample"): _driver("ContextWindowsManual", "WanContextWindowsManual",
+                                                                 "LTXVContextWindows"),
+    # KJNodes' preview overrides and memory-estimate override: they read the driver's objects around sampling
+    ("outer_sample", "kj_preview_override"): Rule(DRIVER, DRIVER, nodes=("ModelPreviewOverrideKJ",)),
+    ("outer_sample", "sampling_preview"): Rule(DRIVER, DRIVER, nodes=("LTX2SamplingPreviewOverride",)),
+    ("prepare_sampling", "memory_usage_factor_adjust_prepare_sampling"): Rule(
+        DRIVER, DRIVER, nodes=("ModelMemoryUsageFactorOverride",)),
 }
+# where a wrapper's function must come from for its WRAPPERS rule to hold (else: refused)
+WRAPPER_ORIGINS = {("apply_model", "torch.compile"): "comfy_api.torch_helpers.torch_compile:"}
 
-# Callbacks by (CallbacksMP type, key): none known to act inside the model
+# Callbacks by (CallbacksMP type, key) - or, unkeyed, by where their function was defined (FUNCTIONS)
 CALLBACKS: dict = {}
 
 # ModelPatcher object patches by key (a dotted attribute path of the BaseModel)
@@ -123,7 +151,10 @@ OBJECT_PATCHES = {
 }
 # "diffusion_model.<attribute>" set to a plain value (str / number / bool / None): set on the workers' model for
 # each call, as ComfyUI sets it on its own (Flux Kontext's reference method)
-PLAIN_OBJECT_PATCH = Rule(CARRIED, CARRIED, carry="object_values", nodes=("FluxKontextMultiReferenceLatentMethod",))
+PLAIN_OBJECT_PATCH = Rule(CARRIED, CARRIED, carry="object_values", nodes=("FluxKVCache",))
+# any other attribute of ComfyUI's BaseModel (not its diffusion model): only the driver's BaseModel reads those (its
+# extra_conds, concat keys, latent format...) - the workers run the diffusion model alone
+BASE_MODEL_PATCH = Rule(DRIVER, DRIVER, nodes=("HunyuanVideoEncodeKeyframesToCond",))
 
 # model_options entries that are not functions
 MODEL_OPTIONS = {
@@ -159,6 +190,11 @@ TRANSFORMER_OPTIONS = {
                              "would sample it as plain Wan 2.1, another algorithm"),
     # ComfyUI's per-run / per-call bookkeeping, read in the driver
     "sample_sigmas": Rule(IGNORED, IGNORED),
+    "optimized_attention_override": _refused(
+        "it swaps the attention function inside the model call in ComfyUI's process; the workers pick their kernel "
+        "themselves", "ModelAttentionBackend", "NABLA_AttentionKJ", "PathchSageAttentionKJ",
+        fix="choose the kernel with Parallel Config's attention setting (or ComfyUI's own --use-... flag), and remove "
+            "that node"),
 }
 
 # ModelPatcher additional models / attachments by key
