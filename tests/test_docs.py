@@ -77,3 +77,13 @@ def test_the_two_development_commands_are_what_ci_runs():
     dev = readme.split("## Development", 1)[1]
     assert "bash scripts/main_job.sh" in dev and "bash scripts/test.sh" in dev
     assert "scripts/test.sh" in (REPO / ".ci" / "run").read_text()
+
+
+def test_works_with_page_is_what_the_table_says():
+    """docs/works-with.md is written from workers/bridge/classified.py (scripts/make_works_with.py): run that script
+    after changing the table."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("make_works_with", REPO / "scripts" / "make_works_with.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert (DOCS / "works-with.md").read_text() == module.render(), "run: python scripts/make_works_with.py"

@@ -212,3 +212,10 @@ def test_a_carried_or_driver_node_equals_ksampler(server, class_type):
     effect = rel(ref, latent(server, f"{tag}_plain"))
     print(f"{class_type} changes KSampler's latent by {effect:.2e}")
     assert effect > 1e-4, f"{class_type} leaves this graph unchanged: the comparison would prove nothing"
+
+
+def test_a_plain_prompt_after_every_patched_one(server):
+    """Last in this module: after every graph above ran on this server's pool (hooks, skips, bypass, compute dtype,
+    CFG functions, refusals), the plain graph on the same loader is KSampler's - nothing of another prompt's state."""
+    _equal(server, "after_all", [("pm_u2", {"ulysses_degree": 2}, "model"), ("hs_r2", {"ring_degree": 2}, "sampler"),
+                                 ("pm_d1", {}, "model")])

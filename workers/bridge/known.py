@@ -70,7 +70,8 @@ FUNCTIONS = {
         "DifferentialDiffusion", loop_why="the workers' own loop runs no noise mask"),
     # SamplerCustomAdvanced's CFGOverride: a predict-noise wrapper that changes the cfg per step
     "comfy_extras.nodes_custom_sampler:CFGOverride.": _driver("CFGOverride"),
-    # KJNodes (custom_nodes/ComfyUI-KJNodes), read and run against KSampler (tests/test_every_graph.py)
+    # KJNodes (custom_nodes/ComfyUI-KJNodes), read: CFG / denoise-mask functions on the denoised outputs only
+    # (CFGZeroStarAndInit run against KSampler in tests/test_every_graph.py)
     "custom_nodes.kjnodes.nodes.model_optimization_nodes:CFGZeroStarAndInit.": _driver("CFGZeroStarAndInit"),
     "custom_nodes.kjnodes.nodes.model_optimization_nodes:PiDColorBiasCorrection.": _driver(
         "PiDColorBiasCorrection"),
