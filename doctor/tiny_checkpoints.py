@@ -155,21 +155,25 @@ def write_sd3(path: Path, *, depth: int = 2, pos_embed_max_size: int = 16, seed:
     return _save(make, path, seed, dtype)
 
 
-def write_unet(path: Path, *, xl: bool = False, seed: int = 0, dtype: torch.dtype = torch.float16) -> dict[str, torch.Tensor]:
+def write_unet(path: Path, *, xl: bool = False, seed: int = 0, dtype: torch.dtype = torch.float16,
+               levels: int | None = None) -> dict[str, torch.Tensor]:
     """SD1.5 (xl=False) or SDXL-class (xl=True) UNet, the models without a family adapter (CFG / data parallel only).
 
     Detection fixes model_channels 320 and the text width (768; SDXL 2048 with its 2816-wide class embedding) but
     reads the number of levels and their widths from the weights: SD1.5 with one level of one ResBlock + one
     transformer is 26M parameters. SDXL's own depth list [0,0,2,2,10,10] is matched exactly; KOALA-700M's
-    [0,2,5] (an SDXL model class: same conditioning, size embeddings included) at width 320 on every level is 126M."""
+    [0,2,5] (an SDXL model class: same conditioning, size embeddings included) at width 320 on every level is 126M.
+    `levels` (SD1.5): 2 gives a second level twice as wide (640, no transformer) - what FreeU's patch acts on."""
     from comfy.ldm.modules.diffusionmodules.openaimodel import UNetModel
 
-    levels = 3 if xl else 1
-    depth = [0, 2, 5] if xl else [1]
+    wide = not xl and levels == 2
+    levels = 3 if xl else (levels or 1)
+    depth = [0, 2, 5] if xl else [1] + [0] * (levels - 1)
+    mult = [1, 2] if wide else [1] * levels
 
     def make():
         return UNetModel(image_size=32, in_channels=4, model_channels=320, out_channels=4,
-                         num_res_blocks=[1] * levels, channel_mult=[1] * levels, use_spatial_transformer=True,
+                         num_res_blocks=[1] * levels, channel_mult=mult, use_spatial_transformer=True,
                          transformer_depth=depth, transformer_depth_output=[d for d in depth for _ in range(2)],
                          transformer_depth_middle=depth[-1], context_dim=2048 if xl else 768,
                          num_heads=-1 if xl else 8, num_head_channels=64 if xl else -1, use_linear_in_transformer=xl,

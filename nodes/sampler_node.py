@@ -469,6 +469,11 @@ def check_carried_calls(model, hp, cap, state) -> None:
         raise NotCarried(f"{cap.creator(cap.carried('bypass')[0])} computes its LoRA beside each whole layer, which "
                          f"tensor parallel (a layer's output in shards) and PipeFusion (stages) do not run; use "
                          f"ulysses / ring / cfg / dp degrees or shard_weights, or LoraLoaderModelOnly")
+    closures = cap.carried("closure")
+    if closures and not config.batch_only:
+        raise NotCarried(f"{cap.creator(closures[0])} patches the model's activations inside each call, which is exact "
+                         f"only where every rank runs the whole model on whole images: use cfg_degree / dp_degree "
+                         f"(ulysses / ring / tensor / pipeline degrees 1, shard_weights none)")
     extra_calls = cap.carried("skip_blocks") + cap.carried("value_attention")
     if not extra_calls:
         return

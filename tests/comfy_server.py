@@ -83,6 +83,9 @@ FAMILIES = {  # the tiny checkpoints each family's workflow loads, and the shape
     # written on demand by their test, with the SD VAE
     "sd15": dict(unet="tiny_sd15.safetensors", vae="tiny_kl4.safetensors", latent="EmptyLatentImage", tokens=7,
                  context_dim=768, pooled_dim=0),
+    # SD1.5 with a second, twice as wide level (640: what FreeU acts on; 71M): written on demand by its test
+    "sd15_2l": dict(unet="tiny_sd15_2l.safetensors", vae="tiny_kl4.safetensors", latent="EmptyLatentImage", tokens=7,
+                    context_dim=768, pooled_dim=0),
     "sdxl": dict(unet="tiny_sdxl.safetensors", vae="tiny_kl4.safetensors", latent="EmptyLatentImage", tokens=7,
                  context_dim=2048, pooled_dim=1280),
     # Flux.1-dev: ComfyUI 0.3.75 fixes its width at 3072, so even one block of each kind is 531M parameters;

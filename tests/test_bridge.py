@@ -116,3 +116,27 @@ def test_origins_are_named_whatever_folder_a_pack_is_in():
     assert module_name("comfy_extras.nodes_slg") == "comfy_extras.nodes_slg"
     for folder in ("ComfyUI-KJNodes", "comfyui-kjnodes", "ComfyUI_KJNodes"):
         assert module_name(f"/srv/ComfyUI/custom_nodes/{folder}.nodes.nodes") == "custom_nodes.kjnodes.nodes.nodes"
+
+
+def test_freeu_travels_as_comfyuis_own_function_around_its_numbers(tmp_path):
+    """FreeU's output-block patch: its closure's numbers travel, the rank rebuilds ComfyUI's own function from its
+    module - the same output on the same activations."""
+    setup_comfy()
+    import comfy.sd
+    from comfy_extras.nodes_freelunch import FreeU_V2
+
+    from comfyui_hybrid_parallel.doctor import tiny_checkpoints as tc
+    from comfyui_hybrid_parallel.workers.bridge.carry import closure_of, rebuild_closure
+    tc.write_unet(tmp_path / "tiny_sd15.safetensors", xl=False, seed=41, dtype=torch.float32)
+    unet = comfy.sd.load_diffusion_model(str(tmp_path / "tiny_sd15.safetensors"))
+    patched = FreeU_V2.execute(unet, 1.3, 1.4, 0.9, 0.2)[0]
+    fn = patched.model_options["transformer_options"]["patches"]["output_block_patch"][0]
+    import json
+    spec = json.loads(json.dumps(closure_of(fn)))  # what travels is JSON
+    again = rebuild_closure(spec)
+    assert again is not fn and again.__code__ is fn.__code__
+    channels = unet.model.model_config.unet_config["model_channels"] * 4
+    g = torch.Generator().manual_seed(0)
+    h, hsp = torch.randn(2, channels, 8, 8, generator=g), torch.randn(2, channels, 8, 8, generator=g)
+    a, b = fn(h.clone(), hsp.clone(), {}), again(h.clone(), hsp.clone(), {})
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])

@@ -158,27 +158,28 @@ def test_a_patch_inside_the_model_is_refused_naming_the_node(server):
 # SD3, against KSampler through Parallel Model at ulysses 2 - its widgets at their defaults, except where a default
 # leaves the graph unchanged (each node must change KSampler's own latent, or the comparison would prove nothing).
 # CI runs one of each kind (a pre-CFG / post-CFG function, a KJNodes CFG function, a carried extra call, a carried
-# option); the slow set runs all. (EasyCache: a no-op on SD3 in ComfyUI itself - tests/test_comfyui_easycache.py.)
-SWEEP_CI = ("APG", "CFGZeroStar", "CFGZeroStarAndInit", "PerturbedAttentionGuidance", "ScaleROPE")
+# option, a carried closure); the slow set runs all. (EasyCache: a no-op on SD3 in ComfyUI itself - tests/test_comfyui_easycache.py.)
+SWEEP_CI = ("APG", "CFGZeroStar", "CFGZeroStarAndInit", "PerturbedAttentionGuidance", "ScaleROPE", "FreeU_V2")
 SWEEP = ("CFGNorm", "Epsilon Scaling", "FreSca", "LazyCache", "Mahiro", "RenormCFG", "RescaleCFG", "TCFG",
          "TemporalScoreRescaling", "VideoLinearCFGGuidance", "VideoTriangleCFGGuidance",
-         "SkipLayerGuidanceSD3")
+         "SkipLayerGuidanceSD3", "FreeU")
 NOT_DEFAULT = {"ScaleROPE": {"scale_x": 1.5, "shift_y": 2.0}, "SkipLayerGuidanceSD3": {"layers": "1, 3",
                                                                                         "end_percent": 0.9},
                "LazyCache": {"reuse_threshold": 3.0, "start_percent": 0.0}}
 # where the tiny SD3 is not a model the node acts on in ComfyUI itself (SD3 has no RoPE and no UNet self-attention),
 # the family it runs on, and the split that family runs (SD1.5 has no adapter: CFG parallel)
 ON = {"ScaleROPE": ("wan", {"ulysses_degree": 2}), "PerturbedAttentionGuidance": ("sd15", {"cfg_degree": 2}),
+      "FreeU": ("sd15_2l", {"cfg_degree": 2}), "FreeU_V2": ("sd15_2l", {"cfg_degree": 2}),
       "LazyCache": ("sd3", {"ulysses_degree": 2}, 8)}
 
 
 def _family(server, family: str) -> None:
-    """The tiny UNet of SD1.5 in the server's models when a test needs it (the other families are there)."""
+    """The tiny SD1.5 UNets in the server's models when a test needs them (the other families are there)."""
     from comfy_server import FAMILIES
     path = server.base / "models" / "diffusion_models" / FAMILIES[family]["unet"]
-    if family == "sd15" and not path.exists():
+    if family in ("sd15", "sd15_2l") and not path.exists():
         from comfyui_hybrid_parallel.doctor import tiny_checkpoints as tc
-        tc.write_unet(path, xl=False, seed=41)
+        tc.write_unet(path, xl=False, seed=41, levels=2 if family == "sd15_2l" else None)
 
 
 def _defaults(server, class_type: str) -> dict:

@@ -317,8 +317,11 @@ def _transformer_options(opts: dict, f: list, carried_options) -> None:
         if key == "patches":
             for slot, fns in (value or {}).items():
                 for fn in fns or ():
-                    f.append(Found(f"a model patch (patches['{slot}'])", origin_of(fn),
-                                   Rule(REFUSED, REFUSED, why=known.INSIDE)))
+                    origin = origin_of(fn)
+                    rule = function_rule(origin)
+                    if rule is None or rule.carry != "closure":
+                        rule = Rule(REFUSED, REFUSED, why=known.INSIDE)
+                    f.append(Found(f"a model patch (patches['{slot}'])", origin, rule, {"function": fn}))
         elif key == "patches_replace":
             for kind, entries in (value or {}).items():
                 for where, fn in (entries or {}).items():

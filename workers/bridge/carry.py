@@ -96,11 +96,9 @@ def call_options(opts: dict | None, carried: tuple = ()) -> dict:
             if replaced:
                 out[key] = replaced
         elif key == "patches":
-            live = sorted(str(k) for k, v in (value or {}).items() if v)
-            if live:
-                raise NotCarried(f"this model call carries model patches {live} from another node; they run inside "
-                                 f"ComfyUI's diffusion model in its own process and cannot run on the workers - "
-                                 f"remove that node, or sample without the pack")
+            patches = {str(slot): [closure_of(fn) for fn in fns] for slot, fns in (value or {}).items() if fns}
+            if patches:
+                out[key] = patches
         elif key == "ar_state":
             from .known import TRANSFORMER_OPTIONS
             rule = TRANSFORMER_OPTIONS["ar_state"]
@@ -132,13 +130,80 @@ def _replacements(value: dict) -> dict:
 
 
 def rebuild_options(opts: dict | None) -> dict:
-    """Worker side: the call's transformer_options with its block replacements made functions again."""
+    """Worker side: the call's transformer_options with its block replacements and model patches made functions
+    again."""
     opts = dict(opts or {})
     rows = opts.pop("patches_replace", None)
     if rows:
         opts["patches_replace"] = {kind: {(name if index is None else (name, index)): SHAPES[shape]
                                           for name, index, shape in entries} for kind, entries in rows.items()}
+    patches = opts.pop("patches", None)
+    if patches:
+        opts["patches"] = {slot: [rebuild_closure(c) for c in fns] for slot, fns in patches.items()}
     return opts
+
+
+# ---- model patches carried as ComfyUI's own function around plain numbers (FreeU) ----
+def closure_of(fn) -> dict:
+    """A model patch as {"origin", "cells"}: where ComfyUI defined it (a node whose FUNCTIONS rule carries it as a
+    closure) and the plain values its closure holds; NotCarried for any other function."""
+    from .capture import function_rule, origin_of
+    origin = origin_of(fn)
+    rule = function_rule(origin)
+    code = getattr(fn, "__code__", None)
+    if rule is None or rule.carry != "closure" or code is None:
+        raise NotCarried(f"this model call carries a model patch from another node ({origin.partition(':')[2]}); it "
+                         f"runs inside ComfyUI's diffusion model in its own process and cannot run on the workers - "
+                         f"remove that node, or sample without the pack")
+    cells = {name: _plain(cell.cell_contents, origin) for name, cell in zip(code.co_freevars, fn.__closure__ or ())}
+    return {"origin": origin, "cells": cells}
+
+
+def _plain(value, origin: str):
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)):
+        items = [_plain(v, origin) for v in value]
+        return {"__tuple__": items} if isinstance(value, tuple) else items
+    if isinstance(value, dict):
+        return {"__dict__": [[_plain(k, origin), _plain(v, origin)] for k, v in value.items()]}
+    if isinstance(value, torch.device):
+        return {"__device__": str(value)}
+    raise NotCarried(f"the model patch {origin} holds a {type(value).__name__}, which cannot travel to the workers")
+
+
+def _unplain(value):
+    if isinstance(value, list):
+        return [_unplain(v) for v in value]
+    if isinstance(value, dict):
+        if "__tuple__" in value:
+            return tuple(_unplain(v) for v in value["__tuple__"])
+        if "__dict__" in value:
+            return {_unplain(k): _unplain(v) for k, v in value["__dict__"]}
+        if "__device__" in value:
+            return torch.device(value["__device__"])
+    return value
+
+
+def rebuild_closure(spec: dict):
+    """Worker side: ComfyUI's own function at `origin` (its code, found in the defining module on this rank), closed
+    over the values that travelled."""
+    import importlib
+    import types
+    module_name, _, qualname = spec["origin"].partition(":")
+    module = importlib.import_module(module_name)
+    parts = qualname.split(".")
+    outer = module
+    for part in parts[:parts.index("<locals>") - 1] if "<locals>" in parts else parts[:-1]:
+        outer = getattr(outer, part)
+    holder = getattr(outer, parts[parts.index("<locals>") - 1]) if "<locals>" in parts else None
+    code = getattr(getattr(holder, "__func__", holder), "__code__", None)
+    found = next((c for c in (code.co_consts if code is not None else ()) if isinstance(c, types.CodeType) and
+                  c.co_qualname == qualname), None)
+    if found is None:
+        raise RuntimeError(f"{spec['origin']} is not in this rank's {module_name}: is it the driver's ComfyUI?")
+    cells = tuple(types.CellType(_unplain(spec["cells"][name])) for name in found.co_freevars)
+    return types.FunctionType(found, module.__dict__, found.co_name, None, cells)
 
 
 def skipped_blocks(opts: dict | None) -> set:

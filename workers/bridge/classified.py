@@ -114,8 +114,8 @@ NODES: dict = {
                     'PairConditioningSetDefaultCombine', 'PairConditioningSetPropertiesAndCombine', 'PerpNeg',
                     'PiDColorBiasCorrection', 'RenormCFG', 'RescaleCFG', 'TCFG', 'TemporalScoreRescaling',
                     'VideoLinearCFGGuidance', 'VideoTriangleCFGGuidance', 'WanContextWindowsManual'), STEP),
-    # CARRIED (36)
-    **dict.fromkeys(('EasyCache', 'LTX2LoraLoaderAdvanced', 'LazyCache', 'LoraLoaderBypassModelOnly',
+    # CARRIED (38)
+    **dict.fromkeys(('EasyCache', 'FreeU', 'FreeU_V2', 'LTX2LoraLoaderAdvanced', 'LazyCache', 'LoraLoaderBypassModelOnly',
                     'LoraLoaderModelOnly', 'ModelComputeDtype', 'ModelMergeAdd', 'ModelMergeAuraflow',
                     'ModelMergeBlocks', 'ModelMergeCosmos14B', 'ModelMergeCosmos7B', 'ModelMergeCosmosPredict2_14B',
                     'ModelMergeCosmosPredict2_2B', 'ModelMergeFlux1', 'ModelMergeKrea2', 'ModelMergeLTXV',
@@ -125,8 +125,8 @@ NODES: dict = {
                     'SkipLayerGuidanceDiT', 'SkipLayerGuidanceDiTSimple', 'SkipLayerGuidanceSD3',
                     'TorchCompileModel', 'TorchCompileModelWanVideoV2', 'UNetCrossAttentionMultiply',
                     'UNetSelfAttentionMultiply', 'UNetTemporalAttentionMultiply'), CARRIED),
-    # REFUSED (29)
-    **dict.fromkeys(('ARVideoI2V', 'ApplyRifleXRoPE_WanVideo', 'FluxKVCache', 'FreeU', 'FreeU_V2',
+    # REFUSED (27)
+    **dict.fromkeys(('ARVideoI2V', 'ApplyRifleXRoPE_WanVideo', 'FluxKVCache', 
                     'HiDreamO1PatchSeamSmoothing', 'HyperTile', 'LTX2AttentionTunerPatch',
                     'LTX2AudioLatentNormalizingSampling', 'LTXVChunkFeedForward', 'LTXVEnhanceAVideoKJ',
                     'LTXVModalityGuidance', 'LTXVSpatioTemporalGuidance', 'LatentInpaintTTM',

@@ -48,6 +48,7 @@ def _refused(why: str, *nodes, fix: str = KSAMPLER_FIX) -> Rule:
 
 INSIDE = ("it runs inside ComfyUI's diffusion model, which runs on the workers; the pack has no way to carry this "
           "Python function there")
+INSIDE_LOOP = "the workers' own loop runs their model without other nodes' patches"
 
 # Functions by where they were defined ("module:Qualname" prefix): CFG and sampler functions ComfyUI calls around
 # the model. A prefix ending in "." covers every function a node class's code defines.
@@ -97,8 +98,13 @@ FUNCTIONS = {
     "comfy_extras.nodes_sag:SelfAttentionGuidance.": _refused(
         "its attention patch records the attention map inside the model call, which runs on the workers; the "
         "guidance would be computed from nothing", "SelfAttentionGuidance"),
-    "comfy_extras.nodes_freelunch:FreeU.": _refused(INSIDE, "FreeU"),
-    "comfy_extras.nodes_freelunch:FreeU_V2.": _refused(INSIDE, "FreeU_V2"),
+    # FreeU: a patch of the UNet's output blocks, per sample, whose closure holds plain numbers: ComfyUI's own
+    # function is rebuilt on the workers around those numbers (carry.py closures) - where every rank runs the whole
+    # model on whole images (CFG / data parallel; the UNets have no sequence split anyway)
+    "comfy_extras.nodes_freelunch:FreeU.": Rule(CARRIED, REFUSED, why=INSIDE_LOOP, fix=STEP_FIX, carry="closure",
+                                                nodes=("FreeU",)),
+    "comfy_extras.nodes_freelunch:FreeU_V2.": Rule(CARRIED, REFUSED, why=INSIDE_LOOP, fix=STEP_FIX, carry="closure",
+                                                   nodes=("FreeU_V2",)),
     "custom_nodes.kjnodes.nodes.model_optimization_nodes:ModelMemoryUseReportPatch.": Rule(
         DRIVER, DRIVER, nodes=("ModelMemoryUseReportPatch",)),  # logs the driver's memory use
     "custom_nodes.kjnodes.nodes.model_optimization_nodes:ModelPatchTorchSettings.": _refused(
