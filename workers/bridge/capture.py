@@ -329,8 +329,10 @@ def _transformer_options(opts: dict, f: list, carried_options) -> None:
                                    Rule(REFUSED, REFUSED, why=known.INSIDE)))
         elif key in ("wrappers", "callbacks"):
             (_wrappers if key == "wrappers" else _callbacks)(value, f)
-        elif key in carried_options:
-            f.append(Found(f"transformer option '{key}'", "", Rule(CARRIED, CARRIED, carry="family_option")))
+        elif key in carried_options:  # (the workers' own loop calls the model without transformer options)
+            f.append(Found(f"transformer option '{key}'", "", Rule(CARRIED, REFUSED, carry="family_option",
+                                                                    why=known.TRANSFORMER_OPTIONS["rope_options"].why,
+                                                                    fix=known.STEP_FIX)))
         elif value is not None:
             rule = known.TRANSFORMER_OPTIONS.get(key) or Rule(
                 REFUSED, REFUSED, why="an entry the diffusion model may read inside the call, which the pack does not "

@@ -186,7 +186,9 @@ FUNCTION_OPTIONS = {
 
 # transformer_options entries
 TRANSFORMER_OPTIONS = {
-    "rope_options": Rule(CARRIED, CARRIED, carry="rope_options", nodes=("ScaleROPE",)),
+    # ScaleROPE's RoPE options travel with each model call; the workers' own loop calls its model without them
+    "rope_options": Rule(CARRIED, REFUSED, why="the workers' own loop calls the model without transformer options",
+                         fix=STEP_FIX, carry="rope_options", nodes=("ScaleROPE",)),
     "easycache": Rule(DRIVER, CARRIED, carry="easycache", nodes=("EasyCache", "LazyCache")),
     "wrappers": Rule(IGNORED, IGNORED),   # enumerated like the ModelPatcher's
     "callbacks": Rule(IGNORED, IGNORED),
