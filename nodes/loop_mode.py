@@ -18,17 +18,9 @@ import logging
 import torch
 
 from ..parallel.plan import _given  # an input is given: not None, not an empty list / dict (ComfyUI's defaults)
+from .proxy import Captured, ComfyInterrupt, _flatten, _structure
 
 SUPPORTED_SAMPLERS = ("euler", "dpmpp_2m")
-
-
-class Captured(Exception):
-    """Raised by the proxy in capture mode: carries one call's diffusers inputs; nothing was computed."""
-
-    def __init__(self, inputs: dict, cond_or_uncond: list, x: torch.Tensor):
-        super().__init__("captured")
-        self.inputs, self.cond_or_uncond, self.x_shape = inputs, cond_or_uncond, x.shape
-        self.x = x  # the model's input: the scaled latent, then ComfyUI's concat conditioning (image to video)
 
 
 _LATENT_RATIOS = ("downscale_ratio_spacial", "downscale_ratio_temporal")
@@ -130,7 +122,6 @@ def make_loop_sampler(runtime, hp, state: dict, sampler_name: str, cfg: float, m
     import comfy.utils
 
     from .native import loop_step_cache
-    from .sampler_node import _flatten, _structure
 
     def sample(model_k, x, sigmas, extra_args=None, callback=None, disable=None):
         extra_args = dict(extra_args or {})
@@ -204,7 +195,6 @@ def make_loop_sampler(runtime, hp, state: dict, sampler_name: str, cfg: float, m
             runtime.progress(step, total)
 
         from ..workers.pool import JobCancelled
-        from .sampler_node import ComfyInterrupt
         try:  # the interrupt is polled too, so it wins even when no progress arrives (a rank hangs)
             res = runtime.pool(hp).submit(hp.config, "loop", values, tensors, progress=progress, preview=preview,
                                           cancel=ComfyInterrupt())

@@ -14,8 +14,9 @@ from __future__ import annotations
 from .auto import guider_inputs, resolve_auto, warn_idle_cfg
 from .runtime import take_over_from_dynamic_vram
 from ..workers.bridge.graph import executing, given
-from .sampler_node import (WRAPPER_KEY, capture_run, check_not_multigpu, check_not_on_pool, host_clone,
-                           make_apply_model_wrapper, patches_on_workers, pool_state, without_compile_wrapper)
+from .prepare import (WRAPPER_KEY, capture_run, check_not_multigpu, check_not_on_pool, host_clone, patches_on_workers,
+                      pool_state, without_compile_wrapper)
+from .proxy import make_apply_model_wrapper
 
 
 class ParallelModel:

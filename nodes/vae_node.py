@@ -12,7 +12,7 @@ import torch
 from ..parallel.config import ConfigError
 from .native import comfy_runtime, encode_value
 from ..workers.bridge.residency import stamp
-from .sampler_node import submit_interruptible
+from .proxy import submit_interruptible
 
 
 class PatchVAEDecode:

@@ -20,7 +20,7 @@ model call, which the workers cannot see:
   the message is that one, not the ar_video one;
 - through Parallel Model at dp 2 or cfg 2 (what that message tells the user to use) the first model call is refused by
   workers/bridge/known.TRANSFORMER_OPTIONS["ar_state"] ("causal autoregressive" ... "without Parallel Model") in the
-  driver (nodes/sampler_node.py _native_forward's carry.call_options), before the call is sent and before the model is shipped: no residency key the
+  driver (nodes/proxy.py _native_forward's carry.call_options), before the call is sent and before the model is shipped: no residency key the
   next, successful prompt puts on the workers was there after the refusals (and where no world was up, none starts).
   ComfyUI's own sample_ar_video has already allocated the KV caches for the whole video (comfy/k_diffusion/
   sampling.py, init_kv_caches) on the latent's device by then: the refusal comes at the first model call, not at

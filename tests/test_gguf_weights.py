@@ -142,7 +142,7 @@ def test_gguf_lora_is_applied_by_the_loader_patcher(gguf_model, cpu_pool):
     import comfy.lora
     import comfy.utils
 
-    from comfyui_hybrid_parallel.nodes.sampler_node import loader_patcher
+    from comfyui_hybrid_parallel.nodes.prepare import loader_patcher
     from comfyui_hybrid_parallel.parallel import ParallelConfig
     from comfyui_hybrid_parallel.workers.comfy_patches import encode
     patcher, _ = gguf_model

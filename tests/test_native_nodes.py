@@ -385,7 +385,7 @@ def test_torch_compile_options_travel_and_what_cannot_is_refused_before_workers(
     are refused before any worker starts, naming the fix."""
     from comfy_api.torch_helpers import set_torch_compile_wrapper
 
-    from comfyui_hybrid_parallel.nodes.sampler_node import compile_spec
+    from comfyui_hybrid_parallel.nodes.prepare import compile_spec
     model = comfy()
     assert compile_spec(model, _hp()) is None
     set_torch_compile_wrapper(model, backend="inductor", mode="max-autotune", dynamic=False)

@@ -367,7 +367,7 @@ def test_step_inputs_cross_once_per_run(comfy):
     workers reuse their copy), and the output equals a call that sends everything. Changed conditioning is sent
     again; a call naming a previous call the workers do not hold fails clearly and the pool stays usable. (The
     protocol is the family's business not at all: the tiny SD3, not the 531M Flux - 2 min on 2 cores.)"""
-    from comfyui_hybrid_parallel.nodes.sampler_node import submit_once
+    from comfyui_hybrid_parallel.nodes.proxy import submit_once
     from comfyui_hybrid_parallel.parallel import ParallelConfig
     from comfyui_hybrid_parallel.workers.pool import WorkerError, WorkerPool
     base = load_model(comfy, "sd3", "fp8_e4m3fn").model

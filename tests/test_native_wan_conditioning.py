@@ -52,9 +52,9 @@ def wan22(comfy):  # noqa: F811
 
 def _forward(pool, config, key, base, inp):
     """The pool's forward with the inputs as the nodes send them (nested lists as tensor paths under a JSON
-    skeleton: sampler_node.call_payload)."""
+    skeleton: nodes/proxy.call_payload)."""
     from comfyui_hybrid_parallel.nodes.native import family_adapter, host_tensors, native_spec
-    from comfyui_hybrid_parallel.nodes.sampler_node import call_payload
+    from comfyui_hybrid_parallel.nodes.proxy import call_payload
     from comfyui_hybrid_parallel.workers.loader_types import raw
     dm = base.diffusion_model
     pool.ensure_model(config, key, family_adapter(dm).family, {}, native=native_spec(base),

@@ -228,7 +228,8 @@ def test_comfyui_computes_quantized_layers_by_grad_mode(files):
     """Why the workers run every job under inference mode (workers/jobs.py), as ComfyUI's executor runs a prompt:
     ComfyUI's quantized layers take another path under plain no_grad. There its int8 forward of a batch of 2 and of
     each sample alone differ by ~1e-2 (activations quantized per call) and fp8 differs from the inference-mode
-    forward; under inference mode both are split-insensitive to fp32 rounding - so int8 holds the exact bound."""
+    forward; under inference mode fp8 is split-insensitive to fp32 rounding, and int8 is on an Intel Xeon's kernels
+    (an AMD EPYC's int8 kernels leave 3.1e-3 there: still closer than under no_grad, 8.8e-3)."""
     inp = inputs("sd3", _load(files, "scaled_fp8"), seed=600, odd=True)
 
     def forward(base, x, mode):
@@ -243,9 +244,10 @@ def test_comfyui_computes_quantized_layers_by_grad_mode(files):
             alone = torch.cat([forward(base, {k: v[i:i + 1] for k, v in inp.items()}, mode) for i in range(2)])
             errs[name] = rel(alone, whole)
         print(f"ComfyUI {form}: batch of 2 vs one by one: {errs}")
-        assert errs["inference"] <= 1e-5, (form, errs)
-        if form == "int8_tensorwise":
-            assert errs["no_grad"] >= 1e-3, (form, errs)  # the path a no_grad rank took: not ComfyUI's numbers
+        if form == "int8_tensorwise":  # the path a no_grad rank took: further from ComfyUI's numbers
+            assert errs["no_grad"] >= 1e-3 and errs["inference"] < errs["no_grad"], (form, errs)
+        else:
+            assert errs["inference"] <= 1e-5, (form, errs)
 
 
 def test_a_config_change_rebuilds_from_the_quantized_bytes_held(files):

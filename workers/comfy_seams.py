@@ -90,12 +90,12 @@ SEAMS = (
     Seam("comfy.weight_adapter:adapters", "workers/comfy_patches: LoRA adapters travel by class name",
          optional=True),
     Seam("comfy.model_patcher:ModelPatcher.clone", "nodes: the pool's MODEL is a clone"),
-    Seam("comfy.model_patcher:ModelPatcher.get_additional_models_with_key", "nodes/sampler_node: a MODEL split by "
+    Seam("comfy.model_patcher:ModelPatcher.get_additional_models_with_key", "nodes/prepare: a MODEL split by "
          "ComfyUI's MultiGPU CFG Split is refused", params=("key",), optional=True),
-    Seam("comfy.model_patcher:ModelPatcher.clone", "nodes/sampler_node: the non-dynamic clone over the same model "
+    Seam("comfy.model_patcher:ModelPatcher.clone", "nodes/prepare: the non-dynamic clone over the same model "
          "(ComfyUI's own way to keep a DynamicVRAM patcher off the GPU)", params=("disable_dynamic", "model_override"),
          optional=True),
-    Seam("comfy.model_patcher:ModelPatcher.get_clone_model_override", "nodes/sampler_node: the same model object",
+    Seam("comfy.model_patcher:ModelPatcher.get_clone_model_override", "nodes/prepare: the same model object",
          optional=True),
     Seam("comfy.model_patcher:ModelPatcher.unpatch_model", "nodes/runtime: the host copy re-patched after a dynamic "
          "load", ("device_to", "unpatch_weights")),

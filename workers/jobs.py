@@ -285,7 +285,7 @@ def json_copy(value):
 
 
 def _reuse_inputs(state: WorkerState, key: str, payload: dict) -> None:
-    """Step mode sends a run's unchanged inputs (its conditioning) once (nodes/sampler_node.py submit_once): put
+    """Step mode sends a run's unchanged inputs (its conditioning) once (nodes/proxy.py submit_once): put
     back the tensors the previous call of the same run had, then remember this call's. Only the latest call is
     kept (one run's conditioning per worker); a gap in the run's calls is an error, never a stale input."""
     run, reuse = payload.get("run"), payload.get("reuse") or []

@@ -381,12 +381,13 @@ def _conds(conds, mode: str, f: list) -> None:
         if d.get("strength", 1.0) != 1.0:
             used.append("strength")
         for k in used:
-            f.append(Found(f"a conditioning '{k}' ({name})", "", Rule(DRIVER, REFUSED, why=known.CONDS_LOOP_FIX,
-                                                                      fix="or use Parallel Model")))
+            what = "a ControlNet" if k == "control" else f"a conditioning '{k}'"
+            f.append(Found(f"{what} ({name})", "", Rule(DRIVER, REFUSED, why=known.CONDS_LOOP_FIX, fix=known.STEP_FIX,
+                                                        nodes=known.COND_NODES.get(k, ()))))
     for name, n in per_side.items():
         if n > 1:
-            f.append(Found(f"{n} {name} conditionings (combined)", "", Rule(DRIVER, REFUSED, why=known.CONDS_LOOP_FIX,
-                                                                           fix="or use Parallel Model")))
+            f.append(Found(f"{n} {name} conditionings (combined)", "", Rule(
+                DRIVER, REFUSED, why=known.CONDS_LOOP_FIX, fix=known.STEP_FIX, nodes=known.COND_NODES["combined"])))
 
 
 def _control_hooks(control) -> list:

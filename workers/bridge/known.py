@@ -20,8 +20,9 @@ from dataclasses import dataclass
 
 DRIVER, CARRIED, IGNORED, REFUSED = "driver", "carried", "ignored", "refused"
 
-STEP_FIX = ("set sampling_mode to step and pp_degree to 1 on Parallel Config (ComfyUI's own sampler then runs it and "
-            "sends one model call at a time to the workers), or use Parallel Model")
+STEP_FIX = ("use step mode - set sampling_mode to step, and set pp_degree to 1 for PipeFusion - on Parallel Config "
+            "(ComfyUI's own sampler then runs it and sends one model call at a time to the workers), or use Parallel "
+            "Model")
 KSAMPLER_FIX = "remove that node, or sample this MODEL without the pack (KSampler on one device)"
 
 
@@ -237,6 +238,18 @@ WEIGHT_WRAPPERS = _refused("its weight wrappers change how ComfyUI's modules rea
 
 # cond entries ComfyUI's sampler reads in the driver (cond timing, areas, strengths) and those the model reads
 # (they travel as the model call's arguments, checked at each call); what the workers' loop cannot run
-CONDS_LOOP_FIX = ("the workers' own loop runs one positive and one negative conditioning, whole: " + STEP_FIX)
+CONDS_LOOP_FIX = "the workers' own loop runs one positive and one negative conditioning, whole, and no ControlNet"
+_AREA = ("ConditioningSetArea", "ConditioningSetAreaPercentage", "ConditioningSetAreaPercentageVideo",
+         "ConditioningSetAreaStrength")
+_MASK = ("ConditioningSetMask", "ConditioningSetMaskAndCombine", "ConditioningSetMaskAndCombine3",
+         "ConditioningSetMaskAndCombine4", "ConditioningSetMaskAndCombine5", "ConditioningSetProperties",
+         "ConditioningSetPropertiesAndCombine", "PairConditioningSetProperties", "PairConditioningSetPropertiesAndCombine")
+COND_NODES = {  # the nodes known to set each cond entry (names the node of a refusal in the workers' loop)
+    "control": ("ControlNetApply", "ControlNetApplyAdvanced", "ControlNetApplySD3", "ControlNetInpaintingAliMamaApply"),
+    "area": _AREA, "strength": _AREA, "set_area_to_bounds": _AREA + _MASK, "mask": _MASK,
+    "start_percent": ("ConditioningSetTimestepRange",) + _MASK, "end_percent": ("ConditioningSetTimestepRange",) + _MASK,
+    "combined": ("ConditioningCombine", "ConditioningMultiCombine", "PairConditioningCombine",
+                 "ConditioningSetDefaultCombine", "PairConditioningSetDefaultCombine") + _MASK,
+}
 GLIGEN = _refused("GLIGEN's position patch runs a model in ComfyUI's process inside the diffusion model",
                   "GLIGENTextBoxApply")

@@ -1,0 +1,266 @@
+"""Preparing a run before any worker starts: the capture of what the graph put on the MODEL, the residency key and
+ComfyUI's model spec, and every refusal of what this config cannot run (nodes/sampler_node.py, nodes/model_node.py).
+
+Also the MODEL the pool's runs sample (`host_clone`: ComfyUI's copy stays on the host) and the weight patches that
+travel as patches (`portable_patches`, `patches_on_workers`)."""
+from __future__ import annotations
+
+import uuid
+from contextlib import contextmanager
+
+from ..parallel.models import adapter_for
+from ..workers.bridge.capture import capture
+from ..workers.bridge.carry import object_values
+from ..workers.bridge.residency import weights_key
+from .native import (NotCarried, check_any_model, check_declared, check_loader_methods, check_native_tp,
+                     check_weights, native_spec)
+
+WRAPPER_KEY = "comfyui_hybrid_parallel"  # the pack's own wrappers on a MODEL (capture.OWN_KEY says the same)
+
+
+def is_dynamic(model) -> bool:
+    """Whether ComfyUI holds this MODEL with its DynamicVRAM patcher (ComfyUI 0.33's ModelPatcherDynamic, the default
+    on NVIDIA with torch >= 2.8); False on a ComfyUI without it."""
+    probe = getattr(model, "is_dynamic", None)
+    return bool(probe()) if callable(probe) else False
+
+
+def host_clone(model):
+    """A clone of `model` that ComfyUI loads to its offload device (the host) only: the MODEL the pool's runs sample.
+
+    Why: ComfyUI's sampling calls load_models_gpu on the MODEL it samples, which would otherwise put a second copy of
+    the diffusion model on cuda:0 beside rank 0's. Loaded to the offload device, ComfyUI still applies the weight
+    patches (LoRA) there where they cannot travel as patches (portable_patches), and those patched weights travel.
+
+    ComfyUI 0.33's DynamicVRAM patcher (ModelPatcherDynamic) cannot be loaded to the host: it keeps per-device state
+    (`dynamic_pins`) for its own load device only - ComfyUI's prompt bookkeeping (PromptModelTracker) and its loader
+    read it under the patcher's load_device, a KeyError for the host - it reroutes a CPU patcher to the plain one
+    itself, and it never writes weight patches into the weights (they are applied as each layer is cast on the GPU),
+    so host weights read after its load would be unpatched. ComfyUI's own way to put such a model on the CPU
+    (comfy_extras/nodes_multigpu.py) is a non-dynamic clone, `clone(disable_dynamic=True)`. It is made over the same
+    model object (`model_override`, as get_non_dynamic_delegate passes its own): otherwise ComfyUI would load the
+    checkpoint a second time (and fail for a loader that records no cached_patcher_init), and the pool identifies the
+    weights by that object - a LoRA strength change then moves only the patch. ComfyUI treats the two patchers as
+    clones of one model (ModelPatcher.is_clone): loading either unloads the other, and they share the weights'
+    backups, so each puts back what the other patched."""
+    if not is_dynamic(model):
+        m = model.clone()
+    else:
+        import inspect
+        try:
+            params = inspect.signature(model.clone).parameters
+        except (TypeError, ValueError):
+            params = {}
+        if not ({"disable_dynamic", "model_override"} <= set(params) and
+                callable(getattr(model, "get_clone_model_override", None))):
+            raise NotCarried(f"this MODEL's patcher ({type(model).__name__}) loads its weights dynamically "
+                             f"(DynamicVRAM) and offers no non-dynamic clone to keep ComfyUI's copy on the host; "
+                             f"start ComfyUI with --disable-dynamic-vram")
+        m = model.clone(disable_dynamic=True, model_override=model.get_clone_model_override())
+    m.load_device = m.offload_device
+    return m
+
+
+def check_not_on_pool(model, who: str) -> None:
+    """A MODEL that already runs on the pool (Parallel Model) must not be wrapped again: each model call would
+    go to the workers twice over."""
+    import comfy.patcher_extension as ext
+    if (model.wrappers.get(ext.WrappersMP.APPLY_MODEL) or {}).get(WRAPPER_KEY):
+        raise ValueError(f"{who}: this MODEL already runs on the workers (it comes from a Parallel Model node); "
+                         f"sample it with KSampler or any sampler node, or remove the Parallel Model node")
+
+
+def check_not_multigpu(model, who: str) -> None:
+    """ComfyUI's own MultiGPU CFG Split (node MultiGPU_WorkUnits, ComfyUI >= 0.23) gives the MODEL whole-model copies
+    on other GPUs (additional models under "multigpu") and runs the cond / uncond batches on them in threads. The pack
+    splits that same work over its workers: on one MODEL the two would send each model call to the pool from several
+    threads at once, each on part of the batch. Refused before any work, saying which to keep."""
+    getter = getattr(model, "get_additional_models_with_key", None)  # ComfyUI's seam (workers/comfy_seams.py)
+    if getter is not None and getter("multigpu"):
+        raise ValueError(
+            f"{who}: this MODEL went through ComfyUI's MultiGPU CFG Split node, which already runs the cond / uncond "
+            f"batch on whole-model copies on other GPUs. Use one of the two: remove MultiGPU CFG Split and keep "
+            f"{who} (cfg_degree 2 is the same split; the pack also splits one image - cfg 1 and distilled models - "
+            f"shards weights and runs video), or remove {who} to keep ComfyUI's split")
+
+
+COMPILE_KEY = "torch.compile"  # ComfyUI's TorchCompileModel wrapper (comfy_api/torch_helpers/torch_compile.py)
+
+
+def compile_spec(model, hp) -> dict | None:
+    """ComfyUI's TorchCompileModel options on this MODEL, for the workers to compile their model with (None: not
+    compiled). ComfyUI's own wrapper would swap in a compiled copy of the driver's model around each call: the nodes
+    take it out (without_compile_wrapper) and the workers compile theirs instead, once per resident model and mesh.
+    Refused, before any worker starts: a backend that is not a name (a callable cannot travel), and loop mode /
+    PipeFusion, which run the model from the workers' own loop."""
+    import comfy.patcher_extension as ext
+    if not (model.wrappers.get(ext.WrappersMP.APPLY_MODEL) or {}).get(COMPILE_KEY):
+        return None
+    kw = dict(model.model_options.get("torch_compile_kwargs") or {})
+    if not isinstance(kw.get("backend"), str):
+        raise NotCarried(f"this MODEL is compiled with a torch.compile backend that is not a name "
+                         f"({kw.get('backend')!r:.60}); the workers compile by name (inductor, cudagraphs...): use "
+                         f"TorchCompileModel's own backends")
+    if hp.config.pp_degree > 1 or hp.mode == "loop":
+        raise NotCarried("a MODEL compiled by TorchCompileModel runs compiled in step mode only: set sampling_mode to "
+                         "auto or step and pp_degree to 1, or remove the TorchCompileModel node")
+    options = kw.get("options")
+    if options is not None and not (isinstance(options, dict) and all(
+            isinstance(k, str) and isinstance(v, (str, int, float, bool)) for k, v in options.items())):
+        raise NotCarried(f"TorchCompileModel options {options!r:.80} cannot travel to the workers (plain values only)")
+    return {"backend": kw["backend"], "options": options, "mode": kw.get("mode"),
+            "fullgraph": bool(kw.get("fullgraph")), "dynamic": kw.get("dynamic")}
+
+
+def without_compile_wrapper(wrappers: dict) -> None:
+    """Take ComfyUI's TorchCompileModel wrapper out of `wrappers` (a clone's, or a run's model options): the workers
+    compile their own model; the driver's compiled copy must never stand in for the pool's proxy."""
+    import comfy.patcher_extension as ext
+    (wrappers.get(ext.WrappersMP.APPLY_MODEL) or {}).pop(COMPILE_KEY, None)
+
+
+def capture_run(model, hp, who: str, graph, mode: str | None = None, conds=None, model_options=None):
+    """Everything the graph put on `model` (and `conds`), refused before any work where the pool cannot carry it
+    exactly, naming the node (workers/bridge/capture.py). Returns the capture (pool_state reads what it carries)."""
+    adapter = adapter_for(model.model.diffusion_model)
+    mode = mode or ("loop" if hp.config.pp_degree > 1 or hp.mode == "loop" else "step")
+    cap = capture(model, mode, model_options=model_options, conds=conds,
+                  carried_options=adapter.carried_options if adapter is not None else ())
+    cap.check(who, graph)
+    return cap
+
+
+def pool_state(model, hp, cap) -> dict:
+    """How the pool runs this MODEL for `hp`: its residency key (what the weights hold - base, patches, compute
+    dtype - and the method), ComfyUI's own model spec, what travels with each call (object values, hooks) and the call
+    counter. Refuses, before any worker starts, what cannot travel (tp / pp where the family declares none, tp degrees
+    the model cannot be sharded by, carried patches a method cannot run). `cap`: the run's capture (capture_run)."""
+    # the workers keep the model parallelized for one method: the method is part of its identity
+    method = f"{hp.config.method}" + (f"-w{hp.config.warmup_steps}" if hp.config.method != "usp" else "")
+    cast = [f.detail["value"] for f in cap.carried("compute_dtype")]
+    extra = f"cast-{str(cast[-1]).removeprefix('torch.')}" if cast and cast[-1] is not None else ""
+    state = {"key": f"native:{weights_key(model.model, model.patches, extra)}|{method}", "calls": 0,
+             "lineage": f"{model.model._hp_uid}|{method}"}  # this model under other patches: replaced, not kept
+    check_any_model(model.model.diffusion_model, hp)  # a model no adapter declares: cfg / dp only
+    check_declared(model.model.diffusion_model, hp.config)  # tp / pp where the family declares them
+    compiled = compile_spec(model, hp)
+    # ComfyUI's own model on the workers; refused here, before any worker starts, if it cannot travel
+    state["native"] = native_spec(model.model, compute_dtype=cast[-1] if cast else None)
+    check_weights(model.model.diffusion_model)
+    check_native_tp(model.model.diffusion_model, hp.config)
+    check_loader_methods(model.model.diffusion_model, hp.config, patched=bool(model.patches))  # GGUF
+    state["patches"] = portable_patches(model, hp.config)  # LoRA & co travel as patches where they can
+    if state["patches"] is not None:
+        state["native"]["patcher"] = loader_patcher(model)  # a loader that patches its own way (GGUF)
+    state["compile"] = compiled
+    state["object_values"] = object_values(cap.carried("object_values"))
+    state["hooks"] = bool(cap.carried("hooks"))
+    state["bypass"] = {k: v for f in cap.carried("bypass") for k, v in f.detail["adapters"].items()}
+    check_carried_calls(model, hp, cap, state)
+    return state
+
+
+def check_carried_calls(model, hp, cap, state) -> None:
+    """Refuse, before any worker starts, carried per-call patches this config cannot apply exactly: hook LoRAs where
+    the ranks do not hold whole weights they can patch (tp / pp / sharded, quantized or a loader's weights, a compiled
+    model), and block skips (Skip Layer Guidance) of a block where the family's plan splits the sequence or with
+    DistriFusion (its stale activations are kept per conditioning, which the extra call would overwrite)."""
+    config = hp.config
+    if state["hooks"]:
+        why = ("tensor parallel, PipeFusion or weight sharding" if not config.whole_model else
+               "a compiled model (TorchCompileModel)" if state["compile"] else
+               "quantized weights" if state["native"].get("quantized") or state["native"].get("tensors") else "")
+        if why:
+            raise NotCarried(f"hook LoRAs switch weights per conditioning on the workers, which {why} cannot do "
+                             f"exactly; use ulysses / ring / cfg / dp degrees with shard_weights none on bf16 / fp16 / "
+                             f"fp32 weights, or load the LoRA with LoraLoaderModelOnly")
+    if state["bypass"] and (config.tp_degree > 1 or config.pp_degree > 1):
+        raise NotCarried(f"{cap.creator(cap.carried('bypass')[0])} computes its LoRA beside each whole layer, which "
+                         f"tensor parallel (a layer's output in shards) and PipeFusion (stages) do not run; use "
+                         f"ulysses / ring / cfg / dp degrees or shard_weights, or LoraLoaderModelOnly")
+    closures = cap.carried("closure")
+    if closures and not config.batch_only:
+        raise NotCarried(f"{cap.creator(closures[0])} patches the model's activations inside each call, which is exact "
+                         f"only where every rank runs the whole model on whole images: use cfg_degree / dp_degree "
+                         f"(ulysses / ring / tensor / pipeline degrees 1, shard_weights none)")
+    extra_calls = cap.carried("skip_blocks") + cap.carried("value_attention")
+    if not extra_calls:
+        return
+    if config.method == "distrifusion" and config.sp_degree > 1:
+        raise NotCarried(f"{cap.creator(extra_calls[0])} makes an extra model call per step, which DistriFusion's "
+                         f"stale activations (kept per conditioning) cannot tell from the real one: use method usp")
+    adapter = adapter_for(model.model.diffusion_model)
+    split = split_blocks(adapter) if adapter is not None and config.sp_degree > 1 else set()
+    for f in cap.carried("skip_blocks"):
+        hit = sorted(split & skip_layers(f.detail.get("function")))
+        if hit:
+            raise NotCarried(f"{cap.creator(f)} skips block {hit[0]}, where the pack splits the image tokens over the "
+                             f"ranks ({adapter.title}): choose layers from 1, or use cfg / dp degrees")
+
+
+def split_blocks(adapter) -> set:
+    """The block indices the family's sequence plan hooks into ("blocks.0" splits the tokens): a block a replacement
+    skips never runs its hooks."""
+    found = set()
+    for path in adapter.comfy_plan.sequence:
+        last = path.rsplit(".", 1)[-1]
+        if last.isdigit():
+            found.add(int(last))
+    return found
+
+
+def skip_layers(fn) -> set:
+    """The layer indices Skip Layer Guidance's function skips (its closure's double_layers / single_layers)."""
+    code, cells = getattr(fn, "__code__", None), getattr(fn, "__closure__", None) or ()
+    if code is None:
+        return set()
+    found = set()
+    for name, cell in zip(code.co_freevars, cells):
+        if name in ("double_layers", "single_layers", "layers"):
+            try:
+                found |= {int(i) for i in cell.cell_contents}
+            except (TypeError, ValueError):
+                pass
+    return found
+
+
+def portable_patches(model, config):
+    """(spec, tensors) of the MODEL's weight patches (LoRA, LoHa, LoKr, OFT, diffs) when they can travel to the
+    workers and be applied there to the base weights (workers/comfy_patches.py): the ranks must hold the whole model
+    (no tp / pp / weight sharding, which cut the weights before any patch could apply). None: no patches, or
+    ComfyUI patches its own copy and the patched weights travel, as before."""
+    if not model.patches or not config.whole_model:
+        return None
+    from ..workers.comfy_patches import NotPortable, encode
+    try:
+        return encode(model.patches)
+    except NotPortable:
+        return None
+
+
+def loader_patcher(model):
+    """The MODEL's ModelPatcher class when a custom loader patches weights its own way (workers/loader_types.py),
+    refused before any worker starts where the workers could not import it; None for ComfyUI's own."""
+    from ..workers.loader_types import NotCarriable, describe_patcher
+    try:
+        return describe_patcher(model)
+    except NotCarriable as e:
+        raise NotCarried(f"this MODEL's patcher cannot be rebuilt on the workers: {e}") from None
+
+
+@contextmanager
+def patches_on_workers(patcher, state):
+    """While ComfyUI samples `patcher`, leave its weights unpatched when the workers apply the patches themselves:
+    no patched copy (and backup) on the host, and the base weights are what travels. A new patches_uuid makes
+    ComfyUI restore the base weights if another sampler left them patched, and re-patch them for the next one."""
+    if not state.get("patches"):
+        yield
+        return
+    saved = patcher.patches, patcher.patches_uuid
+    patcher.patches, patcher.patches_uuid = {}, uuid.uuid4()
+    try:
+        yield
+    finally:
+        patcher.patches, patcher.patches_uuid = saved
+
+

@@ -1,0 +1,309 @@
+"""The pool's stand-in for ComfyUI's diffusion model during one model call, and the call's codec.
+
+Step mode: ComfyUI runs the sampler exactly as KSampler does (same noise, sigmas, CFG, masks, previews); an
+APPLY_MODEL wrapper (`make_apply_model_wrapper`) swaps the diffusion model for `PoolDiffusionModel` for the duration
+of each model call, and the proxy sends that one forward to the workers - its arguments as they are (`call_payload`),
+what travels with the call besides (workers/bridge/carry.py: transformer options, object values, hook groups, a LoRA
+bypass) - and returns their output. Everything around the forward stays ComfyUI's code. In loop mode the proxy
+captures the first call's conditioning instead (`Captured`, nodes/loop_mode.py).
+"""
+from __future__ import annotations
+
+import torch
+
+from ..workers.bridge.carry import bypass_call, call_options, hook_call, skipped_blocks
+from ..workers.bridge.residency import unhooked
+from .native import NotCarried, check_diffusion_wrappers, diffusion_wrappers, runs_diffusion_wrappers
+from .prepare import split_blocks
+
+
+class Captured(Exception):
+    """Raised by the proxy in capture mode: carries one call's diffusers inputs; nothing was computed."""
+
+    def __init__(self, inputs: dict, cond_or_uncond: list, x: torch.Tensor):
+        super().__init__("captured")
+        self.inputs, self.cond_or_uncond, self.x_shape = inputs, cond_or_uncond, x.shape
+        self.x = x  # the model's input: the scaled latent, then ComfyUI's concat conditioning (image to video)
+
+
+
+class PoolDiffusionModel(torch.nn.Module):
+    """Stands in for ComfyUI's diffusion model during one call: sends the call's arguments to the workers, which run
+    ComfyUI's own model, and returns their output."""
+
+    def __init__(self, runtime, hp, original: torch.nn.Module, state: dict, patcher=None):
+        super().__init__()
+        self.runtime, self.hp, self.state = runtime, hp, state
+        self.patcher = patcher  # the ModelPatcher sampling now (BaseModel.current_patcher): its hooks, its backups
+        self.dtype = original.dtype
+        self.device = getattr(original, "device", None)
+        self._original = [original]  # not a submodule: keep ComfyUI's weights out of this proxy
+
+    def __getattr__(self, name):
+        """ComfyUI's BaseModel reads helpers of its diffusion model while the proxy stands in (LTX-Video's
+        process_timestep: `diffusion_model.patchifier`): those come from the original. Its submodules and weights do
+        not - anything that would compute with the driver's copy fails here instead of running there."""
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            original = self.__dict__.get("_original")
+            if not original:  # still being built (or copied): nothing to fall back to
+                raise
+            value = getattr(original[0], name)
+            if isinstance(value, (torch.nn.Module, torch.Tensor)):
+                raise AttributeError(f"the diffusion model runs on the workers: its {name!r} cannot be used by the "
+                                     f"driver during a model call") from None
+            return value
+
+    def _ensure_resident(self):
+        st = self.state
+        if not st.get("resident"):
+            # the weights as they are without a hook: ComfyUI patches a hook group into them in place before the
+            # call (its per-call hooks travel separately: carry.hook_call)
+            st["family"] = self.runtime.ensure_native(self.hp, st["key"], st["native"], self._original[0],
+                                                      st.get("lineage"), st.get("patches"),
+                                                      unhooked=unhooked(self.patcher))
+            st["resident"] = True
+
+    def _native_forward(self, x, timestep, context, transformer_options, extra):
+        """ComfyUI's own model on the workers: its call's arguments go as they are (call_payload), its output
+        comes back as is."""
+        from ..parallel.models import adapter_for
+        adapter = adapter_for(self._original[0])
+        tensors, structure = call_payload(context, without_rebuilt(adapter, extra))  # refusals first
+        changing = []  # what differs at every call: never reused from the previous one
+        for name, value in (("x", x), ("timestep", timestep)):
+            if isinstance(value, (list, tuple)):  # multi-stream (MiniMax H3, LTX-2: video + audio), one per stream
+                structure[name], parts = _encode_nested(list(value), name)
+                tensors.update(parts)
+                changing += parts
+            else:
+                tensors[name] = value
+                changing.append(name)
+        options = call_options(transformer_options, adapter.carried_options if adapter is not None else ())
+        structure["transformer_options"] = options
+        self._check_skips(adapter, options)
+        values = {"key": self.state["key"], "call_index": self.state["calls"], "structure": structure}
+        if self.state.get("object_values"):
+            values["object_values"] = self.state["object_values"]
+        hooks = getattr(self.patcher, "current_hooks", None)
+        if hooks is not None or self.state.get("hooks"):  # the call's hook group (ComfyUI switches it per cond)
+            if not self.state.get("hooks"):
+                raise NotCarried("this model call runs under a hook group that was not on the MODEL or its "
+                                 "conditioning when sampling started; the pack cannot carry it")
+            values["hooks"], parts = hook_call(self.patcher, hooks, self.state.setdefault("hooks_sent", set()))
+            tensors.update(parts)
+            changing += parts
+        if self.state.get("bypass"):  # LoRA bypass: its adapters once per run, injected around each call
+            values["bypass"], parts = bypass_call(self.state["bypass"], self.state.setdefault("bypass_sent", set()))
+            tensors.update(parts)
+            changing += parts
+        which = (transformer_options or {}).get("cond_or_uncond")
+        if isinstance(which, (list, tuple)) and all(isinstance(i, int) for i in which):
+            values["conds"] = list(which)  # which conditionings this call holds: DistriFusion's lane
+        if self.state.get("compile"):
+            values["compile"] = self.state["compile"]
+        self._ensure_resident()
+        self.state["calls"] += 1
+        res = submit_once(self.runtime.pool(self.hp), self.hp.config, values, tensors, self.state, tuple(changing))
+        device = (x[0] if isinstance(x, (list, tuple)) else x).device
+        if "out_streams" in res.values:
+            return [res.tensors[f"out.{i}"].to(device) for i in range(res.values["out_streams"])]
+        # one tensor back for a multi-stream latent too (video-only LTX-2: x = [video], the model returns the video)
+        return res.tensors["out"].to(device)
+
+    def _check_skips(self, adapter, options) -> None:
+        """A block skipped by this call (Skip Layer Guidance's extra call) where the family's plan splits the tokens
+        would never split them: refused (the node's layers are checked before work; this is the net)."""
+        skipped = skipped_blocks(options)
+        if skipped and adapter is not None and self.hp.config.sp_degree > 1:
+            hit = sorted(skipped & split_blocks(adapter))
+            if hit:
+                raise NotCarried(f"this model call skips block {hit[0]}, where the pack splits the image tokens over "
+                                 f"the ranks ({adapter.title}): skip layers from 1, or use cfg / dp degrees")
+
+    def forward(self, x, timestep, context=None, control=None, transformer_options=None, **extra):
+        """ComfyUI's diffusion model runs its DIFFUSION_MODEL wrappers around its forward; the ones that can run in
+        the driver (EasyCache) run here, around the pool call, exactly as ComfyUI's class would run them."""
+        found = diffusion_wrappers((transformer_options or {}).get("wrappers"))
+        if not found or self.state.get("capture") or not runs_diffusion_wrappers(self._original[0]):
+            # none; loop mode (the workers apply EasyCache's rule themselves); or a class that ignores them
+            return self._call(x, timestep, context, control, transformer_options, **extra)
+        check_diffusion_wrappers((transformer_options or {}).get("wrappers"))
+        import comfy.patcher_extension as ext
+        return ext.WrapperExecutor.new_class_executor(self._call, self, [f for v in found.values() for f in v]) \
+            .execute(x, timestep, context, control, transformer_options, **extra)
+
+    def _call(self, x, timestep, context=None, control=None, transformer_options=None, **extra):
+        if control is not None and self.state.get("capture"):
+            if self.hp.config.pp_degree > 1:  # sampling_mode step alone is refused with PipeFusion
+                how = "PipeFusion, which always loops in the workers: set pp_degree to 1 (sampling_mode auto or step)"
+            else:
+                how = "loop mode: set sampling_mode to step"
+            raise ValueError(f"ControlNet runs on the workers in step mode; this config uses {how}")
+        if control is not None:
+            extra = dict(extra, control=control)
+        if self.state.get("capture"):  # loop mode: hand ComfyUI's own conditioning over, compute nothing
+            cond, structure = call_payload(context, extra)
+            if structure:
+                raise NotCarried(f"loop mode cannot carry {sorted(structure)} (reference latents) yet; "
+                                 f"set Parallel Config's sampling_mode to step (or use Parallel Model)")
+            self._ensure_resident()
+            raise Captured(cond, list((transformer_options or {}).get("cond_or_uncond") or [0]), x)
+        return self._native_forward(x, timestep, context, transformer_options, extra)
+
+
+def _encode_nested(value, path: str):
+    """(JSON skeleton, {dotted path: tensor}) of nested dicts / lists holding tensors, None and scalars: the
+    worker puts each tensor back at its path (workers/jobs.py _inputs)."""
+    if isinstance(value, torch.Tensor):
+        return None, {path: value}
+    if isinstance(value, dict):
+        skeleton, found = {}, {}
+        for k, v in value.items():
+            skeleton[str(k)], more = _encode_nested(v, f"{path}.{k}")
+            found.update(more)
+        return skeleton, found
+    if isinstance(value, (list, tuple)):
+        skeleton, found = [], {}
+        for i, v in enumerate(value):
+            s, more = _encode_nested(v, f"{path}.{i}")
+            skeleton.append(s)
+            found.update(more)
+        return skeleton, found
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value, {}
+    raise NotCarried(f"Hybrid Sampler cannot send {path} ({type(value).__name__}) to the workers")
+
+
+def without_rebuilt(adapter, extra: dict) -> dict:
+    """`extra` less the arguments the model's family adapter names as rebuilt by the model when absent
+    (FamilyAdapter.rebuilt_inputs: a per-run cache object that cannot travel and need not); the dicts along each
+    path are copied, never changed in place (ComfyUI reuses them at the next step)."""
+    for path in (adapter.rebuilt_inputs if adapter is not None else ()):
+        *parents, leaf = path.split(".")
+        extra = dict(extra)
+        node = extra
+        for part in parents:
+            if not isinstance(node.get(part), dict):
+                break
+            node[part] = dict(node[part])
+            node = node[part]
+        else:
+            node.pop(leaf, None)
+    return extra
+
+
+def call_payload(context, extra: dict):
+    """(tensors, JSON structure) of a diffusion-model call's arguments beyond x and timestep: tensors go as
+    they are; nested ones (reference latent lists, ControlNet residual dicts) travel as dotted tensor paths
+    under a JSON skeleton, plain values (the reference method) in the JSON; workers/jobs.py _inputs rebuilds
+    them. Anything else is refused (NotCarried)."""
+    tensors = {} if context is None else {"context": context}
+    structure = {}
+    for k, v in extra.items():
+        if v is None:
+            continue
+        if isinstance(v, torch.Tensor):
+            tensors[k] = v
+        else:
+            structure[k], found = _encode_nested(v, k)
+            tensors.update(found)
+    return tensors, structure
+
+
+class ComfyInterrupt:
+    """ComfyUI's interrupt flag as the pool's cancel token (polled while a job runs)."""
+
+    def is_set(self) -> bool:
+        import comfy.model_management
+        return comfy.model_management.processing_interrupted()
+
+
+def submit_interruptible(pool, config, kind, values, tensors):
+    """pool.submit that stops at ComfyUI's interrupt button and raises ComfyUI's own interrupt exception."""
+    from ..workers.pool import JobCancelled
+    try:
+        return pool.submit(config, kind, values, tensors, cancel=ComfyInterrupt())
+    except JobCancelled:
+        import comfy.model_management
+        comfy.model_management.throw_exception_if_processing_interrupted()
+        raise
+
+
+def submit_once(pool, config, values: dict, tensors: dict, state: dict, changing: tuple):
+    """A step-mode forward whose inputs that did not change since this run's previous call stay on the workers.
+
+    Why: the conditioning (text, pooled, guidance, reference latents) is the same at every step of a run, yet
+    ComfyUI hands it over as new tensors each call (it concatenates cond and uncond per call); sent every step it
+    was most of the payload (9 MiB of a Flux 1024² step). A tensor equal to the one of the previous call is named
+    in `reuse` and the workers take their copy of it (workers/jobs.py job_forward). `changing` (latent, timestep)
+    is always sent. The previous call is identified by the run's id and call index, so a worker never reuses
+    tensors of another run; a failed call sends everything again next time."""
+    import uuid
+    last = state.get("sent")
+    run = state.setdefault("run", uuid.uuid4().hex)
+    reuse = []
+    if last is not None:
+        for name, t in list(tensors.items()):
+            prev = last["tensors"].get(name)
+            if name not in changing and prev is not None and prev.shape == t.shape and prev.dtype == t.dtype \
+                    and prev.device == t.device and (prev is t or torch.equal(prev, t)):
+                reuse.append(name)
+                del tensors[name]
+    values = dict(values, run=run, previous_call=None if last is None else last["call"], reuse=reuse,
+                  changing=list(changing))
+    state["sent"] = None  # until this call succeeds
+    res = submit_interruptible(pool, config, "forward", values, tensors)
+    kept = {n: t for n, t in tensors.items() if n not in changing}
+    kept.update({n: last["tensors"][n] for n in reuse})
+    state["sent"] = {"call": values["call_index"], "tensors": kept}
+    return res
+
+
+def _flatten(inputs: dict) -> dict:
+    """Tensors of the diffusers kwargs, nested dicts flattened as 'outer.inner'."""
+    out = {}
+    for k, v in inputs.items():
+        if isinstance(v, dict):
+            out.update({f"{k}.{ik}": iv for ik, iv in v.items() if isinstance(iv, torch.Tensor)})
+        elif isinstance(v, torch.Tensor):
+            out[k] = v
+    return out
+
+
+def _structure(inputs: dict) -> dict:
+    """The non-tensor part of the kwargs (None leaves, nested dict names), JSON-safe."""
+    out = {}
+    for k, v in inputs.items():
+        if isinstance(v, dict):
+            out[k] = {ik: None for ik, iv in v.items() if not isinstance(iv, torch.Tensor)}
+        elif not isinstance(v, torch.Tensor):
+            out[k] = v
+    return out
+
+
+def _note_step(runtime, options) -> None:
+    """The sampler step this model call belongs to, for the worker panel (ComfyUI's own bar is separate)."""
+    sigmas, now = (options or {}).get("sample_sigmas"), (options or {}).get("sigmas")
+    if isinstance(sigmas, torch.Tensor) and isinstance(now, torch.Tensor) and sigmas.numel() > 1 and now.numel():
+        total = sigmas.numel() - 1
+        runtime.progress(min(int((sigmas[:-1].cpu() > now.max().cpu()).sum()) + 1, total), total)
+
+
+def make_apply_model_wrapper(runtime, hp, state: dict):
+    """`hp`: the config, or a callable returning this run's (Parallel Model decides degrees "auto" per run)."""
+    def wrapper(executor, *args, **kwargs):
+        _note_step(runtime, kwargs.get("transformer_options", args[5] if len(args) > 5 else None))
+        base = executor.class_obj
+        original = base.diffusion_model
+        proxy = PoolDiffusionModel(runtime, hp() if callable(hp) else hp, original, state,
+                                   patcher=getattr(base, "current_patcher", None))
+        base.diffusion_model = proxy
+        try:
+            return executor(*args, **kwargs)
+        finally:
+            base.diffusion_model = original
+    return wrapper
+
+
