@@ -171,6 +171,14 @@ def test_prompt_config_reads_the_api_prompts_config_node():
     assert handler(body) is body and rt.calls == ["ulysses2"]
     assert handler({"prompt": {"1": prompt["1"]}}) is not None and rt.calls == ["ulysses2"]  # not the pack's: nothing
     assert handler({"prompt": "garbage"}) == {"prompt": "garbage"} and handler(None) is None
+    # a prompt holding a node the pack refuses (workers/bridge/classified.py) is refused at its sampler before any
+    # work: queueing it starts nothing either; a node only ComfyUI runs starts nothing in the workers' loop only
+    tome = {"7": {"class_type": "TomePatchModel", "inputs": {"ratio": 0.3}}}
+    assert handler({"prompt": {**prompt, **tome}}) is not None and rt.calls == ["ulysses2"]
+    loop = {**prompt, "2": {**prompt["2"], "inputs": {**prompt["2"]["inputs"], "sampling_mode": "loop"}}}
+    rescale = {"7": {"class_type": "RescaleCFG", "inputs": {"multiplier": 0.7}}}
+    assert handler({"prompt": {**loop, **rescale}}) is not None and rt.calls == ["ulysses2"]
+    assert handler({"prompt": {**prompt, **rescale}}) is not None and rt.calls == ["ulysses2", "ulysses2"]
 
 
 def test_a_prompt_whose_cpu_world_is_up_starts_no_spares():
