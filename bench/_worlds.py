@@ -113,3 +113,14 @@ def write_results(name: str, rows: list, markdown: str, extra: dict | None = Non
         f.write(markdown + "\n")
     print(markdown)
     return path
+
+
+def timed_prompt(server, graph) -> float:
+    """Seconds from posting an API prompt to a real server until its history says it succeeded (client side)."""
+    import time
+    t = time.perf_counter()
+    entry = server.run(graph)
+    took = time.perf_counter() - t
+    if entry["status"]["status_str"] != "success":
+        raise RuntimeError(f"prompt failed: {entry['status']}\n{server.tail()}")
+    return took

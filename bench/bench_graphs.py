@@ -52,22 +52,13 @@ def _graph(kind: str, tag: str, degrees, seed: int) -> dict:
     return g
 
 
-def _timed(server, graph) -> float:
-    t = time.perf_counter()
-    entry = server.run(graph)
-    took = time.perf_counter() - t
-    if entry["status"]["status_str"] != "success":
-        raise RuntimeError(f"prompt failed: {entry['status']}\n{server.tail()}")
-    return took
-
-
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--quick", action="store_true", help="one run per kind (bench/results/graphs_quick)")
     args = p.parse_args(argv)
     runs = 1 if args.quick else args.runs
-    from _worlds import write_results
+    from _worlds import timed_prompt, write_results
     from comfy_env import setup_comfy
     from comfy_server import ComfyServer, write_checkpoints
     from conftest import _write_tiny_lora
@@ -83,13 +74,13 @@ def main(argv=None):
         for kind in KINDS:  # warm-up: each kind's first prompt on each side (loads, world start) not measured
             for degrees in (None, {"ulysses_degree": 2}):
                 seed += 1
-                _timed(server, _graph(kind, f"w_{kind}_{seed}", degrees, seed))
+                timed_prompt(server, _graph(kind, f"w_{kind}_{seed}", degrees, seed))
         times = {(k, side): [] for k in KINDS for side in ("ksampler", "pool")}
         for _ in range(runs):
             for kind in KINDS:
                 for side, degrees in (("ksampler", None), ("pool", {"ulysses_degree": 2})):
                     seed += 1
-                    times[(kind, side)].append(_timed(server, _graph(kind, f"r_{kind}_{seed}", degrees, seed)))
+                    times[(kind, side)].append(timed_prompt(server, _graph(kind, f"r_{kind}_{seed}", degrees, seed)))
         for kind in KINDS:
             ks, pool = statistics.median(times[(kind, "ksampler")]), statistics.median(times[(kind, "pool")])
             rows.append({"kind": kind, "ksampler_s": round(ks, 3), "pool_u2_s": round(pool, 3),

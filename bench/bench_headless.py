@@ -23,7 +23,6 @@ import shutil
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -42,16 +41,8 @@ def _graph(degrees, tag: str, seed: int = 42) -> dict:
     return g
 
 
-def _timed(server, graph) -> float:
-    t = time.perf_counter()
-    entry = server.run(graph)
-    took = time.perf_counter() - t
-    if entry["status"]["status_str"] != "success":
-        raise RuntimeError(f"prompt failed: {entry['status']}\n{server.tail()}")
-    return took
-
-
 def one_run(mode: str, comfy_dir) -> dict:
+    from _worlds import timed_prompt
     from comfy_server import ComfyServer, write_checkpoints, write_flux_checkpoint
     from comfyui_hybrid_parallel.workers.spares import default_count
     base = Path(tempfile.mkdtemp(prefix=f"hp-headless-{mode}-"))
@@ -65,10 +56,10 @@ def one_run(mode: str, comfy_dir) -> dict:
     write_flux_checkpoint(base)
     server.start()
     try:
-        row = {"mode": mode, "ksampler_first_s": round(_timed(server, _graph(None, "ks1")), 3),
-               "ksampler_warm_s": round(_timed(server, _graph(None, "ks2", seed=43)), 3),
-               "pool_u2_first_s": round(_timed(server, _graph({"ulysses_degree": 2}, "u2")), 3),
-               "pool_u2_warm_s": round(_timed(server, _graph({"ulysses_degree": 2}, "u2b", seed=44)), 3)}
+        row = {"mode": mode, "ksampler_first_s": round(timed_prompt(server, _graph(None, "ks1")), 3),
+               "ksampler_warm_s": round(timed_prompt(server, _graph(None, "ks2", seed=43)), 3),
+               "pool_u2_first_s": round(timed_prompt(server, _graph({"ulysses_degree": 2}, "u2")), 3),
+               "pool_u2_warm_s": round(timed_prompt(server, _graph({"ulysses_degree": 2}, "u2b", seed=44)), 3)}
         status = server.get("/hybrid_parallel/pool")
         row["prestarted"] = (status.get("prestart") or {}).get("mesh")
     finally:

@@ -259,30 +259,24 @@ def _plain(value) -> bool:
 
 
 def _wrappers(wrappers: dict, f: list) -> None:
-    for kind, by_key in (wrappers or {}).items():
-        for key, fns in (by_key or {}).items():
-            if key == OWN_KEY or not fns:
-                continue
-            for fn in fns:
-                origin = origin_of(fn)
-                rule = _keyed_rule(known.WRAPPERS, kind, key, origin) or Rule(
-                    REFUSED, REFUSED, why="a wrapper the pack has not checked: it may act inside the model call, "
-                                          "which runs on the workers")
-                f.append(Found(f"a wrapper ({kind} '{key}')" if key is not None else f"a {kind} wrapper", origin,
-                               rule))
+    _keyed(wrappers, known.WRAPPERS, "wrapper", "a wrapper the pack has not checked: it may act inside the model "
+                                                "call, which runs on the workers", f)
 
 
 def _callbacks(callbacks: dict, f: list) -> None:
-    for kind, by_key in (callbacks or {}).items():
+    _keyed(callbacks, known.CALLBACKS, "callback", "a callback the pack has not checked", f)
+
+
+def _keyed(by_kind: dict, table: dict, noun: str, why: str, f: list) -> None:
+    """ComfyUI's wrappers or callbacks ({type: {key: [functions]}}), each function with its rule."""
+    for kind, by_key in (by_kind or {}).items():
         for key, fns in (by_key or {}).items():
             if key == OWN_KEY or not fns:
                 continue
             for fn in fns:
                 origin = origin_of(fn)
-                rule = _keyed_rule(known.CALLBACKS, kind, key, origin) or Rule(
-                    REFUSED, REFUSED, why="a callback the pack has not checked")
-                f.append(Found(f"a callback ({kind} '{key}')" if key is not None else f"a {kind} callback", origin,
-                               rule))
+                rule = _keyed_rule(table, kind, key, origin) or Rule(REFUSED, REFUSED, why=why)
+                f.append(Found(f"a {noun} ({kind} '{key}')" if key is not None else f"a {kind} {noun}", origin, rule))
 
 
 def _keyed_rule(table: dict, kind, key, origin: str) -> Rule | None:

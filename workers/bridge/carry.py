@@ -264,13 +264,19 @@ def hook_call(patcher, hooks, sent: set) -> tuple:
     if any(_model_as_lora(entry) for entries in spec.values() for entry in entries):
         raise NotCarried("a model used as a hook LoRA (CreateHookModelAsLora) needs that model's weights on the "
                          "workers, which the pack does not send; use CreateHookLora with a LoRA file")
+    return _once(spec, tensors, sent, "hook.")
+
+
+def _once(spec, tensors: dict, sent: set, prefix: str) -> tuple:
+    """(JSON, tensors) naming `spec` by a digest of it and its tensors' identities; the spec and its tensors (names
+    under `prefix`) only the first time this run sends that digest (`sent`)."""
     from .residency import stamp
     digest = hashlib.sha1(json.dumps([spec, {n: stamp(t) for n, t in tensors.items()}], sort_keys=True,
                                      default=str).encode()).hexdigest()[:16]
     if digest in sent:
         return {"id": digest}, {}
     sent.add(digest)
-    return {"id": digest, "spec": spec}, {f"hook.{n}": t for n, t in tensors.items()}
+    return {"id": digest, "spec": spec}, {f"{prefix}{n}": t for n, t in tensors.items()}
 
 
 def _model_as_lora(entry) -> bool:
@@ -374,13 +380,7 @@ def bypass_call(adapters: dict, sent: set) -> tuple:
         spec = {key: [_encode(adapter, tensors), float(strength)] for key, (adapter, strength) in adapters.items()}
     except NotPortable as e:
         raise NotCarried(f"a LoRA in bypass mode cannot travel to the workers ({e})") from None
-    from .residency import stamp
-    digest = hashlib.sha1(json.dumps([spec, {n: stamp(t) for n, t in tensors.items()}], sort_keys=True,
-                                     default=str).encode()).hexdigest()[:16]
-    if digest in sent:
-        return {"id": digest}, {}
-    sent.add(digest)
-    return {"id": digest, "spec": spec}, {f"hook.bypass.{n}": t for n, t in tensors.items()}
+    return _once(spec, tensors, sent, "hook.bypass.")
 
 
 class Bypass:

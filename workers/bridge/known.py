@@ -43,6 +43,12 @@ def _driver(*nodes, loop_why: str = "the workers' own loop does not call it") ->
     return Rule(DRIVER, REFUSED, why=loop_why, fix=STEP_FIX, nodes=nodes)
 
 
+def _extra_call(carry: str, *nodes) -> Rule:
+    """A guidance node whose extra model call carries a patch of a known shape (carry.py SHAPES)."""
+    return Rule(CARRIED, REFUSED, why="the workers' own loop makes no extra guidance call", fix=STEP_FIX, carry=carry,
+                nodes=nodes)
+
+
 def _refused(why: str, *nodes, fix: str = KSAMPLER_FIX) -> Rule:
     return Rule(REFUSED, REFUSED, why=why, fix=fix, nodes=nodes)
 
@@ -81,21 +87,11 @@ FUNCTIONS = {
         "DifferentialDiffusionAdvanced", loop_why="the workers' own loop runs no noise mask"),
     # Skip Layer Guidance: its extra model call skips blocks (an identity block replacement, `patches_replace`):
     # the block list travels with that call and the workers skip the same blocks (carry.py skip_blocks)
-    "comfy_extras.nodes_slg:SkipLayerGuidanceDiT.": Rule(CARRIED, REFUSED, why="the workers' own loop makes no "
-                                                         "extra guidance call", fix=STEP_FIX, carry="skip_blocks",
-                                                         nodes=("SkipLayerGuidanceDiT",)),
-    "comfy_extras.nodes_slg:SkipLayerGuidanceDiTSimple.": Rule(CARRIED, REFUSED, why="the workers' own loop makes no "
-                                                               "extra guidance call", fix=STEP_FIX,
-                                                               carry="skip_blocks",
-                                                               nodes=("SkipLayerGuidanceDiTSimple",)),
-    "comfy_extras.nodes_sd3:SkipLayerGuidanceSD3.": Rule(CARRIED, REFUSED, why="the workers' own loop makes no "
-                                                         "extra guidance call", fix=STEP_FIX, carry="skip_blocks",
-                                                         nodes=("SkipLayerGuidanceSD3",)),
+    "comfy_extras.nodes_slg:SkipLayerGuidanceDiT.": _extra_call("skip_blocks", "SkipLayerGuidanceDiT"),
+    "comfy_extras.nodes_slg:SkipLayerGuidanceDiTSimple.": _extra_call("skip_blocks", "SkipLayerGuidanceDiTSimple"),
+    "comfy_extras.nodes_sd3:SkipLayerGuidanceSD3.": _extra_call("skip_blocks", "SkipLayerGuidanceSD3"),
     # Perturbed-Attention Guidance: its extra call replaces self-attention by its values (carry.py value_attention)
-    "comfy_extras.nodes_pag:PerturbedAttentionGuidance.": Rule(CARRIED, REFUSED, why="the workers' own loop makes no "
-                                                               "extra guidance call", fix=STEP_FIX,
-                                                               carry="value_attention",
-                                                               nodes=("PerturbedAttentionGuidance",)),
+    "comfy_extras.nodes_pag:PerturbedAttentionGuidance.": _extra_call("value_attention", "PerturbedAttentionGuidance"),
     "comfy_extras.nodes_sag:SelfAttentionGuidance.": _refused(
         "its attention patch records the attention map inside the model call, which runs on the workers; the "
         "guidance would be computed from nothing", "SelfAttentionGuidance"),
