@@ -104,6 +104,15 @@ SEAMS = (
     Seam("comfy.model_management:LoadedModel.model_unload", "nodes/runtime: ComfyUI's own unload of a loaded copy"),
     Seam("comfy.model_management:lora_compute_dtype", "workers/comfy_patches: the dtype ComfyUI patches weights in "
          "(0.33; float32 before)", optional=True),
+    # what a MODEL and its conds carry besides the weights (workers/bridge: the capture, per-call carry, residency)
+    Seam("comfy.hooks:WeightHook", "workers/bridge/capture: hook LoRAs on a conditioning are carried"),
+    Seam("comfy.model_patcher:ModelPatcher.get_combined_hook_patches", "workers/bridge/carry: a call's hook group",
+         ("hooks",)),
+    Seam("comfy.model_patcher:ModelPatcher.pre_run", "nodes/proxy: the patcher sampling now (current_patcher)"),
+    Seam("comfy.weight_adapter:BypassInjectionManager", "workers/bridge/carry: a LoRA in bypass mode on the ranks "
+         "(ComfyUI 0.33)", optional=True),
+    Seam("comfy_execution.utils:get_executing_context", "workers/bridge/graph: the node a refusal names",
+         optional=True),
     # model configs the spec carries (nodes/native.py)
     Seam("comfy.supported_models_base:BASE.unet_config", "nodes/native: the spec's unet_config"),
     Seam("comfy.supported_models_base:BASE.quant_config", "nodes/native: mixed-precision (quantized) checkpoints",
