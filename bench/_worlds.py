@@ -98,7 +98,7 @@ def _comfyui_version() -> str | None:
     """The version of the ComfyUI the tests and benches use (comfy_env.comfyui_dir), read from its
     comfyui_version.py without importing ComfyUI; None when there is none."""
     from comfy_env import comfyui_dir
-    from comfyui_hybrid_parallel.workers.comfy_seams import comfyui_version
+    from comfyui_hybrid_parallel.workers.bridge.seams import comfyui_version
     path = comfyui_dir()
     return None if path is None else comfyui_version(str(path))
 

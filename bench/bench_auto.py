@@ -128,7 +128,7 @@ def run(quick: bool = False):
         for rt in runtimes.values():
             rt.stop()
         HybridSampler.runtime = None
-    from comfyui_hybrid_parallel.workers.comfy_native import picked_attention
+    from comfyui_hybrid_parallel.workers.bridge.build import picked_attention
     rates = probes.get("cpu_rates", {})
     measured = (f"ComfyUI's attention kernel: {picked_attention()}; this CPU, 1 thread: matmul "
                 f"{rates.get('matmul_flops', 0) / 1e9:.0f} GFLOP/s, SDPA {rates.get('sdpa_flops', 0) / 1e9:.0f}"

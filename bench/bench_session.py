@@ -121,7 +121,7 @@ def child(args) -> dict:
             hy(m1, 2)
             row["pool_switch_s"] = round(hy(m2, 2), 3)
             row["pool_switch_bytes"] = runtime._pool.last_load_bytes
-            from comfyui_hybrid_parallel.workers.comfy_patches import encode
+            from comfyui_hybrid_parallel.workers.bridge.patches import encode
             from comfyui_hybrid_parallel.workers.transport import nbytes
             row["patch_bytes"] = nbytes(encode(m2.patches)[1])
         elif args.scenario == "switch":
@@ -151,7 +151,7 @@ def child(args) -> dict:
                 row["host_bytes"] = _pss(os.getpid())
             else:
                 hy(base, args.ranks)
-                from comfyui_hybrid_parallel.nodes.runtime import trim_host_heap
+                from comfyui_hybrid_parallel.workers.bridge.host import trim_host_heap
                 trim_host_heap()
                 pool = runtime._pool
                 from comfyui_hybrid_parallel.workers.transport import shm_dir

@@ -83,7 +83,7 @@ def quant_child(files: dict, reduced: bool, cuda: bool) -> list:
 def run_quant(cuda: bool, reduced: bool, folder: Path) -> list:
     from gpu_suite import _comfy
     _comfy(cuda)
-    from comfyui_hybrid_parallel.workers.comfy_seams import has
+    from comfyui_hybrid_parallel.workers.bridge.seams import has
     if not has("comfy.supported_models_base:BASE.quant_config"):
         return [{"form": "-", "error": "this ComfyUI (< 0.33) has no mixed-precision quantized checkpoints"}]
     files = {k: str(v) for k, v in write_forms(folder, reduced).items()}

@@ -53,9 +53,9 @@ def default_precisions(args, cuda: bool) -> list:
 
 
 def comfyui_check() -> dict:
-    """The running ComfyUI against the pack's seam inventory (workers/comfy_seams.py) and the versions its tests ran:
+    """The running ComfyUI against the pack's seam inventory (workers/bridge/seams.py) and the versions its tests ran:
     ok with a note for a version the tests never ran, not ok (with the missing seams) where the nodes would refuse."""
-    from ..workers import comfy_seams
+    from ..workers.bridge import seams as comfy_seams
     version = comfy_seams.comfyui_version()
     problem = comfy_seams.problem_line()
     if problem:

@@ -1,5 +1,5 @@
 """ComfyUI node classes: thin - validate, turn ComfyUI objects into a job, call the pool."""
-import sys
+from ..workers.bridge.graph import prompt_server
 
 from .cluster_node import ClusterNode
 from .config_node import ParallelConfigNode
@@ -16,9 +16,9 @@ ParallelModel.runtime = RUNTIME
 
 # The web extension's routes, only inside a running ComfyUI server (never import `server` ourselves: in
 # pytest or a plain `import` of the pack there is no PromptServer, and importing ComfyUI's would start one).
-_prompt_server = getattr(getattr(sys.modules.get("server"), "PromptServer", None), "instance", None)
+_prompt_server = prompt_server()
 if _prompt_server is not None:
-    from ..workers.comfy_seams import problem_line as _problem_line
+    from ..workers.bridge.seams import problem_line as _problem_line
     if _problem_line():  # the nodes refuse with the same line before any worker starts (Runtime.check_comfyui)
         import logging as _logging
         _logging.getLogger(__name__).error("%s", _problem_line())

@@ -88,7 +88,7 @@ def kernel_probe(device: str, head_dim: int, cache: dict | None = None):
     depending on batch, heads and threads), while ring ranks run SDPA. None when ComfyUI's kernel is SDPA itself."""
     import torch
 
-    from ..workers.comfy_native import attention_function, picked_attention
+    from ..workers.bridge.build import attention_function, picked_attention
     name = picked_attention()
     if name in (None, "pytorch"):
         return None, name

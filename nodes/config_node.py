@@ -95,7 +95,7 @@ def check_hp_placement(hp: HybridParallelConfig) -> None:
 def _check_devices(config: ParallelConfig, device: str, cluster=None) -> None:
     n = config.world_size
     from ..parallel import staged
-    from .runtime import comfy_gpus
+    from ..workers.bridge.host import comfy_gpus
     gpus = comfy_gpus().get("count", 0)  # every GPU, also those ComfyUI's --cuda-device hid from itself
     if cluster is not None:
         if config.devices:
@@ -129,7 +129,7 @@ def _check_devices(config: ParallelConfig, device: str, cluster=None) -> None:
 def auto_device_count(device: str) -> int:
     """The devices degrees 'auto' may use on this machine: the visible GPUs (device cuda / auto with CUDA), else the
     CPU cores - more CPU ranks than cores only share them (workers/launch.worker_threads)."""
-    from .runtime import comfy_gpus
+    from ..workers.bridge.host import comfy_gpus
     gpus = comfy_gpus().get("count", 0)  # every GPU, also those ComfyUI's --cuda-device hid from itself
     if device == "cuda" or (device == "auto" and gpus):
         return max(1, gpus)

@@ -18,7 +18,10 @@ import logging
 import torch
 
 from ..parallel.plan import _given  # an input is given: not None, not an empty list / dict (ComfyUI's defaults)
-from .proxy import Captured, ComfyInterrupt, _flatten, _structure
+from ..workers.bridge.sampling import (ComfyInterrupt, fix_empty_latent, previews_enabled, progress_bar,
+                                      raise_if_interrupted, sampler_object)
+from ..workers.bridge.seams import accepts
+from .proxy import Captured, _flatten, _structure
 
 SUPPORTED_SAMPLERS = ("euler", "dpmpp_2m")
 
@@ -33,13 +36,9 @@ def ksampler_latent(model, latent: dict) -> dict:
     VAE's 16 halves) and its fix_empty_latent_channels takes it - resized to the model's own, those keys then dropped
     from what the node returns, as KSampler drops them. Feature detection: an older ComfyUI gets the call it knows.
     Hybrid Sampler calls it once, before anything reads the latent's shape (auto degrees, memory, PipeFusion)."""
-    import comfy.sample
-
-    from ..workers.comfy_seams import accepts
     taken = [k for k in _LATENT_RATIOS if accepts("comfy.sample:fix_empty_latent_channels", k)]
     out = {k: v for k, v in latent.items() if k not in taken}
-    out["samples"] = comfy.sample.fix_empty_latent_channels(model, latent["samples"],
-                                                            **{k: latent.get(k) for k in taken})
+    out["samples"] = fix_empty_latent(model, latent, taken)
     return out
 
 
@@ -108,19 +107,9 @@ def _cond_uncond_order(inputs: dict, cond_or_uncond: list, batch: int) -> tuple:
     return {k: pick(v) for k, v in inputs.items()}, len(order) == 2
 
 
-def _previews_enabled() -> bool:
-    """Whether ComfyUI renders latent previews (--preview-method): only then do the workers send them."""
-    from comfy.cli_args import LatentPreviewMethod, args
-    return args.preview_method != LatentPreviewMethod.NoPreviews
-
-
 def make_loop_sampler(runtime, hp, state: dict, sampler_name: str, cfg: float, model_sampling, family_of_state,
                       base_model=None):
     """A ComfyUI KSAMPLER whose function runs the loop (PipeFusion, or one parallel forward per step) on the workers."""
-    import comfy.model_management
-    import comfy.samplers
-    import comfy.utils
-
     from .native import loop_step_cache
 
     def sample(model_k, x, sigmas, extra_args=None, callback=None, disable=None):
@@ -180,16 +169,16 @@ def make_loop_sampler(runtime, hp, state: dict, sampler_name: str, cfg: float, m
             values["run"] = uuid.uuid4().hex
             values["bypass"], parts = bypass_call(state["bypass"], set())
             tensors.update(parts)
-        pbar = comfy.utils.ProgressBar(len(sigmas) - 1)
+        pbar = progress_bar(len(sigmas) - 1)
         preview = None
-        if callback is not None and hp.config.pp_degree == 1 and _previews_enabled():
+        if callback is not None and hp.config.pp_degree == 1 and previews_enabled():  # only then do the workers send them
             def preview(step, total, denoised):  # ComfyUI's k-diffusion callback: its previewer and progress bar
                 i = step - 1
                 d = denoised.to(x.device, x.dtype)
                 callback({"i": i, "denoised": d, "x": d, "sigma": sigmas[i], "sigma_hat": sigmas[i]})
 
         def progress(step, total):
-            comfy.model_management.throw_exception_if_processing_interrupted()
+            raise_if_interrupted()
             if preview is None:  # otherwise ComfyUI's callback (with the preview) already moved the bar
                 pbar.update_absolute(step, total)
             runtime.progress(step, total)
@@ -199,7 +188,7 @@ def make_loop_sampler(runtime, hp, state: dict, sampler_name: str, cfg: float, m
             res = runtime.pool(hp).submit(hp.config, "loop", values, tensors, progress=progress, preview=preview,
                                           cancel=ComfyInterrupt())
         except JobCancelled:
-            comfy.model_management.throw_exception_if_processing_interrupted()
+            raise_if_interrupted()
             raise
         report = next((v["step_cache"] for v in res.per_rank if v.get("step_cache")), None)
         if step_cache is not None and report:
@@ -211,4 +200,4 @@ def make_loop_sampler(runtime, hp, state: dict, sampler_name: str, cfg: float, m
                 model_options["transformer_options"]["easycache"].total_steps_skipped = skipped
         return res.tensors["out"].to(x.device, x.dtype)
 
-    return comfy.samplers.KSAMPLER(sample)
+    return sampler_object(sample)

@@ -12,7 +12,8 @@ latent and the cfg are known only to the guider, at the run.
 from __future__ import annotations
 
 from .auto import guider_inputs, resolve_auto, warn_idle_cfg
-from .runtime import take_over_from_dynamic_vram
+from ..workers.bridge.host import take_over_from_dynamic_vram
+from ..workers.bridge.sampling import APPLY_MODEL, OUTER_SAMPLE, add_wrapper
 from ..workers.bridge.graph import executing, given
 from .prepare import (WRAPPER_KEY, capture_run, check_not_multigpu, check_not_on_pool, host_clone, patches_on_workers,
                       pool_state, without_compile_wrapper)
@@ -46,7 +47,6 @@ class ParallelModel:
         if hp.mode == "loop":
             raise ValueError("Parallel Model runs each model call on the workers (step mode); sampling_mode 'loop' "
                              "needs Hybrid Sampler - set sampling_mode to auto or step")
-        import comfy.patcher_extension as ext
         check_not_on_pool(model, "Parallel Model")
         check_not_multigpu(model, "Parallel Model")
         # refusals now, before any worker starts: what the graph put on the MODEL so far (the sampler's run checks
@@ -77,7 +77,7 @@ class ParallelModel:
             with runtime.track("sample"), runtime.quiet_driver(run_hp), patches_on_workers(patcher, state):
                 return executor(*args, **kwargs)
 
-        m.add_wrapper_with_key(ext.WrappersMP.OUTER_SAMPLE, WRAPPER_KEY, outer_sample)
-        m.add_wrapper_with_key(ext.WrappersMP.APPLY_MODEL, WRAPPER_KEY,
+        add_wrapper(m, OUTER_SAMPLE, WRAPPER_KEY, outer_sample)
+        add_wrapper(m, APPLY_MODEL, WRAPPER_KEY,
                                make_apply_model_wrapper(runtime, lambda: chosen["hp"], state))
         return (m,)

@@ -4,12 +4,12 @@ ComfyUI built the MODEL's diffusion model from a `supported_models` config: its 
 `unet_config` and an operations class that `comfy.ops.pick_operations` chose from the weight dtype,
 the manual-cast dtype, the fp8 optimisation flag and the scaled-fp8 dtype. The spec below carries
 exactly those facts (plus ComfyUI's directory and the flags that choose its attention kernel), so a
-worker builds the same class with the same ops (workers/comfy_native.py). The weights travel as
+worker builds the same class with the same ops (workers/bridge/build.py). The weights travel as
 ComfyUI holds them: the diffusion model's state dict in storage dtype, patches (LoRA) already
 applied by ComfyUI's model management — fp8 stays fp8.
 
 A custom loader's model (GGUF: its own tensor subclass, operations and patcher) travels the same way, its tensors as
-raw bytes plus what rebuilds them (workers/loader_types.py). So does a quantized checkpoint ComfyUI loads through its
+raw bytes plus what rebuilds them (workers/bridge/loader_types.py). So does a quantized checkpoint ComfyUI loads through its
 mixed-precision ops (`quant_config`; every scaled-fp8 file since ComfyUI 0.33): each QuantizedTensor as its inner
 tensors' raw bytes (quantized values, scales), the layout and the layer's `comfy_quant` entry as JSON, and the
 quant_config so that the workers pick the same ops. Everything here is checked before any worker starts:
@@ -17,17 +17,17 @@ weights that cannot be carried, or a method the model's class or weights cannot 
 """
 from __future__ import annotations
 
-import os
 
 import torch
 
 from ..parallel.models import ANY, adapter_for, supported_titles, unchecked_base
 from ..parallel.models.any_model import RECIPE
-from ..workers.comfy_native import FORWARDED_ARGS, picked_attention
+from ..workers.bridge.build import comfy_runtime  # (re-exported: the VAE node and the runtime send it)
 from ..workers.transport import _DTYPES
 
 from ..workers.bridge.capture import NotCarried  # (re-exported: the nodes' refusals)
 from ..workers.bridge.carry import encode_value  # (re-exported)
+from ..workers.bridge.sampling import DIFFUSION_MODEL, wrappers_of
 
 
 def family_adapter(diffusion_model):
@@ -64,9 +64,9 @@ def check_any_model(diffusion_model, hp) -> None:
 def check_weights(diffusion_model) -> int:
     """Refuse weights the workers cannot carry (before any worker starts); returns their bytes. A custom loader's
     tensor subclass (GGUF's quantized weights) travels as its raw bytes plus what rebuilds it, a quantized weight of
-    ComfyUI's mixed-precision ops as its inner tensors' bytes plus its layout (workers/loader_types.py); what cannot
+    ComfyUI's mixed-precision ops as its inner tensors' bytes plus its layout (workers/bridge/loader_types.py); what cannot
     be rebuilt is refused with the reason."""
-    from ..workers.loader_types import NotCarriable, describe, quantized_tensors, raw
+    from ..workers.bridge.loader_types import NotCarriable, describe, quantized_tensors, raw
     try:
         quantized_tensors(diffusion_model)
     except NotCarriable as e:
@@ -90,7 +90,7 @@ def check_weights(diffusion_model) -> int:
 def host_tensors(diffusion_model) -> dict:
     """The weights as the model's layers hold them (not state_dict(), which a loader's ops may fake); a quantized
     weight (QuantizedTensor) as its inner tensors, "<name>#<inner>" each: what travels."""
-    from ..workers.loader_types import host_tensors as held
+    from ..workers.bridge.loader_types import host_tensors as held
     return held(diffusion_model)
 
 
@@ -108,7 +108,7 @@ def sent_tensors(module, cast: bool = True, unhooked: dict | None = None) -> dic
     travels in where that differs (sizes and dtypes only, nothing computed).
     A loader's tensor subclass (GGUF) travels as it is held. `unhooked`: {name: tensor} sent instead of what the
     layer holds (a weight a hook group holds patched now, as ComfyUI saved it: workers/bridge/residency.unhooked)."""
-    from ..workers.loader_types import host_tensors as held, is_plain
+    from ..workers.bridge.loader_types import host_tensors as held, is_plain
     owners = dict(module.named_modules())
     out = {}
     for name, t in held(module).items():
@@ -126,14 +126,14 @@ def loader_tensors(diffusion_model) -> dict:
     """{name: description} of the weights a custom loader holds as its own tensor subclass (GGUF); {} for none.
     ComfyUI's own quantized weights are not a loader's (native_spec carries them as "quantized"): every method that
     holds whole weights runs them, tensor parallel checks their layout (parallel/tp.py)."""
-    from ..workers.loader_types import describe, is_plain
+    from ..workers.bridge.loader_types import describe, is_plain
     return {k: describe(t, k) for k, t in host_tensors(diffusion_model).items() if not is_plain(t)}
 
 
 def weight_bytes(diffusion_model) -> int:
     """Bytes of the weights as they travel and the workers hold them (sent_tensors: in the dtype ComfyUI computes
     with; a quantized GGUF weight counts its blocks, not its logical shape)."""
-    from ..workers.loader_types import nbytes
+    from ..workers.bridge.loader_types import nbytes
     return sum(nbytes(t) for t in sent_tensors(diffusion_model, cast=False).values())
 
 
@@ -144,7 +144,7 @@ def check_loader_methods(diffusion_model, config, patched: bool) -> None:
     checked with a loader's ops), and weight patches (LoRA) on ranks that do not hold the whole model (the loader
     keeps them on the tensor beside its bytes; sharded bytes would leave them behind). Weight patches (LoRA) on
     ComfyUI's own quantized weights (QuantizedTensor layouts) are patched on the workers as ComfyUI patches them
-    (workers/comfy_patches.apply: dequantized, patched, re-quantized by the layer's own set_weight)."""
+    (workers/bridge/patches.apply: dequantized, patched, re-quantized by the layer's own set_weight)."""
     tensors = loader_tensors(diffusion_model)
     if not tensors:
         return
@@ -158,21 +158,6 @@ def check_loader_methods(diffusion_model, config, patched: bool) -> None:
         raise NotCarried(f"weight patches (LoRA) on a custom loader's quantized weights ({kind}) run where every rank "
                          f"holds the whole model: set shard_weights none (ulysses/ring/cfg/dp degrees), or remove "
                          f"the LoRA")
-
-
-def _comfy_args() -> dict:
-    import comfy.cli_args
-    args = comfy.cli_args.args
-    out = {}
-    for name in FORWARDED_ARGS:
-        if not hasattr(args, name):
-            continue
-        v = getattr(args, name)
-        if name == "fast":
-            v = sorted(getattr(f, "value", f) for f in (v or ()))
-        if v is None or isinstance(v, (bool, int, float, str, list)):
-            out[name] = v
-    return out
 
 
 def _declared(config, name: str):
@@ -190,7 +175,7 @@ def native_spec(base_model, compute_dtype=None) -> dict:
     dm = base_model.diffusion_model
     family_adapter(dm)
     config = base_model.model_config
-    from ..workers.loader_types import NotCarriable, describe_operations, quantized_tensors, tensor_packages
+    from ..workers.bridge.loader_types import NotCarriable, describe_operations, quantized_tensors, tensor_packages
     custom = None
     if _declared(config, "custom_operations") is not None:  # a custom loader's ops (GGUF): carried by name
         try:
@@ -234,20 +219,12 @@ def native_spec(base_model, compute_dtype=None) -> dict:
 def disabled_formats(diffusion_model) -> list | None:
     """The quantized formats ComfyUI's mixed-precision ops emulate on its own device (pick_operations' `disabled`:
     dequantized, computed in the compute dtype), as its layers' class holds them; the workers log a device that
-    differs (workers/comfy_native.py)."""
+    differs (workers/bridge/build.py)."""
     for m in diffusion_model.modules():
         found = getattr(type(m), "_disabled_formats", None)
         if found is not None:
             return sorted(str(f) for f in found)
     return None
-
-
-def comfy_runtime() -> dict:
-    """Where this process's ComfyUI lives, the flags that choose its kernels and the attention kernel it picked
-    (its name in ComfyUI's registry): what a worker needs to import ComfyUI as this process did."""
-    import comfy.model_management
-    return {"comfy_dir": os.path.dirname(os.path.dirname(os.path.abspath(comfy.model_management.__file__))),
-            "comfy_args": _comfy_args(), "attention": picked_attention()}
 
 
 # ComfyUI runs DIFFUSION_MODEL wrappers inside the diffusion model's forward, which on the pool is the workers'.
@@ -272,8 +249,7 @@ def runs_diffusion_wrappers(diffusion_model) -> bool:
 
 def diffusion_wrappers(wrappers: dict | None) -> dict:
     """{key: [functions]} of the non-empty DIFFUSION_MODEL wrappers in a ModelPatcher's or a call's `wrappers`."""
-    import comfy.patcher_extension as ext
-    return {k: v for k, v in ((wrappers or {}).get(ext.WrappersMP.DIFFUSION_MODEL) or {}).items() if v}
+    return {k: v for k, v in wrappers_of(wrappers, DIFFUSION_MODEL).items() if v}
 
 
 def check_diffusion_wrappers(wrappers: dict | None) -> None:
@@ -355,7 +331,7 @@ def device_capacity(hp) -> tuple:
     see (ComfyUI's --cuda-device) is sized by the one it sees."""
     import torch
     from ..workers.launch import gpu_order
-    from .runtime import comfy_gpus
+    from ..workers.bridge.host import comfy_gpus
     config = hp.config
     gpus = comfy_gpus() if hp.device != "cpu" else {}
     listed = [d for d in config.devices if d.startswith("cuda")]

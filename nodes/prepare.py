@@ -12,6 +12,7 @@ from ..parallel.models import adapter_for
 from ..workers.bridge.capture import capture
 from ..workers.bridge.carry import object_values
 from ..workers.bridge.residency import weights_key
+from ..workers.bridge.sampling import APPLY_MODEL, wrappers_of
 from .native import (NotCarried, check_any_model, check_declared, check_loader_methods, check_native_tp,
                      check_weights, native_spec)
 
@@ -64,8 +65,7 @@ def host_clone(model):
 def check_not_on_pool(model, who: str) -> None:
     """A MODEL that already runs on the pool (Parallel Model) must not be wrapped again: each model call would
     go to the workers twice over."""
-    import comfy.patcher_extension as ext
-    if (model.wrappers.get(ext.WrappersMP.APPLY_MODEL) or {}).get(WRAPPER_KEY):
+    if wrappers_of(model.wrappers, APPLY_MODEL).get(WRAPPER_KEY):
         raise ValueError(f"{who}: this MODEL already runs on the workers (it comes from a Parallel Model node); "
                          f"sample it with KSampler or any sampler node, or remove the Parallel Model node")
 
@@ -75,7 +75,7 @@ def check_not_multigpu(model, who: str) -> None:
     on other GPUs (additional models under "multigpu") and runs the cond / uncond batches on them in threads. The pack
     splits that same work over its workers: on one MODEL the two would send each model call to the pool from several
     threads at once, each on part of the batch. Refused before any work, saying which to keep."""
-    getter = getattr(model, "get_additional_models_with_key", None)  # ComfyUI's seam (workers/comfy_seams.py)
+    getter = getattr(model, "get_additional_models_with_key", None)  # ComfyUI's seam (workers/bridge/seams.py)
     if getter is not None and getter("multigpu"):
         raise ValueError(
             f"{who}: this MODEL went through ComfyUI's MultiGPU CFG Split node, which already runs the cond / uncond "
@@ -93,8 +93,7 @@ def compile_spec(model, hp) -> dict | None:
     take it out (without_compile_wrapper) and the workers compile theirs instead, once per resident model and mesh.
     Refused, before any worker starts: a backend that is not a name (a callable cannot travel), and loop mode /
     PipeFusion, which run the model from the workers' own loop."""
-    import comfy.patcher_extension as ext
-    if not (model.wrappers.get(ext.WrappersMP.APPLY_MODEL) or {}).get(COMPILE_KEY):
+    if not wrappers_of(model.wrappers, APPLY_MODEL).get(COMPILE_KEY):
         return None
     kw = dict(model.model_options.get("torch_compile_kwargs") or {})
     if not isinstance(kw.get("backend"), str):
@@ -115,8 +114,7 @@ def compile_spec(model, hp) -> dict | None:
 def without_compile_wrapper(wrappers: dict) -> None:
     """Take ComfyUI's TorchCompileModel wrapper out of `wrappers` (a clone's, or a run's model options): the workers
     compile their own model; the driver's compiled copy must never stand in for the pool's proxy."""
-    import comfy.patcher_extension as ext
-    (wrappers.get(ext.WrappersMP.APPLY_MODEL) or {}).pop(COMPILE_KEY, None)
+    wrappers_of(wrappers, APPLY_MODEL).pop(COMPILE_KEY, None)
 
 
 def capture_run(model, hp, who: str, graph, mode: str | None = None, conds=None, model_options=None):
@@ -226,12 +224,12 @@ def skip_layers(fn) -> set:
 
 def portable_patches(model, config):
     """(spec, tensors) of the MODEL's weight patches (LoRA, LoHa, LoKr, OFT, diffs) when they can travel to the
-    workers and be applied there to the base weights (workers/comfy_patches.py): the ranks must hold the whole model
+    workers and be applied there to the base weights (workers/bridge/patches.py): the ranks must hold the whole model
     (no tp / pp / weight sharding, which cut the weights before any patch could apply). None: no patches, or
     ComfyUI patches its own copy and the patched weights travel, as before."""
     if not model.patches or not config.whole_model:
         return None
-    from ..workers.comfy_patches import NotPortable, encode
+    from ..workers.bridge.patches import NotPortable, encode
     try:
         return encode(model.patches)
     except NotPortable:
@@ -239,9 +237,9 @@ def portable_patches(model, config):
 
 
 def loader_patcher(model):
-    """The MODEL's ModelPatcher class when a custom loader patches weights its own way (workers/loader_types.py),
+    """The MODEL's ModelPatcher class when a custom loader patches weights its own way (workers/bridge/loader_types.py),
     refused before any worker starts where the workers could not import it; None for ComfyUI's own."""
-    from ..workers.loader_types import NotCarriable, describe_patcher
+    from ..workers.bridge.loader_types import NotCarriable, describe_patcher
     try:
         return describe_patcher(model)
     except NotCarriable as e:

@@ -13,6 +13,7 @@ import torch
 
 from ..workers.bridge.carry import bypass_call, call_options, hook_call, skipped_blocks
 from ..workers.bridge.residency import unhooked
+from ..workers.bridge.sampling import ComfyInterrupt, raise_if_interrupted, run_wrapped
 from .native import NotCarried, check_diffusion_wrappers, diffusion_wrappers, runs_diffusion_wrappers
 from .prepare import split_blocks
 
@@ -130,9 +131,8 @@ class PoolDiffusionModel(torch.nn.Module):
             # none; loop mode (the workers apply EasyCache's rule themselves); or a class that ignores them
             return self._call(x, timestep, context, control, transformer_options, **extra)
         check_diffusion_wrappers((transformer_options or {}).get("wrappers"))
-        import comfy.patcher_extension as ext
-        return ext.WrapperExecutor.new_class_executor(self._call, self, [f for v in found.values() for f in v]) \
-            .execute(x, timestep, context, control, transformer_options, **extra)
+        return run_wrapped(self._call, self, [f for v in found.values() for f in v],
+                           x, timestep, context, control, transformer_options, **extra)
 
     def _call(self, x, timestep, context=None, control=None, transformer_options=None, **extra):
         if control is not None and self.state.get("capture"):
@@ -212,22 +212,13 @@ def call_payload(context, extra: dict):
     return tensors, structure
 
 
-class ComfyInterrupt:
-    """ComfyUI's interrupt flag as the pool's cancel token (polled while a job runs)."""
-
-    def is_set(self) -> bool:
-        import comfy.model_management
-        return comfy.model_management.processing_interrupted()
-
-
 def submit_interruptible(pool, config, kind, values, tensors):
     """pool.submit that stops at ComfyUI's interrupt button and raises ComfyUI's own interrupt exception."""
     from ..workers.pool import JobCancelled
     try:
         return pool.submit(config, kind, values, tensors, cancel=ComfyInterrupt())
     except JobCancelled:
-        import comfy.model_management
-        comfy.model_management.throw_exception_if_processing_interrupted()
+        raise_if_interrupted()
         raise
 
 

@@ -8,13 +8,15 @@ restarts itself when a prompt asks for a different mesh.
 from __future__ import annotations
 
 import os
-import sys
 import threading
 import time
 from contextlib import contextmanager
 
 import torch
 
+from ..workers.bridge.build import driver_attention_is_pytorch
+from ..workers.bridge.host import adopter, comfy_gpus, free_beside_comfy, interrupt_comfy, on_comfy_unload
+from ..workers.bridge.seams import comfy_loaded, problem_line
 from ..workers.pool import JobCancelled, PoolError, WorkerPool
 from .cluster_node import join_commands
 
@@ -127,12 +129,11 @@ class Runtime:
 
     def check_comfyui(self) -> None:
         """Refuse, before any worker starts, a ComfyUI that lacks a seam the pack relies on
-        (workers/comfy_seams.py): one line naming what is missing and the ComfyUI versions the tests ran, instead of
+        (workers/bridge/seams.py): one line naming what is missing and the ComfyUI versions the tests ran, instead of
         a worker traceback mid-prompt. Only where ComfyUI is loaded in this process (not under fake-worker tests)."""
-        if getattr(sys.modules.get("comfy.model_management"), "__file__", None) is None:
-            return  # (a test's stand-in module has no file: not a ComfyUI)
+        if not comfy_loaded():
+            return
         if self._comfy_problem is None:
-            from ..workers.comfy_seams import problem_line
             self._comfy_problem = problem_line() or ""
         if self._comfy_problem:
             raise RuntimeError(self._comfy_problem)
@@ -168,7 +169,7 @@ class Runtime:
         if self._pool is not None and (self._pool.device, self._pool_cluster) != (hp.device, hp.cluster):
             return  # a device or cluster change replaces the pool: leave that to the sampler, which reports errors
         try:
-            from .native import comfy_runtime
+            from ..workers.bridge.build import comfy_runtime
             comfy = comfy_runtime()
         except Exception:  # noqa: BLE001 - no ComfyUI here: nothing to prepare
             return
@@ -195,7 +196,7 @@ class Runtime:
         `unhooked`: {name: tensor} for the weights a hook group holds patched in place now (ComfyUI's own backup of
         each): those travel, and ComfyUI's hooked tensors are left as they are.
         """
-        from ..workers.loader_types import raw
+        from ..workers.bridge.loader_types import raw
         from .native import family_adapter, sent_tensors, weight_bytes
         family = family or family_adapter(diffusion_model).family
         pool = self.pool(hp)
@@ -218,11 +219,7 @@ class Runtime:
         not as a worker failure); False when nothing runs."""
         if self.job is None:
             return False
-        try:
-            import comfy.model_management
-            comfy.model_management.interrupt_current_processing(True)
-        except ImportError:  # the pool without ComfyUI (tests): its own cancel is enough
-            pass
+        interrupt_comfy()
         pool = self._pool
         if pool is not None:
             pool.cancel()
@@ -251,23 +248,9 @@ class Runtime:
         return released
 
     def follow_comfy_unload(self) -> None:
-        """Make ComfyUI's own unload (comfy.model_management.unload_all_models, which its /free route, the UI's
-        "Unload models" and its out-of-memory handler call) release the workers' models as well."""
-        import comfy.model_management as mm
-        if getattr(mm.unload_all_models, "_hp_follows", False):
-            return
-        original, runtime = mm.unload_all_models, self
-
-        def unload_all_models(*args, **kwargs):
-            out = original(*args, **kwargs)
-            try:
-                runtime.release_models()
-            except Exception as e:  # noqa: BLE001 - ComfyUI's own unload must never fail because of the pack
-                import logging
-                logging.getLogger(__name__).warning("hybrid parallel: releasing the workers' models failed: %s", e)
-            return out
-        unload_all_models._hp_follows = True
-        mm.unload_all_models = unload_all_models
+        """Make ComfyUI's own unload (its /free route, the UI's "Unload models", its out-of-memory handler) release
+        the workers' models as well."""
+        on_comfy_unload(self.release_models)
 
     # ---- idle: the workers exit after HP_IDLE_TIMEOUT_S without a job (a setting; off by default) ----
     def _idle_timeout_s(self) -> float:
@@ -365,181 +348,6 @@ class Runtime:
         return f"{family} {key.split(':')[0][:8]}"
 
 
-TRIM_EVERY_BYTES = 256 << 20  # the adopter gives freed heap back at least this often (an eighth of a smaller model)
-
-
-def trim_host_heap(collect: bool = True) -> None:
-    """Give freed heap memory back to the OS (glibc's malloc_trim): ComfyUI's weights, once the mapped pages replace
-    them, were freed into the heap - glibc raises its mmap threshold after large frees, so big tensors often live
-    on the heap, whose free memory stays in the process until trimmed. A no-op elsewhere.
-    `collect`: run the garbage collector first (what a reference cycle held); the adopter's caller frees by
-    reference count alone and skips it - a full collection in a ComfyUI process costs 0.2 s."""
-    import ctypes
-    import ctypes.util
-    import gc
-    if collect:
-        gc.collect()
-    name = ctypes.util.find_library("c")  # (cached by ctypes: cheap enough to call every few hundred MiB)
-    try:
-        libc = ctypes.CDLL(name) if name else None
-        if libc is not None and hasattr(libc, "malloc_trim"):
-            libc.malloc_trim(0)
-    except OSError:
-        pass
-
-
-def adopter(module: torch.nn.Module, skip: set = frozenset()):
-    """adopt(name, mapped) for pool.ensure_model: ComfyUI's own host tensor `name` of `module` takes the mapped
-    pages of the file just written for the workers (copy-on-write: ComfyUI writing into it - an in-place LoRA
-    patch - gets private pages, the workers never see it). ComfyUI's copy and every local rank's are then one set of
-    pages, freed tensor by tensor as they are written; a tensor ComfyUI keeps on a GPU is left alone, and so is one
-    ComfyUI holds as its mapping of the checkpoint file (`file_backed`: DynamicVRAM's zero-copy loader, ComfyUI 0.33) -
-    those pages are the file's, which the kernel drops under memory pressure and ComfyUI reads back from the file
-    itself; the workers' copy would only take their place with pages nothing can drop."""
-    from ..workers.loader_types import describe, host_tensors, raw, rebuild
-    targets = {k: v for k, v in host_tensors(module).items() if k not in skip}  # skip: ComfyUI's hooked tensors
-    owners = dict(module.named_modules())
-    lock = threading.Lock()
-    freed = [0]  # bytes let go since the heap was last trimmed
-    total = sum(t.numel() * t.element_size() for t in targets.values())
-    every = max(32 << 20, min(TRIM_EVERY_BYTES, total // 8))
-
-    def adopt(name: str, mapped: torch.Tensor) -> None:
-        t = targets.pop(name, None)  # held here no longer: ComfyUI's old tensor is freed as soon as it is replaced
-        if t is None or t.device.type != "cpu" or file_backed(t):
-            return
-        try:
-            _adopt(name, t, mapped)
-        finally:
-            nbytes = t.numel() * t.element_size()
-            del t
-            with lock:
-                freed[0] += nbytes
-                trim = freed[0] >= every
-                freed[0] = 0 if trim else freed[0]
-            if trim:  # the old tensors went to the heap: give them back while the rest is written, not at the end
-                trim_host_heap(collect=False)
-
-    def _adopt(name: str, t: torch.Tensor, mapped: torch.Tensor) -> None:
-        r = raw(t)  # a loader's tensor (GGUF) is compared by its bytes and rebuilt around the mapped ones
-        if r.dtype != mapped.dtype or r.shape != mapped.shape:
-            return
-        if type(mapped) is not type(t):  # the loader's tensor, as ComfyUI holds it now (its patcher state included)
-            mapped = rebuild(mapped, describe(t, name))
-            mapped.__dict__.update({k: v for k, v in vars(t).items() if not k.startswith("_")})
-        path, _, leaf = name.rpartition(".")
-        owner = owners.get(path)
-        if owner is None:
-            return
-        # a new Parameter in the module's slot, as ComfyUI's own patching does (comfy.utils.set_attr_param):
-        # tensors made under inference mode - a server loads checkpoints so - cannot have their .data swapped
-        with lock:
-            if leaf in owner._parameters and owner._parameters[leaf] is t:
-                owner._parameters[leaf] = torch.nn.Parameter(mapped, requires_grad=False)
-            elif leaf in owner._buffers and owner._buffers[leaf] is t:
-                owner._buffers[leaf] = mapped
-    adopt.done = lambda: trim_host_heap(collect=False)  # once every tensor is adopted; nothing cyclic was freed
-    return adopt
-
-
-def file_backed(t: torch.Tensor) -> bool:
-    """Whether ComfyUI holds `t` as its mapping of the checkpoint file: ComfyUI 0.33's loader under DynamicVRAM
-    (comfy.utils.load_safetensors) marks each such storage with the file slice it maps (`_comfy_tensor_file_slice`),
-    which its dynamic loader also reads the weight from directly."""
-    try:
-        storage = t.untyped_storage()
-    except (RuntimeError, NotImplementedError, TypeError):  # a wrapper subclass without storage of its own
-        return False
-    return getattr(storage, "_comfy_tensor_file_slice", None) is not None
-
-
-def comfy_gpus() -> dict:
-    """The machine's GPUs as the workers will number them, and which one ComfyUI computes on: {} without CUDA.
-    count: every GPU (with `--cuda-device N` ComfyUI hid the others from its process tree - undone for the workers,
-    launch.worker_env - so they are counted with NVML); driver: ComfyUI's GPU in that numbering (the workers put
-    their ranks elsewhere first); comfy_cuda_device: N."""
-    if not torch.cuda.is_available():
-        return {}
-    try:
-        import comfy.cli_args
-        import comfy.model_management as mm
-    except ImportError:  # the pool without ComfyUI (tests, scripts): torch's view
-        return {"count": torch.cuda.device_count()}
-    restricted = getattr(comfy.cli_args.args, "cuda_device", None)
-    if restricted is not None and os.environ.get("CUDA_VISIBLE_DEVICES", "").strip() == str(restricted):
-        try:
-            count = int(torch.cuda._raw_device_count_nvml())
-        except Exception:  # noqa: BLE001 - NVML unreadable: what this process sees
-            count = -1
-        count = count if count > 0 else torch.cuda.device_count()
-        return {"count": count, "driver": int(restricted), "comfy_cuda_device": int(restricted)}
-    device = mm.get_torch_device()
-    driver = device.index if getattr(device, "type", None) == "cuda" else None
-    if driver is None and getattr(device, "type", None) == "cuda":
-        driver = torch.cuda.current_device()
-    return {"count": torch.cuda.device_count(), "driver": driver}
-
-
-def free_beside_comfy(pool, config, nbytes: int, gpus: dict) -> bool:
-    """When a rank of `config`'s world sits on ComfyUI's own GPU, ComfyUI's models there make room first (its model
-    management unloads what it can and empties its cache) before `nbytes` of weights load beside them. True when it
-    asked."""
-    driver = gpus.get("driver")
-    w = pool.world
-    if driver is None or w is None or f"cuda:{driver}" not in (w.devices or []):
-        return False
-    import comfy.model_management as mm
-    device = mm.get_torch_device()
-    mm.free_memory(nbytes, device)
-    mm.soft_empty_cache()
-    return True
-
-
-def take_over_from_dynamic_vram(patcher) -> int:
-    """Before ComfyUI loads `patcher` - the pool's host clone of a MODEL (nodes/prepare.host_clone) - for a run,
-    where ComfyUI's DynamicVRAM patcher (ModelPatcherDynamic, ComfyUI 0.33) holds the same model too: unload its loaded
-    dynamic copies through ComfyUI's model management, and where no host copy of ComfyUI's stayed loaded since, have
-    ComfyUI unpatch the model (ModelPatcher.unpatch_model) so that its load patches it afresh. Returns how many dynamic
-    copies it unloaded; does nothing to a model no ModelPatcherDynamic ever held (ComfyUI 0.3.x,
-    --disable-dynamic-vram).
-
-    Why: ComfyUI loading the host clone drops a dynamic copy from its loaded models as a clone of the same model
-    (load_models_gpu), but without unloading it (ModelPatcher.detach without unpatching): its VBAR (the weights it keeps
-    on the GPU) and its force-loaded layers would stay there beside the workers, out of ComfyUI's list of loaded
-    models - no later unload of ComfyUI's (free_memory, Unload models) would reach them. ComfyUI's own unload of a
-    loaded model (LoadedModel.model_unload, what free_memory runs on each model it unloads) frees the VBAR and the
-    pinned buffers and puts back the weights it replaced; the entry then leaves ComfyUI's loaded models, as
-    free_memory removes it.
-    And a dynamic load begins by putting back every weight a patcher replaced (restore_loaded_backups), while the
-    layers a host load patched keep their "patched" flag (comfy_patched_weights): the next host load of the same
-    patches would skip them and the workers would get unpatched weights, silently. A host copy still loaded means no
-    other load came between; otherwise the unpatch clears the flags (and puts back any weight still replaced)."""
-    import comfy.model_management as mm
-    weights = getattr(patcher, "model", None)
-    if not hasattr(weights, "dynamic_pins"):  # what every ModelPatcherDynamic sets on the model it holds
-        return 0
-    loaded = mm.current_loaded_models
-    mine = [lm for lm in list(loaded)
-            if lm.model is not None and not lm.is_dead() and getattr(lm.model, "model", None) is weights]
-    dynamic = [lm for lm in mine if _held_dynamically(lm.model)]
-    for lm in dynamic:
-        lm.model_unload()
-        for i, other in enumerate(loaded):
-            if other is lm:
-                loaded.pop(i)
-                break
-    if dynamic:
-        mm.soft_empty_cache()
-    if len(dynamic) == len(mine):  # no host copy of ComfyUI's is loaded: another load may have come between
-        patcher.unpatch_model(patcher.offload_device, unpatch_weights=True)
-    return len(dynamic)
-
-
-def _held_dynamically(patcher) -> bool:
-    probe = getattr(patcher, "is_dynamic", None)
-    return bool(probe()) if callable(probe) else False
-
-
 def _close_spares(spares, cwd, rmtree) -> None:
     spares.close()
     rmtree(cwd, ignore_errors=True)
@@ -553,16 +361,6 @@ def cpu_workers_here(hp) -> bool:
     if devices:
         return all(str(d).startswith("cpu") for d in devices)
     return hp.device == "cpu" or (hp.device == "auto" and not torch.cuda.is_available())
-
-
-def driver_attention_is_pytorch() -> bool:
-    """Whether this process's ComfyUI computes attention with its pytorch kernel: then workers that intercept
-    attention (sequence / pipeline parallel) import ComfyUI exactly as those that do not, and a config change
-    between them keeps the workers (workers/pool.py split_kernel_worlds). False without ComfyUI."""
-    import sys
-    attention = sys.modules.get("comfy.ldm.modules.attention")
-    kernel = getattr(attention, "optimized_attention", None)
-    return kernel is not None and kernel is getattr(attention, "attention_pytorch", None)
 
 
 def _is_pool_error(e: BaseException) -> bool:

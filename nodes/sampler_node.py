@@ -7,12 +7,13 @@ any worker starts (nodes/prepare.py).
 from __future__ import annotations
 
 from ..workers.bridge.graph import given
+from ..workers.bridge.host import take_over_from_dynamic_vram
+from ..workers.bridge.sampling import APPLY_MODEL, add_wrapper, ksample, ksample_with, samplers_and_schedulers
 from .loop_mode import check_loop_mode, ksampler_latent, loop_convention, make_loop_sampler, uses_loop_mode
 from .native import check_memory, check_native_pipefusion
 from .prepare import (WRAPPER_KEY, capture_run, check_not_multigpu, check_not_on_pool, host_clone, patches_on_workers,
                       pool_state, without_compile_wrapper)
 from .proxy import make_apply_model_wrapper
-from .runtime import take_over_from_dynamic_vram
 
 
 class HybridSampler:
@@ -26,7 +27,7 @@ class HybridSampler:
 
     @classmethod
     def INPUT_TYPES(cls):
-        import comfy.samplers
+        samplers, schedulers = samplers_and_schedulers()
         return {"required": {
             "model": ("MODEL", {"tooltip": "The diffusion model: Flux.1 / Kontext / Chroma / Flux.2, SD3 / 3.5, "
                                 "Qwen-Image, Wan 2.1 / 2.2, HunyuanVideo 1.5, Lumina 2, PixArt-Sigma (README: "
@@ -36,8 +37,8 @@ class HybridSampler:
             "steps": ("INT", {"default": 20, "min": 1, "max": 10000, "tooltip": "Denoising steps."}),
             "cfg": ("FLOAT", {"default": 8.0, "min": 0.0, "max": 100.0, "step": 0.1, "round": 0.01,
                               "tooltip": "Classifier-free guidance scale."}),
-            "sampler_name": (comfy.samplers.KSampler.SAMPLERS, {"tooltip": "ComfyUI's sampler."}),
-            "scheduler": (comfy.samplers.KSampler.SCHEDULERS, {"tooltip": "ComfyUI's scheduler."}),
+            "sampler_name": (samplers, {"tooltip": "ComfyUI's sampler."}),
+            "scheduler": (schedulers, {"tooltip": "ComfyUI's scheduler."}),
             "positive": ("CONDITIONING", {"tooltip": "What to include."}),
             "negative": ("CONDITIONING", {"tooltip": "What to exclude."}),
             "latent_image": ("LATENT", {"tooltip": "The latent to denoise."}),
@@ -48,8 +49,6 @@ class HybridSampler:
 
     def sample(self, model, seed, steps, cfg, sampler_name, scheduler, positive, negative, latent_image,
                parallel_config, denoise=1.0, prompt=None, unique_id=None):
-        import comfy.patcher_extension
-
         from .auto import resolve_auto, warn_idle_cfg  # degrees "auto": chosen here, where the latent is known
         report = {}
         latent_image = ksampler_latent(model, latent_image)  # KSampler's empty latent, before its shape is read
@@ -73,8 +72,7 @@ class HybridSampler:
         check_native_pipefusion(model.model.diffusion_model, hp.config, tuple(latent_image["samples"].shape))
         # fits the devices? (the plan it checked is what the mesh picture shows: nodes/routes.py)
         self.runtime.last_memory = check_memory(model, hp, tuple(latent_image["samples"].shape), positive, cfg)
-        m.add_wrapper_with_key(comfy.patcher_extension.WrappersMP.APPLY_MODEL, WRAPPER_KEY,
-                               make_apply_model_wrapper(self.runtime, hp, state))
+        add_wrapper(m, APPLY_MODEL, WRAPPER_KEY, make_apply_model_wrapper(self.runtime, hp, state))
         take_over_from_dynamic_vram(m)  # ComfyUI's DynamicVRAM copy (a KSampler before) leaves the GPU
         with self.runtime.track("sample", total=steps), self.runtime.quiet_driver(hp), patches_on_workers(m, state):
             return self._run(m, hp, state, loop, seed, steps, cfg, sampler_name, scheduler, positive, negative,
@@ -92,16 +90,8 @@ class HybridSampler:
     def _step_mode(m, seed, steps, cfg, sampler_name, scheduler, positive, negative, latent, denoise, preview_from):
         """What KSampler does (nodes.common_ksampler), with the previews rendered where ComfyUI would render them:
         on the MODEL's own load device (its GPU), not on the host where ComfyUI's copy of the weights stays."""
-        import comfy.sample
-        import comfy.utils
-        import latent_preview
-
-        latent_image = latent["samples"]  # KSampler's (sample: ksampler_latent)
-        noise = comfy.sample.prepare_noise(latent_image, seed, latent.get("batch_index"))
-        callback = latent_preview.prepare_callback(preview_from, steps)
-        samples = comfy.sample.sample(m, noise, steps, cfg, sampler_name, scheduler, positive, negative, latent_image,
-                                      denoise=denoise, noise_mask=latent.get("noise_mask"), callback=callback,
-                                      disable_pbar=not comfy.utils.PROGRESS_BAR_ENABLED, seed=seed)
+        samples = ksample(m, latent, seed, steps, cfg, sampler_name, scheduler, positive, negative, denoise,
+                          preview_from)  # latent: KSampler's (sample: ksampler_latent)
         out = latent.copy()
         out["samples"] = samples
         return (out,)
@@ -109,20 +99,10 @@ class HybridSampler:
     def _loop_mode(self, m, hp, state, seed, steps, cfg, sampler_name, scheduler, positive, negative, latent,
                    denoise, preview_from):
         """ComfyUI's noise, sigmas and conditioning; the loop runs in the workers (PipeFusion or loop mode)."""
-        import comfy.sample
-        import comfy.samplers
-
-        latent_image = latent["samples"]  # KSampler's (sample: ksampler_latent)
-        noise = comfy.sample.prepare_noise(latent_image, seed, latent.get("batch_index"))
-        sigmas = comfy.samplers.KSampler(m, steps=steps, device=m.load_device, sampler=sampler_name,
-                                         scheduler=scheduler, denoise=denoise, model_options=m.model_options).sigmas
-        sampler = make_loop_sampler(self.runtime, hp, state, sampler_name, cfg,
-                                    m.get_model_object("model_sampling"), lambda: state["family"],
-                                    base_model=m.model)
-        import latent_preview  # ComfyUI's: its callback renders previews (when enabled) and moves the bar
-        callback = latent_preview.prepare_callback(preview_from, sigmas.shape[-1] - 1)  # on the MODEL's GPU
-        samples = comfy.sample.sample_custom(m, noise, cfg, sampler, sigmas, positive, negative, latent_image,
-                                             noise_mask=latent.get("noise_mask"), callback=callback, seed=seed)
+        samples = ksample_with(m, latent, seed, steps, cfg, sampler_name, scheduler, positive, negative, denoise,
+                               preview_from, lambda: make_loop_sampler(
+                                   self.runtime, hp, state, sampler_name, cfg, m.get_model_object("model_sampling"),
+                                   lambda: state["family"], base_model=m.model))
         out = latent.copy()
         out["samples"] = samples
         return (out,)

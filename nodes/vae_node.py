@@ -68,7 +68,7 @@ class PatchVAEDecode:
 
 
 def native_vae_spec(vae) -> dict:
-    """What the workers build ComfyUI's VAE model from (workers/comfy_native.build_native_vae): its class, dtype and
+    """What the workers build ComfyUI's VAE model from (workers/bridge/build.build_native_vae): its class, dtype and
     the classes it was built with, plus this process's ComfyUI runtime (family "vae_comfy" in the pool)."""
     from ..parallel.vae.comfy_vaes import comfy_vae_for
     first = vae.first_stage_model
@@ -81,7 +81,7 @@ def native_vae_spec(vae) -> dict:
 
 def settings(module) -> dict:
     """The classes the VAE model was built with (TAEHV's latent format, which ComfyUI picks from the weights' dtype),
-    by name: the workers' build must reproduce them (workers/comfy_native.build_native_vae compares). Plain numbers
+    by name: the workers' build must reproduce them (workers/bridge/build.build_native_vae compares). Plain numbers
     are left out: ComfyUI's model management keeps its own bookkeeping on the module."""
     return {k: f"class {v.__module__}.{v.__qualname__}" for k, v in vars(module).items()
             if not k.startswith("_") and isinstance(v, type)}

@@ -160,7 +160,7 @@ class ParallelConfig:
     @property
     def intercepts_attention(self) -> bool:
         """Whether the workers need attention calls they can intercept (sequence or pipeline parallel): they then
-        import ComfyUI with its pytorch kernel (workers/comfy_native.py import_comfy)."""
+        import ComfyUI with its pytorch kernel (workers/bridge/build.py import_comfy)."""
         return self.sp_degree > 1 or self.pp_degree > 1
 
     def world_key(self, split_kernel: bool = True) -> tuple:

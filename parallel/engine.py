@@ -4,7 +4,7 @@ Why a facade: the worker (workers/jobs.py) only carries messages — it turns a 
 these calls and their results back into a reply, and keeps transport concerns (shared memory,
 progress messages, the cancel agreement) to itself. Everything that *computes* lives here, so it can
 be driven by the pool, by tests in one process, or by a benchmark the same way. The engine never
-imports ComfyUI: a ComfyUI-native model arrives built (workers/comfy_native.py) together with the
+imports ComfyUI: a ComfyUI-native model arrives built (workers/bridge/build.py) together with the
 function that calls it with ComfyUI's signature.
 """
 from __future__ import annotations
@@ -28,7 +28,7 @@ class Resident:
     base: Optional[dict] = None                 # its unpatched weights (host), where patches are applied here
     patched: frozenset = frozenset()            # the keys the current patches changed (restored from `base` next)
     compiled: dict = field(default_factory=dict)  # torch.compile options (JSON) -> the compiled model, built once
-    patch_pages: dict = field(default_factory=dict)  # workers/comfy_patches.apply's record: keys the ranks map shared
+    patch_pages: dict = field(default_factory=dict)  # workers/bridge/patches.apply's record: keys the ranks map shared
     hooks: Optional[object] = None              # the per-call hook weights the worker applies (workers/bridge/carry.py)
 
     def callable_for(self, compile_spec: Optional[dict]):

@@ -54,7 +54,7 @@ def stub_comfy(monkeypatch):
 
 
 def test_comfy_gpus_reads_comfyuis_device_and_its_cuda_device_flag(stub_comfy, monkeypatch):
-    from comfyui_hybrid_parallel.nodes.runtime import comfy_gpus
+    from comfyui_hybrid_parallel.workers.bridge.host import comfy_gpus
     calls, cli = stub_comfy
     assert comfy_gpus() == {"count": 2, "driver": 0}
     cli.args.cuda_device = 3  # ComfyUI started with --cuda-device 3: it sees one GPU, the machine has 4

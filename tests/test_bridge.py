@@ -111,7 +111,7 @@ def test_the_residency_key_follows_the_patches_not_comfyuis_uuid(patcher):
 
 
 def test_origins_are_named_whatever_folder_a_pack_is_in():
-    from comfyui_hybrid_parallel.workers.bridge.capture import module_name
+    from comfyui_hybrid_parallel.workers.bridge.origin import module_name
     assert module_name("/srv/ComfyUI/comfy_extras/nodes_slg") == "comfy_extras.nodes_slg"
     assert module_name("comfy_extras.nodes_slg") == "comfy_extras.nodes_slg"
     for folder in ("ComfyUI-KJNodes", "comfyui-kjnodes", "ComfyUI_KJNodes"):

@@ -1,9 +1,9 @@
-"""The seam inventory (workers/comfy_seams.py) against the ComfyUI under test, and what a ComfyUI lacking a seam gets.
+"""The seam inventory (workers/bridge/seams.py) against the ComfyUI under test, and what a ComfyUI lacking a seam gets.
 
 Why: a ComfyUI release that removes or renames something the pack uses must fail here, in one test that names the
 symbol - not in a worker mid-prompt (0.33 dropped `pick_operations(scaled_fp8=)`: every model build failed on the
-workers). The scan below keeps the inventory honest: every ComfyUI symbol the bridge modules (nodes/, workers/)
-reach for is listed in it.
+workers). The scans below keep the inventory honest: every ComfyUI symbol the pack's code reaches for is listed in it,
+and only the bridge (workers/bridge/) reaches ComfyUI at all.
 
 Marker `comfy`: needs ComfyUI (scripts/setup_comfyui.sh); without it these tests fail, never skip.
 """
@@ -29,7 +29,7 @@ def _comfy():
 
 
 def test_inventory_complete_on_this_comfyui():
-    from comfyui_hybrid_parallel.workers import comfy_seams
+    from comfyui_hybrid_parallel.workers.bridge import seams as comfy_seams
     assert comfy_seams.missing() == []
     assert comfy_seams.problem_line() is None
     version = comfy_seams.comfyui_version()
@@ -81,18 +81,60 @@ def _comfy_uses(path: Path) -> set:
     return uses
 
 
+BRIDGE = PACK / "workers" / "bridge"
+# The product code (what ComfyUI loads from this folder) besides the bridge. doctor/ is the one exception, for now: it
+# builds ComfyUI-format test models and runs ComfyUI's own forward to compare against (a diagnosis kit, run beside the
+# pack, never on a prompt's path); its ComfyUI reads are in the scan of the inventory above.
+PRODUCT = ("__init__.py", "nodes", "parallel", "workers")
+COMFY_MODULES = COMFY_TOPS + ("comfy_execution", "execution", "server", "nodes", "comfy_config", "app")
+
+
+def _product_files():
+    for entry in PRODUCT:
+        path = PACK / entry
+        yield from [path] if path.is_file() else sorted(path.rglob("*.py"))
+
+
+def _comfy_reaches(path: Path) -> list:
+    """Where a file imports ComfyUI (`import comfy.x`, `from comfy.x import y`; relative imports are the pack's own)
+    or reaches a ComfyUI module by its name (`sys.modules.get("comfy.x")`, `import_module("server")`)."""
+    tree = ast.parse(path.read_text())
+    found = []
+    for node in ast.walk(tree):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant) and \
+                isinstance(node.args[0].value, str) and ast.unparse(node.func) in (
+                    "sys.modules.get", "importlib.import_module", "import_module", "__import__"):
+            names = [node.args[0].value]
+        found += [f"{n} (line {node.lineno})" for n in names if n.split(".")[0] in COMFY_MODULES]
+    return found
+
+
+def test_only_the_bridge_reaches_comfyui():
+    """The bridge (workers/bridge/) is the only product code that imports ComfyUI or looks its modules up: the next
+    ComfyUI changes that folder only. The scan must see the bridge's own reaches (else it is broken)."""
+    outside = {str(f.relative_to(PACK)): r for f in _product_files() if BRIDGE not in f.parents
+               for r in [_comfy_reaches(f)] if r}
+    assert not outside, f"ComfyUI reached outside workers/bridge/: {outside}"
+    inside = [r for f in sorted(BRIDGE.glob("*.py")) for r in _comfy_reaches(f)]
+    assert len(inside) > 20 and any(r.startswith("comfy.model_patcher") for r in inside), inside
+
+
 def test_every_comfy_symbol_the_bridge_uses_is_in_the_inventory():
-    from comfyui_hybrid_parallel.workers import comfy_seams
+    from comfyui_hybrid_parallel.workers.bridge import seams as comfy_seams
     listed = {s.where.split(".")[0] if ":" not in s.where else
               s.where.partition(":")[0] + ":" + s.where.partition(":")[2].split(".")[0] for s in comfy_seams.SEAMS}
     found = {}
-    for folder in ("nodes", "workers"):
-        for f in sorted((PACK / folder).glob("*.py")):
-            for use in _comfy_uses(f):
-                found.setdefault(use, []).append(f"{folder}/{f.name}")
+    for f in _product_files():
+        for use in _comfy_uses(f):
+            found.setdefault(use, []).append(str(f.relative_to(PACK)))
     assert found, "the scan found no ComfyUI symbol at all: it is broken"
     unlisted = {u: where for u, where in found.items() if u not in listed}
-    assert not unlisted, f"ComfyUI symbols used but not in workers/comfy_seams.SEAMS: {unlisted}"
+    assert not unlisted, f"ComfyUI symbols used but not in workers/bridge/seams.SEAMS: {unlisted}"
 
 
 def test_missing_seam_refused_before_any_worker(monkeypatch):
@@ -100,7 +142,7 @@ def test_missing_seam_refused_before_any_worker(monkeypatch):
     and no pool (no worker) is made."""
     from comfyui_hybrid_parallel.nodes.runtime import Runtime
     from comfyui_hybrid_parallel.parallel.config import ParallelConfig
-    from comfyui_hybrid_parallel.workers import comfy_seams
+    from comfyui_hybrid_parallel.workers.bridge import seams as comfy_seams
     monkeypatch.setattr(comfy_seams, "SEAMS", comfy_seams.SEAMS + (
         comfy_seams.Seam("comfy.ops:no_such_operations", "a test: a seam this ComfyUI lacks"),
         comfy_seams.Seam("comfy.sample:sample", "a test: a parameter it lacks", params=("no_such_param",)),
@@ -123,7 +165,7 @@ def test_missing_seam_refused_before_any_worker(monkeypatch):
 
 
 def test_moved_symbol_needs_one_of_its_places(monkeypatch):
-    from comfyui_hybrid_parallel.workers import comfy_seams
+    from comfyui_hybrid_parallel.workers.bridge import seams as comfy_seams
     Seam = comfy_seams.Seam
     assert comfy_seams.missing((Seam("comfy.utils:nope", "t", one_of="g"), Seam("comfy.utils:get_attr", "t",
                                                                               one_of="g"))) == []

@@ -142,7 +142,7 @@ def test_lora_on_quantized_weights_equals_ksampler(server, quantized, form):
     """A LoRA on ComfyUI's quantized weights (refused before: the workers' base map held a quantized weight by its
     parts): each rank patches a quantized layer as ComfyUI does - the layer's own tensor before any patch is the
     base, dequantized into the LoRA work copy, patched, re-quantized by the layer's set_weight with the key's seed
-    (workers/comfy_patches.apply). Two strengths in a row (the second re-patches the resident model from that base,
+    (workers/bridge/patches.apply). Two strengths in a row (the second re-patches the resident model from that base,
     degree 1 and u2): degree 1 bitwise, u2 and cfg2 exact; with shard_weights the driver sends ComfyUI's patched quantized weights,
     split like any quantized weight; tensor parallel (tensorwise layouts) after cfg 2. The old scaled-fp8 form is
     what the templates' files are; every other layout in the slow set (int8's within their measured bounds)."""

@@ -260,7 +260,7 @@ def test_resolve_auto(comfy_models, monkeypatch):
     cost, speed = seen.pop("cost"), seen.pop("kernel_speed")
     assert seen == dict(tokens=1024, batch=2, active=True, n=2, text=7)
     # measured once and kept: this CPU's throughput, and ComfyUI's kernel (sub-quadratic: no flags, CPU) per shape
-    from comfyui_hybrid_parallel.workers.comfy_native import picked_attention
+    from comfyui_hybrid_parallel.workers.bridge.build import picked_attention
     assert "probed" in cost and set(probes["cpu_rates"]) == {"matmul_flops", "sdpa_flops"}
     if picked_attention() == "pytorch":
         assert speed is None

@@ -33,7 +33,7 @@ def test_quick_doctor_passes_on_cpu_and_writes_its_report(tmp_path):
     report = json.loads(out.read_text())
     env = report["environment"]
     assert env["torch"] == torch.__version__ and env["gloo"] and env["comfyui"]
-    from comfyui_hybrid_parallel.workers.comfy_seams import TESTED
+    from comfyui_hybrid_parallel.workers.bridge.seams import TESTED
     assert report["comfyui"]["ok"] and report["comfyui"]["tested"] and report["comfyui"]["version"] in TESTED
     assert f"ComfyUI {report['comfyui']['version']}: every seam the pack uses is present" in res.stdout
     kernels = {(r["dtype"], r["backend"]) for r in report["kernels"]}

@@ -20,7 +20,7 @@ be seen holding GPU memory (the KSampler -> pool switch), a stand-in VBAR record
 References are KSampler / VAE Decode on the same weights loaded without DynamicVRAM (CPU): the model's dtype then
 holds the rounded weights, as the GPU's cast makes them. On ComfyUI 0.3.x (no DynamicVRAM) the same flows run on the
 loader's own MODEL: the feature detection must leave them as they were. The last test holds the workers' weight
-patching (workers/comfy_patches.py) to this ComfyUI's own ModelPatcher: 0.33 patches in `lora_compute_dtype` and seeds
+patching (workers/bridge/patches.py) to this ComfyUI's own ModelPatcher: 0.33 patches in `lora_compute_dtype` and seeds
 the fp8 rounding with comfy.utils.string_to_seed.
 """
 from __future__ import annotations
@@ -218,7 +218,7 @@ def test_hybrid_sampler_lora_strengths_under_dynamic_vram(ckpt, aimdo, runtime, 
     to the host by a non-dynamic patcher only."""
     import comfy.sd
 
-    from comfyui_hybrid_parallel.workers.comfy_patches import encode
+    from comfyui_hybrid_parallel.workers.bridge.patches import encode
     from comfyui_hybrid_parallel.workers.transport import nbytes
     from test_native_nodes import _lora
     base, dynamic = _model(ckpt, False, torch.float16), _model(ckpt, True, torch.float16)
@@ -360,7 +360,7 @@ def test_comfyuis_mapping_of_the_checkpoint_file_is_not_swapped_for_the_workers_
     ComfyUI and the ranks) - except a tensor ComfyUI holds as its mapping of the checkpoint file (DynamicVRAM's
     zero-copy loader marks its storage with the file slice): the kernel can drop those pages and ComfyUI reads the
     weight back from the file, which the workers' pages would not allow."""
-    from comfyui_hybrid_parallel.nodes.runtime import file_backed
+    from comfyui_hybrid_parallel.workers.bridge.host import file_backed
     model = _model(ckpt, True)
     dm = model.model.diffusion_model
     mapped, anonymous = dm.final_layer.linear.weight, dm.joint_blocks[0].x_block.attn.qkv.weight
@@ -408,7 +408,7 @@ def test_parallel_vae_decode_of_a_dynamic_vae(ckpt, aimdo, runtime, tmp_path):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float8_e4m3fn], ids=str)
 @pytest.mark.parametrize("lora_dtype", [None, torch.float16], ids=["default", "fp16"])
 def test_workers_patch_as_this_comfyuis_model_patcher(ckpt, caplog, monkeypatch, dtype, lora_dtype):
-    """The workers' patching (workers/comfy_patches.py) gives the weights this ComfyUI's ModelPatcher gives on the same
+    """The workers' patching (workers/bridge/patches.py) gives the weights this ComfyUI's ModelPatcher gives on the same
     device, bitwise: ComfyUI 0.33 patches in `lora_compute_dtype(device)` (float16 on a GPU that computes in half -
     here forced for the CPU), earlier ComfyUIs in float32; the fp8 rounding seeded by comfy.utils.string_to_seed
     where it lives now, without the warning its old place logs."""
@@ -416,7 +416,7 @@ def test_workers_patch_as_this_comfyuis_model_patcher(ckpt, caplog, monkeypatch,
     import comfy.sd
     import comfy.utils
 
-    from comfyui_hybrid_parallel.workers import comfy_patches
+    from comfyui_hybrid_parallel.workers.bridge import patches as comfy_patches
     from test_native_nodes import _lora
     cpu = torch.device("cpu")
     if lora_dtype is not None:

@@ -1,4 +1,4 @@
-"""A GGUF loader's weights on the workers (workers/loader_types.py), against ComfyUI's own forward of the same model.
+"""A GGUF loader's weights on the workers (workers/bridge/loader_types.py), against ComfyUI's own forward of the same model.
 
 The loader is the tests' (tests/hp_gguf_loader: ComfyUI-GGUF's tensor, ops and patcher contract), imported as ComfyUI
 imports a custom node (its module named by its path); the model is a tiny SD3 quantized with gguf-py into a mixed
@@ -69,7 +69,7 @@ def _inputs(h, w, seed):
 
 def _load(pool, config, key, base, **kw):
     from comfyui_hybrid_parallel.nodes.native import family_adapter, host_tensors, native_spec
-    from comfyui_hybrid_parallel.workers.loader_types import raw
+    from comfyui_hybrid_parallel.workers.bridge.loader_types import raw
     dm = base.diffusion_model
     spec = native_spec(base)
     spec.update(kw.pop("spec", {}))
@@ -116,7 +116,7 @@ def test_comfyui_copy_becomes_the_workers_pages(loader, tmp_path, cpu_pool):
     import folder_paths
 
     from comfyui_hybrid_parallel.doctor import tiny_checkpoints as tc
-    from comfyui_hybrid_parallel.nodes.runtime import adopter
+    from comfyui_hybrid_parallel.workers.bridge.host import adopter
     from comfyui_hybrid_parallel.parallel import ParallelConfig
     from gguf_files import gguf_from_safetensors
     tc.write_sd3(tmp_path / "sd3.safetensors", depth=2, pos_embed_max_size=16, seed=33)
@@ -144,7 +144,7 @@ def test_gguf_lora_is_applied_by_the_loader_patcher(gguf_model, cpu_pool):
 
     from comfyui_hybrid_parallel.nodes.prepare import loader_patcher
     from comfyui_hybrid_parallel.parallel import ParallelConfig
-    from comfyui_hybrid_parallel.workers.comfy_patches import encode
+    from comfyui_hybrid_parallel.workers.bridge.patches import encode
     patcher, _ = gguf_model
     g = torch.Generator().manual_seed(35)
     lora = {}
@@ -181,7 +181,7 @@ def test_gguf_lora_is_applied_by_the_loader_patcher(gguf_model, cpu_pool):
 def test_what_gguf_weights_cannot_run_is_refused(gguf_model):
     from comfyui_hybrid_parallel.nodes.native import NotCarried, check_loader_methods
     from comfyui_hybrid_parallel.parallel import ParallelConfig
-    from comfyui_hybrid_parallel.workers.loader_types import NotCarriable, describe
+    from comfyui_hybrid_parallel.workers.bridge.loader_types import NotCarriable, describe
     dm = gguf_model[0].model.diffusion_model
     for degrees, words in (({"tp_degree": 2}, "tensor parallel"), ({"pp_degree": 2}, "PipeFusion")):
         with pytest.raises(NotCarried, match=f"{words}.*quantized.*ulysses/ring/cfg/dp"):

@@ -1,7 +1,7 @@
 """One copy of the weights, shared: what the pool adds on the host for ComfyUI's own model, asserted in bytes.
 
 The driver writes the diffusion model's state dict (as ComfyUI holds it) once into shared memory and
-every local rank maps those pages (workers/comfy_native.py assigns the mapped tensors as the
+every local rank maps those pages (workers/bridge/build.py assigns the mapped tensors as the
 parameters), so the pool adds about one copy of the weights for any number of ranks, and the driver
 never materialises a second copy while streaming. Measured as PSS (shared pages split between the
 processes that map them) of all workers plus the pool's shared-memory files, after a forward has
@@ -139,7 +139,7 @@ def test_comfyuis_copy_and_the_workers_are_one_host_copy(tmp_path, ranks):
     import comfy.sd
 
     from comfyui_hybrid_parallel.doctor import tiny_checkpoints as tc
-    from comfyui_hybrid_parallel.nodes.runtime import adopter, trim_host_heap
+    from comfyui_hybrid_parallel.workers.bridge.host import adopter, trim_host_heap
     from comfyui_hybrid_parallel.parallel import ParallelConfig
     from comfyui_hybrid_parallel.workers.pool import WorkerPool
     from test_native_pool import comfy_forward, rel

@@ -277,7 +277,7 @@ def _lora(hidden: int, blocks: int, seed: int = 9) -> dict:
 
 @pytest.mark.parametrize("precision", ["fp32", "fp8_e4m3fn", "scaled_fp8"])
 def test_a_lora_strength_change_moves_only_the_patch_and_equals_ksampler(comfy, precision):
-    """LoRA on the workers (workers/comfy_patches.py): the base weights travel once; each strength then moves only
+    """LoRA on the workers (workers/bridge/patches.py): the base weights travel once; each strength then moves only
     the patch tensors (counted), the ranks patch their base copy with ComfyUI's own code in place of the previous
     version, and every strength equals KSampler with the same LoRA. ComfyUI's own copy stays unpatched meanwhile.
     The two CPU ranks split the keys and each computes its share where the other maps it (fp32 in place, fp8 rounded
@@ -326,7 +326,7 @@ def test_a_lora_strength_change_moves_only_the_patch_and_equals_ksampler(comfy, 
     finally:
         runtime.stop()
         HybridSampler.runtime = None
-    from comfyui_hybrid_parallel.workers.comfy_patches import encode
+    from comfyui_hybrid_parallel.workers.bridge.patches import encode
     patch_bytes = nbytes(encode(comfy_sd.load_lora_for_models(base, None, lora, 0.8, 0)[0].patches)[1])
     weight_bytes = sum(v.numel() * v.element_size() for v in dm.state_dict().values())
     assert moved[0] >= weight_bytes and moved[1] == moved[2] == patch_bytes, (moved, patch_bytes, weight_bytes)
@@ -406,7 +406,7 @@ def test_a_patch_version_that_fails_is_not_kept(comfy):
 
     from comfyui_hybrid_parallel.nodes.native import family_adapter, native_spec
     from comfyui_hybrid_parallel.parallel import ParallelConfig
-    from comfyui_hybrid_parallel.workers.comfy_patches import encode
+    from comfyui_hybrid_parallel.workers.bridge.patches import encode
     from comfyui_hybrid_parallel.workers.pool import WorkerError, WorkerPool
     from test_native_pool import comfy_forward, inputs, rel
     base = comfy()

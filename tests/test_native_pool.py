@@ -3,7 +3,7 @@
 Each case loads a tiny ComfyUI-format checkpoint with ComfyUI's own loader (comfy.sd.load_diffusion_model,
 what UNETLoader calls) in one of the precisions ComfyUI offers — fp32, bf16, fp16, the fp8 weight
 dtypes (fp8_e4m3fn, fp8_e4m3fn_fast, fp8_e5m2) and a scaled-fp8 checkpoint — makes it resident on the
-pool through the native path (nodes/native.py -> workers/comfy_native.py) and compares one forward
+pool through the native path (nodes/native.py -> workers/bridge/build.py) and compares one forward
 with fresh random inputs against ComfyUI's own forward here:
 
 * world size 1: bitwise equal (same class, same ops, same weights, same attention kernel);
@@ -115,7 +115,7 @@ def comfy_forward(base, inp: dict) -> torch.Tensor:
 
 def pool_forward(pool, config, key: str, base, inp: dict) -> torch.Tensor:
     from comfyui_hybrid_parallel.nodes.native import family_adapter, host_tensors, native_spec
-    from comfyui_hybrid_parallel.workers.loader_types import raw
+    from comfyui_hybrid_parallel.workers.bridge.loader_types import raw
     dm = base.diffusion_model
     # the weights as Runtime.ensure_native sends them: as the layers hold them (not state_dict(), which ComfyUI's
     # mixed-precision ops write in their file form); a quantized weight as its inner tensors

@@ -55,7 +55,7 @@ def _forward(pool, config, key, base, inp):
     skeleton: nodes/proxy.call_payload)."""
     from comfyui_hybrid_parallel.nodes.native import family_adapter, host_tensors, native_spec
     from comfyui_hybrid_parallel.nodes.proxy import call_payload
-    from comfyui_hybrid_parallel.workers.loader_types import raw
+    from comfyui_hybrid_parallel.workers.bridge.loader_types import raw
     dm = base.diffusion_model
     pool.ensure_model(config, key, family_adapter(dm).family, {}, native=native_spec(base),
                       state_dict=lambda: {k: raw(v) for k, v in host_tensors(dm).items()})

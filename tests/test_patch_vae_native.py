@@ -1,7 +1,7 @@
 """Patch VAE Decode on ComfyUI's own VAE modules, end to end through the node and the worker pool, against ComfyUI's
 VAE.decode (what VAE Decode returns).
 
-The workers build the VAE model ComfyUI's detection builds from the weights (workers/comfy_native.build_native_vae)
+The workers build the VAE model ComfyUI's detection builds from the weights (workers/bridge/build.build_native_vae)
 and split its decode by rows with the declared stand-ins (parallel/vae/native.py, comfy_vaes.py). Every VAE class
 declared is here, with random weights in ComfyUI's format: the KL VAE as SD (quant convs, 4 channels), as Flux.1
 (AutoencodingEngine, 16 channels) and as Flux.2 (batch-norm latent un-shuffled into 2x2 pixel blocks), TAESD with 4

@@ -95,16 +95,16 @@ def _load(files, form: str):
 
 def _quantized(dm) -> dict:
     from comfyui_hybrid_parallel.parallel.shard import is_wrapper
-    from comfyui_hybrid_parallel.workers.loader_types import module_tensors
+    from comfyui_hybrid_parallel.workers.bridge.loader_types import module_tensors
     return {k: t for k, t in module_tensors(dm).items() if is_wrapper(t)}
 
 
 def _worker_model(base):
-    """What a worker builds (workers/comfy_native.build_native) from the spec, through JSON, and the weights as
+    """What a worker builds (workers/bridge/build.build_native) from the spec, through JSON, and the weights as
     Runtime.ensure_native sends them (each cloned: the bytes as another process maps them)."""
     from comfyui_hybrid_parallel.nodes.native import native_spec
-    from comfyui_hybrid_parallel.workers.comfy_native import build_native
-    from comfyui_hybrid_parallel.workers.loader_types import host_tensors, raw
+    from comfyui_hybrid_parallel.workers.bridge.build import build_native
+    from comfyui_hybrid_parallel.workers.bridge.loader_types import host_tensors, raw
     spec = json.loads(json.dumps(native_spec(base)))
     weights = {k: raw(v).clone() for k, v in host_tensors(base.diffusion_model).items()}
     return build_native(spec, weights, torch.device("cpu"), sequence_parallel=False), spec, weights
@@ -129,7 +129,7 @@ def test_quantized_weights_travel_as_their_bytes_and_rebuild_bitwise(files, form
     forward bitwise."""
     from comfyui_hybrid_parallel.nodes.native import check_weights, native_spec, weight_bytes
     from comfyui_hybrid_parallel.parallel.shard import wrapper_parts
-    from comfyui_hybrid_parallel.workers.loader_types import host_tensors
+    from comfyui_hybrid_parallel.workers.bridge.loader_types import host_tensors
     base = _load(files, form)
     dm = base.diffusion_model
     quantized = _quantized(dm)
@@ -177,7 +177,7 @@ def test_the_drivers_copy_can_take_the_mapped_pages(files):
     copy - as the pages written for the workers replace it - leaves the model holding those tensors and computing
     the same forward bitwise; a plain weight's name or a mismatching tensor changes nothing."""
     from comfyui_hybrid_parallel.parallel.shard import wrapper_parts
-    from comfyui_hybrid_parallel.workers.loader_types import adopt_inner, host_tensors
+    from comfyui_hybrid_parallel.workers.bridge.loader_types import adopt_inner, host_tensors
     for form in ("scaled_fp8", "nvfp4"):
         base = _load(files, form)
         dm = base.diffusion_model
@@ -277,7 +277,7 @@ def test_pipefusion_stages_hold_their_quantized_blocks(files, cpu_pool):
     in this process (≤ 1e-5), for a tensorwise and a block-scaled layout."""
     from comfyui_hybrid_parallel.nodes.native import family_adapter, host_tensors, native_spec
     from comfyui_hybrid_parallel.parallel import ParallelConfig
-    from comfyui_hybrid_parallel.workers.loader_types import raw
+    from comfyui_hybrid_parallel.workers.bridge.loader_types import raw
     from test_native_pipefusion import _convention, _serial_loop
     steps = 3
     sigmas = torch.linspace(1.0, 0.0, steps + 1)
@@ -311,7 +311,7 @@ def test_each_rank_holds_exactly_its_share_of_the_quantized_bytes(files):
     of it, the two halves together are the driver's bytes byte for byte (padding zero), and the QuantizedTensors
     rebuilt around the gathered buffer compute ComfyUI's forward bitwise; released, a rank holds no weight whole."""
     from comfyui_hybrid_parallel.parallel.shard import SHARD_BUFFER, WeightSharding, is_wrapper, wrapper_parts
-    from comfyui_hybrid_parallel.workers.loader_types import host_tensors
+    from comfyui_hybrid_parallel.workers.bridge.loader_types import host_tensors
     for form in ("scaled_fp8", "int8_tensorwise", "nvfp4", "mxfp8"):
         ref = _load(files, form)
         inp = inputs("sd3", ref, seed=11)
@@ -361,7 +361,7 @@ def test_sharded_pool_forward_and_bytes(files, cpu_pool, degrees):
     flat buffer as raw bytes (no weight whole, whatever its layout), and its shards' part of the quantized bytes
     and scales - the two ranks' parts adding up to exactly the bytes ComfyUI holds."""
     from comfyui_hybrid_parallel.parallel import ParallelConfig
-    from comfyui_hybrid_parallel.workers.loader_types import host_tensors
+    from comfyui_hybrid_parallel.workers.bridge.loader_types import host_tensors
     config = ParallelConfig(**degrees)
     failures = []
     for i, form in enumerate(["scaled_fp8"] + NEW):
@@ -446,7 +446,7 @@ def test_a_wrapper_made_of_something_else_is_refused_by_name():
                                           "0.3.75 has no quantized tensors)").QuantizedTensor
 
     from comfyui_hybrid_parallel.parallel.shard import WeightSharding
-    from comfyui_hybrid_parallel.workers.loader_types import NotCarriable, quantized_tensors
+    from comfyui_hybrid_parallel.workers.bridge.loader_types import NotCarriable, quantized_tensors
     inner = QuantizedTensor.from_float(torch.randn(8, 16), "TensorCoreFP8Layout")
     outer = QuantizedTensor(inner, "TensorCoreFP8Layout", inner._params)
     layer = torch.nn.Module()

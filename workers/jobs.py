@@ -2,7 +2,7 @@
 
 A handler turns a job's payload into engine calls and the results into a reply; what computes (load,
 forward, loop, decode) is the engine's. Building a model from its weights stays here, because the
-ComfyUI-native build imports ComfyUI (workers/comfy_native.py), which parallel/ never does.
+ComfyUI-native build imports ComfyUI (workers/bridge/build.py), which parallel/ never does.
 A handler is `fn(state, ctx, payload) -> dict`: `ctx` is the worker's
 ParallelContext, `payload` the job's JSON values with its tensors (already
 read from shared memory; model weights are mapped) merged in. Every rank runs the same handler on the
@@ -141,11 +141,11 @@ def _build_model(family: str, config: dict, weights: dict):
 
 
 def _patches(payload: dict):
-    """The job's ComfyUI weight patches (workers/comfy_patches.py), or None when it carries none."""
+    """The job's ComfyUI weight patches (workers/bridge/patches.py), or None when it carries none."""
     spec = payload.get("patches")
     if spec is None:
         return None
-    from .comfy_patches import PREFIX, decode
+    from .bridge.patches import PREFIX, decode
     return decode(spec, {k: v for k, v in payload.items() if k.startswith(PREFIX)})
 
 
@@ -175,20 +175,20 @@ def job_load_model(state: WorkerState, ctx, payload: dict) -> dict:
     if custom:
         # a custom loader's layer settings are class attributes (ComfyUI-GGUF's dequant_dtype): the driver's class
         # holds them for every model it loaded, so each run sets them here as they are there now
-        from .comfy_native import import_comfy
-        from .loader_types import operations
+        from .bridge.build import import_comfy
+        from .bridge.loader_types import operations
         import_comfy(payload["native"], ctx.config.intercepts_attention)
         operations(custom)
     if engine.touch(key, ctx):
         return {"loaded": False, "loads": engine.loads, "resident": engine.resident()}
     if payload.get("patches") is not None and payload.get("native"):
-        from .comfy_native import import_comfy  # the patches are ComfyUI objects: ComfyUI first, as the driver's
+        from .bridge.build import import_comfy  # the patches are ComfyUI objects: ComfyUI first, as the driver's
         import_comfy(payload["native"], ctx.config.intercepts_attention)
     patches = _patches(payload)
     if patches is not None and payload.get("lineage") is not None:
         found = engine.patchable(payload["lineage"], ctx)
         if found is not None:
-            from .comfy_patches import apply
+            from .bridge.patches import apply
             slot, r = found
             try:
                 r.patched = frozenset(apply(r.model, r.base, patches, r.patched, state.device,
@@ -211,10 +211,10 @@ def job_load_model(state: WorkerState, ctx, payload: dict) -> dict:
         weights = load_file(payload["path"])  # mmapped by safetensors
     native = payload.get("native")
     if native and native.get("vae"):  # ComfyUI's own VAE, for Patch VAE Decode
-        from .comfy_native import build_native_vae
+        from .bridge.build import build_native_vae
         model, extra, kernel_name = build_native_vae(native, weights), {}, None
-    elif native:  # ComfyUI's own class, ops and weights (workers/comfy_native.py)
-        from .comfy_native import (attention_kernel, build_native, call_native, compute_dtype, import_comfy,
+    elif native:  # ComfyUI's own class, ops and weights (workers/bridge/build.py)
+        from .bridge.build import (attention_kernel, build_native, call_native, compute_dtype, import_comfy,
                                    loader_weights)
         import_comfy(native, ctx.config.intercepts_attention)  # (before a custom loader's modules import it)
         weights = loader_weights(native, weights)  # GGUF's quantized tensors around their raw bytes
@@ -236,7 +236,7 @@ def job_load_model(state: WorkerState, ctx, payload: dict) -> dict:
         if not ctx.config.whole_model:
             raise ValueError("weight patches travel only to ranks that hold the whole model (no tp / pp / "
                              "shard_weights): the driver sends patched weights there")
-        from .comfy_patches import apply
+        from .bridge.patches import apply
         r.base = weights
         try:
             r.patched = frozenset(apply(r.model, weights, patches, set(), state.device, _share(state, ctx, key),
@@ -392,13 +392,11 @@ def job_vae_decode(state: WorkerState, ctx, payload: dict) -> dict:
 
 
 def job_prepare(state: WorkerState, ctx, payload: dict) -> dict:
-    """Import ComfyUI as the driver's ComfyUI is configured (nodes/native.py: comfy_runtime), ahead of the first
-    model: the pack starts the workers and this import while ComfyUI is still loading the model (or, on a model
-    ComfyUI holds already, while the driver writes its weights). Its attention module too: every diffusion model
-    imports it, it picks its kernel from the arguments just set, and it is most of a model class's import (0.1 s)."""
-    from .comfy_native import import_comfy
-    import_comfy(payload.get("comfy") or {}, sequence_parallel=ctx.config.intercepts_attention)
-    import comfy.ldm.modules.attention  # noqa: F401
+    """Import ComfyUI as the driver's ComfyUI is configured, ahead of the first model: the pack starts the workers
+    and this import while ComfyUI is still loading the model (or, on a model ComfyUI holds already, while the driver
+    writes its weights)."""
+    from .bridge.build import prepare_comfy
+    prepare_comfy(payload.get("comfy") or {}, sequence_parallel=ctx.config.intercepts_attention)
     return {"prepared": True}
 
 

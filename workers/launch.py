@@ -25,12 +25,11 @@ import sys
 import threading
 import time
 from multiprocessing.connection import wait as wait_conns
-from pathlib import Path
 
+from .bootstrap import BOOTSTRAP, PACKAGE, pack_root
 from .protocol import Channel, ProtocolError, authenticate_server, encode, new_authkey
 from .transport import cleanup_prefix
 
-PACKAGE = "comfyui_hybrid_parallel"
 STOP_GRACE_S = 3.0
 
 
@@ -40,18 +39,6 @@ class PoolError(RuntimeError):
 
 class StartupError(PoolError):
     """The world could not be started; the message carries the failing rank's reason."""
-
-
-def pack_root() -> Path:
-    return Path(__file__).resolve().parents[1]
-
-
-# Runs a worker module with the pack imported as `comfyui_hybrid_parallel` from its root, whatever the
-# folder is called, *without* executing the pack's own __init__ (the ComfyUI node registrations, which
-# import the node layer and may need ComfyUI itself; a worker never needs them).
-BOOTSTRAP = ("import runpy, sys, types; root = sys.argv.pop(1); module = sys.argv.pop(1); "
-             f"pkg = types.ModuleType({PACKAGE!r}); pkg.__path__ = [root]; sys.modules[{PACKAGE!r}] = pkg; "
-             "runpy.run_module(module, run_name='__main__', alter_sys=True)")
 
 
 REAP_INTERVAL_S = 0.5
@@ -162,7 +149,7 @@ class World:
         self.collective_timeout_s = collective_timeout_s
         self.share_devices = share_devices and cluster is None and fake is None  # parallel/staged.py
         self.balance = balance  # balance_spec: how the ranks learn each other's speed
-        # the machine's GPUs as ComfyUI's process sees them (nodes/runtime.comfy_gpus): {count, driver, comfy_cuda_device}
+        # the machine's GPUs as ComfyUI's process sees them (workers/bridge/host.comfy_gpus): {count, driver, comfy_cuda_device}
         self.gpus = dict(gpus or {})
         self.extra_env = dict(env or {})
         self.procs: list = []

@@ -94,7 +94,7 @@ class WorkerPool:
         # ranks of different speeds (launch.balance_spec): "auto" probes GPU worlds, "probe" any, "off" none, or
         # "1,0.5,..." one speed per rank (HP_BALANCE)
         self.balance = balance_spec(os.environ.get("HP_BALANCE", "auto") if balance is None else balance)
-        # the GPUs beside ComfyUI (nodes/runtime.comfy_gpus): {count: every GPU of the machine, driver: ComfyUI's
+        # the GPUs beside ComfyUI (workers/bridge/host.comfy_gpus): {count: every GPU of the machine, driver: ComfyUI's
         # own (its ranks go last), comfy_cuda_device: its --cuda-device, undone for the workers}; {} = torch's view
         self.gpus: dict = {}
         self.last_load_bytes = 0  # bytes the latest ensure_model wrote (weights and patches)
@@ -475,7 +475,7 @@ class WorkerPool:
         `lineage`: what other keys of the same model (other patch versions) share; the workers drop those first.
         `adopt(name, mapped)`: called with each weight mapped back from the file just written (copy-on-write), so
         the caller can make its own tensor that mapping - one host copy for the caller and every local rank.
-        `patches`: (spec, tensors) of ComfyUI's weight patches (workers/comfy_patches.py): the weights are then the
+        `patches`: (spec, tensors) of ComfyUI's weight patches (workers/bridge/patches.py): the weights are then the
         model's base, and a resident version of the same lineage is patched in place - only the patches travel.
         Returns rank 0's {loaded, loads, resident}; `self.last_load_bytes` says how many bytes this call wrote.
         """

@@ -29,7 +29,7 @@ class Spares:
 
     def fill(self, n: int) -> None:
         """Start interpreters until `n` are alive (non-blocking: each imports torch on its own)."""
-        from .launch import BOOTSTRAP, PACKAGE, pack_root
+        from .bootstrap import BOOTSTRAP, PACKAGE, pack_root
         with self._lock:
             self._procs = [p for p in self._procs if p.poll() is None]
             while not self._closed and len(self._procs) < n:

@@ -12,18 +12,14 @@ the node that put it there (workers/bridge/graph.py). A channel a later ComfyUI 
 """
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
 
 from . import known
 from .graph import Graph, class_of_origin
 from .known import CARRIED, DRIVER, IGNORED, REFUSED, Rule
+from .origin import NotCarried, bypass_adapters, function_rule, origin_of  # noqa: F401 (NotCarried: re-exported)
 
 OWN_KEY = "comfyui_hybrid_parallel"  # the pack's own wrappers (nodes: WRAPPER_KEY): never a finding
-
-
-class NotCarried(ValueError):
-    """This MODEL (or conditioning) cannot run on the workers exactly; the message says why and what works."""
 
 
 @dataclass(frozen=True)
@@ -88,56 +84,6 @@ def _creator(f: Found, graph: Graph) -> str:
     return f"a node ({f.origin})" if f.origin else "a node upstream"
 
 
-def origin_of(value) -> str:
-    """"module:qualname" of a function (a bound method's, a partial's), else of the object's class."""
-    while isinstance(value, functools.partial):
-        value = value.func
-    fn = getattr(value, "__func__", value)
-    if hasattr(fn, "__code__") or isinstance(fn, type):
-        return f"{module_name(getattr(fn, '__module__', '?'))}:{getattr(fn, '__qualname__', '?')}"
-    cls = type(value)
-    return f"{module_name(cls.__module__)}:{cls.__qualname__}"
-
-
-CORE_FOLDERS = ("comfy_extras", "comfy_api_nodes")
-
-
-def module_name(module: str) -> str:
-    """A module's name as the tables write it. A ComfyUI server loads comfy_extras by file path
-    (nodes.load_custom_node: the module is "/.../comfy_extras/nodes_slg") and a custom node pack by its folder's path
-    with "." written "_x_" (its submodules "/.../custom_nodes/ComfyUI-KJNodes.nodes.model_optimization_nodes"); a plain
-    import gives "comfy_extras.nodes_slg". These become "comfy_extras.nodes_slg" and
-    "custom_nodes.kjnodes.nodes.model_optimization_nodes": a pack by its folder's name in lower case without a
-    leading "comfyui-" (users install KJNodes as ComfyUI-KJNodes from git, comfyui-kjnodes from the registry)."""
-    path = str(module).replace("\\", "/")
-    if "/" not in path:
-        return path
-    parent, _, tail = path.rpartition("/")
-    folder = parent.rpartition("/")[2]
-    if folder in CORE_FOLDERS:
-        return f"{folder}.{tail}"
-    pack, _, rest = tail.partition(".")
-    return "custom_nodes." + ".".join(p for p in (pack_name(pack.replace("_x_", ".")), rest) if p)
-
-
-def pack_name(folder: str) -> str:
-    """A custom node pack's name in the tables: its folder's name, lower case, without "comfyui-" / "comfyui_"."""
-    name = folder.lower()
-    for prefix in ("comfyui-", "comfyui_"):
-        if name.startswith(prefix):
-            return name[len(prefix):]
-    return name
-
-
-def function_rule(origin: str) -> Rule | None:
-    """The FUNCTIONS rule of the longest prefix of `origin`, else None."""
-    best = None
-    for prefix, rule in known.FUNCTIONS.items():
-        if origin.startswith(prefix) and (best is None or len(prefix) > len(best[0])):
-            best = (prefix, rule)
-    return None if best is None else best[1]
-
-
 UNKNOWN_FUNCTION = Rule(REFUSED, REFUSED, why="a function from a node the pack has not checked: it may act inside "
                                               "the model call, which runs on the workers")
 
@@ -164,7 +110,7 @@ BOOKKEEPING = {"size", "model", "backup", "backup_buffers", "object_patches_back
 def unknown_channels(patcher) -> list:
     """The ModelPatcher's attributes this module neither reads nor knows as bookkeeping: a channel a newer ComfyUI
     added (a test fails on it; the capture refuses a MODEL that fills one). A custom loader's patcher class (GGUF's)
-    declares its own plain settings as class attributes: those travel with it (workers/loader_types.describe_patcher)."""
+    declares its own plain settings as class attributes: those travel with it (workers/bridge/loader_types.describe_patcher)."""
     return sorted(k for k in vars(patcher) if k not in READ | BOOKKEEPING and not k.startswith("_")
                   and not _loader_setting(patcher, k))
 
@@ -208,7 +154,6 @@ def capture(patcher, mode: str, *, model_options: dict | None = None, conds=None
     for key, injections in patcher.injections.items():
         if not injections:
             continue
-        from .carry import bypass_adapters
         adapters = bypass_adapters(injections) if key == "bypass_lora" else None
         if adapters is not None:  # ComfyUI's LoRA bypass: its adapters travel, the workers inject them as it does
             f.append(Found("a LoRA in bypass mode", "", known.BYPASS, {"adapters": adapters}))

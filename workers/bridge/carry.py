@@ -24,7 +24,7 @@ import json
 
 import torch
 
-from .capture import NotCarried
+from .origin import NotCarried, function_rule, origin_of
 
 # ComfyUI's per-call bookkeeping in transformer_options, never sent: what its sampler and BaseModel set for the driver
 # (the batch's conds, sigmas, wrappers, DynamicVRAM's prefetch flag, EasyCache's holder, the context window), and what
@@ -147,7 +147,6 @@ def rebuild_options(opts: dict | None) -> dict:
 def closure_of(fn) -> dict:
     """A model patch as {"origin", "cells"}: where ComfyUI defined it (a node whose FUNCTIONS rule carries it as a
     closure) and the plain values its closure holds; NotCarried for any other function."""
-    from .capture import function_rule, origin_of
     origin = origin_of(fn)
     rule = function_rule(origin)
     code = getattr(fn, "__code__", None)
@@ -255,7 +254,7 @@ def hook_call(patcher, hooks, sent: set) -> tuple:
     patches = hook_group_patches(patcher, hooks)
     if not patches:
         return {"id": None}, {}
-    from ..comfy_patches import NotPortable, encode
+    from .patches import NotPortable, encode
     try:
         spec, tensors = encode(patches)
     except NotPortable as e:
@@ -297,7 +296,7 @@ class HookWeights:
 
     def remember(self, run, hook: dict, tensors: dict) -> None:
         if hook.get("spec") is not None:
-            from ..comfy_patches import decode
+            from .patches import decode
             self.groups = {k: v for k, v in self.groups.items() if k[0] == run}
             self.groups[(run, hook["id"])] = decode(hook["spec"], {k[len("hook."):]: v for k, v in tensors.items()
                                                                    if k.startswith("hook.")})
@@ -318,7 +317,7 @@ class HookWeights:
         import torch
         from comfy.model_patcher import get_key_weight
 
-        from ..comfy_patches import _Holder, seed_of
+        from .patches import _Holder, seed_of
         holder = _Holder(model)
         for key, patch in patches.items():
             weight, set_func, convert_func = get_key_weight(holder, key)
@@ -340,7 +339,7 @@ class HookWeights:
             return
         import comfy.utils
 
-        from ..comfy_patches import _Holder
+        from .patches import _Holder
         holder = _Holder(model)
         for key, weight in self.backup.items():
             comfy.utils.set_attr_param(holder, key, weight)
@@ -349,32 +348,11 @@ class HookWeights:
 
 
 # ---- LoRA bypass (ComfyUI's LoraLoaderBypass: the LoRA computed beside each layer's forward, not merged) ----
-BYPASS_ORIGIN = "comfy.weight_adapter.bypass:BypassInjectionManager."
-
-
-def bypass_adapters(injections: list) -> dict | None:
-    """{module key: (adapter, strength)} of ComfyUI's LoRA-bypass injections (its BypassInjectionManager, found in
-    the closure of the injection it made), or None when they are not that manager's."""
-    found = {}
-    for inj in injections or ():
-        fn = getattr(inj, "inject", None)
-        code = getattr(fn, "__code__", None)
-        if code is None or not f"{fn.__module__}:{fn.__qualname__}".startswith(BYPASS_ORIGIN):
-            return None
-        cells = dict(zip(code.co_freevars, (c.cell_contents for c in fn.__closure__ or ())))
-        manager = cells.get("self")
-        adapters = getattr(manager, "adapters", None)
-        if not isinstance(adapters, dict):
-            return None
-        found.update(adapters)
-    return found
-
-
 def bypass_call(adapters: dict, sent: set) -> tuple:
     """(JSON, tensors) naming the run's bypass set by a digest; its adapters the first time (`sent`)."""
     if not adapters:
         return {"id": None}, {}
-    from ..comfy_patches import NotPortable, _encode
+    from .patches import NotPortable, _encode
     tensors = {}
     try:
         spec = {key: [_encode(adapter, tensors), float(strength)] for key, (adapter, strength) in adapters.items()}
@@ -393,7 +371,7 @@ class Bypass:
     def remember(self, run, call: dict, tensors: dict) -> None:
         if call.get("spec") is None:
             return
-        from ..comfy_patches import _decode
+        from .patches import _decode
         parts = {k[len("hook.bypass."):]: v for k, v in tensors.items() if k.startswith("hook.bypass.")}
         self.specs = {k: v for k, v in self.specs.items() if k[0] == run}
         self.made = {k: v for k, v in self.made.items() if k[1] == run}
@@ -412,7 +390,7 @@ class Bypass:
             if adapters is None:
                 raise RuntimeError(f"LoRA bypass set {bypass_id} of run {run} was never sent to this worker")
             import comfy.weight_adapter
-            from ..comfy_patches import _Holder
+            from .patches import _Holder
             manager = comfy.weight_adapter.BypassInjectionManager()
             for module_key, (adapter, strength) in adapters.items():
                 manager.add_adapter(module_key, adapter, strength=strength)

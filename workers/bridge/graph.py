@@ -80,7 +80,7 @@ def class_of_origin(origin: str) -> str | None:
     """The node class type whose code defined `origin` ("module:Qualified.name", a patch function or a holder's
     class): the registered node class of that module whose name starts the qualified name. None if no node class
     of this ComfyUI defined it."""
-    from .capture import module_name
+    from .origin import module_name
     module, _, qualname = origin.partition(":")
     head = qualname.split(".", 1)[0]
     for class_type, cls in node_classes().items():
@@ -108,3 +108,8 @@ def executing() -> Graph:
 def given(prompt, unique_id) -> Graph:
     """The Graph of a node's hidden PROMPT / UNIQUE_ID inputs (None when a caller - a test, a script - gives none)."""
     return Graph(prompt if isinstance(prompt, dict) else {}, None if unique_id is None else str(unique_id))
+
+
+def prompt_server():
+    """ComfyUI's running PromptServer, or None outside a running server (pytest, a plain import of the pack)."""
+    return getattr(getattr(sys.modules.get("server"), "PromptServer", None), "instance", None)

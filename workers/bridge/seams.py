@@ -37,11 +37,11 @@ class Seam:
 
 
 SEAMS = (
-    # building ComfyUI's model on the workers (workers/comfy_native.py)
-    Seam("comfy.ops:pick_operations", "workers/comfy_native: the ops ComfyUI picks",
+    # building ComfyUI's model on the workers (workers/bridge/build.py)
+    Seam("comfy.ops:pick_operations", "workers/bridge/build: the ops ComfyUI picks",
          ("weight_dtype", "compute_dtype", "load_device", "fp8_optimizations", "model_config")),
     Seam("comfy.ops:disable_weight_init", "doctor/tiny_checkpoints: tiny models in ComfyUI's layout"),
-    Seam("comfy.cli_args:args", "nodes/native, workers/comfy_native: the flags that pick kernels"),
+    Seam("comfy.cli_args:args", "nodes/native, workers/bridge/build: the flags that pick kernels"),
     Seam("comfy.cli_args:PerformanceFeature", "nodes/native: --fast flags forwarded", optional=True),
     Seam("comfy.model_management:get_torch_device", "nodes/runtime: where ComfyUI computes"),
     Seam("comfy.model_management:unload_all_models", "nodes/runtime: KSampler -> pool switch, Unload models"),
@@ -50,14 +50,14 @@ SEAMS = (
     Seam("comfy.model_management:throw_exception_if_processing_interrupted", "nodes: Cancel reaches the pool"),
     Seam("comfy.model_management:processing_interrupted", "nodes/runtime: Cancel reaches the pool"),
     Seam("comfy.model_management:interrupt_current_processing", "nodes/runtime"),
-    Seam("comfy.ldm.modules.attention:optimized_attention", "workers/comfy_native: the kernel ComfyUI picked"),
+    Seam("comfy.ldm.modules.attention:optimized_attention", "workers/bridge/build: the kernel ComfyUI picked"),
     Seam("comfy.ldm.modules.attention:wrap_attn", "parallel/attention_seam: optimized_attention_override"),
-    Seam("comfy.ldm.modules.attention:get_attention_function", "workers/comfy_native: a kernel by name",
+    Seam("comfy.ldm.modules.attention:get_attention_function", "workers/bridge/build: a kernel by name",
          optional=True),
-    Seam("comfy.ldm.modules.attention:REGISTERED_ATTENTION_FUNCTIONS", "workers/comfy_native", optional=True),
-    Seam("comfy.sd:load_diffusion_model", "doctor, workers/comfy_native: ComfyUI's loader"),
+    Seam("comfy.ldm.modules.attention:REGISTERED_ATTENTION_FUNCTIONS", "workers/bridge/build", optional=True),
+    Seam("comfy.sd:load_diffusion_model", "doctor, workers/bridge/build: ComfyUI's loader"),
     Seam("comfy.sd:VAE", "nodes/vae_node: the VAE the workers decode with"),
-    Seam("comfy.sd:VAE", "workers/comfy_native: LTX-2's VAE built again from its header's config (ComfyUI 0.33)",
+    Seam("comfy.sd:VAE", "workers/bridge/build: LTX-2's VAE built again from its header's config (ComfyUI 0.33)",
          params=("metadata",), optional=True),
     Seam("comfy.ldm.lightricks.vae.causal_video_autoencoder:Decoder.run_up", "parallel/vae/native: LTX-2's frame "
          "chunks, by bytes, agreed across the ranks (ComfyUI 0.33)", params=("max_chunk_size",), optional=True),
@@ -75,19 +75,19 @@ SEAMS = (
     Seam("comfy.utils:ProgressBar", "nodes: progress"),
     Seam("comfy.utils:PROGRESS_BAR_ENABLED", "nodes/sampler_node: the bar as KSampler shows it"),
     Seam("comfy.cli_args:LatentPreviewMethod", "nodes/loop_mode: previews from the workers' loop"),
-    Seam("comfy.utils:set_attr_param", "workers/comfy_patches: patched weights"),
-    Seam("comfy.utils:get_attr", "workers/comfy_patches"),
+    Seam("comfy.utils:set_attr_param", "workers/bridge/patches: patched weights"),
+    Seam("comfy.utils:get_attr", "workers/bridge/patches"),
     Seam("comfy.utils:load_torch_file", "doctor"),
     Seam("latent_preview:prepare_callback", "nodes/sampler_node: previews and the progress bar"),
-    # weight patches (LoRA) as ComfyUI applies them (workers/comfy_patches.py)
-    Seam("comfy.lora:calculate_weight", "workers/comfy_patches: ComfyUI's LoRA arithmetic"),
-    Seam("comfy.float:stochastic_rounding", "workers/comfy_patches: fp8 rounding as ComfyUI does"),
-    Seam("comfy.model_patcher:get_key_weight", "workers/comfy_patches"),
-    Seam("comfy.utils:string_to_seed", "workers/comfy_patches: the rounding seed (ComfyUI 0.33)",
+    # weight patches (LoRA) as ComfyUI applies them (workers/bridge/patches.py)
+    Seam("comfy.lora:calculate_weight", "workers/bridge/patches: ComfyUI's LoRA arithmetic"),
+    Seam("comfy.float:stochastic_rounding", "workers/bridge/patches: fp8 rounding as ComfyUI does"),
+    Seam("comfy.model_patcher:get_key_weight", "workers/bridge/patches"),
+    Seam("comfy.utils:string_to_seed", "workers/bridge/patches: the rounding seed (ComfyUI 0.33)",
          one_of="string_to_seed"),
-    Seam("comfy.model_patcher:string_to_seed", "workers/comfy_patches: the rounding seed (older ComfyUI)",
+    Seam("comfy.model_patcher:string_to_seed", "workers/bridge/patches: the rounding seed (older ComfyUI)",
          one_of="string_to_seed"),
-    Seam("comfy.weight_adapter:adapters", "workers/comfy_patches: LoRA adapters travel by class name",
+    Seam("comfy.weight_adapter:adapters", "workers/bridge/patches: LoRA adapters travel by class name",
          optional=True),
     Seam("comfy.model_patcher:ModelPatcher.clone", "nodes: the pool's MODEL is a clone"),
     Seam("comfy.model_patcher:ModelPatcher.get_additional_models_with_key", "nodes/prepare: a MODEL split by "
@@ -102,7 +102,7 @@ SEAMS = (
     Seam("comfy.model_management:current_loaded_models", "nodes/runtime: ComfyUI's DynamicVRAM copy unloaded before "
          "a pool run"),
     Seam("comfy.model_management:LoadedModel.model_unload", "nodes/runtime: ComfyUI's own unload of a loaded copy"),
-    Seam("comfy.model_management:lora_compute_dtype", "workers/comfy_patches: the dtype ComfyUI patches weights in "
+    Seam("comfy.model_management:lora_compute_dtype", "workers/bridge/patches: the dtype ComfyUI patches weights in "
          "(0.33; float32 before)", optional=True),
     # what a MODEL and its conds carry besides the weights (workers/bridge: the capture, per-call carry, residency)
     Seam("comfy.hooks:WeightHook", "workers/bridge/capture: hook LoRAs on a conditioning are carried"),
@@ -210,3 +210,9 @@ def untested_note() -> str | None:
 
 __all__ = ["SEAMS", "Seam", "TESTED", "accepts", "comfyui_version", "has", "missing", "problem_line",
            "untested_note"]
+
+
+def comfy_loaded() -> bool:
+    """Whether ComfyUI itself is loaded in this process (a test's stand-in module has no file: not a ComfyUI)."""
+    import sys
+    return getattr(sys.modules.get("comfy.model_management"), "__file__", None) is not None

@@ -15,7 +15,7 @@ QuantizedTensor - every scaled-fp8 file since ComfyUI 0.33) is built with the op
 quant_config on this device, loaded through the layers' own loader from the file form ComfyUI itself writes (the
 inner tensors that travelled, named by the tensor's own `state_dict`, plus each layer's `comfy_quant` entry), and then
 holds each weight exactly as the driver does: the wrapper `__tensor_unflatten__` makes of the bytes that travelled
-(workers/loader_types.py).
+(workers/bridge/loader_types.py).
 
 This module is the only place in the workers that imports ComfyUI, and only when a native model
 is loaded. The workers are started by ComfyUI's process, which passes its ComfyUI directory.
@@ -23,6 +23,7 @@ is loaded. The workers are started by ComfyUI's process, which passes its ComfyU
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 import torch
@@ -86,7 +87,7 @@ def attention_kernel(spec: dict) -> tuple:
     Why: with sequence parallelism this process imports ComfyUI with its pytorch kernel (see `import_comfy`), yet
     the user picked a kernel in ComfyUI (sage, flash, sub-quadratic...) and degree 1 runs it; a Ulysses rank's
     attention is that same kernel on a share of the heads, so it runs it too - same speed and same rounding as
-    one device. The driver names it by ComfyUI's registry (nodes/native.py: comfy_runtime); a kernel this process
+    one device. The driver names it by ComfyUI's registry (comfy_runtime, below); a kernel this process
     cannot run (xformers, enabled only by the driver's import) falls back to the seam's, with a warning.
     """
     name = spec.get("attention")
@@ -107,7 +108,7 @@ def attention_kernel(spec: dict) -> tuple:
 def picked_attention() -> str | None:
     """The name, in ComfyUI's attention registry, of the kernel ComfyUI picked in this process (its flags and
     device decide): "pytorch", "sage", "flash", "xformers", "sub_quad", "split"; None if not registered. The
-    driver sends it to the workers (nodes/native.py comfy_runtime), which look it up with `attention_function`."""
+    driver sends it to the workers (comfy_runtime, below), which look it up with `attention_function`."""
     import comfy.ldm.modules.attention as attention
     picked = attention.optimized_attention
     return next((n for n, f in getattr(attention, "REGISTERED_ATTENTION_FUNCTIONS", {}).items() if f is picked), None)
@@ -155,7 +156,7 @@ def _operations(comfy, spec: dict, device: torch.device):
 
 def loader_weights(spec: dict, weights: dict) -> dict:
     """`weights` with every tensor a custom loader held as its own subclass (GGUF's quantized tensors) rebuilt
-    around the raw bytes that travelled (workers/loader_types.py); the dict itself where there are none."""
+    around the raw bytes that travelled (workers/bridge/loader_types.py); the dict itself where there are none."""
     metas = spec.get("tensors")
     if not metas:
         return weights
@@ -225,7 +226,7 @@ def _load_quantized(model: torch.nn.Module, metas: dict, weights: dict) -> None:
     the loader made of them (same layout, parameters, shapes) but holding the very tensors that travelled (the
     loader's Parameter() would have cloned its scales)."""
     from .loader_types import INNER, comfy_quant_tensor, rebuild_quantized
-    from ..parallel.shard import wrapper_parts
+    from ...parallel.shard import wrapper_parts
     ours = {name: rebuild_quantized(name, meta, weights) for name, meta in metas.items()}
     form = {k: v for k, v in weights.items() if INNER not in k}
     for name, t in ours.items():
@@ -317,3 +318,45 @@ def call_native(model, inputs: dict):
     inputs = dict(inputs)
     x, t = inputs.pop("x"), inputs.pop("timestep")
     return model(x, t, **inputs)
+
+
+def prepare_comfy(runtime: dict, sequence_parallel: bool) -> None:
+    """import_comfy as the driver's ComfyUI is configured (comfy_runtime), and its attention module: every diffusion
+    model imports it, it picks its kernel from the arguments just set, and it is most of a model class's import
+    (0.1 s)."""
+    import_comfy(runtime, sequence_parallel=sequence_parallel)
+    import comfy.ldm.modules.attention  # noqa: F401
+
+
+# ---- the driver's side: what a worker needs to import ComfyUI as ComfyUI's own process did ----
+
+def _comfy_args() -> dict:
+    import comfy.cli_args
+    args = comfy.cli_args.args
+    out = {}
+    for name in FORWARDED_ARGS:
+        if not hasattr(args, name):
+            continue
+        v = getattr(args, name)
+        if name == "fast":
+            v = sorted(getattr(f, "value", f) for f in (v or ()))
+        if v is None or isinstance(v, (bool, int, float, str, list)):
+            out[name] = v
+    return out
+
+
+def comfy_runtime() -> dict:
+    """Where this process's ComfyUI lives, the flags that choose its kernels and the attention kernel it picked
+    (its name in ComfyUI's registry): what a worker needs to import ComfyUI as this process did."""
+    import comfy.model_management
+    return {"comfy_dir": os.path.dirname(os.path.dirname(os.path.abspath(comfy.model_management.__file__))),
+            "comfy_args": _comfy_args(), "attention": picked_attention()}
+
+
+def driver_attention_is_pytorch() -> bool:
+    """Whether this process's ComfyUI computes attention with its pytorch kernel: then workers that intercept
+    attention (sequence / pipeline parallel) import ComfyUI exactly as those that do not, and a config change
+    between them keeps the workers (workers/pool.py split_kernel_worlds). False without ComfyUI."""
+    attention = sys.modules.get("comfy.ldm.modules.attention")
+    kernel = getattr(attention, "optimized_attention", None)
+    return kernel is not None and kernel is getattr(attention, "attention_pytorch", None)

@@ -105,7 +105,7 @@ def lora_dtype(device) -> torch.dtype:
     """The dtype this ComfyUI's ModelPatcher.patch_weight_to_device patches a weight in on `device`: its
     `lora_compute_dtype(device)` where it has one (ComfyUI 0.33: float16 on a GPU that computes in half precision,
     float32 on the CPU), float32 in the ComfyUIs before it."""
-    from .comfy_seams import has
+    from .seams import has
     if has("comfy.model_management:lora_compute_dtype"):
         import comfy.model_management
         return comfy.model_management.lora_compute_dtype(torch.device(device))
@@ -115,7 +115,7 @@ def lora_dtype(device) -> torch.dtype:
 def seed_of(key: str) -> int:
     """The seed ComfyUI rounds `key`'s patched weight with: comfy.utils.string_to_seed where it lives now (ComfyUI 0.33;
     its old place in comfy.model_patcher logs a warning at every call there), else that old place."""
-    from .comfy_seams import has
+    from .seams import has
     if has("comfy.utils:string_to_seed"):
         import comfy.utils
         return comfy.utils.string_to_seed(key)
@@ -184,12 +184,12 @@ def apply(dm: torch.nn.Module, base: dict, patches: dict, previous: set, device,
     same keys (a strength change) is then written by each key's owner into those same pages, which every rank
     already maps - no file made, mapped or freed.
 
-    `patcher` (workers/loader_types.describe_patcher): a custom loader's ModelPatcher that patches its own way;
+    `patcher` (workers/bridge/loader_types.describe_patcher): a custom loader's ModelPatcher that patches its own way;
     each key is then patched by that class's `patch_weight_to_device` (ComfyUI-GGUF: the quantized weight keeps
     its bytes and holds the patches, applied as it is dequantized at each call)."""
     import comfy.utils
 
-    from ..parallel.shard import is_wrapper
+    from ...parallel.shard import is_wrapper
     holder = _Holder(dm)
     device = torch.device(device)
     for key in set(previous) | set(patches):
@@ -220,7 +220,7 @@ def apply(dm: torch.nn.Module, base: dict, patches: dict, previous: set, device,
         return set(patches)
     from comfy.model_patcher import get_key_weight
 
-    from .transport import new_mapped, read_tensor, unlink, write_tensor
+    from ..transport import new_mapped, read_tensor, unlink, write_tensor
     rank, size, prefix, barrier, tag = share
     held = {} if held is None else held
     owner = _owners(keys, base, size)

@@ -23,7 +23,7 @@ subclasses without storage, made of inner tensors (`__tensor_flatten__`: the qua
 as those inner tensors, each raw bytes like a plain weight under its own name ("<weight>#<inner>", `host_tensors`),
 plus JSON (`quantized_tensors`): the layout and its other parameters (the flatten context: orig_dtype,
 orig_shape, ...), and the layer's own `comfy_quant` entry as ComfyUI writes it. A worker builds the model with the
-ops ComfyUI picks for that quant_config, loads it through the layers' own loader (workers/comfy_native.py) and holds
+ops ComfyUI picks for that quant_config, loads it through the layers' own loader (workers/bridge/build.py) and holds
 each weight as the wrapper `__tensor_unflatten__` makes of the bytes that travelled (`rebuild_quantized`) - never
 dequantized, never copied.
 
@@ -63,7 +63,7 @@ def host_tensors(module: torch.nn.Module) -> dict:
     placeholders (and a "temp.weight" for the largest layer) so that ComfyUI's memory estimate counts the
     dequantized size; ComfyUI's mixed-precision ops write their file form (scales renamed, a JSON `comfy_quant`).
     What the workers need is what the layers compute with."""
-    from ..parallel.shard import is_wrapper, wrapper_parts
+    from ...parallel.shard import is_wrapper, wrapper_parts
     out = {}
     for key, t in module_tensors(module).items():
         if is_wrapper(t):
@@ -100,7 +100,7 @@ def raw(t: torch.Tensor) -> torch.Tensor:
 
 def nbytes(t: torch.Tensor) -> int:
     """Bytes `t` holds (its storage as laid out, not its logical shape; a quantized weight: its inner tensors')."""
-    from ..parallel.shard import is_wrapper, wrapper_parts
+    from ...parallel.shard import is_wrapper, wrapper_parts
     if is_wrapper(t):
         return sum(nbytes(p) for p in wrapper_parts(t)[0].values())
     r = raw(t)
@@ -109,7 +109,7 @@ def nbytes(t: torch.Tensor) -> int:
 
 # Attributes that hold a ModelPatcher's state, not the weight: ComfyUI-GGUF's patcher attaches the MODEL's LoRA
 # patches to a quantized tensor (`patches`) while that MODEL is loaded, and clears them when it unloads. The bytes are
-# the base weight either way; the patches travel as the MODEL's own (workers/comfy_patches.py).
+# the base weight either way; the patches travel as the MODEL's own (workers/bridge/patches.py).
 PATCHER_STATE = ("patches",)
 
 
@@ -179,7 +179,7 @@ def quantized_tensors(module: torch.nn.Module) -> dict:
     layer's own entry in its file form (ComfyUI's `state_dict()` of the layer: {"format": "float8_e4m3fn", ...}),
     which its loader reads on the workers. NotCarriable: a wrapper the workers could not rebuild (its context holds
     something JSON cannot, an inner tensor is not plain bytes, or its layer's file form is not its tensors)."""
-    from ..parallel.shard import is_wrapper, layout_name, wrapper_parts, wrapper_problem
+    from ...parallel.shard import is_wrapper, layout_name, wrapper_parts, wrapper_problem
     owners = dict(module.named_modules())
     out = {}
     for name, t in module_tensors(module).items():
@@ -236,21 +236,21 @@ def rebuild_quantized(name: str, meta: dict, weights: dict) -> torch.Tensor:
     """The quantized weight `name` of `meta` (quantized_tensors) made by its class's own `__tensor_unflatten__`
     around the inner tensors that travelled (`weights["<name>#<inner>"]`, raw bytes mapped as any weight), flagged
     as a parameter without a copy."""
-    from ..parallel.shard import as_parameter, rebuild_wrapper
+    from ...parallel.shard import as_parameter, rebuild_wrapper
     cls = import_class(meta["class"])
     parts = {n: weights[name + INNER + n] for n in meta["inner"]}
     return as_parameter(rebuild_wrapper(cls, parts, _decode_context(meta["context"]), meta["size"], meta["stride"]))
 
 
 def adopt_inner(owners: dict, name: str, mapped: torch.Tensor) -> bool:
-    """For the driver's adopter (nodes/runtime.py): ComfyUI's quantized weight holding the inner tensor `name`
+    """For the driver's adopter (workers/bridge/host.py): ComfyUI's quantized weight holding the inner tensor `name`
     ("<weight>#<inner>", as `host_tensors` names it) takes `mapped` - the pages just written for the workers, same
     dtype and shape - in place of its own copy, so that ComfyUI and the local ranks hold one copy. The weight is
     rebuilt by its class's `__tensor_unflatten__` around its other inner tensors and `mapped`, and put in the layer's
     slot (a new object, as ComfyUI's own patching does). `owners`: {path: module} of the model. False where `name` is
     no such tensor on the host (then nothing changes). Not thread-safe for two inner tensors of one weight: call it
     under the adopter's lock."""
-    from ..parallel.shard import as_parameter, is_wrapper, rebuild_wrapper, wrapper_parts
+    from ...parallel.shard import as_parameter, is_wrapper, rebuild_wrapper, wrapper_parts
     weight, sep, inner = name.partition(INNER)
     path, _, leaf = weight.rpartition(".")
     owner = owners.get(path)
