@@ -1,7 +1,7 @@
 """The GPU suite's `quant` section: ComfyUI's quantized layouts on comfy-kitchen's kernels, pool vs KSampler.
 
 Why on a GPU: on a CPU comfy-kitchen runs its eager fallback (the weight dequantized, an fp32 matmul), which the CPU
-tests already hold to ComfyUI's forward (tests/test_quantized_weights.py). On a GPU, ComfyUI 0.33 picks a CUDA or
+tests already hold to ComfyUI's forward (tests/driver/test_quantized_weights.py). On a GPU, ComfyUI 0.33 picks a CUDA or
 triton kernel per layout where the device has one (fp8 scaled matmul on Hopper; nvfp4 / mxfp8 only on Blackwell, the
 fallback elsewhere) - the pool's workers must make the same choice from the same `quant_config` and `disabled` set.
 Each layout: a checkpoint written by ComfyUI's / comfy-kitchen's own quantization code (the test module's writers),
@@ -28,7 +28,7 @@ def write_forms(folder: Path, reduced: bool) -> dict:
     """{form: path}: the model in each quantized form, written by ComfyUI's own code (needs ComfyUI imported)."""
     import torch
     from safetensors.torch import load_file, save_file
-    sys.path.insert(0, str(HERE.parent / "tests"))
+    sys.path[:0] = [str(HERE.parent / "tests" / d) for d in ("", "families", "driver")]
     from test_native_pool import _scaled_fp8
     from test_quantized_weights import _comfy_quant_file
     from comfyui_hybrid_parallel.doctor import tiny_checkpoints as tc

@@ -1,7 +1,7 @@
 """The GPU suite: everything a CPU test cannot show, in one command, on whatever GPU a session is lent.
 
     python bench/gpu_suite.py                 # a CUDA machine: ~8 minutes on one H100 (--plan: the prediction)
-    python bench/gpu_suite.py --reduced       # CPU, tiny models: what CI runs (tests/test_gpu_suite.py)
+    python bench/gpu_suite.py --reduced       # CPU, tiny models: what CI runs (tests/pool/test_gpu_suite.py)
     bash scripts/device_run.sh part1|part2    # on the device tool's GPU, from the kit (docs/doctor.md)
 
 Why one command: GPUs are lent to few sessions, so the first minutes of such a session should produce the

@@ -436,7 +436,7 @@ def write_hunyuan_video(path: Path, *, version: str = "1.5", hidden: int = 256, 
 
 # HiDream-O1's sizes: ComfyUI 0.33's detection reads none (it returns {"image_model": "hidream_o1"}, so the class's
 # defaults - the Qwen3-VL-8B decoder and its vision tower, ~8.7B parameters - are built); the tiny checkpoint carries
-# the overrides in its metadata under this key, which the tests' size shim (tests/test_comfyui_hidream_o1.py) hands
+# the overrides in its metadata under this key, which the tests' size shim (tests/server_e2e/test_comfyui_hidream_o1.py) hands
 # to the class as `text_config_overrides` / `vision_config_overrides`
 HIDREAM_O1_META = "hp_hidream_o1_config"
 

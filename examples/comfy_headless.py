@@ -30,9 +30,9 @@ def _free_port() -> int:
 class ComfyServer:
     def __init__(self, comfy_dir: Path, base: Path, spares: int = 0, env: dict | None = None):
         self.comfy_dir, self.base = Path(comfy_dir), Path(base)
-        self.env = dict(env or {})  # more of the server's environment (HP_PRESTART: tests/test_comfyui_spares.py)
+        self.env = dict(env or {})  # more of the server's environment (HP_PRESTART: tests/server_e2e/test_comfyui_spares.py)
         # the pack's spare interpreters (workers/spares.py): none by default, so that the tests that count worker
-        # processes see exactly the pool's; tests/test_comfyui_spares.py starts a server with some
+        # processes see exactly the pool's; tests/server_e2e/test_comfyui_spares.py starts a server with some
         self.spares = spares
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -65,7 +65,7 @@ class ComfyServer:
         self.proc = subprocess.Popen(
             [sys.executable, "main.py", "--cpu", "--listen", "127.0.0.1", "--port", str(self.port),
              "--base-directory", str(self.base), "--disable-auto-launch", "--database-url", "sqlite:///:memory:",
-             "--preview-method", "latent2rgb"],  # previews go only to a client that asked (tests/test_comfyui_previews.py)
+             "--preview-method", "latent2rgb"],  # previews go only to a client that asked (tests/server_e2e/test_comfyui_previews.py)
             cwd=self.comfy_dir, stdout=self.log, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

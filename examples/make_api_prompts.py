@@ -2,7 +2,7 @@
 
 Sizes are multiples of 16 (what the frontend's size widgets allow), and every optional widget is
 spelled out, so that the drag-and-drop workflows in examples/workflows/ turn into exactly these
-prompts (tests/test_web_browser.py checks it in the real frontend and regenerates them with
+prompts (tests/web/test_web_browser.py checks it in the real frontend and regenerates them with
 HP_UPDATE_EXAMPLES=1).
 
 Model file names are the usual ones from the model cards; rename them to what your

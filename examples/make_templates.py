@@ -4,7 +4,7 @@ node pack) and their API form examples/template_prompts/<name>.json.
 One template per common case of a GPU owner, on ComfyUI's own loaders and file names (those of ComfyUI's official
 templates, package comfyui_workflow_templates 0.7.25, whose `properties.models` download links are copied here).
 `python examples/make_templates.py` writes the API prompts; the drag-and-drop UI files are made from them by the
-real frontend (tests/test_web_browser_templates.py with HP_UPDATE_TEMPLATES=1: loadApiJson, then the Note node and
+real frontend (tests/web/test_web_browser_templates.py with HP_UPDATE_TEMPLATES=1: loadApiJson, then the Note node and
 the model links added, then the frontend's own serialize) together with a screenshot of each as its Templates-browser
 thumbnail (<name>.jpg). docs/templates.md describes them.
 """

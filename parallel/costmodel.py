@@ -5,7 +5,7 @@ the tokens, whether CFG doubles the batch, and the devices (a rank's throughput,
 tiny model's step is mostly fixed costs and a second rank only adds collectives; on 8 NVLinked H100s Flux's
 attention dominates and Ulysses scales. The model is: compute (FLOPs from the shape / a throughput per rank) +
 per-block fixed cost + communication (the exact bytes this implementation sends - bench/comm_volume.py's
-formulas, asserted equal in tests/test_costmodel.py - over a link bandwidth, plus a latency per collective) +
+formulas, asserted equal in tests/engine/test_costmodel.py - over a link bandwidth, plus a latency per collective) +
 the driver's round trip and a per-rank dispatch cost. `choose` returns a config only when it is predicted faster
 than degree 1 by a margin: never slower is the point.
 
@@ -264,7 +264,7 @@ PRESETS = {"cpu": CPU_EPYC_2, "h100-nvlink": H100_NVLINK, "h100-pcie": H100_PCIE
 def rank_bytes(shape: ModelShape, p: int, text: int, batch: int, config: ParallelConfig,
                coords: Optional[dict] = None) -> dict:
     """Bytes one rank sends in one forward, per counter name - the exact volume of this implementation
-    (bench/comm_volume.py `analytic`, uneven splits included; tests/test_costmodel.py asserts equality).
+    (bench/comm_volume.py `analytic`, uneven splits included; tests/engine/test_costmodel.py asserts equality).
     `batch`: the batch on this rank's sequence group; coords: {"ulysses": u, "ring": rho} (default 0, 0)."""
     e, H, D = shape.act_bytes, shape.heads, shape.head_dim
     U, R = config.ulysses_degree, config.ring_degree

@@ -18,7 +18,7 @@ found only on the first multi-GPU run. Strict mode makes a CPU world behave as a
 - **Point-to-point**: tags are dropped (NCCL ignores them: messages between two ranks match in order). A send
   that does not complete until the matching receive is posted needs nothing here: gloo's tcp transport already
   waits for the receiver (measured: a send waited on before its peer posts the receive times out on plain gloo,
-  tests/test_strict_comm.py keeps that so).
+  tests/engine/test_strict_comm.py keeps that so).
 
 Enabled in pool workers by HP_STRICT_COMM=1 (tests/conftest.py sets it for the whole test session); it patches
 the torch.distributed functions of the worker process once, after init_process_group, and the executor runs

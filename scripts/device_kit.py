@@ -11,7 +11,7 @@ tree plus carried folders), so the kit holds only what the suite imports: ComfyU
 server, so no frontend, templates, docs, database or video packages). Each version is the one ComfyUI 0.33 was
 installed with here (../shared/comfyui/constraints-0.33.0.txt).
 
-The same builder makes the CI rehearsal's kit for this machine's Python (tests/test_gpu_suite.py): it installs with
+The same builder makes the CI rehearsal's kit for this machine's Python (tests/pool/test_gpu_suite.py): it installs with
 `--no-index` into a fresh folder, and the reduced suite runs in a Python that sees only that folder and the packages
 of the image (`standin`: links to this venv's copies of the image's packages, nothing else).
 """

@@ -1,5 +1,5 @@
 """Write docs/works-with.md from workers/bridge/classified.py: every ComfyUI / KJNodes / GGUF node that outputs a MODEL,
-GUIDER or CONDITIONING, by what the pack does with what it adds. tests/test_docs.py checks the file is what this
+GUIDER or CONDITIONING, by what the pack does with what it adds. tests/package/test_docs.py checks the file is what this
 script writes (so the page never drifts from the table the capture is tested against).
 
     python scripts/make_works_with.py            (writes docs/works-with.md)
@@ -16,8 +16,8 @@ HEAD = """# Works with: every node that feeds a sampler
 
 What the pack does with each node of ComfyUI 0.33 (and of ComfyUI-KJNodes and ComfyUI-GGUF) that outputs a MODEL,
 GUIDER or CONDITIONING, when its output reaches Parallel Model or Hybrid Sampler. Written by
-`scripts/make_works_with.py` from `workers/bridge/classified.py`; `tests/test_every_node.py` runs every node on a tiny
-model and checks that this is what the pack's capture decides, `tests/test_every_graph.py` compares the carried and
+`scripts/make_works_with.py` from `workers/bridge/classified.py`; `tests/driver/test_every_node.py` runs every node on a tiny
+model and checks that this is what the pack's capture decides, `tests/server_e2e/test_every_graph.py` compares the carried and
 ComfyUI-run ones with KSampler and checks each refusal comes before any work, naming the node.
 
 - **carried**: what the node adds travels to the workers and is applied there exactly (weight patches, hook LoRAs

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Headless Chromium for the browser tests (tests/test_web_browser.py): Debian's chromium and
+# Headless Chromium for the browser tests (tests/web/test_web_browser.py): Debian's chromium and
 # chromium-driver packages, and selenium in the venv. No browser is downloaded: selenium is driven
 # with /usr/bin/chromedriver explicitly, so selenium-manager never runs.
 #   usage: scripts/setup_browser.sh [VENV]      (default: .venv in the repo root)

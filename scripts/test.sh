@@ -24,8 +24,8 @@ OLD=$(.venv/bin/python -c "import sysconfig; print(sysconfig.get_paths()['pureli
 if [ $rc -eq 0 ] && [ $# -eq 0 ] && [ "$OLD" != "$COMFY" ] && [ -f "$OLD/comfy/sd.py" ]; then
   echo "smoke set on ComfyUI 0.3.75 ($OLD)"
   COMFYUI_DIR=$OLD .venv/bin/python -m pytest -q -ra -m "not slow" -p no:cacheprovider \
-    tests/test_comfy_seams.py "tests/test_native_pool.py::test_native_forward_equals_comfyui" \
-    tests/test_comfyui_parallel_model.py -k "not test_parallel_model_equals or ksampler or custom_advanced_dual"
+    tests/driver/test_comfy_seams.py "tests/families/test_native_pool.py::test_native_forward_equals_comfyui" \
+    tests/server_e2e/test_comfyui_parallel_model.py -k "not test_parallel_model_equals or ksampler or custom_advanced_dual"
   rc=$?
 fi
 exit $rc

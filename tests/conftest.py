@@ -1,6 +1,15 @@
 import os
+import sys
+from pathlib import Path
 
 import pytest
+
+# The tests live in folders by concept (engine, pool, driver, families, server_e2e, node_classes, web, doctor,
+# package); the shared fixtures and helpers stay here in tests/. A few test modules reuse another's model builders
+# (`from test_native_pool import inputs`): every folder is importable from any test, whichever ran first.
+for _folder in sorted(Path(__file__).resolve().parent.iterdir()):
+    if _folder.is_dir() and any(_folder.glob("test_*.py")) and str(_folder) not in sys.path:
+        sys.path.append(str(_folder))
 
 from comfy_server import ComfyServer, write_checkpoints
 from dist_harness import DistPool
@@ -38,13 +47,13 @@ def server(tmp_path_factory):
     srv = ComfyServer(comfy_dir, base)
     import shutil
     from pathlib import Path
-    # the tests' GGUF loader node (ComfyUI-GGUF's contract; tests/test_comfyui_gguf.py)
+    # the tests' GGUF loader node (ComfyUI-GGUF's contract; tests/server_e2e/test_comfyui_gguf.py)
     shutil.copytree(Path(__file__).parent / "hp_gguf_loader", base / "custom_nodes" / "hp_gguf_loader")
     for pack in third_party():  # the packs users chain (ComfyUI-GGUF, KJNodes), installed as users install them
         shutil.copytree(pack, base / "custom_nodes" / pack.name)
     write_checkpoints(base, ("sd3", "pixart", "wan"))
     from demo_model.workflow import install  # examples/ is on sys.path (comfy_server)
-    install(base)  # the shipped demo model (tests/test_demo_model.py)
+    install(base)  # the shipped demo model (tests/server_e2e/test_demo_model.py)
     _write_tiny_lora(base / "models" / "loras" / "tiny_lora.safetensors")
     srv.start()
     yield srv

@@ -1,5 +1,5 @@
 """Run every ComfyUI node that outputs a MODEL, GUIDER or CONDITIONING on a tiny model and say what the pack's capture
-decides for what it added (tests/test_every_node.py runs this in its own process and checks the answers against
+decides for what it added (tests/driver/test_every_node.py runs this in its own process and checks the answers against
 workers/bridge/classified.py).
 
 In its own process because it loads every node module of ComfyUI (and of the third-party packs installed in the venv,

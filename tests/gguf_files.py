@@ -1,7 +1,7 @@
 """Quantized .gguf files of the tests' tiny checkpoints, written with gguf-py (the format ComfyUI-GGUF reads).
 
 Q8_0 is gguf-py's own quantizer; gguf-py has no K-quant quantizer (only dequantizers), so Q4_K blocks are
-written here (`quantize_q4_k`), and checked against gguf-py's dequantizer (tests/test_gguf_weights.py).
+written here (`quantize_q4_k`), and checked against gguf-py's dequantizer (tests/driver/test_gguf_weights.py).
 Which tensors are quantized follows ComfyUI-GGUF's converter in spirit: weights with two or more dimensions
 whose rows are whole blocks; biases, norms and 1-D tensors stay F32 (or F16)."""
 from __future__ import annotations

@@ -7,7 +7,7 @@
 // - Hybrid Sampler's progress: ComfyUI's standard per-node progress bar, fed by the node itself (step
 //   mode: ComfyUI's sampler callback; loop mode: the workers' per-step reports).
 // Works with the frontend's Vue nodes (Nodes 2.0: the picture's element moves into the node's component) and with
-// the pack's nodes inside subgraphs (tests/test_web_browser.py checks both).
+// the pack's nodes inside subgraphs (tests/web/test_web_browser.py checks both).
 import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
 import { renderMesh, STYLE } from "./mesh_picture.js";

@@ -80,7 +80,7 @@ def train_vae(vae, small: torch.Tensor, pool: torch.Tensor, steps: int, steps_fu
 @torch.no_grad()
 def encode(vae, images: torch.Tensor) -> torch.Tensor:
     """ComfyUI's TAESD.encode (pictures in [0, 1] -> raw latents), its encoder computed as the plain-torch
-    nets.mosaic it is set to (tests/test_demo_model.py asserts they are equal): ~100x cheaper than running the
+    nets.mosaic it is set to (tests/server_e2e/test_demo_model.py asserts they are equal): ~100x cheaper than running the
     encoder's full-resolution convolutions, which took 3 of the script's minutes."""
     from demo_model import nets
     return nets.mosaic(images) / vae.vae_scale + vae.vae_shift

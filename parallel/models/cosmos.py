@@ -19,7 +19,7 @@ Everything else enters before the split: `padding_mask` (a channel joined to x),
 (ComfyUI joins it to x's channels), `fps` (the RoPE table's), `denoise_mask` (read by ComfyUI's process_timestep,
 outside the model), and Anima's `t5xxl_ids` / `t5xxl_weights` (ComfyUI runs the LLM adapter when it builds the
 conditioning; where they reach the model its adapter runs on the whole text on every rank). Anima adds nothing to
-the DiT's forward, so it runs this plan as a checked subclass (its own test: tests/test_comfyui_anima.py).
+the DiT's forward, so it runs this plan as a checked subclass (its own test: tests/server_e2e/test_comfyui_anima.py).
 """
 from .adapter import FamilyAdapter
 from ..plan import Attention, FamilyPlan, GatherOutput, SplitGrid

@@ -53,7 +53,7 @@ PLAN = FamilyPlan(
 # - denoise_mask (WAN22): read by ComfyUI's process_timestep only; the model ignores it - it travels with the batch;
 # - context_latents (ComfyUI 0.33's in-context reference, Bernini): a list of latents whose tokens are appended to the
 #   sequence with RoPE rows of their own (a source id) and cut off after the head; not checked under the split -
-#   refused under ulysses/ring (cfg/dp split the batch and run it exactly: tests/test_native_wan_conditioning.py).
+#   refused under ulysses/ring (cfg/dp split the batch and run it exactly: tests/families/test_native_wan_conditioning.py).
 _CONTEXT_LATENTS = ("in-context reference latents (context_latents: ComfyUI's Bernini reference conditioning) append "
                     "their own tokens to the video sequence, which this sequence split was not checked with; use "
                     "cfg/dp degrees (ulysses/ring degree 1) with them")

@@ -252,7 +252,7 @@ DECLARED = (KL, KL3D, HV15, TAESD, WAN21, WAN22, TAEHV, LTXV)
 
 # Declared names that only some ComfyUI releases define: (the earlier releases' name, the later ones'). Every other
 # name in DECLARED and REFUSED must be a class of the ComfyUI in use, and of each pair one side
-# (tests/test_patch_vae_native.py).
+# (tests/families/test_patch_vae_native.py).
 RENAMED = (
     (f"{_HV15}.NoPadConv3d", f"{_MODEL}.CarriedConv3d"),
     (f"{_HV15}.HunyuanRefinerResnetBlock", f"{_MODEL}.ResnetBlock"),

@@ -1,4 +1,4 @@
-"""The bridge to ComfyUI: the only product code that imports ComfyUI or looks its modules up (tests/test_comfy_seams.py
+"""The bridge to ComfyUI: the only product code that imports ComfyUI or looks its modules up (tests/driver/test_comfy_seams.py
 scans for it), so the next ComfyUI changes this folder.
 
 - seams.py: every ComfyUI symbol the pack relies on, checked when the pack loads (one clear line if one is missing).

@@ -1,5 +1,5 @@
 """Every node class of ComfyUI (and of the third-party packs the tests install) that outputs a MODEL, GUIDER or
-CONDITIONING, classified: what the pack does with what it adds. tests/test_every_node.py runs each against this
+CONDITIONING, classified: what the pack does with what it adds. tests/driver/test_every_node.py runs each against this
 table in a real ComfyUI; a node missing here fails that test - a new ComfyUI release arrives as a list to classify.
 
 - PLAIN: adds nothing the capture refuses or carries beyond the model call's own inputs (loaders, text encoders,
@@ -66,7 +66,7 @@ BY_FAMILY = {
 }
 
 # What tests/every_node_probe.py finds for each node on a tiny model (SD3; another family where the node acts only
-# there), checked by tests/test_every_node.py
+# there), checked by tests/driver/test_every_node.py
 NODES: dict = {
     # PLAIN (108)
     **dict.fromkeys(('BasicGuider', 'BerniniConditioning', 'CFGGuider', 'CLIPTextEncode',

@@ -11,7 +11,7 @@ can carry. Whether one of them is exact on the pool depends on *where it runs*:
 - REFUSED: it acts inside the diffusion model with state the workers cannot have (a closure recording attention
   maps, a module swapped in ComfyUI's process). Refused before any work, naming the node and what to do instead.
 A function is known by where it was defined ("module:Class." - the node class whose code made it), a wrapper or
-callback by its type and key, an object patch, option or attachment by its key. tests/test_every_node.py walks
+callback by its type and key, an object patch, option or attachment by its key. tests/driver/test_every_node.py walks
 ComfyUI's node registry and checks every node that outputs a MODEL, GUIDER or CONDITIONING against this table.
 """
 from __future__ import annotations
@@ -79,7 +79,7 @@ FUNCTIONS = {
     # SamplerCustomAdvanced's CFGOverride: a predict-noise wrapper that changes the cfg per step
     "comfy_extras.nodes_custom_sampler:CFGOverride.": _driver("CFGOverride"),
     # KJNodes (custom_nodes/ComfyUI-KJNodes), read: CFG / denoise-mask functions on the denoised outputs only
-    # (CFGZeroStarAndInit run against KSampler in tests/test_every_graph.py)
+    # (CFGZeroStarAndInit run against KSampler in tests/server_e2e/test_every_graph.py)
     "custom_nodes.kjnodes.nodes.model_optimization_nodes:CFGZeroStarAndInit.": _driver("CFGZeroStarAndInit"),
     "custom_nodes.kjnodes.nodes.model_optimization_nodes:PiDColorBiasCorrection.": _driver(
         "PiDColorBiasCorrection"),

@@ -4,7 +4,7 @@ Why: ComfyUI releases every week or two and moves things under the pack (0.33 dr
 `scaled_fp8`, renamed `layer_quant_config`, moved `string_to_seed`). A missing symbol found mid-prompt is a worker
 traceback; found here, when the pack loads, it is one line naming the symbol, the ComfyUI that is running and the
 ComfyUI versions the tests ran (`TESTED`). The nodes refuse with that line before any worker starts
-(nodes/runtime.py `check_comfyui`), and tests/test_comfy_seams.py checks the inventory against the ComfyUI under
+(nodes/runtime.py `check_comfyui`), and tests/driver/test_comfy_seams.py checks the inventory against the ComfyUI under
 test, so the next release that removes one is caught by one test.
 
 A seam is `module:attribute.path`, the parameters its signature must accept, and whether the pack adapts when it

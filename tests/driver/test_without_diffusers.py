@@ -1,0 +1,89 @@
+"""diffusers is optional: the nodes, the workers and ComfyUI's own modules on the pool never import it.
+
+Why: the pack runs ComfyUI's own modules everywhere (the ComfyUI -> diffusers converters live in tests/converters as
+test references only); a ComfyUI install without diffusers, or with a version the library API does not know, must
+run every node. The check runs in a subprocess whose `diffusers` is a package that raises ImportError (first on
+PYTHONPATH, so the workers inherit it): it imports every product module, runs ComfyUI's tiny Flux (fp32: fp8 weights cast on every call
+on a CPU, which made this the slowest test in CI) with
+PipeFusion and with Ulysses on a 2-rank pool, and decodes with Patch VAE Decode's native path - each compared to
+ComfyUI's own model in that process.
+"""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytestmark = pytest.mark.comfy
+
+SCRIPT = textwrap.dedent('''
+    import importlib, pkgutil, sys, torch
+    sys.path.insert(0, sys.argv[1])  # tests/: comfy_env
+    from comfy_env import setup_comfy
+    setup_comfy()
+    import comfy.sd
+    import comfyui_hybrid_parallel as pack
+    library = {"comfyui_hybrid_parallel.parallel.vae.decode", "comfyui_hybrid_parallel.parallel.vae.plan"}
+    scripts = ("__main__", "worker_main", "torchrun_entry", "fake_worker")  # they run when imported
+    for sub in ("nodes", "parallel", "workers", "doctor"):
+        top = importlib.import_module(f"comfyui_hybrid_parallel.{sub}")
+        for m in pkgutil.walk_packages(top.__path__, f"comfyui_hybrid_parallel.{sub}."):
+            if m.name not in library and not m.name.endswith(scripts):
+                importlib.import_module(m.name)
+    assert "diffusers" not in sys.modules, "a product module imported diffusers"
+    try:
+        import diffusers  # noqa: F401
+        raise SystemExit("diffusers was not blocked")
+    except ImportError:
+        pass
+
+    from comfyui_hybrid_parallel.doctor import tiny_checkpoints as tc
+    from comfyui_hybrid_parallel.nodes.native import family_adapter, native_spec
+    from comfyui_hybrid_parallel.parallel import ParallelConfig
+    from comfyui_hybrid_parallel.parallel.pipefusion import flow
+    from comfyui_hybrid_parallel.parallel.loop import run_loop
+    from comfyui_hybrid_parallel.workers.pool import WorkerPool
+    path = sys.argv[2] + "/flux.safetensors"
+    tc.write_flux(path, guidance=True, seed=5)
+    base = comfy.sd.load_diffusion_model(path).model
+    dm = base.diffusion_model
+    g = torch.Generator().manual_seed(7)
+    dtype = base.manual_cast_dtype or dm.dtype
+    cond = {"context": torch.randn(2, 7, 32, generator=g).to(dtype), "y": torch.randn(2, 24, generator=g).to(dtype),
+            "guidance": torch.full((2,), 3.5).to(dtype)}
+    noise = torch.randn(1, 16, 8, 12, generator=g)
+    sigmas = torch.linspace(1.0, 0.0, 3)
+    ref = run_loop(dm, cond, sigmas, noise, convention=flow(1.0), sampler="euler", cfg_scale=2.0,
+                   forward=lambda h, t, kw: dm(h, t, transformer_options={}, **kw), dtype=dtype,
+                   timestep_dtype=torch.float32)
+    rel = lambda a, b: ((a.double() - b.double()).norm() / b.double().norm()).item()
+    pool = WorkerPool(device="cpu")
+    try:
+        for degrees in ({"pp_degree": 2, "num_pipeline_patch": 2, "warmup_steps": 2}, {"ulysses_degree": 2}):
+            config = ParallelConfig(**degrees)
+            key = f"flux:{config.describe()}"
+            pool.ensure_model(config, key, family_adapter(dm).family, {}, native=native_spec(base),
+                              state_dict=lambda: dict(dm.state_dict()))
+            values = {"key": key, "structure": {"transformer_options": {}}, "sampler": "euler", "cfg_scale": 2.0,
+                      "convention": {"kind": "flow", "timestep_scale": 1.0}}
+            out = pool.submit(config, "loop", values, {**cond, "noise": noise, "sigmas": sigmas}).tensors["out"]
+            print(config.describe(), "rel", rel(out, ref))
+            assert rel(out, ref) <= 1e-5, (config.describe(), rel(out, ref))
+    finally:
+        pool.close()
+    print("ok without diffusers")
+''')
+
+
+def test_nodes_and_workers_run_without_diffusers(tmp_path):
+    shadow = tmp_path / "shadow" / "diffusers"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text('raise ImportError("diffusers is not installed (blocked by the test)")\n')
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(shadow.parent), os.environ.get("PYTHONPATH", "")])}
+    tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    res = subprocess.run([sys.executable, "-c", SCRIPT, tests, str(tmp_path)], capture_output=True, text=True,
+                         timeout=600, env=env)
+    print(res.stdout[-3000:])
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-6000:]
+    assert "ok without diffusers" in res.stdout
