@@ -107,7 +107,7 @@ def _cond_uncond_order(inputs: dict, cond_or_uncond: list, batch: int) -> tuple:
     return {k: pick(v) for k, v in inputs.items()}, len(order) == 2
 
 
-def make_loop_sampler(runtime, hp, state: dict, sampler_name: str, cfg: float, model_sampling, family_of_state,
+def make_loop_sampler(runtime, hp, state, sampler_name: str, cfg: float, model_sampling, family_of_state,
                       base_model=None):
     """A ComfyUI KSAMPLER whose function runs the loop (PipeFusion, or one parallel forward per step) on the workers."""
     from .native import loop_step_cache
@@ -117,14 +117,14 @@ def make_loop_sampler(runtime, hp, state: dict, sampler_name: str, cfg: float, m
         if extra_args.get("denoise_mask") is not None:
             raise ValueError("loop mode does not support noise masks (inpainting) yet; use step mode (pp_degree=1, "
                              "sampling_mode auto/step)")
-        state["capture"] = True
+        state.capture = True
         try:
             model_k(x, sigmas[0] * x.new_ones([x.shape[0]]), **extra_args)
             raise RuntimeError("the diffusion model was not reached while capturing conditioning")
         except Captured as c:
             cap = c
         finally:
-            state["capture"] = False
+            state.capture = False
         family = family_of_state()
         if hp.config.pp_degree > 1:
             from ..parallel.models import ADAPTERS
@@ -146,7 +146,7 @@ def make_loop_sampler(runtime, hp, state: dict, sampler_name: str, cfg: float, m
             inputs["c_concat"] = cap.x[:, x.shape[1]:].contiguous()
         inputs, has_uncond = _cond_uncond_order(inputs, cap.cond_or_uncond, x.shape[0])
         convention = loop_convention(model_sampling, sigmas)  # (checked before any work: sampler_node)
-        values = {"key": state["key"], "structure": _structure(inputs), "sampler": sampler_name,
+        values = {"key": state.key, "structure": _structure(inputs), "sampler": sampler_name,
                   "cfg_scale": float(cfg) if has_uncond else None, "convention": convention}
         model_options = extra_args.get("model_options")
         step_cache = loop_step_cache(model_options, base_model, cap.cond_or_uncond, has_uncond,
@@ -161,13 +161,13 @@ def make_loop_sampler(runtime, hp, state: dict, sampler_name: str, cfg: float, m
         if step_cache is not None:
             values["step_cache"] = step_cache
         tensors = {**_flatten(inputs), "noise": x.float().contiguous(), "sigmas": sigmas.float().cpu()}
-        if state.get("object_values"):  # plain object patches of the MODEL (Flux Kontext's reference method)
-            values["object_values"] = state["object_values"]
-        if state.get("bypass"):  # a LoRA in bypass mode: injected around the loop's model calls
+        if state.object_values:  # plain object patches of the MODEL (Flux Kontext's reference method)
+            values["object_values"] = state.object_values
+        if state.bypass:  # a LoRA in bypass mode: injected around the loop's model calls
             from ..workers.bridge.carry import bypass_call
             import uuid
             values["run"] = uuid.uuid4().hex
-            values["bypass"], parts = bypass_call(state["bypass"], set())
+            values["bypass"], parts = bypass_call(state.bypass, set())
             tensors.update(parts)
         pbar = progress_bar(len(sigmas) - 1)
         preview = None

@@ -51,10 +51,12 @@ class ParallelModel:
         check_not_multigpu(model, "Parallel Model")
         # refusals now, before any worker starts: what the graph put on the MODEL so far (the sampler's run checks
         # the whole of it again, with what nodes after this one added and the conditioning)
-        state = pool_state(model, hp, capture_run(model, hp, "Parallel Model", given(prompt, unique_id), mode="step"))
+        first = pool_state(model, hp, capture_run(model, hp, "Parallel Model", given(prompt, unique_id), mode="step"))
         m = host_clone(model)  # ComfyUI's copy stays on the host (a non-dynamic patcher under DynamicVRAM)
         runtime = self.runtime
-        chosen = {"hp": hp}  # this run's config: degrees "auto" is decided per run, when the latent is known
+        # this run's config and record: degrees "auto" is decided per run, when the latent is known, and the record
+        # from the guider's whole graph (what nodes after this one added)
+        chosen = {"hp": hp, "run": first}
 
         def outer_sample(executor, *args, **kwargs):
             guider = executor.class_obj
@@ -70,14 +72,13 @@ class ParallelModel:
             chosen["hp"] = run_hp
             cap = capture_run(patcher, run_hp, "Parallel Model", executing(), mode="step", conds=guider.conds,
                               model_options=guider.model_options)
-            state.clear()
-            state.update(pool_state(patcher, run_hp, cap))
+            chosen["run"] = pool_state(patcher, run_hp, cap)  # this run's record, from the guider's whole graph
             without_compile_wrapper(guider.model_options["transformer_options"].get("wrappers") or {})  # this run's
             take_over_from_dynamic_vram(patcher)  # before ComfyUI loads it: its DynamicVRAM copy leaves the GPU
-            with runtime.track("sample"), runtime.quiet_driver(run_hp), patches_on_workers(patcher, state):
+            with runtime.track("sample"), runtime.quiet_driver(run_hp), patches_on_workers(patcher, chosen["run"]):
                 return executor(*args, **kwargs)
 
         add_wrapper(m, OUTER_SAMPLE, WRAPPER_KEY, outer_sample)
         add_wrapper(m, APPLY_MODEL, WRAPPER_KEY,
-                               make_apply_model_wrapper(runtime, lambda: chosen["hp"], state))
+                    make_apply_model_wrapper(runtime, lambda: chosen["hp"], lambda: chosen["run"]))
         return (m,)

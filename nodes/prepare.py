@@ -13,6 +13,7 @@ from ..workers.bridge.capture import capture
 from ..workers.bridge.carry import object_values
 from ..workers.bridge.residency import weights_key
 from ..workers.bridge.sampling import APPLY_MODEL, wrappers_of
+from .run_record import RunRecord
 from .native import (NotCarried, check_any_model, check_declared, check_loader_methods, check_native_tp,
                      check_weights, native_spec)
 
@@ -128,7 +129,7 @@ def capture_run(model, hp, who: str, graph, mode: str | None = None, conds=None,
     return cap
 
 
-def pool_state(model, hp, cap) -> dict:
+def pool_state(model, hp, cap) -> RunRecord:
     """How the pool runs this MODEL for `hp`: its residency key (what the weights hold - base, patches, compute
     dtype - and the method), ComfyUI's own model spec, what travels with each call (object values, hooks) and the call
     counter. Refuses, before any worker starts, what cannot travel (tp / pp where the family declares none, tp degrees
@@ -137,25 +138,23 @@ def pool_state(model, hp, cap) -> dict:
     method = f"{hp.config.method}" + (f"-w{hp.config.warmup_steps}" if hp.config.method != "usp" else "")
     cast = [f.detail["value"] for f in cap.carried("compute_dtype")]
     extra = f"cast-{str(cast[-1]).removeprefix('torch.')}" if cast and cast[-1] is not None else ""
-    state = {"key": f"native:{weights_key(model.model, model.patches, extra)}|{method}", "calls": 0,
-             "lineage": f"{model.model._hp_uid}|{method}"}  # this model under other patches: replaced, not kept
     check_any_model(model.model.diffusion_model, hp)  # a model no adapter declares: cfg / dp only
     check_declared(model.model.diffusion_model, hp.config)  # tp / pp where the family declares them
     compiled = compile_spec(model, hp)
     # ComfyUI's own model on the workers; refused here, before any worker starts, if it cannot travel
-    state["native"] = native_spec(model.model, compute_dtype=cast[-1] if cast else None)
+    native = native_spec(model.model, compute_dtype=cast[-1] if cast else None)
     check_weights(model.model.diffusion_model)
     check_native_tp(model.model.diffusion_model, hp.config)
     check_loader_methods(model.model.diffusion_model, hp.config, patched=bool(model.patches))  # GGUF
-    state["patches"] = portable_patches(model, hp.config)  # LoRA & co travel as patches where they can
-    if state["patches"] is not None:
-        state["native"]["patcher"] = loader_patcher(model)  # a loader that patches its own way (GGUF)
-    state["compile"] = compiled
-    state["object_values"] = object_values(cap.carried("object_values"))
-    state["hooks"] = bool(cap.carried("hooks"))
-    state["bypass"] = {k: v for f in cap.carried("bypass") for k, v in f.detail["adapters"].items()}
-    check_carried_calls(model, hp, cap, state)
-    return state
+    patches = portable_patches(model, hp.config)  # LoRA & co travel as patches where they can
+    if patches is not None:
+        native["patcher"] = loader_patcher(model)  # a loader that patches its own way (GGUF)
+    record = RunRecord(key=f"native:{weights_key(model.model, model.patches, extra)}|{method}",
+                       lineage=f"{model.model._hp_uid}|{method}", native=native, patches=patches, compile=compiled,
+                       object_values=object_values(cap.carried("object_values")), hooks=bool(cap.carried("hooks")),
+                       bypass={k: v for f in cap.carried("bypass") for k, v in f.detail["adapters"].items()})
+    check_carried_calls(model, hp, cap, record)
+    return record
 
 
 def check_carried_calls(model, hp, cap, state) -> None:
@@ -164,15 +163,15 @@ def check_carried_calls(model, hp, cap, state) -> None:
     model), and block skips (Skip Layer Guidance) of a block where the family's plan splits the sequence or with
     DistriFusion (its stale activations are kept per conditioning, which the extra call would overwrite)."""
     config = hp.config
-    if state["hooks"]:
+    if state.hooks:
         why = ("tensor parallel, PipeFusion or weight sharding" if not config.whole_model else
-               "a compiled model (TorchCompileModel)" if state["compile"] else
-               "quantized weights" if state["native"].get("quantized") or state["native"].get("tensors") else "")
+               "a compiled model (TorchCompileModel)" if state.compile else
+               "quantized weights" if state.native.get("quantized") or state.native.get("tensors") else "")
         if why:
             raise NotCarried(f"hook LoRAs switch weights per conditioning on the workers, which {why} cannot do "
                              f"exactly; use ulysses / ring / cfg / dp degrees with shard_weights none on bf16 / fp16 / "
                              f"fp32 weights, or load the LoRA with LoraLoaderModelOnly")
-    if state["bypass"] and (config.tp_degree > 1 or config.pp_degree > 1):
+    if state.bypass and (config.tp_degree > 1 or config.pp_degree > 1):
         raise NotCarried(f"{cap.creator(cap.carried('bypass')[0])} computes its LoRA beside each whole layer, which "
                          f"tensor parallel (a layer's output in shards) and PipeFusion (stages) do not run; use "
                          f"ulysses / ring / cfg / dp degrees or shard_weights, or LoraLoaderModelOnly")
@@ -251,7 +250,7 @@ def patches_on_workers(patcher, state):
     """While ComfyUI samples `patcher`, leave its weights unpatched when the workers apply the patches themselves:
     no patched copy (and backup) on the host, and the base weights are what travels. A new patches_uuid makes
     ComfyUI restore the base weights if another sampler left them patched, and re-patch them for the next one."""
-    if not state.get("patches"):
+    if not state.patches:
         yield
         return
     saved = patcher.patches, patcher.patches_uuid

@@ -16,6 +16,7 @@ from ..workers.bridge.residency import unhooked
 from ..workers.bridge.sampling import ComfyInterrupt, raise_if_interrupted, run_wrapped
 from .native import NotCarried, check_diffusion_wrappers, diffusion_wrappers, runs_diffusion_wrappers
 from .prepare import split_blocks
+from .run_record import RunRecord
 
 
 class Captured(Exception):
@@ -32,7 +33,7 @@ class PoolDiffusionModel(torch.nn.Module):
     """Stands in for ComfyUI's diffusion model during one call: sends the call's arguments to the workers, which run
     ComfyUI's own model, and returns their output."""
 
-    def __init__(self, runtime, hp, original: torch.nn.Module, state: dict, patcher=None):
+    def __init__(self, runtime, hp, original: torch.nn.Module, state: RunRecord, patcher=None):
         super().__init__()
         self.runtime, self.hp, self.state = runtime, hp, state
         self.patcher = patcher  # the ModelPatcher sampling now (BaseModel.current_patcher): its hooks, its backups
@@ -58,13 +59,12 @@ class PoolDiffusionModel(torch.nn.Module):
 
     def _ensure_resident(self):
         st = self.state
-        if not st.get("resident"):
+        if not st.resident:
             # the weights as they are without a hook: ComfyUI patches a hook group into them in place before the
             # call (its per-call hooks travel separately: carry.hook_call)
-            st["family"] = self.runtime.ensure_native(self.hp, st["key"], st["native"], self._original[0],
-                                                      st.get("lineage"), st.get("patches"),
-                                                      unhooked=unhooked(self.patcher))
-            st["resident"] = True
+            st.family = self.runtime.ensure_native(self.hp, st.key, st.native, self._original[0], st.lineage,
+                                                   st.patches, unhooked=unhooked(self.patcher))
+            st.resident = True
 
     def _native_forward(self, x, timestep, context, transformer_options, extra):
         """ComfyUI's own model on the workers: its call's arguments go as they are (call_payload), its output
@@ -84,29 +84,30 @@ class PoolDiffusionModel(torch.nn.Module):
         options = call_options(transformer_options, adapter.carried_options if adapter is not None else ())
         structure["transformer_options"] = options
         self._check_skips(adapter, options)
-        values = {"key": self.state["key"], "call_index": self.state["calls"], "structure": structure}
-        if self.state.get("object_values"):
-            values["object_values"] = self.state["object_values"]
+        st = self.state
+        values = {"key": st.key, "call_index": st.calls, "structure": structure}
+        if st.object_values:
+            values["object_values"] = st.object_values
         hooks = getattr(self.patcher, "current_hooks", None)
-        if hooks is not None or self.state.get("hooks"):  # the call's hook group (ComfyUI switches it per cond)
-            if not self.state.get("hooks"):
+        if hooks is not None or st.hooks:  # the call's hook group (ComfyUI switches it per cond)
+            if not st.hooks:
                 raise NotCarried("this model call runs under a hook group that was not on the MODEL or its "
                                  "conditioning when sampling started; the pack cannot carry it")
-            values["hooks"], parts = hook_call(self.patcher, hooks, self.state.setdefault("hooks_sent", set()))
+            values["hooks"], parts = hook_call(self.patcher, hooks, st.hooks_sent)
             tensors.update(parts)
             changing += parts
-        if self.state.get("bypass"):  # LoRA bypass: its adapters once per run, injected around each call
-            values["bypass"], parts = bypass_call(self.state["bypass"], self.state.setdefault("bypass_sent", set()))
+        if st.bypass:  # LoRA bypass: its adapters once per run, injected around each call
+            values["bypass"], parts = bypass_call(st.bypass, st.bypass_sent)
             tensors.update(parts)
             changing += parts
         which = (transformer_options or {}).get("cond_or_uncond")
         if isinstance(which, (list, tuple)) and all(isinstance(i, int) for i in which):
             values["conds"] = list(which)  # which conditionings this call holds: DistriFusion's lane
-        if self.state.get("compile"):
-            values["compile"] = self.state["compile"]
+        if st.compile:
+            values["compile"] = st.compile
         self._ensure_resident()
-        self.state["calls"] += 1
-        res = submit_once(self.runtime.pool(self.hp), self.hp.config, values, tensors, self.state, tuple(changing))
+        st.calls += 1
+        res = submit_once(self.runtime.pool(self.hp), self.hp.config, values, tensors, st, tuple(changing))
         device = (x[0] if isinstance(x, (list, tuple)) else x).device
         if "out_streams" in res.values:
             return [res.tensors[f"out.{i}"].to(device) for i in range(res.values["out_streams"])]
@@ -127,7 +128,7 @@ class PoolDiffusionModel(torch.nn.Module):
         """ComfyUI's diffusion model runs its DIFFUSION_MODEL wrappers around its forward; the ones that can run in
         the driver (EasyCache) run here, around the pool call, exactly as ComfyUI's class would run them."""
         found = diffusion_wrappers((transformer_options or {}).get("wrappers"))
-        if not found or self.state.get("capture") or not runs_diffusion_wrappers(self._original[0]):
+        if not found or self.state.capture or not runs_diffusion_wrappers(self._original[0]):
             # none; loop mode (the workers apply EasyCache's rule themselves); or a class that ignores them
             return self._call(x, timestep, context, control, transformer_options, **extra)
         check_diffusion_wrappers((transformer_options or {}).get("wrappers"))
@@ -135,7 +136,7 @@ class PoolDiffusionModel(torch.nn.Module):
                            x, timestep, context, control, transformer_options, **extra)
 
     def _call(self, x, timestep, context=None, control=None, transformer_options=None, **extra):
-        if control is not None and self.state.get("capture"):
+        if control is not None and self.state.capture:
             if self.hp.config.pp_degree > 1:  # sampling_mode step alone is refused with PipeFusion
                 how = "PipeFusion, which always loops in the workers: set pp_degree to 1 (sampling_mode auto or step)"
             else:
@@ -143,7 +144,7 @@ class PoolDiffusionModel(torch.nn.Module):
             raise ValueError(f"ControlNet runs on the workers in step mode; this config uses {how}")
         if control is not None:
             extra = dict(extra, control=control)
-        if self.state.get("capture"):  # loop mode: hand ComfyUI's own conditioning over, compute nothing
+        if self.state.capture:  # loop mode: hand ComfyUI's own conditioning over, compute nothing
             cond, structure = call_payload(context, extra)
             if structure:
                 raise NotCarried(f"loop mode cannot carry {sorted(structure)} (reference latents) yet; "
@@ -222,7 +223,7 @@ def submit_interruptible(pool, config, kind, values, tensors):
         raise
 
 
-def submit_once(pool, config, values: dict, tensors: dict, state: dict, changing: tuple):
+def submit_once(pool, config, values: dict, tensors: dict, state: RunRecord, changing: tuple):
     """A step-mode forward whose inputs that did not change since this run's previous call stay on the workers.
 
     Why: the conditioning (text, pooled, guidance, reference latents) is the same at every step of a run, yet
@@ -231,9 +232,7 @@ def submit_once(pool, config, values: dict, tensors: dict, state: dict, changing
     in `reuse` and the workers take their copy of it (workers/jobs.py job_forward). `changing` (latent, timestep)
     is always sent. The previous call is identified by the run's id and call index, so a worker never reuses
     tensors of another run; a failed call sends everything again next time."""
-    import uuid
-    last = state.get("sent")
-    run = state.setdefault("run", uuid.uuid4().hex)
+    last, run = state.sent, state.run
     reuse = []
     if last is not None:
         for name, t in list(tensors.items()):
@@ -244,11 +243,11 @@ def submit_once(pool, config, values: dict, tensors: dict, state: dict, changing
                 del tensors[name]
     values = dict(values, run=run, previous_call=None if last is None else last["call"], reuse=reuse,
                   changing=list(changing))
-    state["sent"] = None  # until this call succeeds
+    state.sent = None  # until this call succeeds
     res = submit_interruptible(pool, config, "forward", values, tensors)
     kept = {n: t for n, t in tensors.items() if n not in changing}
     kept.update({n: last["tensors"][n] for n in reuse})
-    state["sent"] = {"call": values["call_index"], "tensors": kept}
+    state.sent = {"call": values["call_index"], "tensors": kept}
     return res
 
 
@@ -282,13 +281,14 @@ def _note_step(runtime, options) -> None:
         runtime.progress(min(int((sigmas[:-1].cpu() > now.max().cpu()).sum()) + 1, total), total)
 
 
-def make_apply_model_wrapper(runtime, hp, state: dict):
-    """`hp`: the config, or a callable returning this run's (Parallel Model decides degrees "auto" per run)."""
+def make_apply_model_wrapper(runtime, hp, state):
+    """`hp` and `state` (the RunRecord): each the value, or a callable returning this run's (Parallel Model decides
+    degrees "auto" and builds its record per run)."""
     def wrapper(executor, *args, **kwargs):
         _note_step(runtime, kwargs.get("transformer_options", args[5] if len(args) > 5 else None))
         base = executor.class_obj
         original = base.diffusion_model
-        proxy = PoolDiffusionModel(runtime, hp() if callable(hp) else hp, original, state,
+        proxy = PoolDiffusionModel(runtime, hp() if callable(hp) else hp, original, state() if callable(state) else state,
                                    patcher=getattr(base, "current_patcher", None))
         base.diffusion_model = proxy
         try:

@@ -102,7 +102,7 @@ class HybridSampler:
         samples = ksample_with(m, latent, seed, steps, cfg, sampler_name, scheduler, positive, negative, denoise,
                                preview_from, lambda: make_loop_sampler(
                                    self.runtime, hp, state, sampler_name, cfg, m.get_model_object("model_sampling"),
-                                   lambda: state["family"], base_model=m.model))
+                                   lambda: state.family, base_model=m.model))
         out = latent.copy()
         out["samples"] = samples
         return (out,)

@@ -368,6 +368,7 @@ def test_step_inputs_cross_once_per_run(comfy):
     again; a call naming a previous call the workers do not hold fails clearly and the pool stays usable. (The
     protocol is the family's business not at all: the tiny SD3, not the 531M Flux - 2 min on 2 cores.)"""
     from comfyui_hybrid_parallel.nodes.proxy import submit_once
+    from comfyui_hybrid_parallel.nodes.run_record import RunRecord
     from comfyui_hybrid_parallel.parallel import ParallelConfig
     from comfyui_hybrid_parallel.workers.pool import WorkerError, WorkerPool
     base = load_model(comfy, "sd3", "fp8_e4m3fn").model
@@ -381,7 +382,7 @@ def test_step_inputs_cross_once_per_run(comfy):
                 sent.append(sorted(tensors or {}))
             return submit(config, kind, values, tensors, **kw)
         pool.submit = recording
-        state, calls, outs = {}, [], []
+        state, calls, outs = RunRecord(key="once", lineage="once", native={}), [], []
         first = inputs("sd3", base, seed=400)
         pool_forward(pool, config, "once", base, first)  # resident
         sent.clear()

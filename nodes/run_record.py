@@ -1,0 +1,33 @@
+"""One prompt's run on the pool, typed: what prepare.pool_state decided before any worker started, then what the run
+does as it goes.
+
+Why a dataclass and not a dict: the record is built in one place (nodes/prepare.py pool_state, after every refusal)
+and read by the proxy (step mode), the workers' loop (loop mode / PipeFusion) and the patch transport; a misspelt
+key in a dict read as None - a hook group silently not sent - where an attribute fails loudly.
+"""
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RunRecord:
+    # decided before any worker starts (prepare.pool_state)
+    key: str                       # the resident weights' key: base model, patches digest, compute dtype, method
+    lineage: str                   # this model under other patches: replaced on the workers, not kept beside
+    native: dict                   # ComfyUI's model spec the workers build (nodes/native.py native_spec)
+    patches: tuple | None = None   # ComfyUI's weight patches as they travel, or None (the weights travel patched)
+    compile: dict | None = None    # TorchCompileModel's options for the workers, or None
+    object_values: dict | None = None  # plain object patches that travel with each call
+    hooks: bool = False            # hook LoRAs: each call's hook group travels (carry.hook_call)
+    bypass: dict = field(default_factory=dict)  # LoRA bypass adapters, injected around each call on the ranks
+    # what the run does as it goes
+    calls: int = 0                 # model calls so far (the workers' call index)
+    resident: bool = False         # the weights are on the workers for this run
+    family: str | None = None      # the family adapter the workers run (their answer to the load)
+    capture: bool = False          # loop mode: the next model call hands ComfyUI's inputs over, computing nothing
+    run: str = field(default_factory=lambda: uuid.uuid4().hex)  # names this run's tensors on the workers
+    sent: dict | None = None       # the previous call's tensors (submit_once reuses what did not change)
+    hooks_sent: set = field(default_factory=set)   # hook groups the workers hold for this run
+    bypass_sent: set = field(default_factory=set)  # bypass adapter sets the workers hold for this run
