@@ -5,6 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO / "examples") not in sys.path:
     sys.path.insert(0, str(REPO / "examples"))
@@ -175,6 +177,25 @@ def tiny_unet(server, name: str, module: str, write) -> str:
     if not path.exists():
         write(path)
     return name
+
+
+# A family's server matrix is proven once in CI: its sequence plan through both sequence methods at once (u2r2; else
+# the one sequence case it has) and its batch split (cfg2), plus any case of its own (tp, pp, its references). Ulysses
+# and ring alone and sharded weights are the same mechanism on every family, proven family-independently in CI
+# (tests/engine/test_usp.py, tests/engine/test_shard.py, tests/families/test_native_pool.py): the rest of a family's
+# matrix runs with the slow set (`part` "rest").
+STANDARD = ("u2", "r2", "u2r2", "cfg2", "u2_sharded")
+PARTS = ["ci", pytest.param("rest", marks=pytest.mark.slow)]
+
+
+def part_of(cases, part: str) -> list:
+    """The cases of `cases` in `part` ("ci" or "rest", see PARTS)."""
+    names = [c[0] for c in cases]
+    seq = next((n for n in ("u2r2", "u2", "r2") if n in names), None)
+    ci = [c for c in cases if c[0] not in STANDARD or c[0] in (seq, "cfg2")]
+    chosen = ci if part == "ci" else [c for c in cases if c not in ci]
+    assert chosen, f"no {part} case in {names}: parametrize this test without PARTS"
+    return chosen
 
 
 def equal_ksampler(server, graph, tag: str, cases, bound: float = 1e-5):

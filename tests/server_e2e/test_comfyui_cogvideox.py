@@ -6,6 +6,7 @@ ulysses 2, ring 2, ulysses 2 x ring 2, Hybrid Sampler with cfg 2.
 """
 import pytest
 
+from comfy_server import PARTS, part_of
 from comfy_server import equal_ksampler, error_text, on_pool, tiny_unet, workflow
 
 pytestmark = pytest.mark.comfy
@@ -29,10 +30,11 @@ def _graph(unet, tag, degrees=None, node="model"):
     return g if degrees is None else on_pool(g, degrees, node)
 
 
+@pytest.mark.parametrize("part", PARTS)
 @pytest.mark.parametrize("v15", [False, True], ids=["1.0", "1.5"])
-def test_cogvideox_equals_ksampler(server, v15):
+def test_cogvideox_equals_ksampler(server, v15, part):
     unet = _write(server, v15)
-    equal_ksampler(server, lambda *a: _graph(unet, *a), f"cogvideox{'15' if v15 else ''}", CASES)
+    equal_ksampler(server, lambda *a: _graph(unet, *a), f"cogvideox{'15' if v15 else ''}", part_of(CASES, part))
 
 
 def test_cogvideox_tensor_parallel_is_refused_with_the_fix(server):

@@ -8,6 +8,7 @@ latents at 16x: 7 x 5 (35 tokens, odd) and 8 x 6 (48); the reference 5 x 4.
 """
 import pytest
 
+from comfy_server import PARTS, part_of
 from comfy_server import FAMILIES, equal_ksampler, on_pool, tiny_unet, workflow
 
 pytestmark = pytest.mark.comfy
@@ -48,17 +49,20 @@ def _graph(size, tag, degrees=None, node="model", edit=None, weight_dtype="defau
     return g if degrees is None else on_pool(g, degrees, node)
 
 
-@pytest.mark.parametrize("size", [(112, 80), pytest.param((128, 96), marks=pytest.mark.slow)], ids=["odd", "even"])
-def test_flux2_klein_equals_ksampler(server, size):
+@pytest.mark.parametrize("size,part", [((112, 80), "ci"), pytest.param((112, 80), "rest", marks=pytest.mark.slow),
+                                       pytest.param((128, 96), "ci", marks=pytest.mark.slow)],
+                         ids=["odd", "odd-rest", "even"])
+def test_flux2_klein_equals_ksampler(server, size, part):
     _write(server)
-    cases = CASES if size == (112, 80) else CASES[:1] + CASES[3:4]
+    cases = part_of(CASES, part) if size == (112, 80) else CASES[:1] + CASES[3:4]
     equal_ksampler(server, lambda *a: _graph(size, *a), f"klein_{size[0]}", cases)
 
 
-def test_flux2_klein_edit_equals_ksampler(server):
+@pytest.mark.parametrize("part", PARTS)
+def test_flux2_klein_edit_equals_ksampler(server, part):
     _write(server)
     ref = _reference(server)
-    equal_ksampler(server, lambda *a: _graph((112, 80), *a, edit=ref), "klein_edit", CASES[:4])
+    equal_ksampler(server, lambda *a: _graph((112, 80), *a, edit=ref), "klein_edit", part_of(CASES[:4], part))
 
 
 @pytest.mark.slow

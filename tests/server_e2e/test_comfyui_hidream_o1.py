@@ -13,6 +13,7 @@ with ulysses 2, ring 2, ulysses 2 x ring 2, Hybrid Sampler with cfg 2 and sharde
 """
 import pytest
 
+from comfy_server import PARTS, part_of
 from comfy_server import FAMILIES, ComfyServer, assert_ok, equal_ksampler, error_text, on_pool
 
 pytestmark = pytest.mark.comfy
@@ -74,8 +75,9 @@ def _graph(w, h, tag, degrees=None, node="model"):
     return g if degrees is None else on_pool(g, degrees, node)
 
 
-def test_hidream_o1_equals_ksampler_odd_tokens(server):
-    equal_ksampler(server, lambda *a: _graph(96, 96, *a), "hidream_o1_9", CASES)
+@pytest.mark.parametrize("part", PARTS)
+def test_hidream_o1_equals_ksampler_odd_tokens(server, part):
+    equal_ksampler(server, lambda *a: _graph(96, 96, *a), "hidream_o1_9", part_of(CASES, part))
 
 
 @pytest.mark.slow

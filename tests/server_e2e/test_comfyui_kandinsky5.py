@@ -8,6 +8,7 @@ last (parallel/models/kandinsky5.py); the text blocks run whole on every rank.
 """
 import pytest
 
+from comfy_server import PARTS, part_of
 from comfy_server import FAMILIES, equal_ksampler, error_text, on_pool, tiny_unet, workflow
 
 pytestmark = pytest.mark.comfy
@@ -30,13 +31,15 @@ def _graph(family, tag, degrees=None, node="model"):
     return g if degrees is None else on_pool(g, degrees, node)
 
 
+@pytest.mark.parametrize("part", PARTS)
 @pytest.mark.parametrize("family", ["kandinsky5", "kandinsky5_image"])
-def test_kandinsky5_equals_ksampler(server, family):
+def test_kandinsky5_equals_ksampler(server, family, part):
     _write(server, family)
     extra = [("u2_sharded", {"ulysses_degree": 2, "shard_weights": "sequence"}, "sampler"),
              # DistriFusion with every step synchronous (warmup = steps): the stale-K/V path's plumbing, exact
              ("df_u2", {"ulysses_degree": 2, "method": "distrifusion", "warmup_steps": 2}, "sampler")]
-    equal_ksampler(server, lambda *a: _graph(family, *a), family, CASES + (extra if family == "kandinsky5" else []))
+    equal_ksampler(server, lambda *a: _graph(family, *a), family,
+                   part_of(CASES + (extra if family == "kandinsky5" else []), part))
 
 
 def test_kandinsky5_tensor_parallel_is_refused_with_the_fix(server):

@@ -7,6 +7,7 @@ index_timestep_zero method (the references' tokens modulated with t = 0 from a p
 """
 import pytest
 
+from comfy_server import PARTS, part_of
 from comfy_server import FAMILIES, equal_ksampler, error_text, latent, on_pool, rel, tiny_unet, workflow
 
 pytestmark = pytest.mark.comfy
@@ -38,11 +39,12 @@ def _graph(tag, degrees=None, node="model", edit=False):
     return g if degrees is None else on_pool(g, degrees, node)
 
 
-def test_krea2_equals_ksampler(server, krea2):
-    equal_ksampler(server, _graph, "krea2", CASES + [
+@pytest.mark.parametrize("part", PARTS)
+def test_krea2_equals_ksampler(server, krea2, part):
+    equal_ksampler(server, _graph, "krea2", part_of(CASES + [
         ("u2_sharded", {"ulysses_degree": 2, "shard_weights": "sequence"}, "sampler"),
         # DistriFusion with every step synchronous (warmup = steps): the stale-K/V path's plumbing, exact
-        ("df_u2", {"ulysses_degree": 2, "method": "distrifusion", "warmup_steps": 2}, "sampler")])
+        ("df_u2", {"ulysses_degree": 2, "method": "distrifusion", "warmup_steps": 2}, "sampler")], part))
 
 
 def test_krea2_edit_timestep_zero_references_equal_ksampler(server, krea2):

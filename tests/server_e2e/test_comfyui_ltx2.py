@@ -16,6 +16,7 @@ compresses it to a row per latent frame) or per token (a spatial mask).
 """
 import pytest
 
+from comfy_server import PARTS, part_of
 from comfy_server import FAMILIES, equal_ksampler, error_text, on_pool, tiny_unet, workflow
 
 pytestmark = pytest.mark.comfy
@@ -64,18 +65,23 @@ def _graph(size, tag, degrees=None, node="model", mask=None, v23=False, weight_d
     return g if degrees is None else on_pool(g, degrees, node)
 
 
-@pytest.mark.parametrize("size", list(SIZES))
-def test_ltx2_equals_ksampler(server, size):
+@pytest.mark.parametrize("size,part", [("odd", "ci"), pytest.param("odd", "rest", marks=pytest.mark.slow),
+                                       ("even", "ci"), ("video_only", "ci"),
+                                       pytest.param("video_only", "rest", marks=pytest.mark.slow)],
+                         ids=["odd", "odd-rest", "even", "video_only", "video_only-rest"])
+def test_ltx2_equals_ksampler(server, size, part):
     _write(server)
-    cases = {"odd": CASES, "even": CASES[:1] + CASES[3:4], "video_only": CASES[:4]}[size]
+    cases = {"odd": part_of(CASES, part), "even": CASES[:1] + CASES[3:4], "video_only": part_of(CASES[:4], part)}[size]
     equal_ksampler(server, lambda *a: _graph(size, *a), f"ltx2_{size}", cases)
 
 
-def test_ltx23_equals_ksampler(server):
+@pytest.mark.parametrize("part", PARTS)
+def test_ltx23_equals_ksampler(server, part):
     """LTX-2.3: cross-attention AdaLN (a per-sample prompt modulation) and per-head gates (per token) change nothing
     the split has to know; the text arrives already projected to each stream's width."""
     _write(server, v23=True)
-    equal_ksampler(server, lambda *a: _graph("odd", *a, v23=True), "ltx23_odd", CASES[:2] + CASES[3:4])
+    equal_ksampler(server, lambda *a: _graph("odd", *a, v23=True), "ltx23_odd",
+                   part_of(CASES[:2] + CASES[3:4], part))
 
 
 @pytest.mark.parametrize("mask", ["uniform", "spatial"])

@@ -34,11 +34,12 @@ CASES = {"u2": ({"ulysses_degree": 2}, "model"), "r2": ({"ring_degree": 2}, "mod
          "cfg2": ({"cfg_degree": 2}, "sampler"), "u2r2": ({"ulysses_degree": 2, "ring_degree": 2}, "model"),
          "u2_sharded": ({"ulysses_degree": 2, "shard_weights": "sequence"}, "sampler")}
 # CI: in bf16 weights (ComfyUI computes them in fp32 on a CPU: 0.4 s a step here) u2 x r2 covers both sequence
-# methods, cfg2 and the sharded run the rest; fp8 weights (as most people run it) Ulysses - on a CPU every call
-# casts all 0.38B fp8 weights on every rank (3 s a step), so the fp8 matrix and the edit tests in fp8 cost CI ~2
-# minutes for the same split code. The rest of the matrix runs with the slow set.
-CI = {"default": ("u2r2", "cfg2", "u2_sharded"), "fp8_e4m3fn": ("u2",)}
-REST = {"default": ("u2", "r2"), "fp8_e4m3fn": ("u2r2", "r2", "cfg2", "u2_sharded")}
+# methods, cfg2 the batch split; fp8 weights (as most people run it) Ulysses - on a CPU every call casts all 0.38B
+# fp8 weights on every rank (3 s a step), so the fp8 matrix and the edit tests in fp8 cost CI ~2 minutes for the same
+# split code. Sharded weights are the same mechanism on every family (tests/engine/test_shard.py, CI). The rest of
+# the matrix runs with the slow set.
+CI = {"default": ("u2r2", "cfg2"), "fp8_e4m3fn": ("u2",)}
+REST = {"default": ("u2", "r2", "u2_sharded"), "fp8_e4m3fn": ("u2r2", "r2", "cfg2", "u2_sharded")}
 
 
 def _matrix(server, weight_dtype, names):
