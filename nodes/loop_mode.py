@@ -14,13 +14,18 @@ the converted diffusers inputs at the diffusion model (instead of computing), th
 from __future__ import annotations
 
 import logging
+import uuid
 
 import torch
 
+from ..parallel.models import ADAPTERS
 from ..parallel.plan import _given  # an input is given: not None, not an empty list / dict (ComfyUI's defaults)
+from ..workers.bridge.carry import bypass_call
 from ..workers.bridge.sampling import (ComfyInterrupt, fix_empty_latent, previews_enabled, progress_bar,
                                       raise_if_interrupted, sampler_object)
 from ..workers.bridge.seams import accepts
+from ..workers.pool import JobCancelled
+from .native import loop_step_cache
 from .proxy import Captured, _flatten, _structure
 
 SUPPORTED_SAMPLERS = ("euler", "dpmpp_2m")
@@ -109,37 +114,17 @@ def _cond_uncond_order(inputs: dict, cond_or_uncond: list, batch: int) -> tuple:
 
 def make_loop_sampler(runtime, hp, state, sampler_name: str, cfg: float, model_sampling, family_of_state,
                       base_model=None):
-    """A ComfyUI KSAMPLER whose function runs the loop (PipeFusion, or one parallel forward per step) on the workers."""
-    from .native import loop_step_cache
-
+    """A ComfyUI KSAMPLER whose function runs the loop (PipeFusion, or one parallel forward per step) on the workers:
+    ComfyUI's conditioning pipeline runs once for a captured model call, then noise, sigmas and those inputs travel in
+    one `loop` job."""
     def sample(model_k, x, sigmas, extra_args=None, callback=None, disable=None):
         extra_args = dict(extra_args or {})
         if extra_args.get("denoise_mask") is not None:
             raise ValueError("loop mode does not support noise masks (inpainting) yet; use step mode (pp_degree=1, "
                              "sampling_mode auto/step)")
-        state.capture = True
-        try:
-            model_k(x, sigmas[0] * x.new_ones([x.shape[0]]), **extra_args)
-            raise RuntimeError("the diffusion model was not reached while capturing conditioning")
-        except Captured as c:
-            cap = c
-        finally:
-            state.capture = False
-        family = family_of_state()
+        cap = _capture(model_k, x, sigmas, extra_args, state)
         if hp.config.pp_degree > 1:
-            from ..parallel.models import ADAPTERS
-            if not ADAPTERS[family].pipefusion_nodes:
-                names = [a.title for a in ADAPTERS.values() if a.pipefusion_nodes]
-                raise ValueError(f"PipeFusion through Hybrid Sampler supports {names} models; "
-                                 f"this is {family}: use pp_degree=1 (USP/CFG/DP/TP/DistriFusion work for it)")
-            refusals = ADAPTERS[family].comfy_plan.pipeline_refusals
-            carried = [refusals[n] for n in sorted(refusals) if _given(cap.inputs.get(n))]  # (plan.py's test)
-            if carried:
-                raise ValueError(f"PipeFusion (pp_degree={hp.config.pp_degree}) cannot run this {family} "
-                                 f"conditioning: {'; '.join(carried)}")
-            if x.shape[-1] % 2 or x.shape[-2] % 2:
-                raise ValueError(f"PipeFusion needs an even latent height and width, got {tuple(x.shape[-2:])}: "
-                                 "use an image size that is a multiple of 16")
+            _check_pipefusion(hp, family_of_state(), cap, x)
         inputs = {k: v for k, v in cap.inputs.items() if k not in ("hidden_states", "timestep", "return_dict")}
         if cap.x_shape[1] > x.shape[1]:  # ComfyUI joined its concat conditioning (Wan image to video) to the latent:
             # the same every step, so it travels once and the workers join it to theirs before each model call
@@ -149,55 +134,99 @@ def make_loop_sampler(runtime, hp, state, sampler_name: str, cfg: float, model_s
         values = {"key": state.key, "structure": _structure(inputs), "sampler": sampler_name,
                   "cfg_scale": float(cfg) if has_uncond else None, "convention": convention}
         model_options = extra_args.get("model_options")
-        step_cache = loop_step_cache(model_options, base_model, cap.cond_or_uncond, has_uncond,
-                                     concat=cap.x_shape[1] != x.shape[1])
-        if hp.step_cache:  # Parallel Config's own: EasyCache's rule and default window, no ComfyUI quirks to mirror
-            if step_cache is not None:
-                raise ValueError("this MODEL carries ComfyUI's EasyCache and Parallel Config sets step_cache: use one "
-                                 "of them (set step_cache to 0, or remove the EasyCache node)")
-            step_cache = {"threshold": hp.step_cache, "start_sigma": float(model_sampling.percent_to_sigma(0.15)),
-                          "end_sigma": float(model_sampling.percent_to_sigma(0.95)), "subsample": 8,
-                          "channels": int(x.shape[1]), "first": 0, "chunks": 2 if has_uncond else 1}
+        step_cache = _step_cache(hp, model_options, base_model, cap, has_uncond, x, model_sampling)
         if step_cache is not None:
             values["step_cache"] = step_cache
         tensors = {**_flatten(inputs), "noise": x.float().contiguous(), "sigmas": sigmas.float().cpu()}
         if state.object_values:  # plain object patches of the MODEL (Flux Kontext's reference method)
             values["object_values"] = state.object_values
         if state.bypass:  # a LoRA in bypass mode: injected around the loop's model calls
-            from ..workers.bridge.carry import bypass_call
-            import uuid
             values["run"] = uuid.uuid4().hex
             values["bypass"], parts = bypass_call(state.bypass, set())
             tensors.update(parts)
-        pbar = progress_bar(len(sigmas) - 1)
-        preview = None
-        if callback is not None and hp.config.pp_degree == 1 and previews_enabled():  # only then do the workers send them
-            def preview(step, total, denoised):  # ComfyUI's k-diffusion callback: its previewer and progress bar
-                i = step - 1
-                d = denoised.to(x.device, x.dtype)
-                callback({"i": i, "denoised": d, "x": d, "sigma": sigmas[i], "sigma_hat": sigmas[i]})
-
-        def progress(step, total):
-            raise_if_interrupted()
-            if preview is None:  # otherwise ComfyUI's callback (with the preview) already moved the bar
-                pbar.update_absolute(step, total)
-            runtime.progress(step, total)
-
-        from ..workers.pool import JobCancelled
-        try:  # the interrupt is polled too, so it wins even when no progress arrives (a rank hangs)
-            res = runtime.pool(hp).submit(hp.config, "loop", values, tensors, progress=progress, preview=preview,
-                                          cancel=ComfyInterrupt())
-        except JobCancelled:
-            raise_if_interrupted()
-            raise
+        res = _submit_loop(runtime, hp, values, tensors, x, sigmas, callback)
         report = next((v["step_cache"] for v in res.per_rank if v.get("step_cache")), None)
         if step_cache is not None and report:
-            skipped = report["skipped"] / max(1, report.get("patches", 1))  # PipeFusion: patch steps, in steps' worth
-            if hp.step_cache:
-                logging.info(f"Hybrid Sampler step cache - skipped {skipped:g}/{report['steps']} steps "
-                             f"(threshold {hp.step_cache:g})")
-            else:  # so ComfyUI's own "EasyCache - skipped k/N steps" line is right
-                model_options["transformer_options"]["easycache"].total_steps_skipped = skipped
+            _report_skipped(hp, report, model_options)
         return res.tensors["out"].to(x.device, x.dtype)
 
     return sampler_object(sample)
+
+
+def _capture(model_k, x, sigmas, extra_args: dict, state):
+    """ComfyUI's own conditioning pipeline for one model call at the first sigma, handed over at the diffusion model
+    (the proxy raises Captured) instead of computed."""
+    state.capture = True
+    try:
+        model_k(x, sigmas[0] * x.new_ones([x.shape[0]]), **extra_args)
+        raise RuntimeError("the diffusion model was not reached while capturing conditioning")
+    except Captured as c:
+        return c
+    finally:
+        state.capture = False
+
+
+def _check_pipefusion(hp, family: str, cap, x) -> None:
+    """PipeFusion's refusals that need the captured inputs: a family without a pipeline plan, conditioning its
+    stages cannot carry, an odd latent."""
+    if not ADAPTERS[family].pipefusion_nodes:
+        names = [a.title for a in ADAPTERS.values() if a.pipefusion_nodes]
+        raise ValueError(f"PipeFusion through Hybrid Sampler supports {names} models; "
+                         f"this is {family}: use pp_degree=1 (USP/CFG/DP/TP/DistriFusion work for it)")
+    refusals = ADAPTERS[family].comfy_plan.pipeline_refusals
+    carried = [refusals[n] for n in sorted(refusals) if _given(cap.inputs.get(n))]  # (plan.py's test)
+    if carried:
+        raise ValueError(f"PipeFusion (pp_degree={hp.config.pp_degree}) cannot run this {family} "
+                         f"conditioning: {'; '.join(carried)}")
+    if x.shape[-1] % 2 or x.shape[-2] % 2:
+        raise ValueError(f"PipeFusion needs an even latent height and width, got {tuple(x.shape[-2:])}: "
+                         "use an image size that is a multiple of 16")
+
+
+def _step_cache(hp, model_options, base_model, cap, has_uncond: bool, x, model_sampling) -> dict | None:
+    """The workers' step cache for this run: ComfyUI's EasyCache on the MODEL, or Parallel Config's own (not both)."""
+    step_cache = loop_step_cache(model_options, base_model, cap.cond_or_uncond, has_uncond,
+                                 concat=cap.x_shape[1] != x.shape[1])
+    if not hp.step_cache:
+        return step_cache
+    # Parallel Config's own: EasyCache's rule and default window, no ComfyUI quirks to mirror
+    if step_cache is not None:
+        raise ValueError("this MODEL carries ComfyUI's EasyCache and Parallel Config sets step_cache: use one "
+                         "of them (set step_cache to 0, or remove the EasyCache node)")
+    return {"threshold": hp.step_cache, "start_sigma": float(model_sampling.percent_to_sigma(0.15)),
+            "end_sigma": float(model_sampling.percent_to_sigma(0.95)), "subsample": 8,
+            "channels": int(x.shape[1]), "first": 0, "chunks": 2 if has_uncond else 1}
+
+
+def _submit_loop(runtime, hp, values: dict, tensors: dict, x, sigmas, callback):
+    """The `loop` job, with ComfyUI's progress bar, previews (where ComfyUI renders them) and interrupt."""
+    pbar = progress_bar(len(sigmas) - 1)
+    preview = None
+    if callback is not None and hp.config.pp_degree == 1 and previews_enabled():  # only then do the workers send them
+        def preview(step, total, denoised):  # ComfyUI's k-diffusion callback: its previewer and progress bar
+            i = step - 1
+            d = denoised.to(x.device, x.dtype)
+            callback({"i": i, "denoised": d, "x": d, "sigma": sigmas[i], "sigma_hat": sigmas[i]})
+
+    def progress(step, total):
+        raise_if_interrupted()
+        if preview is None:  # otherwise ComfyUI's callback (with the preview) already moved the bar
+            pbar.update_absolute(step, total)
+        runtime.progress(step, total)
+
+    try:  # the interrupt is polled too, so it wins even when no progress arrives (a rank hangs)
+        return runtime.pool(hp).submit(hp.config, "loop", values, tensors, progress=progress, preview=preview,
+                                       cancel=ComfyInterrupt())
+    except JobCancelled:
+        raise_if_interrupted()
+        raise
+
+
+def _report_skipped(hp, report: dict, model_options) -> None:
+    """The steps the workers' cache skipped, where ComfyUI would say it."""
+    skipped = report["skipped"] / max(1, report.get("patches", 1))  # PipeFusion: patch steps, in steps' worth
+    if hp.step_cache:
+        logging.info(f"Hybrid Sampler step cache - skipped {skipped:g}/{report['steps']} steps "
+                     f"(threshold {hp.step_cache:g})")
+    else:  # so ComfyUI's own "EasyCache - skipped k/N steps" line is right
+        model_options["transformer_options"]["easycache"].total_steps_skipped = skipped
