@@ -166,50 +166,73 @@ def unhook_all(engine) -> None:
 
 
 def job_load_model(state: WorkerState, ctx, payload: dict) -> dict:
-    """Make `key` resident (build from config + weights), or just touch it if it already is. With `patches`, the
-    weights are the model's base and the patches are applied here; a resident version of the same lineage is
-    patched in place (only the patches travelled), its previous patches undone first."""
+    """Make `key` resident, one decision at a time: already resident (touched); another patch version of the same
+    lineage resident (patched in place: only the patches travelled, its previous patches undone first); weights to
+    build from (sent, a file, or kept from another mesh); else ask the driver for them. With `patches`, the weights are
+    the model's base and the patches are applied here."""
     key, engine = payload["key"], state.engine
     unhook_all(engine)
-    custom = (payload.get("native") or {}).get("ops", {}).get("custom")
-    if custom:
-        # a custom loader's layer settings are class attributes (ComfyUI-GGUF's dequant_dtype): the driver's class
-        # holds them for every model it loaded, so each run sets them here as they are there now
-        from .bridge.build import import_comfy
-        from .bridge.loader_types import operations
-        import_comfy(payload["native"], ctx.config.intercepts_attention)
-        operations(custom)
+    _loader_settings(ctx, payload)
     if engine.touch(key, ctx):
         return {"loaded": False, "loads": engine.loads, "resident": engine.resident()}
-    if payload.get("patches") is not None and payload.get("native"):
+    native = payload.get("native")
+    if payload.get("patches") is not None and native:
         from .bridge.build import import_comfy  # the patches are ComfyUI objects: ComfyUI first, as the driver's
-        import_comfy(payload["native"], ctx.config.intercepts_attention)
+        import_comfy(native, ctx.config.intercepts_attention)
     patches = _patches(payload)
     if patches is not None and payload.get("lineage") is not None:
         found = engine.patchable(payload["lineage"], ctx)
         if found is not None:
-            from .bridge.patches import apply
-            slot, r = found
-            try:
-                r.patched = frozenset(apply(r.model, r.base, patches, r.patched, state.device,
-                                            _share(state, ctx, key), patcher=payload["native"].get("patcher"),
-                                            held=r.patch_pages))
-            except BaseException:
-                engine.discard(slot, ctx, why="patch failed")  # half patched: nothing may run it
-                raise
-            engine.rekey(slot, key, ctx)
-            return {"loaded": True, "patched_in_place": True, "loads": engine.loads, "resident": engine.resident(),
-                    "pages_rewritten": r.patch_pages.get("rewritten", 0)}
+            return _patch_in_place(state, ctx, payload, patches, *found)
+    weights = _weights_to_build(engine, payload, patches)
+    if weights is None:
+        return {"need_weights": True, "loads": engine.loads, "resident": engine.resident()}
+    return _build_resident(state, ctx, payload, weights, patches)
+
+
+def _loader_settings(ctx, payload: dict) -> None:
+    """A custom loader's layer settings are class attributes (ComfyUI-GGUF's dequant_dtype): the driver's class holds
+    them for every model it loaded, so each run sets them here as they are there now."""
+    custom = (payload.get("native") or {}).get("ops", {}).get("custom")
+    if custom:
+        from .bridge.build import import_comfy
+        from .bridge.loader_types import operations
+        import_comfy(payload["native"], ctx.config.intercepts_attention)
+        operations(custom)
+
+
+def _patch_in_place(state: WorkerState, ctx, payload: dict, patches, slot, r) -> dict:
+    """Another patch version of this lineage is resident: its previous patches undone, these applied, re-keyed."""
+    from .bridge.patches import apply
+    engine, key = state.engine, payload["key"]
+    try:
+        r.patched = frozenset(apply(r.model, r.base, patches, r.patched, state.device, _share(state, ctx, key),
+                                    patcher=payload["native"].get("patcher"), held=r.patch_pages))
+    except BaseException:
+        engine.discard(slot, ctx, why="patch failed")  # half patched: nothing may run it
+        raise
+    engine.rekey(slot, key, ctx)
+    return {"loaded": True, "patched_in_place": True, "loads": engine.loads, "resident": engine.resident(),
+            "pages_rewritten": r.patch_pages.get("rewritten", 0)}
+
+
+def _weights_to_build(engine, payload: dict, patches):
+    """The weights to build from: those that travelled, the file's (mmapped by safetensors), or - a config change,
+    no transfer - what the engine kept of this model for another mesh (a patched layout's base only where its patches
+    come again); None when the driver must send them."""
     weights = {k[len(WEIGHT_PREFIX):]: v for k, v in payload.items() if k.startswith(WEIGHT_PREFIX)}
-    if not weights and not payload.get("path"):
-        # a config change: no transfer (a patched layout's base only where its patches come again)
-        weights = engine.source_weights(key, patches is not None) if payload.get("native") else None
-        if weights is None:
-            return {"need_weights": True, "loads": engine.loads, "resident": engine.resident()}
     if payload.get("path"):
         from safetensors.torch import load_file
-        weights = load_file(payload["path"])  # mmapped by safetensors
-    native = payload.get("native")
+        return load_file(payload["path"])
+    if weights:
+        return weights
+    return engine.source_weights(payload["key"], patches is not None) if payload.get("native") else None
+
+
+def _build_resident(state: WorkerState, ctx, payload: dict, weights: dict, patches) -> dict:
+    """Build the model (ComfyUI's VAE, ComfyUI's own class with its ops, or a diffusers model) from `weights`, make
+    it resident, and apply `patches` to it (the weights are then its base, kept for the next version)."""
+    key, engine, native = payload["key"], state.engine, payload.get("native")
     if native and native.get("vae"):  # ComfyUI's own VAE, for Patch VAE Decode
         from .bridge.build import build_native_vae
         model, extra, kernel_name = build_native_vae(native, weights), {}, None
@@ -244,7 +267,6 @@ def job_load_model(state: WorkerState, ctx, payload: dict) -> dict:
         except BaseException:
             engine.discard(key, ctx, why="patch failed")  # its base with some patches: unusable
             raise
-    weights = None
     return {"loaded": True, "loads": engine.loads, "resident": engine.resident(), "attention": kernel_name}
 
 
