@@ -192,17 +192,7 @@ def apply(dm: torch.nn.Module, base: dict, patches: dict, previous: set, device,
     from ...parallel.shard import is_wrapper
     holder = _Holder(dm)
     device = torch.device(device)
-    for key in set(previous) | set(patches):
-        if key[len(MODEL_PREFIX):] not in base:
-            try:
-                current = comfy.utils.get_attr(holder, key) if key not in previous else None
-            except AttributeError:  # a key the model does not have
-                current = None
-            if current is None or not is_wrapper(current):
-                raise KeyError(f"patch of {key!r}: no such base weight on this rank")
-            # ComfyUI's quantized weight (a QuantizedTensor the model built from its parts): the layer's own tensor,
-            # before any patch, is the base every later version of the patches starts from
-            base[key[len(MODEL_PREFIX):]] = current
+    _quantized_bases(holder, base, set(previous) | set(patches), previous)
     if patcher is not None:
         return _apply_with_loader(holder, base, patches, previous, device, patcher)
     for key in sorted(set(previous) - set(patches)):
@@ -217,7 +207,33 @@ def apply(dm: torch.nn.Module, base: dict, patches: dict, previous: set, device,
     if share is None or share[1] <= 1:
         for key in keys:
             _patch_one(holder, key, base[key[len(MODEL_PREFIX):]], patches[key], device)
-        return set(patches)
+    else:
+        _apply_shared(holder, base, patches, previous, keys, device, share, held)
+    return set(patches)
+
+
+def _quantized_bases(holder, base: dict, keys: set, previous: set) -> None:
+    """A key without a base weight is ComfyUI's quantized weight (a QuantizedTensor the model built from its parts):
+    the layer's own tensor, before any patch, is the base every later version of the patches starts from (a key the
+    previous version patched has no such tensor any more: an error)."""
+    import comfy.utils
+
+    from ...parallel.shard import is_wrapper
+    for key in keys:
+        if key[len(MODEL_PREFIX):] not in base:
+            try:
+                current = comfy.utils.get_attr(holder, key) if key not in previous else None
+            except AttributeError:  # a key the model does not have
+                current = None
+            if current is None or not is_wrapper(current):
+                raise KeyError(f"patch of {key!r}: no such base weight on this rank")
+            base[key[len(MODEL_PREFIX):]] = current
+
+
+def _apply_shared(holder, base: dict, patches: dict, previous: set, keys: list, device, share, held) -> None:
+    """CPU ranks of one machine: each patches its share of `keys` into shared memory, then maps the others' (see
+    apply)."""
+    import comfy.utils
     from comfy.model_patcher import get_key_weight
 
     from ..transport import new_mapped, read_tensor, unlink, write_tensor
@@ -260,7 +276,6 @@ def apply(dm: torch.nn.Module, base: dict, patches: dict, previous: set, device,
     for desc in mine.values():
         unlink(desc, prefix)
     held.update(keys=frozenset(mappable), size=size, rewritten=len(in_place))
-    return set(patches)
 
 
 def _apply_with_loader(holder, base: dict, patches: dict, previous: set, device, desc: dict) -> set:
