@@ -21,6 +21,15 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HP_STRICT_COMM", "1")
 
 
+def pytest_collection_modifyitems(session, config, items):
+    """Run the tests in the order the suite ran in one flat folder: by test file name across the folders (a stable
+    sort: each file's own order kept). Why: the session's ComfyUI server, pools and gloo worlds live for the whole run
+    and their memory grows in the order tests come; in folder order every in-process family test ran before the server
+    tests, and the Qwen-Image template's four ranks were killed for memory on a 24 GB machine - the order below is
+    the one CI has run within its memory."""
+    items.sort(key=lambda item: Path(str(item.fspath)).name)
+
+
 @pytest.fixture(scope="session")
 def dist_pools():
     """get(n) -> a DistPool of n gloo ranks, spawned once per session and reused by every test."""
