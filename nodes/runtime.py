@@ -23,14 +23,12 @@ from .cluster_node import join_commands
 
 
 class Runtime:
-    MAX_MODEL_INFO = 16
 
     def __init__(self, make_pool=None):
         self._make_pool = make_pool or (lambda device: WorkerPool(device=device))  # tests: fake workers
         self._pool = None
         self._pool_cluster = None  # the NodeCluster the pool was made for (None: this machine only)
         self._lock = threading.Lock()
-        self.model_info = {}  # weights key -> (family, {}): the panel's label of a resident model
         self._prestart = None  # the background thread of prestart(), if one runs
         self.job = None        # the node run in progress: {kind, step, total, started} (the worker panel)
         self.last_job = None   # the previous one, with ok / error / elapsed_s
@@ -122,11 +120,6 @@ class Runtime:
         finally:
             torch.set_num_threads(before)
 
-    def remember(self, key: str, info) -> None:
-        self.model_info[key] = info
-        while len(self.model_info) > self.MAX_MODEL_INFO:
-            self.model_info.pop(next(iter(self.model_info)))
-
     def check_comfyui(self) -> None:
         """Refuse, before any worker starts, a ComfyUI that lacks a seam the pack relies on
         (workers/bridge/seams.py): one line naming what is missing and the ComfyUI versions the tests ran, instead of
@@ -211,7 +204,6 @@ class Runtime:
                           adopt=adopter(diffusion_model, skip=set(unhooked)), patches=patches,
                           state_dict=lambda: {k: raw(v) for k, v in sent_tensors(diffusion_model,
                                                                                   unhooked=unhooked).items()})
-        self.remember(key, (family, {}))
         return family
 
     def cancel(self) -> bool:
@@ -244,7 +236,6 @@ class Runtime:
         theirs too and give the memory back; the processes stay warm for the next prompt."""
         pool = self._pool
         released = 0 if pool is None or self.job is not None else pool.release_models()
-        self.model_info.clear()
         return released
 
     def follow_comfy_unload(self) -> None:
@@ -319,8 +310,9 @@ class Runtime:
         pool, job, last = self._pool, self.job, self.last_job
         world = None if pool is None else pool.world
         workers = [] if world is None else pool.health()
+        families = {} if world is None else {s.key: s.family for s in world.slots}  # the ranks' own report
         for w in workers:
-            w["models"] = [self._model_label(k) for k in w.get("resident") or []]
+            w["models"] = [_model_label(k, families.get(k)) for k in w.get("resident") or []]
         failed = last is not None and not last["ok"] and last["pool_error"]
         if world is not None and world.state == "stopping":
             state = "stopping"
@@ -341,11 +333,11 @@ class Runtime:
                 "prompt_warmed": self.prompt_warmed,
                 "join_commands": None if self._pool_cluster is None else join_commands(self._pool_cluster.cluster)}
 
-    def _model_label(self, key: str) -> str:
-        info = self.model_info.get(key)
-        family = info[0] if info else ("vae" if ":vae" in key else "model")
-        family = "vae" if family.startswith("vae") else family  # ComfyUI's own VAE module, whatever its class
-        return f"{family} {key.split(':')[0][:8]}"
+
+def _model_label(key: str, family) -> str:
+    family = family or ("vae" if ":vae" in key else "model")
+    family = "vae" if family.startswith("vae") else family  # ComfyUI's own VAE module, whatever its class
+    return f"{family} {key.split(':')[0][:8]}"
 
 
 def _close_spares(spares, cwd, rmtree) -> None:

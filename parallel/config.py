@@ -193,6 +193,10 @@ class ParallelConfig:
         so a model parallelized for one method must never serve the other."""
         return self.mesh_key() + (self.method,)
 
+    def layout_name(self) -> str:
+        """layout_key as the name a rank files a parallelized model under (and reports it by: workers/residency.py)."""
+        return "-".join(map(str, self.layout_key()))
+
     def to_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 

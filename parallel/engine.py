@@ -158,7 +158,7 @@ class Engine:
     # layout are dropped when it loads (one copy per rank).
     @staticmethod
     def _scoped(key: str, ctx) -> str:
-        return f"{key}{MESH_SEP}{'-'.join(map(str, ctx.config.layout_key()))}"
+        return f"{key}{MESH_SEP}{ctx.config.layout_name()}"
 
     def _slot(self, key: str, ctx) -> str:
         if ctx is not None and self._scoped(key, ctx) in self.models:
@@ -169,6 +169,16 @@ class Engine:
         """The keys of the resident models (as the driver named them, whatever mesh they were built for)."""
         return list(dict.fromkeys(k.partition(MESH_SEP)[0] for k in self.models))
 
+    def ledger(self) -> list:
+        """What this rank holds, as the driver decides loads from it (workers/residency.Slot): per slot its key, the
+        layout it was parallelized for, its lineage, and whether its base and its source weights are kept."""
+        out = []
+        for slot, r in self.models.items():
+            key, _, layout = slot.partition(MESH_SEP)
+            out.append({"slot": slot, "key": key, "family": r.family, "layout": layout or None, "lineage": r.lineage,
+                        "base": r.base is not None, "source": r.source is not None})
+        return out
+
     def touch(self, key: str, ctx=None) -> bool:
         slot = self._slot(key, ctx)
         if slot in self.models:
@@ -176,29 +186,13 @@ class Engine:
             return True
         return False
 
-    def source_weights(self, key: str, patches_follow: bool = False) -> Optional[dict]:
-        """The weights `key` was built from under another mesh, if they were kept (a config change that keeps the
-        world rebuilds from them instead of receiving them again); None otherwise.
-
-        A layout built from base weights + patches (LoRA applied on the ranks: `base` kept) kept the *base* as its
-        source: it serves a new layout only when the same patches come with the load (`patches_follow`) to be
-        applied again. A layout that takes no patches (tensor parallel, PipeFusion, sharded weights: the driver sends
-        ComfyUI's patched weights) built from it would run the model without its LoRA - a wrong picture, no error."""
-        return next((self.models[k].source for k in self._layouts(key) if self.models[k].source is not None
-                     and (patches_follow or self.models[k].base is None)), None)
+    def slot(self, slot: str) -> Optional[Resident]:
+        """The resident filed as `slot` (a name from the ledger), or None."""
+        return self.models.get(slot)
 
     def _layouts(self, key: str) -> list:
         """The slots of `key`, one per mesh it was built for."""
         return [k for k in self.models if k.partition(MESH_SEP)[0] == key]
-
-    def patchable(self, lineage: str, ctx) -> Optional[tuple]:
-        """(slot, Resident) of a resident version of `lineage` built for this layout whose base weights are kept (a
-        new patch version is applied to it in place: no weights travel), or None."""
-        for slot, r in self.models.items():
-            if r.lineage == lineage and r.base is not None and (
-                    not r.parallelized or slot == self._scoped(slot.partition(MESH_SEP)[0], ctx)):
-                return slot, r
-        return None
 
     def rekey(self, slot: str, key: str, ctx) -> None:
         """The resident in `slot` is now the version `key` (patched in place), most recently used."""

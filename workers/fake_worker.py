@@ -83,23 +83,24 @@ class FakeState:
             if tensors and self.rank == 0:
                 first = sorted(tensors)[0]
                 out_tensors = {"out" if kind == "forward" else "image": copy_blob(tensors[first], self.prefix)}
-        elif kind == "load_model":
-            key = values["key"]
-            if key in self.models:
+        elif kind == "load_model":  # the driver's decision (residency.py): touch what is held, else build
+            key, action = values["key"], values["decision"]["action"]
+            if action == "touch" and key in self.models:
                 self.models.remove(key)
                 self.models.append(key)
                 out_values = {"loaded": False}
-            elif not tensors and not values.get("path"):
-                out_values = {"need_weights": True}
+            elif action != "build" or (not tensors and not values.get("path")):
+                out_values = {"stale": f"{action} {key}: not what this fake rank holds"}
             else:
                 self.fault(mode, "while loading")
                 self.models.append(key)
                 self.loads += 1
                 self.models = self.models[-self.max_models:]
                 out_values = {"loaded": True}
-            out_values.update(loads=self.loads, resident=list(self.models))
+            out_values.update(loads=self.loads, resident=list(self.models),
+                              residency=[{"slot": k, "key": k, "family": "fake"} for k in self.models])
         elif kind == "release":
-            out_values = {"released": len(self.models)}
+            out_values = {"released": len(self.models), "residency": []}
             self.models = []
         elif kind == "health":
             out_values = {"pid": os.getpid(), "device": "fake", "resident": list(self.models),

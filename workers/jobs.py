@@ -18,6 +18,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from .residency import LoadDecision
 from .serve import Cancelled, JobRun
 from .transport import WEIGHT_PREFIX, Arena, read_tensor, tensor_dtype
 
@@ -166,28 +167,39 @@ def unhook_all(engine) -> None:
 
 
 def job_load_model(state: WorkerState, ctx, payload: dict) -> dict:
-    """Make `key` resident, one decision at a time: already resident (touched); another patch version of the same
-    lineage resident (patched in place: only the patches travelled, its previous patches undone first); weights to
-    build from (sent, a file, or kept from another mesh); else ask the driver for them. With `patches`, the weights are
-    the model's base and the patches are applied here."""
-    key, engine = payload["key"], state.engine
+    """Execute the driver's load decision (workers/residency.py) straight through: touch the resident model, patch
+    the version it names in place (only the patches travelled), rebuild it for this layout from the weights a slot
+    kept, or build it from the weights that travelled. A decision this rank's state does not match (a job failed
+    since the driver's report) is answered "stale", with this rank's report: the driver decides again."""
+    decision = LoadDecision.from_message(payload["decision"])
+    engine = state.engine
     unhook_all(engine)
     _loader_settings(ctx, payload)
-    if engine.touch(key, ctx):
-        return {"loaded": False, "loads": engine.loads, "resident": engine.resident()}
+    kept = engine.slot(decision.slot) if decision.slot else None
+    if decision.action == "touch":
+        return _loaded(engine, loaded=False) if engine.touch(decision.key, ctx) else _stale(engine, decision)
+    if decision.action in ("patch", "rebuild") and (kept is None or (kept.base if decision.action == "patch"
+                                                                      else kept.source) is None):
+        return _stale(engine, decision)
     native = payload.get("native")
     if payload.get("patches") is not None and native:
         from .bridge.build import import_comfy  # the patches are ComfyUI objects: ComfyUI first, as the driver's
         import_comfy(native, ctx.config.intercepts_attention)
     patches = _patches(payload)
-    if patches is not None and payload.get("lineage") is not None:
-        found = engine.patchable(payload["lineage"], ctx)
-        if found is not None:
-            return _patch_in_place(state, ctx, payload, patches, *found)
-    weights = _weights_to_build(engine, payload, patches)
-    if weights is None:
-        return {"need_weights": True, "loads": engine.loads, "resident": engine.resident()}
+    if decision.action == "patch":
+        if patches is None:
+            raise ValueError(f"load_model {decision.key!r}: a patch decision without its patches (an empty set undoes)")
+        return _patch_in_place(state, ctx, payload, patches, decision.slot, kept)
+    weights = kept.source if decision.action == "rebuild" else _sent_weights(payload)
     return _build_resident(state, ctx, payload, weights, patches)
+
+
+def _loaded(engine, **values) -> dict:
+    return {**values, "loads": engine.loads, "resident": engine.resident()}
+
+
+def _stale(engine, decision: LoadDecision) -> dict:
+    return _loaded(engine, stale=f"{decision.action} {decision.slot or decision.key}: not what this rank holds")
 
 
 def _loader_settings(ctx, payload: dict) -> None:
@@ -212,21 +224,18 @@ def _patch_in_place(state: WorkerState, ctx, payload: dict, patches, slot, r) ->
         engine.discard(slot, ctx, why="patch failed")  # half patched: nothing may run it
         raise
     engine.rekey(slot, key, ctx)
-    return {"loaded": True, "patched_in_place": True, "loads": engine.loads, "resident": engine.resident(),
-            "pages_rewritten": r.patch_pages.get("rewritten", 0)}
+    return _loaded(engine, loaded=True, patched_in_place=True, pages_rewritten=r.patch_pages.get("rewritten", 0))
 
 
-def _weights_to_build(engine, payload: dict, patches):
-    """The weights to build from: those that travelled, the file's (mmapped by safetensors), or - a config change,
-    no transfer - what the engine kept of this model for another mesh (a patched layout's base only where its patches
-    come again); None when the driver must send them."""
-    weights = {k[len(WEIGHT_PREFIX):]: v for k, v in payload.items() if k.startswith(WEIGHT_PREFIX)}
+def _sent_weights(payload: dict) -> dict:
+    """The weights that travelled with a build decision: in shared memory, or the file's (mmapped by safetensors)."""
     if payload.get("path"):
         from safetensors.torch import load_file
         return load_file(payload["path"])
-    if weights:
-        return weights
-    return engine.source_weights(payload["key"], patches is not None) if payload.get("native") else None
+    weights = {k[len(WEIGHT_PREFIX):]: v for k, v in payload.items() if k.startswith(WEIGHT_PREFIX)}
+    if not weights:
+        raise ValueError(f"load_model {payload['key']!r}: the decision was to build, but no weights travelled")
+    return weights
 
 
 def _build_resident(state: WorkerState, ctx, payload: dict, weights: dict, patches) -> dict:
@@ -267,7 +276,7 @@ def _build_resident(state: WorkerState, ctx, payload: dict, weights: dict, patch
         except BaseException:
             engine.discard(key, ctx, why="patch failed")  # its base with some patches: unusable
             raise
-    return {"loaded": True, "loads": engine.loads, "resident": engine.resident(), "attention": kernel_name}
+    return _loaded(engine, loaded=True, attention=kernel_name)
 
 
 HOOK_PREFIX = "hook."  # the tensors of a hook group's weight patches (workers/bridge/carry.py hook_call)
@@ -548,6 +557,7 @@ def make_executor(state: WorkerState, ctx, contexts: dict | None = None):
         values = {k: v for k, v in out.items() if not isinstance(v, torch.Tensor)}
         tensors = {}
         if state.rank == 0:
+            values["residency"] = state.engine.ledger()  # the driver decides the next load from this (residency.py)
             tensors = state.arena.write({k: v.cpu() for k, v in out.items() if isinstance(v, torch.Tensor)})
         return {"ok": True, "values": values, "tensors": tensors}
 

@@ -24,12 +24,13 @@ import time
 import weakref
 from multiprocessing.connection import wait as wait_conns
 
+from . import residency
 from .errors import (JobCancelled, JobResult, JobTimeout, PoolError, StartupError, WorkerDied, WorkerError, WorkerOOM,
                      WorkerStalled)
 from .launch import World, balance_spec
 from .platform_support import check_os, check_pool
 from .protocol import ProtocolError, model_families
-from .transport import (WEIGHT_PREFIX, Arena, cleanup_prefix, nbytes, new_prefix, read_tensor, shm_dir, sweep_stale,
+from .transport import (WEIGHT_PREFIX, Arena, cleanup_prefix, new_prefix, read_tensor, shm_dir, sweep_stale,
                         unlink, write_tensor, write_weights)
 
 JOB_KINDS = ("health", "release", "echo", "model_bytes", "prepare", "steps", "load_model", "forward", "vae_decode", "loop",
@@ -99,8 +100,6 @@ class WorkerPool:
         self.gpus: dict = {}
         self.last_load_bytes = 0  # bytes the latest ensure_model wrote (weights and patches)
         self.last_load: dict = {}  # rank 0's answer to the latest ensure_model (loaded, patched_in_place, ...)
-        self._lineage: dict = {}  # model key -> lineage (the driver's model object), for patch versions
-        self._via_patches: set = set()  # keys loaded as base weights + patches (patched in place on the ranks)
         swept = sweep_stale()  # what pools of dead processes left (ComfyUI killed with its workers)
         if swept:
             import logging
@@ -456,6 +455,8 @@ class WorkerPool:
         values = results[0].get("values") or {}
         if "resident" in values:
             world.resident = list(values["resident"])
+        if residency.report(values) is not None:
+            world.slots = residency.report(values)
         per_rank = [results[r].get("values") or {} for r in sorted(results)]
         return JobResult(values=values, tensors=tensors, per_rank=per_rank, job_id=job_id,
                          elapsed_s=time.monotonic() - start)
@@ -466,10 +467,10 @@ class WorkerPool:
                      lineage: str | None = None, adopt=None, patches: tuple | None = None) -> dict:
         """Make a model resident on every worker; a key already resident costs one small round trip.
 
-        Weights come from `state_dict` (through shared memory) or `path` (a
-        safetensors file every worker mmaps); they are only sent when a worker
-        says it does not hold `key`. `state_dict` may be a callable returning the
-        dict, so a caller only converts weights when they must travel.
+        Weights come from `state_dict` (through shared memory) or `path` (a safetensors file every worker mmaps);
+        they travel only when the ranks' report says they must (workers/residency.py decides: touch, patch in place,
+        rebuild from kept weights, build). `state_dict` may be a callable returning the dict, so a caller only
+        converts weights when they must travel.
         `native`: a ComfyUI model spec (nodes/native.py): the workers build ComfyUI's own class
         with ComfyUI's ops and these weights (its state dict as ComfyUI holds it), not a diffusers model.
         `lineage`: what other keys of the same model (other patch versions) share; the workers drop those first.
@@ -492,60 +493,8 @@ class WorkerPool:
             base["native"] = native
         if lineage is not None:
             base["lineage"] = lineage
-        self.last_load_bytes = 0
-        written = {}
-        w = self.world
-        if w is not None:  # forget what no rank holds any more (a long session makes a key per LoRA strength)
-            keep = set(w.resident) | {key}
-            self._lineage = {k: v for k, v in self._lineage.items() if k in keep}
-            self._via_patches &= keep
-        # other versions (patch sets) of this model that the ranks hold
-        relatives = [] if lineage is None or w is None else [
-            k for k in w.resident if k != key and self._lineage.get(k) == lineage]
-        if lineage is not None:
-            self._lineage[key] = lineage
-            # the unpatched version of a model whose patched one is resident: undo in place (a layout that takes
-            # no patches - tp / pp / sharded - gets complete weights instead: ComfyUI's patched ones, if any)
-            if patches is None and native is not None and config.whole_model and any(
-                    k in self._via_patches for k in relatives):
-                patches = ({}, {})
-            if patches is not None:
-                self._via_patches.add(key)
-        patch_tensors = {}
-        if patches is not None:
-            base["patches"], patch_tensors = patches[0], dict(patches[1])
-        # a patch version of a resident model is patched in place: its weights are not written unless asked for
-        if state_dict is not None and (w is None or key not in w.resident) and not (patches is not None and relatives):
-            # the weights will travel: write them now, before taking the pool - while Parallel Config's prestart may
-            # still be starting the world (the copy overlaps it) - and send them with the first load_model job
-            sd = state_dict() if callable(state_dict) else state_dict
-            self.last_load_bytes += nbytes(sd)
-            # a dict made for this call (a callable's) is emptied as it is written: each tensor is let go at once
-            written = self._write_weights(sd if callable(state_dict) else dict(sd), adopt)
-            sd = None
-        try:
-            self.last_load = self._load(config, key, base, state_dict, path, timeout_s, written, patch_tensors)
-            return self.last_load
-        finally:
-            for d in written.values():  # normally removed by the job that carried them; not if it never started
-                unlink(d, self.shm_prefix)
-            self._written.difference_update(d["name"] for d in written.values())
-
-    def _load(self, config, key, base, state_dict, path, timeout_s, written, patch_tensors=None) -> dict:
-        patch_tensors = patch_tensors or {}
-        self.last_load_bytes += nbytes(patch_tensors)
-        with self._lock:
-            res = self.submit(config, "load_model", base, dict(patch_tensors), timeout_s=timeout_s, written=written)
-            if res.values.get("need_weights"):
-                if path is not None:
-                    res = self.submit(config, "load_model", {**base, "path": os.path.abspath(path)},
-                                      dict(patch_tensors), timeout_s=timeout_s)
-                else:
-                    sd = state_dict() if callable(state_dict) else state_dict
-                    sent = {f"{WEIGHT_PREFIX}{k}": v for k, v in sd.items()}
-                    self.last_load_bytes += nbytes(sent)
-                    res = self.submit(config, "load_model", base, {**sent, **patch_tensors}, timeout_s=timeout_s)
-            return res.values
+        return residency.ensure_model(self, config, base, state_dict=state_dict, path=path, timeout_s=timeout_s,
+                                      lineage=lineage, adopt=adopt, patches=patches)
 
     def _write_weights(self, sd: dict, adopt=None) -> dict:
         """The weights written for the next submit (transport.write_weights); their names are registered before each
@@ -577,7 +526,7 @@ class WorkerPool:
             if w is None or not w.alive() or w.state != "idle":
                 return 0
             res = self.submit(w.config, "release", timeout_s=60.0)
-            w.resident = []
+            w.resident, w.slots = [], []
             return int(res.values.get("released", 0))
         except PoolError:
             return 0

@@ -230,7 +230,7 @@ def test_release_waits_for_a_health_query_holding_the_pool(pool):
     """ComfyUI's /free arriving while the panel's health query holds the pool still releases the models (it was
     lost when the unload gave up on a held lock at once: the CI's /free test, polled every 0.2 s, met it)."""
     pool.release_models()  # the module's pool: what earlier tests left resident
-    pool.submit(SP2, "load_model", {"key": "held"}, {"w": torch.zeros(3)})
+    pool.ensure_model(SP2, "held", "flux", {}, state_dict={"w": torch.zeros(3)})
     assert all("held" in h["resident"] for h in pool.health())
     holding = threading.Event()
 
