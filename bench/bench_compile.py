@@ -52,7 +52,7 @@ def main() -> None:
 
     from _worlds import write_results
     from comfyui_hybrid_parallel.doctor import tiny_checkpoints as tiny
-    from comfyui_hybrid_parallel.nodes.native import family_adapter, native_spec
+    from comfyui_hybrid_parallel.workers.bridge.spec import family_adapter, native_spec
     from comfyui_hybrid_parallel.parallel import ParallelConfig
     from comfyui_hybrid_parallel.workers.pool import WorkerPool
 

@@ -39,7 +39,7 @@ def main():
     from comfy_env import setup_comfy
     setup_comfy()
     import comfy.sd
-    from comfyui_hybrid_parallel.nodes.native import native_spec
+    from comfyui_hybrid_parallel.workers.bridge.spec import native_spec
     from comfyui_hybrid_parallel.parallel import ParallelConfig
     from comfyui_hybrid_parallel.doctor import tiny_checkpoints as tiny
     from comfyui_hybrid_parallel.workers.pool import WorkerPool

@@ -45,7 +45,7 @@ def main():
     import comfy.sd
     from comfyui_hybrid_parallel.doctor import tiny_checkpoints as tiny
     from comfyui_hybrid_parallel.doctor.tiny_checkpoints import TINY_CONTEXT_DIM, TINY_POOLED_DIM
-    from comfyui_hybrid_parallel.nodes.native import native_spec
+    from comfyui_hybrid_parallel.workers.bridge.spec import native_spec
     from comfyui_hybrid_parallel.parallel import ParallelConfig
     from comfyui_hybrid_parallel.workers.pool import WorkerPool
 

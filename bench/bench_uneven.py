@@ -56,7 +56,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if (os.cpu_count() or 1) < 2 or not hasattr(os, "sched_setaffinity"):
         raise SystemExit("needs 2 cores and sched_setaffinity (Linux)")
-    from comfyui_hybrid_parallel.nodes.native import family_adapter, native_spec
+    from comfyui_hybrid_parallel.workers.bridge.spec import family_adapter, native_spec
     from comfyui_hybrid_parallel.parallel import ParallelConfig
     from comfyui_hybrid_parallel.workers.pool import WorkerPool
     rounds = 3 if args.quick else 7

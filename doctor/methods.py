@@ -120,7 +120,7 @@ class _Case:
     """One precision of the tiny model: ComfyUI's model in this process and how the pool gets it."""
 
     def __init__(self, path, precision: str):
-        from ..nodes.native import family_adapter
+        from ..workers.bridge.spec import family_adapter
         self.precision = precision
         self.patcher = _load(path, precision)
         self.base = self.patcher.model
@@ -135,7 +135,7 @@ class _Case:
         return self
 
     def spec(self, kind: str) -> dict:
-        from ..nodes.native import native_spec
+        from ..workers.bridge.spec import native_spec
         spec = native_spec(self.base)
         if kind == "cpu":  # CPU workers beside a GPU driver: ComfyUI in them must pick the CPU too
             spec["comfy_args"] = {**spec["comfy_args"], "cpu": True}
@@ -257,7 +257,7 @@ def _vae_row(pool, config, mesh, kind, tmp, progress) -> dict:
 def check_methods(plan, precisions, tmp, progress=print, share_devices: bool = False) -> list:
     """Run every (mesh, device) of `plan` in every precision; one row each (ok, rel, bound, timings, error).
     share_devices: the GPU ranks share the GPUs over staged gloo (parallel/staged.py; the GPU suite on one GPU)."""
-    from ..nodes.native import check_native_pipefusion, check_native_tp
+    from ..workers.bridge.spec import check_native_pipefusion, check_native_tp
     from ..parallel import ParallelConfig
     from . import tiny_checkpoints as tiny
     from ..workers.pool import WorkerPool

@@ -13,6 +13,7 @@ import os
 from dataclasses import replace
 
 from ..parallel.config import ParallelConfig
+from ..workers.bridge.spec import diffusion_model_of
 from ..parallel.costmodel import (CPU_EPYC_2, H100_NVLINK, H100_PCIE, DeviceCost, choose, format_table, probe_cpu,
                                    scaled_to, shape_from_module)
 
@@ -180,10 +181,10 @@ def resolve_auto(hp, model_patcher, latent_shape, cfg: float, negative, positive
         return hp
     active = cfg_active(cfg, negative)
     try:
-        shape = shape_from_module(model_patcher.model.diffusion_model)
+        shape = shape_from_module(diffusion_model_of(model_patcher))
     except ValueError as e:
-        from .native import ANY, family_adapter
-        dm = model_patcher.model.diffusion_model
+        from ..workers.bridge.spec import ANY, family_adapter
+        dm = diffusion_model_of(model_patcher)
         if family_adapter(dm) is ANY:  # a model no family adapter knows: only its batch splits (any_model.py)
             return _batch_split(hp, type(dm).__name__, latent_shape, active, report)
         log.warning("Parallel Config degrees auto: %s; running on one rank", e)

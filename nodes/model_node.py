@@ -15,9 +15,9 @@ from .auto import guider_inputs, resolve_auto, warn_idle_cfg
 from ..workers.bridge.host import take_over_from_dynamic_vram
 from ..workers.bridge.sampling import APPLY_MODEL, OUTER_SAMPLE, add_wrapper
 from ..workers.bridge.graph import executing, given
-from .prepare import (WRAPPER_KEY, capture_run, check_not_multigpu, check_not_on_pool, host_clone, patches_on_workers,
-                      pool_state, without_compile_wrapper)
-from .proxy import make_apply_model_wrapper
+from ..workers.bridge.prepare import (WRAPPER_KEY, capture_run, check_not_multigpu, check_not_on_pool, guider_run,
+                                      host_clone, patches_on_workers, pool_state, without_compile_wrapper)
+from ..workers.bridge.proxy import make_apply_model_wrapper
 
 
 class ParallelModel:
@@ -60,7 +60,7 @@ class ParallelModel:
 
         def outer_sample(executor, *args, **kwargs):
             guider = executor.class_obj
-            patcher = guider.model_patcher  # the patcher sampling now (maybe LoRA'd after this node)
+            patcher, conds, model_options = guider_run(guider)  # the patcher sampling now (maybe LoRA'd after this)
             check_not_multigpu(patcher, "Parallel Model")  # MultiGPU CFG Split placed after this node
             shape, cfg, negative, positive = guider_inputs(guider, args, kwargs)
             report = {}
@@ -70,10 +70,10 @@ class ParallelModel:
                 runtime.last_auto = report  # the mesh picture shows it (nodes/routes.py)
             warn_idle_cfg(run_hp, cfg, negative, "Parallel Model")
             chosen["hp"] = run_hp
-            cap = capture_run(patcher, run_hp, "Parallel Model", executing(), mode="step", conds=guider.conds,
-                              model_options=guider.model_options)
+            cap = capture_run(patcher, run_hp, "Parallel Model", executing(), mode="step", conds=conds,
+                              model_options=model_options)
             chosen["run"] = pool_state(patcher, run_hp, cap)  # this run's record, from the guider's whole graph
-            without_compile_wrapper(guider.model_options["transformer_options"].get("wrappers") or {})  # this run's
+            without_compile_wrapper(model_options=model_options)  # this run's
             take_over_from_dynamic_vram(patcher)  # before ComfyUI loads it: its DynamicVRAM copy leaves the GPU
             with runtime.track("sample"), runtime.quiet_driver(run_hp), patches_on_workers(patcher, chosen["run"]):
                 return executor(*args, **kwargs)

@@ -37,7 +37,7 @@ class Runtime:
         self.driver_threads = torch.get_num_threads()  # what KSampler computes with in this process
         self._spares = None  # workers/spares.py: interpreters with torch imported, for the first world
         self.last_auto = None  # the latest degrees-"auto" choice: predicted time per step per candidate
-        self.last_memory = None  # the latest Hybrid Sampler run's memory plan (nodes/native.check_memory)
+        self.last_memory = None  # the latest Hybrid Sampler run's memory plan (workers/bridge/spec.check_memory)
         self.cost_probes = {}  # auto's measured costs: CPU throughput, ComfyUI's attention kernel per shape (auto.py)
         self._idle = None  # the idle timer (HP_IDLE_TIMEOUT_S), re-armed after every node run
         self.warm_requests = 0  # times the frontend opened a workflow holding the pack's nodes (/hybrid_parallel/warm)
@@ -190,7 +190,7 @@ class Runtime:
         each): those travel, and ComfyUI's hooked tensors are left as they are.
         """
         from ..workers.bridge.loader_types import raw
-        from .native import family_adapter, sent_tensors, weight_bytes
+        from ..workers.bridge.spec import family_adapter, sent_tensors, weight_bytes
         family = family or family_adapter(diffusion_model).family
         pool = self.pool(hp)
         w = pool.world

@@ -1,19 +1,20 @@
 """Hybrid Sampler: KSampler's inputs and ComfyUI's own sampling, with the diffusion model on the pool.
 
-Step mode: ComfyUI runs the sampler exactly as KSampler does, each model call on the workers (nodes/proxy.py); loop
-mode and PipeFusion run the whole loop in the workers (nodes/loop_mode.py). Everything is prepared and refused before
-any worker starts (nodes/prepare.py).
+Step mode: ComfyUI runs the sampler exactly as KSampler does, each model call on the workers (workers/bridge/proxy.py); loop
+mode and PipeFusion run the whole loop in the workers (workers/bridge/loop_mode.py). Everything is prepared and refused before
+any worker starts (workers/bridge/prepare.py).
 """
 from __future__ import annotations
 
 from ..workers.bridge.graph import given
 from ..workers.bridge.host import take_over_from_dynamic_vram
 from ..workers.bridge.sampling import APPLY_MODEL, add_wrapper, ksample, ksample_with, samplers_and_schedulers
-from .loop_mode import check_loop_mode, ksampler_latent, loop_convention, make_loop_sampler, uses_loop_mode
-from .native import check_memory, check_native_pipefusion
-from .prepare import (WRAPPER_KEY, capture_run, check_not_multigpu, check_not_on_pool, host_clone, patches_on_workers,
-                      pool_state, without_compile_wrapper)
-from .proxy import make_apply_model_wrapper
+from ..workers.bridge.loop_mode import (check_loop_mode, check_loop_sampling, ksampler_latent, make_loop_sampler,
+                                        uses_loop_mode)
+from ..workers.bridge.prepare import (WRAPPER_KEY, capture_run, check_not_multigpu, check_not_on_pool, check_pipefusion,
+                                      host_clone, patches_on_workers, pool_state, without_compile_wrapper)
+from ..workers.bridge.spec import check_memory
+from ..workers.bridge.proxy import make_apply_model_wrapper
 
 
 class HybridSampler:
@@ -60,16 +61,16 @@ class HybridSampler:
         loop = uses_loop_mode(hp)
         if loop:
             check_loop_mode(sampler_name)  # before any work
-            loop_convention(model.get_model_object("model_sampling"))  # a sampling the workers' loop computes
+            check_loop_sampling(model)  # a sampling the workers' loop computes
         check_not_on_pool(model, "Hybrid Sampler")
         check_not_multigpu(model, "Hybrid Sampler")
         # everything the graph put on the MODEL and the conditioning: carried exactly, or refused here
         cap = capture_run(model, hp, "Hybrid Sampler", given(prompt, unique_id),
                           conds={"positive": positive, "negative": negative})
         m = host_clone(model)  # ComfyUI's copy of the diffusion model stays on the host (see host_clone)
-        without_compile_wrapper(m.wrappers)  # the workers compile their own model (compile_spec)
+        without_compile_wrapper(m)  # the workers compile their own model (compile_spec)
         state = pool_state(model, hp, cap)
-        check_native_pipefusion(model.model.diffusion_model, hp.config, tuple(latent_image["samples"].shape))
+        check_pipefusion(model, hp.config, tuple(latent_image["samples"].shape))
         # fits the devices? (the plan it checked is what the mesh picture shows: nodes/routes.py)
         self.runtime.last_memory = check_memory(model, hp, tuple(latent_image["samples"].shape), positive, cfg)
         add_wrapper(m, APPLY_MODEL, WRAPPER_KEY, make_apply_model_wrapper(self.runtime, hp, state))
@@ -101,8 +102,7 @@ class HybridSampler:
         """ComfyUI's noise, sigmas and conditioning; the loop runs in the workers (PipeFusion or loop mode)."""
         samples = ksample_with(m, latent, seed, steps, cfg, sampler_name, scheduler, positive, negative, denoise,
                                preview_from, lambda: make_loop_sampler(
-                                   self.runtime, hp, state, sampler_name, cfg, m.get_model_object("model_sampling"),
-                                   lambda: state.family, base_model=m.model))
+                                   self.runtime, hp, state, sampler_name, cfg, m, lambda: state.family))
         out = latent.copy()
         out["samples"] = samples
         return (out,)

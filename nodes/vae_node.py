@@ -10,9 +10,9 @@ from __future__ import annotations
 import torch
 
 from ..parallel.config import ConfigError
-from .native import comfy_runtime, encode_value
 from ..workers.bridge.residency import stamp
-from .proxy import submit_interruptible
+from ..workers.bridge.proxy import submit_interruptible
+from ..workers.bridge.vae import native_vae_spec, qualname, vae_input, vae_module, vae_output
 
 
 class PatchVAEDecode:
@@ -46,7 +46,7 @@ class PatchVAEDecode:
             return self._decode(samples, vae, parallel_config, block_size)
 
     def _decode(self, samples, vae, hp, block_size):
-        first = vae.first_stage_model
+        first = vae_module(vae)
         latent = samples["samples"]
         if latent.is_nested:
             raise ValueError("Parallel VAE Decode does not take nested (multi-part) latents; use VAE Decode")
@@ -59,37 +59,12 @@ class PatchVAEDecode:
             values["block_size"] = int(block_size)
         # as ComfyUI's VAE.decode: the latent in the VAE's dtype into first_stage_model.decode, the output as float
         # through the VAE's process_output, channels last
-        res = submit_interruptible(pool, hp.config, "vae_decode", values, {"latent": latent.to(vae.vae_dtype)})
-        images = vae.process_output(res.tensors["image"].float()).movedim(1, -1)
+        res = submit_interruptible(pool, hp.config, "vae_decode", values, {"latent": vae_input(vae, latent)})
+        images = vae_output(vae, res.tensors["image"])
         if images.ndim == 5:  # video: (B, T, H, W, C) -> frames in the batch, as VAEDecode does
             images = images.reshape(-1, *images.shape[-3:])
         del declared
         return (images.to(torch.float32),)
-
-
-def native_vae_spec(vae) -> dict:
-    """What the workers build ComfyUI's VAE model from (workers/bridge/build.build_native_vae): its class, dtype and
-    the classes it was built with, plus this process's ComfyUI runtime (family "vae_comfy" in the pool)."""
-    from ..parallel.vae.comfy_vaes import comfy_vae_for
-    first = vae.first_stage_model
-    spec = {"class": _qualname(first), "dtype": encode_value(vae.vae_dtype), "attrs": settings(first)}
-    declared = comfy_vae_for(first)
-    if declared is not None and declared.metadata is not None:  # a configuration the weights alone do not give (LTX)
-        spec["metadata"] = declared.metadata(first)
-    return {"vae": spec, **comfy_runtime()}
-
-
-def settings(module) -> dict:
-    """The classes the VAE model was built with (TAEHV's latent format, which ComfyUI picks from the weights' dtype),
-    by name: the workers' build must reproduce them (workers/bridge/build.build_native_vae compares). Plain numbers
-    are left out: ComfyUI's model management keeps its own bookkeeping on the module."""
-    return {k: f"class {v.__module__}.{v.__qualname__}" for k, v in vars(module).items()
-            if not k.startswith("_") and isinstance(v, type)}
-
-
-def _qualname(obj) -> str:
-    cls = type(obj)
-    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 class _Axis:
@@ -106,7 +81,7 @@ def check_vae(first_stage_model, latent=None, ranks: int = 1, block_size=None):
     starts."""
     from ..parallel.vae.comfy_vaes import comfy_vae_for, refusal, supported_titles
     from ..parallel.vae.native import plan_native
-    what = _qualname(first_stage_model)
+    what = qualname(first_stage_model)
     workaround = "Decode it with ComfyUI's VAE Decode, or VAE Decode (Tiled) when it does not fit in memory"
     declared = comfy_vae_for(first_stage_model)
     why = refusal(first_stage_model)

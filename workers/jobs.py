@@ -143,7 +143,7 @@ def _build_model(family: str, config: dict, weights: dict):
 
 def _patches(payload: dict):
     """The job's ComfyUI weight patches (workers/bridge/patches.py), or None when it carries none."""
-    spec = payload.get("patches")
+    spec = payload.get("patch_spec")
     if spec is None:
         return None
     from .bridge.patches import PREFIX, decode
@@ -182,7 +182,7 @@ def job_load_model(state: WorkerState, ctx, payload: dict) -> dict:
                                                                       else kept.source) is None):
         return _stale(engine, decision)
     native = payload.get("native")
-    if payload.get("patches") is not None and native:
+    if payload.get("patch_spec") is not None and native:
         from .bridge.build import import_comfy  # the patches are ComfyUI objects: ComfyUI first, as the driver's
         import_comfy(native, ctx.config.intercepts_attention)
     patches = _patches(payload)
@@ -316,7 +316,7 @@ def json_copy(value):
 
 
 def _reuse_inputs(state: WorkerState, key: str, payload: dict) -> None:
-    """Step mode sends a run's unchanged inputs (its conditioning) once (nodes/proxy.py submit_once): put
+    """Step mode sends a run's unchanged inputs (its conditioning) once (workers/bridge/proxy.py submit_once): put
     back the tensors the previous call of the same run had, then remember this call's. Only the latest call is
     kept (one run's conditioning per worker); a gap in the run's calls is an error, never a stale input."""
     run, reuse = payload.get("run"), payload.get("reuse") or []
@@ -339,12 +339,10 @@ def job_forward(state: WorkerState, ctx, payload: dict) -> dict:
 
     `call_index` is the sampler's model call (DistriFusion's warmup / stale decision).
     """
-    from .bridge.carry import HookWeights, ObjectValues, rebuild_options
+    from .bridge.carry import HookWeights, ObjectValues, rebuild_call
     key = payload["key"]
     _reuse_inputs(state, key, payload)
-    kwargs = _inputs(state, payload)
-    if "transformer_options" in kwargs:  # block replacements made functions again (Skip Layer Guidance, PAG)
-        kwargs["transformer_options"] = rebuild_options(kwargs["transformer_options"])
+    kwargs = rebuild_call(_inputs(state, payload))  # block replacements made functions again (Skip Layer Guidance)
     r = state.engine.get(key, ctx)
     hook = payload.get("hooks") or {"id": None}
     if hook["id"] is not None or r.hooks is not None:  # this call's hook group on the weights (ComfyUI's per cond)

@@ -471,7 +471,7 @@ class WorkerPool:
         they travel only when the ranks' report says they must (workers/residency.py decides: touch, patch in place,
         rebuild from kept weights, build). `state_dict` may be a callable returning the dict, so a caller only
         converts weights when they must travel.
-        `native`: a ComfyUI model spec (nodes/native.py): the workers build ComfyUI's own class
+        `native`: a ComfyUI model spec (workers/bridge/spec.py): the workers build ComfyUI's own class
         with ComfyUI's ops and these weights (its state dict as ComfyUI holds it), not a diffusers model.
         `lineage`: what other keys of the same model (other patch versions) share; the workers drop those first.
         `adopt(name, mapped)`: called with each weight mapped back from the file just written (copy-on-write), so

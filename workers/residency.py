@@ -138,7 +138,7 @@ def ensure_model(pool, config, base: dict, *, state_dict, path, timeout_s, linea
                 tensors = {}
                 if decision.action in ("build", "rebuild", "patch") and (patches is not None or decision.undo):
                     spec, tensors = patches if patches is not None else ({}, {})
-                    values["patches"], tensors = spec, dict(tensors)
+                    values["patch_spec"], tensors = spec, dict(tensors)
                     pool.last_load_bytes += nbytes(tensors)
                 if decision.weights == "file":
                     values["path"] = os.path.abspath(path)

@@ -5,7 +5,7 @@ batch), never anything inside the model, so they need no knowledge of its blocks
 model, as ComfyUI core's own multi-GPU work units do. SD1.5, SDXL, Stable Cascade, audio models and any class
 a family adapter does not declare (a subclass of a supported class whose forward was not checked, e.g. Wan's
 VACE) run that way. Sequence, tensor and pipeline parallelism, DistriFusion and weight sharding reach into the
-blocks and are refused for it before any worker starts (nodes/native.py: check_any_model).
+blocks and are refused for it before any worker starts (workers/bridge/spec.py: check_any_model).
 
 The batch split is the same root wrapper as every family's (parallel/plan.py); `batch_inputs=("*",)` means
 "every tensor argument whose first dimension is the batch" (nested dicts and lists included: ControlNet's

@@ -95,7 +95,7 @@ def test_comfyuis_models_make_room_before_weights_travel_to_its_gpu(stub_comfy, 
                               device="cuda")
     rt._pool = pool  # as made for this device
     model = torch.nn.Linear(4, 4)  # 80 bytes of weights
-    from comfyui_hybrid_parallel.nodes import native
+    from comfyui_hybrid_parallel.workers.bridge import spec as native
     orig = native.family_adapter
     native.family_adapter = lambda dm: types.SimpleNamespace(family="sd3")
     try:

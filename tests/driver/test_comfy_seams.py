@@ -200,3 +200,61 @@ def test_every_family_adapter_names_the_modules_comfyui_defines_its_classes_in()
         assert a.declares(cls) and not a.declares(type(a.comfy_class, (), {})), a.family
         checked += 1
     assert checked >= 11, checked  # the families of ComfyUI 0.3.75 at least
+
+
+def test_the_object_protocol_and_markers_are_on_this_comfyui(monkeypatch):
+    """Every attribute of ComfyUI's objects the bridge reads, and every private marker, is in the manifest and present
+    (on the primary ComfyUI the optional ones too); one renamed is one line of the load check."""
+    from comfyui_hybrid_parallel.workers.bridge import seams
+    gone = [p for a in seams.PROTOCOL for p in [seams._attr_problem(a)] if p and
+            (not a.optional or seams.comfyui_version() == seams.TESTED[0])]
+    assert not gone, gone
+    renamed = seams.Attr("comfy.model_patcher:ModelPatcher", "patches_uuid_v2", "a test")
+    monkeypatch.setattr(seams, "PROTOCOL", seams.PROTOCOL + (renamed,))
+    line = seams.problem_line()
+    assert line and "ModelPatcher no longer has 'patches_uuid_v2'" in line and "tests ran on ComfyUI" in line
+
+
+def _protocol_reads(path: Path, names: set) -> list:
+    """Where a file reads one of ComfyUI's object attributes (`x.diffusion_model`, `getattr(x, "current_hooks")`,
+    `opts["transformer_options"]`, `opts.get("transformer_options")`) - code, not comments or docstrings."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        name = None
+        if isinstance(node, ast.Attribute) and node.attr in names:
+            name = node.attr
+        elif isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and node.slice.value in names:
+            name = node.slice.value
+        elif isinstance(node, ast.Call) and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) and \
+                ast.unparse(node.func) in ("getattr", "hasattr", "setattr") and node.args[1].value in names:
+            name = node.args[1].value
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get" and \
+                node.args and isinstance(node.args[0], ast.Constant) and node.args[0].value in names:
+            name = node.args[0].value
+        if name is not None:
+            found.append(f"{name} (line {node.lineno})")
+    return found
+
+
+# What the engine reads of ComfyUI's modules is theirs by design: a family adapter declares ComfyUI's classes and the
+# ranks run ComfyUI's forward, whose keyword `transformer_options` passes through the engine's hooks. The patcher, the
+# model wrapper, the VAE wrapper and the markers are read by the bridge only.
+ENGINE_PASSES = {"transformer_options"}
+
+
+def test_only_the_bridge_reads_comfyuis_objects():
+    """Attribute reads of ComfyUI's objects (the manifest's PROTOCOL, and the model options' transformer_options) are
+    the bridge's alone, like its imports. The scan must see the bridge's own reads (else it is broken)."""
+    from comfyui_hybrid_parallel.workers.bridge import seams
+    names = {a.name for a in seams.PROTOCOL if a.name != "model"} | {"transformer_options"}
+    outside = {}
+    for f in _product_files():
+        if BRIDGE in f.parents:
+            continue
+        engine = PACK / "parallel" in f.parents
+        reads = _protocol_reads(f, names - ENGINE_PASSES if engine else names)
+        if reads:
+            outside[str(f.relative_to(PACK))] = reads
+    assert not outside, f"ComfyUI's objects read outside workers/bridge/: {outside}"
+    inside = [r for f in sorted(BRIDGE.glob("*.py")) for r in _protocol_reads(f, names)]
+    assert len(inside) > 30 and any(r.startswith("diffusion_model") for r in inside), inside

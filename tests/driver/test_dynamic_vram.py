@@ -257,7 +257,7 @@ def test_patches_comfyui_applies_on_the_host_under_dynamic_vram(ckpt, aimdo, run
     workers would silently sample without the LoRA. The latent equals KSampler's with the LoRA bitwise."""
     import comfy.sd
 
-    from comfyui_hybrid_parallel.nodes.prepare import portable_patches
+    from comfyui_hybrid_parallel.workers.bridge.prepare import portable_patches
     from test_native_nodes import _lora
     base, dynamic = _model(ckpt, False), _model(ckpt, True)
     dm = dynamic.model.diffusion_model

@@ -68,7 +68,7 @@ def _inputs(h, w, seed):
 
 
 def _load(pool, config, key, base, **kw):
-    from comfyui_hybrid_parallel.nodes.native import family_adapter, host_tensors, native_spec
+    from comfyui_hybrid_parallel.workers.bridge.spec import family_adapter, host_tensors, native_spec
     from comfyui_hybrid_parallel.workers.bridge.loader_types import raw
     dm = base.diffusion_model
     spec = native_spec(base)
@@ -84,7 +84,7 @@ def _forward(pool, config, key, inp):
 def test_gguf_model_on_the_pool_equals_comfyui(gguf_model, cpu_pool):
     """Ulysses 2, cfg 2 and ulysses 2 with the quantized bytes sharded, odd (9 x 13) and even latents, against
     ComfyUI's forward of the loader's model; the ranks hold the file's blocks (uint8), sharded: half of them."""
-    from comfyui_hybrid_parallel.nodes.native import weight_bytes
+    from comfyui_hybrid_parallel.workers.bridge.spec import weight_bytes
     from comfyui_hybrid_parallel.parallel import ParallelConfig
     patcher, kinds = gguf_model
     base, dm = patcher.model, patcher.model.diffusion_model
@@ -142,7 +142,7 @@ def test_gguf_lora_is_applied_by_the_loader_patcher(gguf_model, cpu_pool):
     import comfy.lora
     import comfy.utils
 
-    from comfyui_hybrid_parallel.nodes.prepare import loader_patcher
+    from comfyui_hybrid_parallel.workers.bridge.prepare import loader_patcher
     from comfyui_hybrid_parallel.parallel import ParallelConfig
     from comfyui_hybrid_parallel.workers.bridge.patches import encode
     patcher, _ = gguf_model
@@ -179,7 +179,7 @@ def test_gguf_lora_is_applied_by_the_loader_patcher(gguf_model, cpu_pool):
 
 
 def test_what_gguf_weights_cannot_run_is_refused(gguf_model):
-    from comfyui_hybrid_parallel.nodes.native import NotCarried, check_loader_methods
+    from comfyui_hybrid_parallel.workers.bridge.spec import NotCarried, check_loader_methods
     from comfyui_hybrid_parallel.parallel import ParallelConfig
     from comfyui_hybrid_parallel.workers.bridge.loader_types import NotCarriable, describe
     dm = gguf_model[0].model.diffusion_model

@@ -87,7 +87,7 @@ class _Wrapped(torch.Tensor):
 
 def _refused(model, match: str, latent=(1, 16, 8, 8), **degrees) -> None:
     """Hybrid Sampler refuses `model` with NotCarried matching `match`, and no worker pool is ever created."""
-    from comfyui_hybrid_parallel.nodes.native import NotCarried
+    from comfyui_hybrid_parallel.workers.bridge.spec import NotCarried
     from comfyui_hybrid_parallel.nodes.runtime import Runtime
     from comfyui_hybrid_parallel.nodes.sampler_node import HybridSampler
 
@@ -143,7 +143,7 @@ def test_an_unchecked_subclass_of_a_supported_class_does_not_inherit_its_plan(co
     from comfy.ldm.wan.model import HumoWanModel, WanModel
     from comfy.ops import disable_weight_init
 
-    from comfyui_hybrid_parallel.nodes.native import family_adapter
+    from comfyui_hybrid_parallel.workers.bridge.spec import family_adapter
     from comfyui_hybrid_parallel.parallel.models import ANY, adapter_for, plan_for, unchecked_base
 
     kw = dict(model_type="t2v", patch_size=(1, 2, 2), dim=128, ffn_dim=256, num_heads=1, num_layers=1,
@@ -165,7 +165,7 @@ def test_pipefusion_on_a_family_without_stages_refused_before_workers(comfy, tmp
     2 is refused with that reason before any worker starts, fp8 or not; Wan itself passes the same check."""
     import comfy.sd
     from comfyui_hybrid_parallel.doctor import tiny_checkpoints as tc
-    from comfyui_hybrid_parallel.nodes.native import check_declared
+    from comfyui_hybrid_parallel.workers.bridge.spec import check_declared
     from comfyui_hybrid_parallel.parallel import ParallelConfig
     path = tmp_path / "wan_vace.safetensors"
     tc.write_wan(path, seed=32, model_type="vace")
@@ -187,7 +187,7 @@ def test_pipefusion_on_a_family_without_stages_refused_before_workers(comfy, tmp
 def test_tp_degree_the_model_cannot_split_refused_before_workers(comfy):
     """Tensor parallel runs on ComfyUI's own model (fp8 included); a degree that does not divide its heads is
     refused from the driver's copy before any worker starts, naming the degrees that work."""
-    from comfyui_hybrid_parallel.nodes.native import check_declared
+    from comfyui_hybrid_parallel.workers.bridge.spec import check_declared
     from comfyui_hybrid_parallel.parallel import ParallelConfig
     model = comfy(dtype=torch.float8_e4m3fn)
     check_declared(model.model.diffusion_model, ParallelConfig(tp_degree=2))
@@ -219,7 +219,7 @@ def test_a_config_the_devices_cannot_hold_is_refused_before_workers(comfy, monke
     """The memory planner (parallel/memory.py) from the node: ranks that would need more than the device holds are
     refused with the numbers and the fix before any worker starts. The capacity is made small (these models are
     tiny): DistriFusion's K/V buffers exceed it while USP on the same ranks fits."""
-    from comfyui_hybrid_parallel.nodes import native
+    from comfyui_hybrid_parallel.workers.bridge import spec as native
     from comfyui_hybrid_parallel.parallel import ParallelConfig
     from comfyui_hybrid_parallel.parallel.costmodel import shape_from_module
     from comfyui_hybrid_parallel.parallel.memory import rank_memory
@@ -348,7 +348,7 @@ def test_every_comfyui_subclass_of_a_supported_class_runs_cfg_dp_only(comfy):
 
     import comfy.ldm
 
-    from comfyui_hybrid_parallel.nodes.native import NotCarried, check_any_model, family_adapter
+    from comfyui_hybrid_parallel.workers.bridge.spec import NotCarried, check_any_model, family_adapter
     from comfyui_hybrid_parallel.parallel.models import ADAPTERS, ANY
     for info in pkgutil.walk_packages(comfy.ldm.__path__, "comfy.ldm."):
         try:
@@ -385,7 +385,7 @@ def test_torch_compile_options_travel_and_what_cannot_is_refused_before_workers(
     are refused before any worker starts, naming the fix."""
     from comfy_api.torch_helpers import set_torch_compile_wrapper
 
-    from comfyui_hybrid_parallel.nodes.prepare import compile_spec
+    from comfyui_hybrid_parallel.workers.bridge.prepare import compile_spec
     model = comfy()
     assert compile_spec(model, _hp()) is None
     set_torch_compile_wrapper(model, backend="inductor", mode="max-autotune", dynamic=False)
@@ -404,7 +404,7 @@ def test_a_patch_version_that_fails_is_not_kept(comfy):
     load of a good version rebuilds from the base weights - equal to ComfyUI's own patched forward."""
     import comfy.sd as comfy_sd
 
-    from comfyui_hybrid_parallel.nodes.native import family_adapter, native_spec
+    from comfyui_hybrid_parallel.workers.bridge.spec import family_adapter, native_spec
     from comfyui_hybrid_parallel.parallel import ParallelConfig
     from comfyui_hybrid_parallel.workers.bridge.patches import encode
     from comfyui_hybrid_parallel.workers.pool import WorkerError, WorkerPool

@@ -102,7 +102,7 @@ def _quantized(dm) -> dict:
 def _worker_model(base):
     """What a worker builds (workers/bridge/build.build_native) from the spec, through JSON, and the weights as
     Runtime.ensure_native sends them (each cloned: the bytes as another process maps them)."""
-    from comfyui_hybrid_parallel.nodes.native import native_spec
+    from comfyui_hybrid_parallel.workers.bridge.spec import native_spec
     from comfyui_hybrid_parallel.workers.bridge.build import build_native
     from comfyui_hybrid_parallel.workers.bridge.loader_types import host_tensors, raw
     spec = json.loads(json.dumps(native_spec(base)))
@@ -127,7 +127,7 @@ def test_quantized_weights_travel_as_their_bytes_and_rebuild_bitwise(files, form
     parameters and the layer's comfy_quant entry are JSON. A worker's model built from those (in this process)
     holds the same layouts around the bytes it was sent, set up by ComfyUI's own loader, and computes ComfyUI's
     forward bitwise."""
-    from comfyui_hybrid_parallel.nodes.native import check_weights, native_spec, weight_bytes
+    from comfyui_hybrid_parallel.workers.bridge.spec import check_weights, native_spec, weight_bytes
     from comfyui_hybrid_parallel.parallel.shard import wrapper_parts
     from comfyui_hybrid_parallel.workers.bridge.loader_types import host_tensors
     base = _load(files, form)
@@ -275,7 +275,7 @@ def test_pipefusion_stages_hold_their_quantized_blocks(files, cpu_pool):
     """PipeFusion on quantized weights (a stage frees the other stages' blocks through the layers' own _apply, which
     re-wraps a QuantizedTensor): the exact schedule (warmup = all steps) equals ComfyUI's model through the same loop
     in this process (≤ 1e-5), for a tensorwise and a block-scaled layout."""
-    from comfyui_hybrid_parallel.nodes.native import family_adapter, host_tensors, native_spec
+    from comfyui_hybrid_parallel.workers.bridge.spec import family_adapter, host_tensors, native_spec
     from comfyui_hybrid_parallel.parallel import ParallelConfig
     from comfyui_hybrid_parallel.workers.bridge.loader_types import raw
     from test_native_pipefusion import _convention, _serial_loop
@@ -390,7 +390,7 @@ def test_tensor_parallel_splits_tensorwise_layouts(files, cpu_pool):
     """Tensor parallel on a tensorwise layout (fp8, int8: one stored value per weight, one scale): each tp rank holds
     its slice of the stored values (half the quantized bytes) and the same scale, and the output is ComfyUI's
     (≤ 1e-5); a block-scaled layout (nvfp4, mxfp8) is refused before any weight is touched, by its name."""
-    from comfyui_hybrid_parallel.nodes.native import family_adapter
+    from comfyui_hybrid_parallel.workers.bridge.spec import family_adapter
     from comfyui_hybrid_parallel.parallel import ParallelConfig
     from comfyui_hybrid_parallel.parallel.tp import _pieces, _resolve, apply_tp, local_param_bytes, tp_problems
     from comfyui_hybrid_parallel.parallel.shard import wrapper_parts

@@ -39,7 +39,7 @@ SCRIPT = textwrap.dedent('''
         pass
 
     from comfyui_hybrid_parallel.doctor import tiny_checkpoints as tc
-    from comfyui_hybrid_parallel.nodes.native import family_adapter, native_spec
+    from comfyui_hybrid_parallel.workers.bridge.spec import family_adapter, native_spec
     from comfyui_hybrid_parallel.parallel import ParallelConfig
     from comfyui_hybrid_parallel.parallel.pipefusion import flow
     from comfyui_hybrid_parallel.parallel.loop import run_loop

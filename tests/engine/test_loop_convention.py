@@ -28,7 +28,7 @@ def test_every_comfyui_sampling_is_computed_as_comfyui_does_or_refused(comfy):
     values (flow: SD3 / Wan's FLOW, Flux's FLUX; eps: PixArt's EPS), every other type refused with the fix."""
     import comfy.model_base
 
-    from comfyui_hybrid_parallel.nodes.loop_mode import loop_convention
+    from comfyui_hybrid_parallel.workers.bridge.loop_mode import loop_convention
     from comfyui_hybrid_parallel.parallel.engine import _convention
     g = torch.Generator().manual_seed(31)
     seen = {}

@@ -20,7 +20,7 @@ CASES = ({"ulysses_degree": 2}, {"ring_degree": 2}, {"ulysses_degree": 2, "ring_
 def aura(comfy, tmp_path_factory):  # noqa: F811
     from comfy.sd import load_diffusion_model
     from comfyui_hybrid_parallel.doctor import tiny_checkpoints as tiny
-    from comfyui_hybrid_parallel.nodes.native import family_adapter
+    from comfyui_hybrid_parallel.workers.bridge.spec import family_adapter
     path = tmp_path_factory.mktemp("aura") / "auraflow.safetensors"
     tiny.write_auraflow(path, seed=91)
     base = load_diffusion_model(str(path), model_options={"dtype": torch.float8_e4m3fn}).model

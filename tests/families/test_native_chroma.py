@@ -13,7 +13,7 @@ pytestmark = [pytest.mark.comfy, pytest.mark.slow]
 
 def test_chroma_equals_comfyui(comfy, cpu_pool, tmp_path):  # noqa: F811
     from comfy.sd import load_diffusion_model
-    from comfyui_hybrid_parallel.nodes.native import family_adapter
+    from comfyui_hybrid_parallel.workers.bridge.spec import family_adapter
     from comfyui_hybrid_parallel.parallel import ParallelConfig
     from comfyui_hybrid_parallel.doctor import tiny_checkpoints as tiny
     path = tmp_path / "chroma.safetensors"

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.comfy
 
 
 def _forward(pool, config, key, base, inp, compile_spec):
-    from comfyui_hybrid_parallel.nodes.native import family_adapter, native_spec
+    from comfyui_hybrid_parallel.workers.bridge.spec import family_adapter, native_spec
     dm = base.diffusion_model
     # ComfyUI's pytorch attention, as on GPUs: its CPU default (sub-quadratic) reads the free memory at every call,
     # which dynamo guards on - ComfyUI's own TorchCompileModel recompiles it at every step too

@@ -20,7 +20,7 @@ CASES = ({"ulysses_degree": 2}, {"ring_degree": 2}, {"ulysses_degree": 2, "ring_
 
 def _model(tmp_path, version):
     from comfy.sd import load_diffusion_model
-    from comfyui_hybrid_parallel.nodes.native import family_adapter
+    from comfyui_hybrid_parallel.workers.bridge.spec import family_adapter
     from comfyui_hybrid_parallel.doctor import tiny_checkpoints as tiny
     path = tmp_path / f"hunyuan_video_{version}.safetensors"
     tiny.write_hunyuan_video(path, version=version, seed=81)

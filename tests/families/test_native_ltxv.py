@@ -39,7 +39,7 @@ def _inputs(base, frames, h, w, seed, per_token=False):
 @pytest.mark.parametrize("weight_dtype", ["fp32", pytest.param("bf16", marks=pytest.mark.slow),
                                           pytest.param("fp16", marks=pytest.mark.slow), "fp8_e4m3fn"])
 def test_ltxv_equals_comfyui(comfy, cpu_pool, tmp_path, weight_dtype):  # noqa: F811
-    from comfyui_hybrid_parallel.nodes.native import family_adapter
+    from comfyui_hybrid_parallel.workers.bridge.spec import family_adapter
     from comfyui_hybrid_parallel.parallel import ParallelConfig
     base = _model(tmp_path, weight_dtype)
     assert family_adapter(base.diffusion_model).family == "ltxv"

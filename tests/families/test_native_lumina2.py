@@ -23,7 +23,7 @@ CASES = ({"ulysses_degree": 2}, {"ring_degree": 2}, {"ulysses_degree": 2, "ring_
 
 def _pool_forward(pool, config, key, base, inp):
     """pool_forward with NextDiT's plain-int `num_tokens` in the JSON part of the call, as the nodes send it."""
-    from comfyui_hybrid_parallel.nodes.native import family_adapter, native_spec
+    from comfyui_hybrid_parallel.workers.bridge.spec import family_adapter, native_spec
     dm = base.diffusion_model
     pool.ensure_model(config, key, family_adapter(dm).family, {}, native=native_spec(base),
                       state_dict=lambda: dict(dm.state_dict()))
@@ -34,7 +34,7 @@ def _pool_forward(pool, config, key, base, inp):
 
 def _check(cpu_pool, tmp_path, z_image: bool, cases, sizes, dtype=torch.float8_e4m3fn):
     from comfy.sd import load_diffusion_model
-    from comfyui_hybrid_parallel.nodes.native import family_adapter
+    from comfyui_hybrid_parallel.workers.bridge.spec import family_adapter
     from comfyui_hybrid_parallel.parallel import ParallelConfig
     from comfyui_hybrid_parallel.doctor import tiny_checkpoints as tiny
     name = "zimage" if z_image else "lumina2"

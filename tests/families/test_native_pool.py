@@ -3,7 +3,7 @@
 Each case loads a tiny ComfyUI-format checkpoint with ComfyUI's own loader (comfy.sd.load_diffusion_model,
 what UNETLoader calls) in one of the precisions ComfyUI offers — fp32, bf16, fp16, the fp8 weight
 dtypes (fp8_e4m3fn, fp8_e4m3fn_fast, fp8_e5m2) and a scaled-fp8 checkpoint — makes it resident on the
-pool through the native path (nodes/native.py -> workers/bridge/build.py) and compares one forward
+pool through the native path (workers/bridge/spec.py -> workers/bridge/build.py) and compares one forward
 with fresh random inputs against ComfyUI's own forward here:
 
 * world size 1: bitwise equal (same class, same ops, same weights, same attention kernel);
@@ -114,7 +114,7 @@ def comfy_forward(base, inp: dict) -> torch.Tensor:
 
 
 def pool_forward(pool, config, key: str, base, inp: dict) -> torch.Tensor:
-    from comfyui_hybrid_parallel.nodes.native import family_adapter, host_tensors, native_spec
+    from comfyui_hybrid_parallel.workers.bridge.spec import family_adapter, host_tensors, native_spec
     from comfyui_hybrid_parallel.workers.bridge.loader_types import raw
     dm = base.diffusion_model
     # the weights as Runtime.ensure_native sends them: as the layers hold them (not state_dict(), which ComfyUI's
@@ -236,7 +236,7 @@ def test_ulysses_ranks_run_the_drivers_kernel(comfy, pool):
     interceptable), yet its Ulysses attention runs the kernel ComfyUI picked in the driver (here, on a CPU
     without flags, sub-quadratic): the worker resolves it by ComfyUI's registry name and reports which it runs.
     tests/engine/test_attention_kernel.py shows the Ulysses attention really is that kernel's output."""
-    from comfyui_hybrid_parallel.nodes.native import comfy_runtime, family_adapter, native_spec
+    from comfyui_hybrid_parallel.workers.bridge.spec import comfy_runtime, family_adapter, native_spec
     from comfyui_hybrid_parallel.parallel import ParallelConfig
     import comfy.ldm.modules.attention as attention
     name = comfy_runtime()["attention"]
@@ -270,7 +270,7 @@ def test_fp8_stays_fp8_on_the_workers(comfy, pool):
 def test_tp_shards_stay_fp8(comfy, pool):
     """Tensor parallel on ComfyUI's own fp8 Flux: each rank holds its shard of the fp8 weights, in fp8 (half
     the block weights per rank at tp 2; the modulation, embedders and final layer stay replicated)."""
-    from comfyui_hybrid_parallel.nodes.native import check_declared
+    from comfyui_hybrid_parallel.workers.bridge.spec import check_declared
     from comfyui_hybrid_parallel.parallel import ParallelConfig
     config = ParallelConfig(tp_degree=2)
     base = load_model(comfy, "flux", "fp8_e4m3fn").model
@@ -367,8 +367,8 @@ def test_step_inputs_cross_once_per_run(comfy):
     workers reuse their copy), and the output equals a call that sends everything. Changed conditioning is sent
     again; a call naming a previous call the workers do not hold fails clearly and the pool stays usable. (The
     protocol is the family's business not at all: the tiny SD3, not the 531M Flux - 2 min on 2 cores.)"""
-    from comfyui_hybrid_parallel.nodes.proxy import submit_once
-    from comfyui_hybrid_parallel.nodes.run_record import RunRecord
+    from comfyui_hybrid_parallel.workers.bridge.proxy import submit_once
+    from comfyui_hybrid_parallel.workers.bridge.run_record import RunRecord
     from comfyui_hybrid_parallel.parallel import ParallelConfig
     from comfyui_hybrid_parallel.workers.pool import WorkerError, WorkerPool
     base = load_model(comfy, "sd3", "fp8_e4m3fn").model
@@ -487,7 +487,7 @@ def test_two_experts_and_a_vae_stay_resident_and_a_new_patch_version_replaces_th
     max_models=2 loads each once. A new patch version of one expert (same lineage, new key - a LoRA strength
     change) replaces the old one on the workers before it loads."""
     from comfyui_hybrid_parallel.doctor.methods import _vae
-    from comfyui_hybrid_parallel.nodes.vae_node import native_vae_spec
+    from comfyui_hybrid_parallel.workers.bridge.vae import native_vae_spec
     from comfyui_hybrid_parallel.parallel import ParallelConfig
     from comfyui_hybrid_parallel.workers.pool import WorkerPool
     config = ParallelConfig(ulysses_degree=2)
@@ -496,7 +496,7 @@ def test_two_experts_and_a_vae_stay_resident_and_a_new_patch_version_replaces_th
     pool = WorkerPool(device="cpu", max_models=2)
     try:
         def load(key, base, lineage):
-            from comfyui_hybrid_parallel.nodes.native import family_adapter, native_spec
+            from comfyui_hybrid_parallel.workers.bridge.spec import family_adapter, native_spec
             dm = base.diffusion_model
             return pool.ensure_model(config, key, family_adapter(dm).family, {}, native=native_spec(base),
                                      lineage=lineage, state_dict=lambda: dict(dm.state_dict()))["loaded"]
@@ -520,7 +520,7 @@ def test_model_description_reads_only_what_this_comfyui_declares(comfy, caplog):
     layer_quant_config before 0.33, quant_config since); ComfyUI 0.33's model config logs "you accessed ... which
     doesn't exist" for each name it lacks - twice per prompt in the user's console until the pack asked first."""
     import logging
-    from comfyui_hybrid_parallel.nodes.native import native_spec
+    from comfyui_hybrid_parallel.workers.bridge.spec import native_spec
     base = load_model(comfy, "sd3", "fp8_e4m3fn").model
     with caplog.at_level(logging.WARNING):
         spec = native_spec(base)

@@ -25,9 +25,9 @@ pytestmark = pytest.mark.comfy
 
 def _send(pool, config, key, base, inp):
     """What PoolDiffusionModel._native_forward sends for this call (its encoding of lists and plain values)."""
-    from comfyui_hybrid_parallel.nodes.native import family_adapter, native_spec
+    from comfyui_hybrid_parallel.workers.bridge.spec import family_adapter, native_spec
     from comfyui_hybrid_parallel.workers.bridge.carry import call_options
-    from comfyui_hybrid_parallel.nodes.proxy import call_payload
+    from comfyui_hybrid_parallel.workers.bridge.proxy import call_payload
     dm = base.diffusion_model
     pool.ensure_model(config, key, family_adapter(dm).family, {}, native=native_spec(base),
                       state_dict=lambda: dict(dm.state_dict()))

@@ -62,7 +62,7 @@ def test_wan_fun_camera_equals_comfyui(comfy, cpu_pool, tmp_path):  # noqa: F811
     embedding before the split; its camera conditions are split with the batch under cfg. Odd 5 x 7 token grid."""
     from comfy.sd import load_diffusion_model
     from comfyui_hybrid_parallel.doctor import tiny_checkpoints as tiny
-    from comfyui_hybrid_parallel.nodes.native import family_adapter
+    from comfyui_hybrid_parallel.workers.bridge.spec import family_adapter
     from comfyui_hybrid_parallel.parallel import ParallelConfig
 
     path = tmp_path / "wan_camera.safetensors"

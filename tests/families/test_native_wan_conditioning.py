@@ -52,9 +52,9 @@ def wan22(comfy):  # noqa: F811
 
 def _forward(pool, config, key, base, inp):
     """The pool's forward with the inputs as the nodes send them (nested lists as tensor paths under a JSON
-    skeleton: nodes/proxy.call_payload)."""
-    from comfyui_hybrid_parallel.nodes.native import family_adapter, host_tensors, native_spec
-    from comfyui_hybrid_parallel.nodes.proxy import call_payload
+    skeleton: workers/bridge/proxy.call_payload)."""
+    from comfyui_hybrid_parallel.workers.bridge.spec import family_adapter, host_tensors, native_spec
+    from comfyui_hybrid_parallel.workers.bridge.proxy import call_payload
     from comfyui_hybrid_parallel.workers.bridge.loader_types import raw
     dm = base.diffusion_model
     pool.ensure_model(config, key, family_adapter(dm).family, {}, native=native_spec(base),

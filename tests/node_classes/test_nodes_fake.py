@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from comfyui_hybrid_parallel.nodes.config_node import ParallelConfigNode
-from comfyui_hybrid_parallel.nodes.loop_mode import check_loop_mode, uses_loop_mode
+from comfyui_hybrid_parallel.workers.bridge.loop_mode import check_loop_mode, uses_loop_mode
 from comfyui_hybrid_parallel.nodes.runtime import Runtime
 from comfyui_hybrid_parallel.workers import WorkerPool
 

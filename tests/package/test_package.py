@@ -145,3 +145,14 @@ def test_comfy_registry_fields():
                          "Environment :: GPU :: Apple Metal"), c
     assert f"Programming Language :: Python :: {sys.version_info.major}.{sys.version_info.minor}" in classifiers
     assert SpecifierSet(project["requires-python"]).contains(f"{sys.version_info.major}.{sys.version_info.minor}")
+
+
+def test_test_files_have_unique_names_across_folders():
+    """The test folders are not packages (pytest imports each test file by its name), so two files of one name in two
+    folders stop the whole collection ("import file mismatch"): caught here, by name."""
+    tests = Path(__file__).resolve().parents[1]
+    seen = {}
+    for f in sorted(tests.rglob("test_*.py")):
+        seen.setdefault(f.name, []).append(str(f.relative_to(tests)))
+    assert len(seen) > 100, "the scan found too few test files: it is broken"
+    assert not {n: p for n, p in seen.items() if len(p) > 1}

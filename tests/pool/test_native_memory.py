@@ -157,7 +157,7 @@ def test_comfyuis_copy_and_the_workers_are_one_host_copy(tmp_path, ranks):
         weight_bytes = sum(v.numel() * v.element_size() for v in dm.state_dict().values())
         inp = inputs("sd3", base, seed=2)
         ref = comfy_forward(base, inp)
-        from comfyui_hybrid_parallel.nodes.native import family_adapter, native_spec
+        from comfyui_hybrid_parallel.workers.bridge.spec import family_adapter, native_spec
         with _Peak(files_prefix=pool.shm_prefix) as writing:  # ComfyUI's copy + the files, while they are written
             pool.ensure_model(config, "medium", family_adapter(dm).family, {}, native=native_spec(base),
                               adopt=adopter(dm), state_dict=lambda: {k: v.detach() for k, v in dm.state_dict().items()})

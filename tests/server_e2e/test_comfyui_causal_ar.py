@@ -16,11 +16,11 @@ sample_ar_video puts the per-layer KV caches and the frame position into transfo
 model call, which the workers cannot see:
 - through Parallel Model at ulysses 2 the prompt is refused already at the Parallel Model node: CausalWanModel is a
   WanModel subclass the Wan plan does not declare (parallel/models/wan.py comfy_module "comfy.ldm.wan.model"), so it
-  runs as an unknown model, CFG / data parallel only (nodes/native.check_any_model) - before any worker starts, but
+  runs as an unknown model, CFG / data parallel only (workers/bridge/spec.check_any_model) - before any worker starts, but
   the message is that one, not the ar_video one;
 - through Parallel Model at dp 2 or cfg 2 (what that message tells the user to use) the first model call is refused by
   workers/bridge/known.TRANSFORMER_OPTIONS["ar_state"] ("causal autoregressive" ... "without Parallel Model") in the
-  driver (nodes/proxy.py _native_forward's carry.call_options), before the call is sent and before the model is shipped: no residency key the
+  driver (workers/bridge/proxy.py _native_forward's carry.call_options), before the call is sent and before the model is shipped: no residency key the
   next, successful prompt puts on the workers was there after the refusals (and where no world was up, none starts).
   ComfyUI's own sample_ar_video has already allocated the KV caches for the whole video (comfy/k_diffusion/
   sampling.py, init_kv_caches) on the latent's device by then: the refusal comes at the first model call, not at

@@ -130,7 +130,7 @@ def test_other_diffusion_model_wrappers_are_refused():
     from comfy_env import setup_comfy
     setup_comfy()
     import comfy.patcher_extension as ext
-    from comfyui_hybrid_parallel.nodes.native import NotCarried, check_diffusion_wrappers
+    from comfyui_hybrid_parallel.workers.bridge.spec import NotCarried, check_diffusion_wrappers
     ok = {ext.WrappersMP.DIFFUSION_MODEL: {"easycache": [print]}, ext.WrappersMP.OUTER_SAMPLE: {"x": [print]}}
     check_diffusion_wrappers(ok)
     check_diffusion_wrappers({ext.WrappersMP.DIFFUSION_MODEL: {"someone": []}})  # empty: nothing would run

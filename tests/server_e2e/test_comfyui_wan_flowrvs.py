@@ -132,7 +132,7 @@ def test_flowrvs_loop_mode_and_pipefusion_are_refused_before_work(server, flowrv
     """Hybrid Sampler's loop mode and PipeFusion run the sampler in the workers, which compute ComfyUI's flow (CONST)
     and eps sampling only. They took FlowRVS (ModelSamplingDiscrete x IMG_TO_IMG_FLOW: first step timestep 999 and
     denoised = out) for flow - timestep sigma x 354 and denoised x - out x sigma: 2.1e1 / 2.2e1 from KSampler, no
-    error. Now the sampling is read from ComfyUI's model sampling (nodes/loop_mode.loop_convention) and this one is
+    error. Now the sampling is read from ComfyUI's model sampling (workers/bridge/loop_mode.loop_convention) and this one is
     refused before any work, naming step mode; the next prompt runs."""
     from comfy_server import error_text
     tag = f"flowrvs_refused_{name}"

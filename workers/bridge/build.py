@@ -3,7 +3,7 @@
 Why the workers run ComfyUI's classes rather than a diffusers re-implementation: the MODEL then
 runs with ComfyUI's own ops and casting (fp8 `weight_dtype`, fp8-stored and scaled-fp8 checkpoints,
 manual casting), with the weights exactly as ComfyUI holds them (storage dtype, LoRA already
-applied), and no family needs a converter. The driver (nodes/native.py) sends a *spec* — the module
+applied), and no family needs a converter. The driver (workers/bridge/spec.py) sends a *spec* — the module
 and class of the diffusion model, ComfyUI's `unet_config`, the facts ComfyUI's `pick_operations`
 decides by, and the ComfyUI command-line flags that choose the attention kernel — and the weights as
 mapped shared-memory files. Here the class is built on the meta device (no allocation, no random
@@ -37,7 +37,7 @@ _ATTENTION_FLAGS = ("use_split_cross_attention", "use_quad_cross_attention", "us
 
 
 def decode_value(v):
-    """Inverse of nodes/native.py's encode_value: {"__dtype__": name} -> torch dtype, recursively."""
+    """Inverse of workers/bridge/spec.py's encode_value: {"__dtype__": name} -> torch dtype, recursively."""
     if isinstance(v, dict):
         if set(v) == {"__dtype__"}:
             return getattr(torch, v["__dtype__"])

@@ -129,6 +129,14 @@ def _replacements(value: dict) -> dict:
     return out
 
 
+def rebuild_call(kwargs: dict) -> dict:
+    """Worker side: a call's kwargs as ComfyUI's forward takes them - its transformer_options' block replacements and
+    model patches (Skip Layer Guidance, PAG) made functions again (rebuild_options)."""
+    if "transformer_options" in kwargs:
+        kwargs["transformer_options"] = rebuild_options(kwargs["transformer_options"])
+    return kwargs
+
+
 def rebuild_options(opts: dict | None) -> dict:
     """Worker side: the call's transformer_options with its block replacements and model patches made functions
     again."""

@@ -143,7 +143,7 @@ def free_beside_comfy(pool, config, nbytes: int, gpus: dict) -> bool:
 
 
 def take_over_from_dynamic_vram(patcher) -> int:
-    """Before ComfyUI loads `patcher` - the pool's host clone of a MODEL (nodes/prepare.host_clone) - for a run,
+    """Before ComfyUI loads `patcher` - the pool's host clone of a MODEL (workers/bridge/prepare.host_clone) - for a run,
     where ComfyUI's DynamicVRAM patcher (ModelPatcherDynamic, ComfyUI 0.33) holds the same model too: unload its loaded
     dynamic copies through ComfyUI's model management, and where no host copy of ComfyUI's stayed loaded since, have
     ComfyUI unpatch the model (ModelPatcher.unpatch_model) so that its load patches it afresh. Returns how many dynamic

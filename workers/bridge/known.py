@@ -144,7 +144,7 @@ CALLBACKS: dict = {}
 # ModelPatcher object patches by key (a dotted attribute path of the BaseModel)
 OBJECT_PATCHES = {
     # the sampling schedule: ComfyUI's sampler reads it in the driver; the workers' loop checks it exactly
-    # (nodes/loop_mode.loop_convention refuses what it cannot compute)
+    # (workers/bridge/loop_mode.loop_convention refuses what it cannot compute)
     "model_sampling": Rule(DRIVER, DRIVER, nodes=(
         "ModelSamplingDiscrete", "ModelSamplingContinuousEDM", "ModelSamplingContinuousV", "ModelSamplingStableCascade",
         "ModelSamplingSD3", "ModelSamplingAuraFlow", "ModelSamplingFlux", "ModelSamplingLTXV", "ModelSamplingMiniMaxH3",

@@ -16,8 +16,10 @@ Imports ComfyUI lazily (only when checked), so the pack still loads without it (
 """
 from __future__ import annotations
 
+import importlib
 import inspect
 import os
+import re
 from dataclasses import dataclass
 
 from .loader_types import import_class  # `module:attribute.path` resolved
@@ -41,8 +43,8 @@ SEAMS = (
     Seam("comfy.ops:pick_operations", "workers/bridge/build: the ops ComfyUI picks",
          ("weight_dtype", "compute_dtype", "load_device", "fp8_optimizations", "model_config")),
     Seam("comfy.ops:disable_weight_init", "doctor/tiny_checkpoints: tiny models in ComfyUI's layout"),
-    Seam("comfy.cli_args:args", "nodes/native, workers/bridge/build: the flags that pick kernels"),
-    Seam("comfy.cli_args:PerformanceFeature", "nodes/native: --fast flags forwarded", optional=True),
+    Seam("comfy.cli_args:args", "workers/bridge/spec, workers/bridge/build: the flags that pick kernels"),
+    Seam("comfy.cli_args:PerformanceFeature", "workers/bridge/spec: --fast flags forwarded", optional=True),
     Seam("comfy.model_management:get_torch_device", "nodes/runtime: where ComfyUI computes"),
     Seam("comfy.model_management:unload_all_models", "nodes/runtime: KSampler -> pool switch, Unload models"),
     Seam("comfy.model_management:free_memory", "nodes/runtime: room for the ranks beside ComfyUI"),
@@ -61,20 +63,20 @@ SEAMS = (
          params=("metadata",), optional=True),
     Seam("comfy.ldm.lightricks.vae.causal_video_autoencoder:Decoder.run_up", "parallel/vae/native: LTX-2's frame "
          "chunks, by bytes, agreed across the ranks (ComfyUI 0.33)", params=("max_chunk_size",), optional=True),
-    # sampling on the driver (nodes/sampler_node.py, nodes/loop_mode.py)
+    # sampling on the driver (nodes/sampler_node.py, workers/bridge/loop_mode.py)
     Seam("comfy.sample:sample", "nodes/sampler_node: KSampler's own sampling"),
     Seam("comfy.sample:sample_custom", "nodes/sampler_node"),
     Seam("comfy.sample:prepare_noise", "nodes/sampler_node, loop mode: KSampler's noise"),
-    Seam("comfy.sample:fix_empty_latent_channels", "nodes/loop_mode: KSampler's empty latent (ksampler_latent)"),
-    Seam("comfy.sample:fix_empty_latent_channels", "nodes/loop_mode: an empty latent resized to the model's "
+    Seam("comfy.sample:fix_empty_latent_channels", "workers/bridge/loop_mode: KSampler's empty latent (ksampler_latent)"),
+    Seam("comfy.sample:fix_empty_latent_channels", "workers/bridge/loop_mode: an empty latent resized to the model's "
          "compression (ComfyUI 0.33)", params=("downscale_ratio_spacial", "downscale_ratio_temporal"), optional=True),
-    Seam("comfy.samplers:KSampler", "nodes/loop_mode: sigmas"),
-    Seam("comfy.samplers:KSAMPLER", "nodes/loop_mode"),
+    Seam("comfy.samplers:KSampler", "workers/bridge/loop_mode: sigmas"),
+    Seam("comfy.samplers:KSAMPLER", "workers/bridge/loop_mode"),
     Seam("comfy.patcher_extension:WrappersMP", "nodes: DIFFUSION_MODEL / OUTER_SAMPLE wrappers"),
     Seam("comfy.patcher_extension:WrapperExecutor", "nodes/model_node: the pool as a diffusion-model wrapper"),
     Seam("comfy.utils:ProgressBar", "nodes: progress"),
     Seam("comfy.utils:PROGRESS_BAR_ENABLED", "nodes/sampler_node: the bar as KSampler shows it"),
-    Seam("comfy.cli_args:LatentPreviewMethod", "nodes/loop_mode: previews from the workers' loop"),
+    Seam("comfy.cli_args:LatentPreviewMethod", "workers/bridge/loop_mode: previews from the workers' loop"),
     Seam("comfy.utils:set_attr_param", "workers/bridge/patches: patched weights"),
     Seam("comfy.utils:get_attr", "workers/bridge/patches"),
     Seam("comfy.utils:load_torch_file", "doctor"),
@@ -90,12 +92,12 @@ SEAMS = (
     Seam("comfy.weight_adapter:adapters", "workers/bridge/patches: LoRA adapters travel by class name",
          optional=True),
     Seam("comfy.model_patcher:ModelPatcher.clone", "nodes: the pool's MODEL is a clone"),
-    Seam("comfy.model_patcher:ModelPatcher.get_additional_models_with_key", "nodes/prepare: a MODEL split by "
+    Seam("comfy.model_patcher:ModelPatcher.get_additional_models_with_key", "workers/bridge/prepare: a MODEL split by "
          "ComfyUI's MultiGPU CFG Split is refused", params=("key",), optional=True),
-    Seam("comfy.model_patcher:ModelPatcher.clone", "nodes/prepare: the non-dynamic clone over the same model "
+    Seam("comfy.model_patcher:ModelPatcher.clone", "workers/bridge/prepare: the non-dynamic clone over the same model "
          "(ComfyUI's own way to keep a DynamicVRAM patcher off the GPU)", params=("disable_dynamic", "model_override"),
          optional=True),
-    Seam("comfy.model_patcher:ModelPatcher.get_clone_model_override", "nodes/prepare: the same model object",
+    Seam("comfy.model_patcher:ModelPatcher.get_clone_model_override", "workers/bridge/prepare: the same model object",
          optional=True),
     Seam("comfy.model_patcher:ModelPatcher.unpatch_model", "nodes/runtime: the host copy re-patched after a dynamic "
          "load", ("device_to", "unpatch_weights")),
@@ -108,18 +110,83 @@ SEAMS = (
     Seam("comfy.hooks:WeightHook", "workers/bridge/capture: hook LoRAs on a conditioning are carried"),
     Seam("comfy.model_patcher:ModelPatcher.get_combined_hook_patches", "workers/bridge/carry: a call's hook group",
          ("hooks",)),
-    Seam("comfy.model_patcher:ModelPatcher.pre_run", "nodes/proxy: the patcher sampling now (current_patcher)"),
+    Seam("comfy.model_patcher:ModelPatcher.pre_run", "workers/bridge/proxy: the patcher sampling now (current_patcher)"),
     Seam("comfy.weight_adapter:BypassInjectionManager", "workers/bridge/carry: a LoRA in bypass mode on the ranks "
          "(ComfyUI 0.33)", optional=True),
     Seam("comfy_execution.utils:get_executing_context", "workers/bridge/graph: the node a refusal names",
          optional=True),
-    # model configs the spec carries (nodes/native.py)
-    Seam("comfy.supported_models_base:BASE.unet_config", "nodes/native: the spec's unet_config"),
-    Seam("comfy.supported_models_base:BASE.quant_config", "nodes/native: mixed-precision (quantized) checkpoints",
+    # model configs the spec carries (workers/bridge/spec.py)
+    Seam("comfy.supported_models_base:BASE.unet_config", "workers/bridge/spec: the spec's unet_config"),
+    Seam("comfy.supported_models_base:BASE.quant_config", "workers/bridge/spec: mixed-precision (quantized) checkpoints",
          optional=True, one_of="quant_config"),
-    Seam("comfy.supported_models_base:BASE.layer_quant_config", "nodes/native: quantized checkpoints (older name)",
+    Seam("comfy.supported_models_base:BASE.layer_quant_config", "workers/bridge/spec: quantized checkpoints (older name)",
          optional=True, one_of="quant_config"),
 )
+
+
+@dataclass(frozen=True)
+class Attr:
+    """An attribute of a ComfyUI object the pack reads (`owner` "module:Class": the class sets or defines it) or a
+    private marker ComfyUI puts on objects (`owner` "module": the module that names it). Found when the class has it or
+    assigns `self.<name>` in its own code, or the module's code names the marker: a rename in the next ComfyUI fails
+    the load check with one line, not a worker mid-prompt. Only the bridge reads these (tests/driver/test_comfy_seams.py
+    scans every other product file for them)."""
+    owner: str
+    name: str
+    used_by: str
+    optional: bool = False
+
+
+P, B = "comfy.model_patcher:ModelPatcher", "comfy.model_base:BaseModel"
+PROTOCOL = (
+    # the MODEL (ModelPatcher): what the capture walks, what travels, what the residency key reads
+    Attr(P, "model", "the BaseModel the patcher holds"),
+    Attr(P, "patches", "bridge/spec, bridge/residency: weight patches travel / key the residency"),
+    Attr(P, "patches_uuid", "bridge/prepare: ComfyUI re-patches after a run whose patches the workers applied"),
+    Attr(P, "object_patches", "bridge/capture"),
+    Attr(P, "model_options", "bridge/capture, bridge/prepare: transformer_options, sampler functions, compile"),
+    Attr(P, "wrappers", "bridge/prepare, bridge/capture: the compile wrapper, the pool's own wrappers"),
+    Attr(P, "callbacks", "bridge/capture"),
+    Attr(P, "injections", "bridge/capture"),
+    Attr(P, "weight_wrapper_patches", "bridge/capture"),
+    Attr(P, "additional_models", "bridge/capture"),
+    Attr(P, "attachments", "bridge/capture"),
+    Attr(P, "hook_patches", "bridge/capture: hook LoRAs"),
+    Attr(P, "current_hooks", "bridge/proxy: the hook group of this call"),
+    Attr(P, "hook_backup", "bridge/residency: the weights before a hook (what travels)"),
+    Attr(P, "load_device", "bridge/host, bridge/prepare: where ComfyUI computes"),
+    Attr(P, "get_model_object", "bridge/spec: model_sampling as the sampler sees it"),
+    Attr(P, "is_dynamic", "bridge/prepare: a DynamicVRAM patcher (ComfyUI 0.33)", optional=True),
+    Attr(P, "cached_patcher_init", "bridge/prepare: clone(disable_dynamic=True) needs it (ComfyUI 0.33)",
+         optional=True),
+    # the model (BaseModel) and the VAE
+    Attr(B, "diffusion_model", "bridge/spec, bridge/proxy: the module the workers build and the proxy stands in for"),
+    Attr(B, "model_config", "bridge/spec: the class's unet_config and quant config"),
+    Attr(B, "model_sampling", "bridge/loop_mode: the sampler's convention, computed by the workers' loop"),
+    Attr(B, "manual_cast_dtype", "bridge/spec: the ops ComfyUI picked"),
+    Attr(B, "latent_format", "bridge/spec"),
+    Attr("comfy.sd:VAE", "first_stage_model", "bridge/vae: the VAE module the workers decode with"),
+    Attr("comfy.sd:VAE", "vae_dtype", "bridge/vae: the dtype the latent enters the VAE's model in"),
+    Attr("comfy.sd:VAE", "process_output", "bridge/vae: the image as VAE.decode returns it"),
+    # private markers ComfyUI puts on objects (DynamicVRAM, its file-backed tensors)
+    Attr("comfy.model_management", "dynamic_pins", "bridge/host: a DynamicVRAM model (ComfyUI 0.33)", optional=True),
+    Attr("comfy.model_patcher", "comfy_patched_weights", "bridge/host: a layer ComfyUI patched", optional=True),
+    Attr("comfy.utils", "_comfy_tensor_file_slice", "bridge/host: a tensor mapped from its file (ComfyUI 0.33)",
+         optional=True),
+)
+
+
+def _attr_problem(a: Attr) -> str | None:
+    module, _, cls = a.owner.partition(":")
+    try:
+        owner = import_class(a.owner) if cls else importlib.import_module(module)
+        found = hasattr(owner, a.name) if cls else False
+        if not found:
+            pattern = rf"\bself\.{re.escape(a.name)}\b" if cls else rf"\b{re.escape(a.name)}\b"
+            found = re.search(pattern, inspect.getsource(owner)) is not None
+    except (ImportError, AttributeError, OSError, TypeError):
+        found = False
+    return None if found else f"{a.owner} no longer has {a.name!r} (used by {a.used_by})"
 
 
 def has(where: str) -> bool:
@@ -152,6 +219,8 @@ def _problem(seam: Seam) -> str | None:
 def missing(seams=None) -> list:
     """What this ComfyUI lacks of the inventory: required seams, and groups of which no alternative exists."""
     out, groups = [], {}
+    if seams is None:  # the whole manifest: the object protocol and the markers too
+        out += [p for a in PROTOCOL if not a.optional for p in [_attr_problem(a)] if p]
     seams = SEAMS if seams is None else seams
     for s in seams:
         if s.one_of:
@@ -208,7 +277,7 @@ def untested_note() -> str | None:
             f"present - run `doctor` to compare every method with ComfyUI's own forward on this version")
 
 
-__all__ = ["SEAMS", "Seam", "TESTED", "accepts", "comfyui_version", "has", "missing", "problem_line",
+__all__ = ["PROTOCOL", "Attr", "SEAMS", "Seam", "TESTED", "accepts", "comfyui_version", "has", "missing", "problem_line",
            "untested_note"]
 
 

@@ -1,7 +1,7 @@
 """One prompt's run on the pool, typed: what prepare.pool_state decided before any worker started, then what the run
 does as it goes.
 
-Why a dataclass and not a dict: the record is built in one place (nodes/prepare.py pool_state, after every refusal)
+Why a dataclass and not a dict: the record is built in one place (workers/bridge/prepare.py pool_state, after every refusal)
 and read by the proxy (step mode), the workers' loop (loop mode / PipeFusion) and the patch transport; a misspelt
 key in a dict read as None - a hook group silently not sent - where an attribute fails loudly.
 """
@@ -16,7 +16,7 @@ class RunRecord:
     # decided before any worker starts (prepare.pool_state)
     key: str                       # the resident weights' key: base model, patches digest, compute dtype, method
     lineage: str                   # this model under other patches: replaced on the workers, not kept beside
-    native: dict                   # ComfyUI's model spec the workers build (nodes/native.py native_spec)
+    native: dict                   # ComfyUI's model spec the workers build (workers/bridge/spec.py native_spec)
     patches: tuple | None = None   # ComfyUI's weight patches as they travel, or None (the weights travel patched)
     compile: dict | None = None    # TorchCompileModel's options for the workers, or None
     object_values: dict | None = None  # plain object patches that travel with each call

@@ -8,14 +8,14 @@ from __future__ import annotations
 import uuid
 from contextlib import contextmanager
 
-from ..parallel.models import adapter_for
-from ..workers.bridge.capture import capture
-from ..workers.bridge.carry import object_values
-from ..workers.bridge.residency import weights_key
-from ..workers.bridge.sampling import APPLY_MODEL, wrappers_of
+from ...parallel.models import adapter_for
+from .capture import capture
+from .carry import object_values
+from .residency import weights_key
+from .sampling import APPLY_MODEL, wrappers_of
 from .run_record import RunRecord
-from .native import (NotCarried, check_any_model, check_declared, check_loader_methods, check_native_tp,
-                     check_weights, native_spec)
+from .spec import (NotCarried, check_any_model, check_declared, check_loader_methods, check_native_pipefusion,
+                   check_native_tp, check_weights, native_spec)
 
 WRAPPER_KEY = "comfyui_hybrid_parallel"  # the pack's own wrappers on a MODEL (capture.OWN_KEY says the same)
 
@@ -112,10 +112,24 @@ def compile_spec(model, hp) -> dict | None:
             "fullgraph": bool(kw.get("fullgraph")), "dynamic": kw.get("dynamic")}
 
 
-def without_compile_wrapper(wrappers: dict) -> None:
-    """Take ComfyUI's TorchCompileModel wrapper out of `wrappers` (a clone's, or a run's model options): the workers
-    compile their own model; the driver's compiled copy must never stand in for the pool's proxy."""
+def without_compile_wrapper(patcher=None, model_options: dict | None = None) -> None:
+    """Take ComfyUI's TorchCompileModel wrapper out of `patcher`'s wrappers (the pool's clone) or a run's
+    `model_options` (a guider's): the workers compile their own model; the driver's compiled copy must never stand in
+    for the pool's proxy."""
+    wrappers = patcher.wrappers if patcher is not None else \
+        (model_options or {}).get("transformer_options", {}).get("wrappers") or {}
     wrappers_of(wrappers, APPLY_MODEL).pop(COMPILE_KEY, None)
+
+
+def guider_run(guider) -> tuple:
+    """(the patcher sampling now, its conds, the run's model options) of ComfyUI's guider in an OUTER_SAMPLE wrapper:
+    maybe LoRA'd or patched after Parallel Model, so the run's capture is made from these."""
+    return guider.model_patcher, guider.conds, guider.model_options
+
+
+def check_pipefusion(patcher, config, latent_shape) -> None:
+    """check_native_pipefusion for the MODEL's diffusion model (before any worker starts)."""
+    check_native_pipefusion(patcher.model.diffusion_model, config, latent_shape)
 
 
 def capture_run(model, hp, who: str, graph, mode: str | None = None, conds=None, model_options=None):
@@ -228,7 +242,7 @@ def portable_patches(model, config):
     ComfyUI patches its own copy and the patched weights travel, as before."""
     if not model.patches or not config.whole_model:
         return None
-    from ..workers.bridge.patches import NotPortable, encode
+    from .patches import NotPortable, encode
     try:
         return encode(model.patches)
     except NotPortable:
@@ -238,7 +252,7 @@ def portable_patches(model, config):
 def loader_patcher(model):
     """The MODEL's ModelPatcher class when a custom loader patches weights its own way (workers/bridge/loader_types.py),
     refused before any worker starts where the workers could not import it; None for ComfyUI's own."""
-    from ..workers.bridge.loader_types import NotCarriable, describe_patcher
+    from .loader_types import NotCarriable, describe_patcher
     try:
         return describe_patcher(model)
     except NotCarriable as e:

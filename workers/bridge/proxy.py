@@ -5,16 +5,16 @@ APPLY_MODEL wrapper (`make_apply_model_wrapper`) swaps the diffusion model for `
 of each model call, and the proxy sends that one forward to the workers - its arguments as they are (`call_payload`),
 what travels with the call besides (workers/bridge/carry.py: transformer options, object values, hook groups, a LoRA
 bypass) - and returns their output. Everything around the forward stays ComfyUI's code. In loop mode the proxy
-captures the first call's conditioning instead (`Captured`, nodes/loop_mode.py).
+captures the first call's conditioning instead (`Captured`, workers/bridge/loop_mode.py).
 """
 from __future__ import annotations
 
 import torch
 
-from ..workers.bridge.carry import bypass_call, call_options, hook_call, skipped_blocks
-from ..workers.bridge.residency import unhooked
-from ..workers.bridge.sampling import ComfyInterrupt, raise_if_interrupted, run_wrapped
-from .native import NotCarried, check_diffusion_wrappers, diffusion_wrappers, runs_diffusion_wrappers
+from .carry import bypass_call, call_options, hook_call, skipped_blocks
+from .residency import unhooked
+from .sampling import ComfyInterrupt, raise_if_interrupted, run_wrapped
+from .spec import NotCarried, check_diffusion_wrappers, diffusion_wrappers, runs_diffusion_wrappers
 from .prepare import split_blocks
 from .run_record import RunRecord
 
@@ -69,7 +69,7 @@ class PoolDiffusionModel(torch.nn.Module):
     def _native_forward(self, x, timestep, context, transformer_options, extra):
         """ComfyUI's own model on the workers: its call's arguments go as they are (call_payload), its output
         comes back as is."""
-        from ..parallel.models import adapter_for
+        from ...parallel.models import adapter_for
         adapter = adapter_for(self._original[0])
         tensors, structure = call_payload(context, without_rebuilt(adapter, extra))  # refusals first
         changing = []  # what differs at every call: never reused from the previous one
@@ -215,7 +215,7 @@ def call_payload(context, extra: dict):
 
 def submit_interruptible(pool, config, kind, values, tensors):
     """pool.submit that stops at ComfyUI's interrupt button and raises ComfyUI's own interrupt exception."""
-    from ..workers.pool import JobCancelled
+    from ..pool import JobCancelled
     try:
         return pool.submit(config, kind, values, tensors, cancel=ComfyInterrupt())
     except JobCancelled:

@@ -18,14 +18,14 @@ import uuid
 
 import torch
 
-from ..parallel.models import ADAPTERS
-from ..parallel.plan import _given  # an input is given: not None, not an empty list / dict (ComfyUI's defaults)
-from ..workers.bridge.carry import bypass_call
-from ..workers.bridge.sampling import (ComfyInterrupt, fix_empty_latent, previews_enabled, progress_bar,
+from ...parallel.models import ADAPTERS
+from ...parallel.plan import _given  # an input is given: not None, not an empty list / dict (ComfyUI's defaults)
+from .carry import bypass_call
+from .sampling import (ComfyInterrupt, fix_empty_latent, previews_enabled, progress_bar,
                                       raise_if_interrupted, sampler_object)
-from ..workers.bridge.seams import accepts
-from ..workers.pool import JobCancelled
-from .native import loop_step_cache
+from .seams import accepts
+from ..pool import JobCancelled
+from .spec import loop_step_cache
 from .proxy import Captured, _flatten, _structure
 
 SUPPORTED_SAMPLERS = ("euler", "dpmpp_2m")
@@ -112,11 +112,16 @@ def _cond_uncond_order(inputs: dict, cond_or_uncond: list, batch: int) -> tuple:
     return {k: pick(v) for k, v in inputs.items()}, len(order) == 2
 
 
-def make_loop_sampler(runtime, hp, state, sampler_name: str, cfg: float, model_sampling, family_of_state,
-                      base_model=None):
+def check_loop_sampling(patcher) -> dict:
+    """Refuse, before any work, a MODEL whose sampling the workers' loop cannot compute (loop_convention)."""
+    return loop_convention(patcher.get_model_object("model_sampling"))
+
+
+def make_loop_sampler(runtime, hp, state, sampler_name: str, cfg: float, patcher, family_of_state):
     """A ComfyUI KSAMPLER whose function runs the loop (PipeFusion, or one parallel forward per step) on the workers:
     ComfyUI's conditioning pipeline runs once for a captured model call, then noise, sigmas and those inputs travel in
-    one `loop` job."""
+    one `loop` job. `patcher`: the MODEL sampled (its model_sampling and model)."""
+    model_sampling, base_model = patcher.get_model_object("model_sampling"), patcher.model
     def sample(model_k, x, sigmas, extra_args=None, callback=None, disable=None):
         extra_args = dict(extra_args or {})
         if extra_args.get("denoise_mask") is not None:
