@@ -25,9 +25,12 @@ def _run(*args, env=None, timeout=600):
                           timeout=timeout, env={**os.environ, **(env or {})}, cwd=PACK.parent)
 
 
-def test_quick_doctor_passes_on_cpu_and_writes_its_report(tmp_path):
+# CI: the quick doctor in fp32 (every method, the kernels, the report); its fp8 rows with the slow set - fp8 weights on
+# every method are the pool tests' (families/test_native_pool.py, engine/test_shard.py)
+@pytest.mark.parametrize("precisions", ["fp32", pytest.param("fp32,fp8_e4m3fn", marks=pytest.mark.slow)])
+def test_quick_doctor_passes_on_cpu_and_writes_its_report(tmp_path, precisions):
     out = tmp_path / "report.json"
-    res = _run("--quick", "--json", str(out))
+    res = _run("--quick", "--precisions", precisions, "--json", str(out))
     print(res.stdout[-4000:])
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     report = json.loads(out.read_text())
@@ -45,7 +48,7 @@ def test_quick_doctor_passes_on_cpu_and_writes_its_report(tmp_path):
     methods = {r["method"] for r in report["methods"]}
     assert methods == {"degree 1", "ulysses 2", "ring 2", "cfg 2", "data 2", "tensor 2", "pipefusion 2",
                        "distrifusion 2", "ulysses 2, loop mode", "patch vae decode 2", "ulysses 2, sharded weights"}
-    assert {r["precision"] for r in report["methods"]} == {"fp32", "fp8_e4m3fn"}
+    assert {r["precision"] for r in report["methods"]} == set(precisions.split(","))
     assert [r["precision"] for r in report["methods"] if r["method"] == "patch vae decode 2"] == ["fp32"]
     for r in report["methods"]:
         assert r["ok"] and not r.get("skipped") and r["device"] == "cpu", r

@@ -44,7 +44,9 @@ def _inputs(version, frames, h, w, seed):
             "guidance": torch.full((2,), 6.0)}
 
 
-@pytest.mark.parametrize("version", ["1.5", "1.0", "image2.1"])
+# 1.5 with the slow set: tests/server_e2e/test_comfyui_hunyuan_video.py runs the same degrees (u2, r2, u2r2, cfg2) on a
+# real server against KSampler in CI; 1.0 and HunyuanImage 2.1 (no server test) are proven here
+@pytest.mark.parametrize("version", [pytest.param("1.5", marks=pytest.mark.slow), "1.0", "image2.1"])
 def test_hunyuan_video_equals_comfyui(comfy, cpu_pool, tmp_path, version):  # noqa: F811
     """HunyuanImage 2.1 runs on the same class with 2-D patches and ids: checked here, not assumed."""
     from comfyui_hybrid_parallel.parallel import ParallelConfig

@@ -36,7 +36,9 @@ def _inputs(base, frames, h, w, seed, per_token=False):
             "context": torch.randn(2, 6, 4096, generator=g).to(dtype), "attention_mask": mask, "frame_rate": 24}
 
 
-@pytest.mark.parametrize("weight_dtype", ["fp32", pytest.param("bf16", marks=pytest.mark.slow),
+# fp32 with the slow set: tests/server_e2e/test_comfyui_ltxv.py runs the same degrees in fp32 against KSampler in CI
+@pytest.mark.parametrize("weight_dtype", [pytest.param("fp32", marks=pytest.mark.slow),
+                                          pytest.param("bf16", marks=pytest.mark.slow),
                                           pytest.param("fp16", marks=pytest.mark.slow), "fp8_e4m3fn"])
 def test_ltxv_equals_comfyui(comfy, cpu_pool, tmp_path, weight_dtype):  # noqa: F811
     from comfyui_hybrid_parallel.workers.bridge.spec import family_adapter

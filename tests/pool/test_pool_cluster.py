@@ -27,6 +27,7 @@ def _cluster(tmp_path, **kw) -> Cluster:
                    control=f"127.0.0.1:{_port()}", master_port=_port(), **kw)
 
 
+@pytest.mark.slow  # CI: the Parallel Cluster node's world over two launch groups (server_e2e/test_comfyui_cluster.py)
 def test_two_launch_groups_on_loopback(tmp_path):
     cluster = _cluster(tmp_path)
     cluster.authkey()  # made (0600) before the other machine's group starts, as a user would copy it

@@ -48,8 +48,10 @@ def test_hybrid_sampler_and_patch_decode_equal_ksampler(server, reference, degre
         assert torch.equal(lat, lat_ref), _rel(lat, lat_ref)
 
 
-# e4m3fn in CI; fast and e5m2 (the same path on a CPU: ComfyUI computes in fp32) with the slow set
-@pytest.mark.parametrize("weight_dtype", ["fp8_e4m3fn", pytest.param("fp8_e4m3fn_fast", marks=pytest.mark.slow),
+# All UNETLoader's fp8 weight dtypes are the pool tests' precisions (families/test_native_pool.py: degree 1
+# bitwise, u2 and t2 on fp8 weights against ComfyUI's forward) and the sharded fp8 server run below
+@pytest.mark.parametrize("weight_dtype", [pytest.param("fp8_e4m3fn", marks=pytest.mark.slow),
+                                          pytest.param("fp8_e4m3fn_fast", marks=pytest.mark.slow),
                                           pytest.param("fp8_e5m2", marks=pytest.mark.slow)])
 def test_fp8_weight_dtype_equals_ksampler(server, weight_dtype):
     """UNETLoader's fp8 weight dtypes (how most people run Flux and Wan 14B) through the workers: ComfyUI's
@@ -353,6 +355,7 @@ def test_noise_mask_is_honoured_in_step_mode(server):
     assert "noise masks" in str(entry) and "step mode" in str(entry), str(entry)[:2000]
 
 
+@pytest.mark.slow  # Flux in CI: its forward at d1 / u2 / t2 (families/test_native_pool.py), its server run (templates)
 def test_flux_dev_equals_ksampler(server):
     """Flux.1-dev (guidance embedder; ComfyUI forces width 3072: 531M parameters) on an odd 13 x 9 latent,
     which Flux pads circularly: ulysses2 and tensor parallel 2 in step mode and ring2 in loop mode equal
