@@ -180,13 +180,16 @@ def _attr_problem(a: Attr) -> str | None:
     module, _, cls = a.owner.partition(":")
     try:
         owner = import_class(a.owner) if cls else importlib.import_module(module)
-        found = hasattr(owner, a.name) if cls else False
-        if not found:
-            pattern = rf"\bself\.{re.escape(a.name)}\b" if cls else rf"\b{re.escape(a.name)}\b"
-            found = re.search(pattern, inspect.getsource(owner)) is not None
+        # the defining module's text, read (never inspect.getsource: it parses the module, slow and - deep in a
+        # prompt's stack - raising CPython 3.11's "AST constructor recursion depth mismatch")
+        with open(importlib.import_module(module).__file__, encoding="utf-8") as f:
+            text = f.read()
     except (ImportError, AttributeError, OSError, TypeError):
-        found = False
-    return None if found else f"{a.owner} no longer has {a.name!r} (used by {a.used_by})"
+        return f"{a.owner} is missing (used by {a.used_by})"
+    pattern = rf"\bself\.{re.escape(a.name)}\b" if cls else rf"\b{re.escape(a.name)}\b"
+    if (cls and hasattr(owner, a.name)) or re.search(pattern, text):
+        return None
+    return f"{a.owner} no longer has {a.name!r} (used by {a.used_by})"
 
 
 def has(where: str) -> bool:
