@@ -159,10 +159,14 @@ class World:
         self.state = "starting"
         self.pending = None  # a job answered as cancelled whose ranks have not all finished (pool._drain)
         self.seen: dict = {}  # rank -> monotonic time of its last message during the latest job
-        self.resident: list = []  # the keys rank 0 holds (its latest report)
-        self.slots: list = []     # what rank 0 holds, slot by slot (workers/residency.Slot): loads are decided on it
+        self.slots: list = []  # what rank 0 holds, slot by slot (workers/residency.Slot): loads are decided on it
         self.cluster = cluster  # a Cluster (cluster.py): workers started by torchrun, maybe on other machines
         self.agent = None       # then: the torchrun agent of this machine's launch group
+
+    @property
+    def resident(self) -> list:
+        """The keys rank 0 holds (its latest report), each once whatever layouts it was built for."""
+        return list(dict.fromkeys(s.key for s in self.slots))
 
     # ---- start ----
     def _devices(self) -> list:

@@ -453,10 +453,9 @@ class WorkerPool:
         descs = results[0].get("tensors") or {}
         tensors = {k: read_tensor(d, self.shm_prefix, unlink=True, maps=self._arena_maps) for k, d in descs.items()}
         values = results[0].get("values") or {}
-        if "resident" in values:
-            world.resident = list(values["resident"])
-        if residency.report(values) is not None:
-            world.slots = residency.report(values)
+        slots = residency.report(values)
+        if slots is not None:
+            world.slots = slots
         per_rank = [results[r].get("values") or {} for r in sorted(results)]
         return JobResult(values=values, tensors=tensors, per_rank=per_rank, job_id=job_id,
                          elapsed_s=time.monotonic() - start)
@@ -526,7 +525,7 @@ class WorkerPool:
             if w is None or not w.alive() or w.state != "idle":
                 return 0
             res = self.submit(w.config, "release", timeout_s=60.0)
-            w.resident, w.slots = [], []
+            w.slots = []
             return int(res.values.get("released", 0))
         except PoolError:
             return 0

@@ -137,34 +137,34 @@ class Attr:
     optional: bool = False
 
 
-P, B = "comfy.model_patcher:ModelPatcher", "comfy.model_base:BaseModel"
+_P, _B = "comfy.model_patcher:ModelPatcher", "comfy.model_base:BaseModel"
 PROTOCOL = (
     # the MODEL (ModelPatcher): what the capture walks, what travels, what the residency key reads
-    Attr(P, "model", "the BaseModel the patcher holds"),
-    Attr(P, "patches", "bridge/spec, bridge/residency: weight patches travel / key the residency"),
-    Attr(P, "patches_uuid", "bridge/prepare: ComfyUI re-patches after a run whose patches the workers applied"),
-    Attr(P, "object_patches", "bridge/capture"),
-    Attr(P, "model_options", "bridge/capture, bridge/prepare: transformer_options, sampler functions, compile"),
-    Attr(P, "wrappers", "bridge/prepare, bridge/capture: the compile wrapper, the pool's own wrappers"),
-    Attr(P, "callbacks", "bridge/capture"),
-    Attr(P, "injections", "bridge/capture"),
-    Attr(P, "weight_wrapper_patches", "bridge/capture"),
-    Attr(P, "additional_models", "bridge/capture"),
-    Attr(P, "attachments", "bridge/capture"),
-    Attr(P, "hook_patches", "bridge/capture: hook LoRAs"),
-    Attr(P, "current_hooks", "bridge/proxy: the hook group of this call"),
-    Attr(P, "hook_backup", "bridge/residency: the weights before a hook (what travels)"),
-    Attr(P, "load_device", "bridge/host, bridge/prepare: where ComfyUI computes"),
-    Attr(P, "get_model_object", "bridge/spec: model_sampling as the sampler sees it"),
-    Attr(P, "is_dynamic", "bridge/prepare: a DynamicVRAM patcher (ComfyUI 0.33)", optional=True),
-    Attr(P, "cached_patcher_init", "bridge/prepare: clone(disable_dynamic=True) needs it (ComfyUI 0.33)",
+    Attr(_P, "model", "the BaseModel the patcher holds"),
+    Attr(_P, "patches", "bridge/spec, bridge/residency: weight patches travel / key the residency"),
+    Attr(_P, "patches_uuid", "bridge/prepare: ComfyUI re-patches after a run whose patches the workers applied"),
+    Attr(_P, "object_patches", "bridge/capture"),
+    Attr(_P, "model_options", "bridge/capture, bridge/prepare: transformer_options, sampler functions, compile"),
+    Attr(_P, "wrappers", "bridge/prepare, bridge/capture: the compile wrapper, the pool's own wrappers"),
+    Attr(_P, "callbacks", "bridge/capture"),
+    Attr(_P, "injections", "bridge/capture"),
+    Attr(_P, "weight_wrapper_patches", "bridge/capture"),
+    Attr(_P, "additional_models", "bridge/capture"),
+    Attr(_P, "attachments", "bridge/capture"),
+    Attr(_P, "hook_patches", "bridge/capture: hook LoRAs"),
+    Attr(_P, "current_hooks", "bridge/proxy: the hook group of this call"),
+    Attr(_P, "hook_backup", "bridge/residency: the weights before a hook (what travels)"),
+    Attr(_P, "load_device", "bridge/host, bridge/prepare: where ComfyUI computes"),
+    Attr(_P, "get_model_object", "bridge/spec: model_sampling as the sampler sees it"),
+    Attr(_P, "is_dynamic", "bridge/prepare: a DynamicVRAM patcher (ComfyUI 0.33)", optional=True),
+    Attr(_P, "cached_patcher_init", "bridge/prepare: clone(disable_dynamic=True) needs it (ComfyUI 0.33)",
          optional=True),
     # the model (BaseModel) and the VAE
-    Attr(B, "diffusion_model", "bridge/spec, bridge/proxy: the module the workers build and the proxy stands in for"),
-    Attr(B, "model_config", "bridge/spec: the class's unet_config and quant config"),
-    Attr(B, "model_sampling", "bridge/loop_mode: the sampler's convention, computed by the workers' loop"),
-    Attr(B, "manual_cast_dtype", "bridge/spec: the ops ComfyUI picked"),
-    Attr(B, "latent_format", "bridge/spec"),
+    Attr(_B, "diffusion_model", "bridge/spec, bridge/proxy: the module the workers build and the proxy stands in for"),
+    Attr(_B, "model_config", "bridge/spec: the class's unet_config and quant config"),
+    Attr(_B, "model_sampling", "bridge/loop_mode: the sampler's convention, computed by the workers' loop"),
+    Attr(_B, "manual_cast_dtype", "bridge/spec: the ops ComfyUI picked"),
+    Attr(_B, "latent_format", "bridge/spec"),
     Attr("comfy.sd:VAE", "first_stage_model", "bridge/vae: the VAE module the workers decode with"),
     Attr("comfy.sd:VAE", "vae_dtype", "bridge/vae: the dtype the latent enters the VAE's model in"),
     Attr("comfy.sd:VAE", "process_output", "bridge/vae: the image as VAE.decode returns it"),
@@ -176,14 +176,18 @@ PROTOCOL = (
 )
 
 
-def _attr_problem(a: Attr) -> str | None:
+def _attr_problem(a: Attr, texts: dict | None = None) -> str | None:
+    """`texts`: module name -> its text, filled as modules are read (one read per module for a whole check)."""
     module, _, cls = a.owner.partition(":")
+    texts = {} if texts is None else texts
     try:
         owner = import_class(a.owner) if cls else importlib.import_module(module)
         # the defining module's text, read (never inspect.getsource: it parses the module, slow and - deep in a
         # prompt's stack - raising CPython 3.11's "AST constructor recursion depth mismatch")
-        with open(importlib.import_module(module).__file__, encoding="utf-8") as f:
-            text = f.read()
+        if module not in texts:
+            with open(importlib.import_module(module).__file__, encoding="utf-8") as f:
+                texts[module] = f.read()
+        text = texts[module]
     except (ImportError, AttributeError, OSError, TypeError):
         return f"{a.owner} is missing (used by {a.used_by})"
     pattern = rf"\bself\.{re.escape(a.name)}\b" if cls else rf"\b{re.escape(a.name)}\b"
@@ -223,7 +227,8 @@ def missing(seams=None) -> list:
     """What this ComfyUI lacks of the inventory: required seams, and groups of which no alternative exists."""
     out, groups = [], {}
     if seams is None:  # the whole manifest: the object protocol and the markers too
-        out += [p for a in PROTOCOL if not a.optional for p in [_attr_problem(a)] if p]
+        texts = {}
+        out += [p for a in PROTOCOL if not a.optional for p in [_attr_problem(a, texts)] if p]
     seams = SEAMS if seams is None else seams
     for s in seams:
         if s.one_of:
