@@ -1,0 +1,177 @@
+"""The load_model job: a rank executes the driver's load decision (workers/residency.py) straight through - touch,
+patch in place, rebuild from kept weights, or build ComfyUI's model (workers/bridge/build.py; a diffusers model for the
+library API) from the weights that travelled - and applies weight patches where its layout keeps the base weights.
+Its own file because it is the one path that builds models; workers/jobs.py carries every other job."""
+from __future__ import annotations
+
+import torch.distributed as dist
+
+from .residency import LoadDecision
+from .transport import WEIGHT_PREFIX
+
+
+VAE_CLASSES = {"vae_kl": "AutoencoderKL", "vae_wan": "AutoencoderKLWan", "vae_taesd": "AutoencoderTiny"}
+
+
+def _build_model(family: str, config: dict, weights: dict):
+    """The diffusers path: a DiT family's diffusers class (its adapter) or a VAE, from its config, holding `weights`
+    (assigned, not copied: the mapped pages stay shared between ranks).
+
+    Built on the meta device, so no rank allocates a second, full-size set of parameters before taking the shared
+    ones (2.8 GB for the 705M Wan 2.2 VAE in fp32); a class with a buffer outside its state dict (which would stay
+    on the meta device) is built for real instead, still without random initialisation."""
+    import diffusers
+
+    from comfyui_hybrid_parallel.parallel.models import ADAPTERS
+    name = VAE_CLASSES.get(family) or (ADAPTERS[family].diffusers_class if family in ADAPTERS else None)
+    if name is None:
+        raise ValueError(f"unknown model family {family!r}; known: {', '.join([*ADAPTERS, *VAE_CLASSES])}")
+    from diffusers.models.modeling_utils import no_init_weights
+    import torch
+    cls = getattr(diffusers, name)
+    with no_init_weights(), torch.device("meta"):
+        model = cls.from_config(config)
+    model.load_state_dict(weights, strict=True, assign=True)
+    if any(t.is_meta for t in (*model.parameters(), *model.buffers())):
+        with no_init_weights():  # the weights are assigned next: no random initialisation (seconds for Flux)
+            model = cls.from_config(config)
+        model.load_state_dict(weights, strict=True, assign=True)
+    return model
+
+
+def _patches(payload: dict):
+    """The job's ComfyUI weight patches (workers/bridge/patches.py), or None when it carries none."""
+    spec = payload.get("patch_spec")
+    if spec is None:
+        return None
+    from .bridge.patches import PREFIX, decode
+    return decode(spec, {k: v for k, v in payload.items() if k.startswith(PREFIX)})
+
+
+def _share(state, ctx, key: str):
+    """How CPU ranks of one machine split patching and share its result (comfy_patches.apply), or None: GPU ranks
+    each patch their own device's copy; a cluster's ranks do not share a /dev/shm."""
+    if state.device.type != "cpu" or ctx.world_size == 1 or state.broadcast_tensors:
+        return None
+    return ctx.rank, ctx.world_size, state.shm_prefix, dist.barrier, key
+
+
+def unhook_all(engine) -> None:
+    """Every resident model back to the weights it holds without a hook group (carry.HookWeights): before anything
+    reads or patches those weights other than a hooked call."""
+    for r in list(engine.models.values()):
+        if r.hooks is not None:
+            r.hooks.restore(r.model)
+
+
+def job_load_model(state, ctx, payload: dict) -> dict:
+    """Execute the driver's load decision (workers/residency.py) straight through: touch the resident model, patch
+    the version it names in place (only the patches travelled), rebuild it for this layout from the weights a slot
+    kept, or build it from the weights that travelled. A decision this rank's state does not match (a job failed
+    since the driver's report) is answered "stale", with this rank's report: the driver decides again."""
+    decision = LoadDecision.from_message(payload["decision"])
+    engine = state.engine
+    unhook_all(engine)
+    _loader_settings(ctx, payload)
+    kept = engine.slot(decision.slot) if decision.slot else None
+    if decision.action == "touch":
+        return _loaded(engine, loaded=False) if engine.touch(decision.key, ctx) else _stale(engine, decision)
+    if decision.action in ("patch", "rebuild") and (kept is None or (kept.base if decision.action == "patch"
+                                                                      else kept.source) is None):
+        return _stale(engine, decision)
+    native = payload.get("native")
+    if payload.get("patch_spec") is not None and native:
+        from .bridge.build import import_comfy  # the patches are ComfyUI objects: ComfyUI first, as the driver's
+        import_comfy(native, ctx.config.intercepts_attention)
+    patches = _patches(payload)
+    if decision.action == "patch":
+        if patches is None:
+            raise ValueError(f"load_model {decision.key!r}: a patch decision without its patches (an empty set undoes)")
+        return _patch_in_place(state, ctx, payload, patches, decision.slot, kept)
+    weights = kept.source if decision.action == "rebuild" else _sent_weights(payload)
+    return _build_resident(state, ctx, payload, weights, patches)
+
+
+def _loaded(engine, **values) -> dict:
+    return {**values, "loads": engine.loads, "resident": engine.resident()}
+
+
+def _stale(engine, decision: LoadDecision) -> dict:
+    return _loaded(engine, stale=f"{decision.action} {decision.slot or decision.key}: not what this rank holds")
+
+
+def _loader_settings(ctx, payload: dict) -> None:
+    """A custom loader's layer settings are class attributes (ComfyUI-GGUF's dequant_dtype): the driver's class holds
+    them for every model it loaded, so each run sets them here as they are there now."""
+    custom = (payload.get("native") or {}).get("ops", {}).get("custom")
+    if custom:
+        from .bridge.build import import_comfy
+        from .bridge.loader_types import operations
+        import_comfy(payload["native"], ctx.config.intercepts_attention)
+        operations(custom)
+
+
+def _patch_in_place(state, ctx, payload: dict, patches, slot, r) -> dict:
+    """Another patch version of this lineage is resident: its previous patches undone, these applied, re-keyed."""
+    from .bridge.patches import apply
+    engine, key = state.engine, payload["key"]
+    try:
+        r.patched = frozenset(apply(r.model, r.base, patches, r.patched, state.device, _share(state, ctx, key),
+                                    patcher=payload["native"].get("patcher"), held=r.patch_pages))
+    except BaseException:
+        engine.discard(slot, ctx, why="patch failed")  # half patched: nothing may run it
+        raise
+    engine.rekey(slot, key, ctx)
+    return _loaded(engine, loaded=True, patched_in_place=True, pages_rewritten=r.patch_pages.get("rewritten", 0))
+
+
+def _sent_weights(payload: dict) -> dict:
+    """The weights that travelled with a build decision: in shared memory, or the file's (mmapped by safetensors)."""
+    if payload.get("path"):
+        from safetensors.torch import load_file
+        return load_file(payload["path"])
+    weights = {k[len(WEIGHT_PREFIX):]: v for k, v in payload.items() if k.startswith(WEIGHT_PREFIX)}
+    if not weights:
+        raise ValueError(f"load_model {payload['key']!r}: the decision was to build, but no weights travelled")
+    return weights
+
+
+def _build_resident(state, ctx, payload: dict, weights: dict, patches) -> dict:
+    """Build the model (ComfyUI's VAE, ComfyUI's own class with its ops, or a diffusers model) from `weights`, make
+    it resident, and apply `patches` to it (the weights are then its base, kept for the next version)."""
+    key, engine, native = payload["key"], state.engine, payload.get("native")
+    if native and native.get("vae"):  # ComfyUI's own VAE, for Patch VAE Decode
+        from .bridge.build import build_native_vae
+        model, extra, kernel_name = build_native_vae(native, weights), {}, None
+    elif native:  # ComfyUI's own class, ops and weights (workers/bridge/build.py)
+        from .bridge.build import (attention_kernel, build_native, call_native, compute_dtype, import_comfy,
+                                   loader_weights)
+        import_comfy(native, ctx.config.intercepts_attention)  # (before a custom loader's modules import it)
+        weights = loader_weights(native, weights)  # GGUF's quantized tensors around their raw bytes
+        # sequence or pipeline parallel: attention must be interceptable (ComfyUI's pytorch kernel)
+        model = build_native(native, weights, state.device, sequence_parallel=ctx.config.intercepts_attention)
+        kernel, kernel_name = attention_kernel(native)  # the driver's kernel, for the Ulysses ranks
+        extra = dict(native_call=call_native, compute_dtype=compute_dtype(native), attention_kernel=kernel)
+    else:
+        # assign=True keeps the (copy-on-write mapped) tensors: ranks share the pages until someone writes.
+        model = _build_model(payload["family"], payload["config"], weights).eval().requires_grad_(False)
+        extra, kernel_name = {}, None
+    # What a later mesh can rebuild from (ComfyUI's model, a layout that leaves the weights whole): the model's own
+    # tensors (engine.add keeps them as the model holds them, on its device), so keeping them costs nothing. On an
+    # accelerator only unpatched weights: there the patches are applied to the model's own tensors in place
+    keep = native and ctx.config.whole_model and (state.device.type == "cpu" or patches is None)
+    r = engine.add(key, payload["family"], model, ctx, device=state.device, source=weights if keep else None,
+                   lineage=payload.get("lineage"), **extra)
+    if patches is not None:  # base weights + patches: kept (host, shared by the local ranks) for the next version
+        if not ctx.config.whole_model:
+            raise ValueError("weight patches travel only to ranks that hold the whole model (no tp / pp / "
+                             "shard_weights): the driver sends patched weights there")
+        from .bridge.patches import apply
+        r.base = weights
+        try:
+            r.patched = frozenset(apply(r.model, weights, patches, set(), state.device, _share(state, ctx, key),
+                                        patcher=native.get("patcher") if native else None, held=r.patch_pages))
+        except BaseException:
+            engine.discard(key, ctx, why="patch failed")  # its base with some patches: unusable
+            raise
+    return _loaded(engine, loaded=True, attention=kernel_name)
