@@ -156,11 +156,18 @@ class Runtime:
         Why: a cold first prompt pays the world start (one Python + torch import per rank) and ComfyUI's import
         on every rank; started here they overlap ComfyUI loading the checkpoint and encoding the prompt. Any
         failure is left for the sampler's own start to report (with its clear error), never raised here.
+        A running world of another shape is left alone: the sampler switches it after its checks, so a prompt they
+        refuse (a method the family does not declare, a patch that cannot travel) keeps the running world and its
+        resident models instead of costing two world starts.
         """
         if self._prestart is not None and self._prestart.is_alive():
             return
         if self._pool is not None and (self._pool.device, self._pool_cluster) != (hp.device, hp.cluster):
             return  # a device or cluster change replaces the pool: leave that to the sampler, which reports errors
+        world = self._pool.world if self._pool is not None else None
+        if world is not None and world.alive() and \
+                world.world_key != hp.config.world_key(self._pool.split_kernel_worlds):
+            return  # another world is up: the sampler switches it once its checks pass
         try:
             from ..workers.bridge.build import comfy_runtime
             comfy = comfy_runtime()

@@ -179,28 +179,48 @@ def tiny_unet(server, name: str, module: str, write) -> str:
     return name
 
 
-# A family's server matrix is proven once in CI: its sequence plan through both sequence methods at once (u2r2; else
-# the one sequence case it has) and its batch split composed with it (cfg2 x u2 beside u2r2, else cfg2), plus any case
-# of its own (tp, pp, its references). Ulysses and ring alone, cfg alone and sharded weights are the same mechanism on
-# every family, proven family-independently in CI (tests/engine/test_usp.py, tests/engine/test_shard.py,
+# A family's server matrix is proven once in CI, on one world: its sequence plan through both sequence methods at
+# once (u2r2; else the one sequence case it has) and its batch split composed with it (cfg2 x u2), plus any case of its
+# own (tp, pp, its references) - an own case that splits the sequence over ulysses 2 alone (DistriFusion's) composed
+# with cfg 2 as well. Ulysses and ring alone, cfg alone and sharded weights are the same mechanism on every family,
+# proven family-independently in CI (tests/engine/test_usp.py, tests/engine/test_shard.py,
 # tests/families/test_native_pool.py, tests/server_e2e/test_comfyui_any_model.py): the rest of a family's matrix runs
-# with the slow set (`part` "rest"). Why cfg2 x u2 and not cfg2 in CI: on 2 cores a prompt on a running world costs
-# ~0.5 s and a world switch 5-11 s (interpreters, torch and ComfyUI imports, gloo); u2r2 and cfg2 x u2 are the same
-# 4-rank world, so a family's CI cases - and the next family's - run on one world.
+# with the slow set (`part` "rest"). Why one world: on 2 cores a prompt on a running world costs ~0.5 s and a world
+# switch 5-11 s (interpreters, torch and ComfyUI imports, gloo); u2r2 and cfg2 x u2 are the same 4-rank world, so a
+# family's CI cases - and the next family's - run on the world the one before left running.
 STANDARD = ("u2", "r2", "u2r2", "cfg2", "u2_sharded")
 PARTS = ["ci", pytest.param("rest", marks=pytest.mark.slow)]
 
 
-def part_of(cases, part: str) -> list:
-    """The cases of `cases` in `part` ("ci" or "rest", see PARTS)."""
+def one_world(cases) -> list:
+    """The cases of `cases` that prove its sequence plan and its batch split on one 4-rank world: u2r2 (else the one
+    sequence case) and cfg2 composed with ulysses 2 (cfg2 alone where the sequence case is not u2r2)."""
     names = [c[0] for c in cases]
     seq = next((n for n in ("u2r2", "u2", "r2") if n in names), None)
-    ci = [c for c in cases if c[0] not in STANDARD or c[0] == seq]
+    out = [c for c in cases if c[0] == seq]
     cfg = next((c for c in cases if c[0] == "cfg2"), None)
     if cfg is not None:
-        ci.append(("cfg2u2", {**cfg[1], "ulysses_degree": 2}, cfg[2]) if seq == "u2r2" else cfg)
+        out.append(("cfg2u2", {**cfg[1], "ulysses_degree": 2}, cfg[2]) if seq == "u2r2" else cfg)
+    return out
+
+
+def _on_the_world(case, four: bool):
+    """An own case on ulysses 2 alone, composed with cfg 2 where the family's other CI cases run on 4 ranks."""
+    name, degrees, node = case
+    sizes = {k: v for k, v in degrees.items() if k.endswith("_degree") and v > 1}
+    if four and sizes == {"ulysses_degree": 2}:
+        return (f"{name}_cfg2", {**degrees, "cfg_degree": 2}, "sampler")
+    return case
+
+
+def part_of(cases, part: str) -> list:
+    """The cases of `cases` in `part` ("ci" or "rest", see PARTS)."""
+    base = one_world(cases)
+    four = any(c[0] in ("u2r2", "cfg2u2") for c in base)
+    own = [c for c in cases if c[0] not in STANDARD]
+    ci = base + [_on_the_world(c, four) for c in own]
     chosen = ci if part == "ci" else [c for c in cases if c not in ci]
-    assert chosen, f"no {part} case in {names}: parametrize this test without PARTS"
+    assert chosen, f"no {part} case in {[c[0] for c in cases]}: parametrize this test without PARTS"
     return chosen
 
 
@@ -219,13 +239,12 @@ def equal_ksampler(server, graph, tag: str, cases, bound: float = 1e-5):
 
 
 def distrifusion_sync_and_stale(server, graph, tag: str, steps: int, bound: float = 0.5) -> float:
-    """DistriFusion at ulysses 2 through Hybrid Sampler on `graph`: every step synchronous (warmup = steps) within
-    the exact bound of KSampler, then one warmup step - the stale error, printed and returned (measured: above 0,
-    below `bound`)."""
-    ref = equal_ksampler(server, graph, tag,
-                         [("sync", {"ulysses_degree": 2, "method": "distrifusion", "warmup_steps": steps}, "sampler")])
-    assert_ok(server, server.run(graph(f"{tag}_stale", {"ulysses_degree": 2, "method": "distrifusion",
-                                                        "warmup_steps": 1}, "sampler")))
+    """DistriFusion at ulysses 2 with the cfg batch split (cfg 2: the family cases' 4-rank world) through Hybrid Sampler
+    on `graph`: every step synchronous (warmup = steps) within the exact bound of KSampler, then one warmup step - the
+    stale error, printed and returned (measured: above 0, below `bound`)."""
+    df = {"ulysses_degree": 2, "cfg_degree": 2, "method": "distrifusion"}
+    ref = equal_ksampler(server, graph, tag, [("sync", {**df, "warmup_steps": steps}, "sampler")])
+    assert_ok(server, server.run(graph(f"{tag}_stale", {**df, "warmup_steps": 1}, "sampler")))
     err = rel(latent(server, f"{tag}_stale"), ref)
     print(f"{tag}: DistriFusion with one warmup step of {steps}: {err:.2e} from KSampler (random tiny weights)")
     assert 0.0 < err < bound, err

@@ -8,7 +8,7 @@ latents at 16x: 7 x 5 (35 tokens, odd) and 8 x 6 (48); the reference 5 x 4.
 """
 import pytest
 
-from comfy_server import PARTS, part_of
+from comfy_server import PARTS, one_world, part_of
 from comfy_server import FAMILIES, equal_ksampler, on_pool, tiny_unet, workflow
 
 pytestmark = pytest.mark.comfy
@@ -54,7 +54,7 @@ def _graph(size, tag, degrees=None, node="model", edit=None, weight_dtype="defau
                          ids=["odd", "odd-rest", "even"])
 def test_flux2_klein_equals_ksampler(server, size, part):
     _write(server)
-    cases = part_of(CASES, part) if size == (112, 80) else CASES[:1] + CASES[3:4]
+    cases = part_of(CASES, part) if size == (112, 80) else one_world(CASES)
     equal_ksampler(server, lambda *a: _graph(size, *a), f"klein_{size[0]}", cases)
 
 

@@ -14,7 +14,8 @@ from comfy_server import FAMILIES, equal_ksampler, on_pool, tiny_unet, workflow
 pytestmark = pytest.mark.comfy
 
 CASES = [("u2", {"ulysses_degree": 2}, "model"), ("r2", {"ring_degree": 2}, "model"),
-         ("cfg2", {"cfg_degree": 2}, "sampler"), ("tp2", {"tp_degree": 2}, "model")]
+         ("u2r2", {"ulysses_degree": 2, "ring_degree": 2}, "model"), ("cfg2", {"cfg_degree": 2}, "sampler"),
+         ("tp2", {"tp_degree": 2}, "model")]
 
 
 def _write(server, variant):

@@ -16,7 +16,7 @@ compresses it to a row per latent frame) or per token (a spatial mask).
 """
 import pytest
 
-from comfy_server import PARTS, part_of
+from comfy_server import PARTS, one_world, part_of
 from comfy_server import FAMILIES, equal_ksampler, error_text, on_pool, tiny_unet, workflow
 
 pytestmark = pytest.mark.comfy
@@ -71,7 +71,7 @@ def _graph(size, tag, degrees=None, node="model", mask=None, v23=False, weight_d
                          ids=["odd", "odd-rest", "even", "video_only", "video_only-rest"])
 def test_ltx2_equals_ksampler(server, size, part):
     _write(server)
-    cases = {"odd": part_of(CASES, part), "even": CASES[:1] + CASES[3:4], "video_only": part_of(CASES[:4], part)}[size]
+    cases = {"odd": part_of(CASES, part), "even": one_world(CASES), "video_only": part_of(CASES[:4], part)}[size]
     equal_ksampler(server, lambda *a: _graph(size, *a), f"ltx2_{size}", cases)
 
 
@@ -81,16 +81,16 @@ def test_ltx23_equals_ksampler(server, part):
     the split has to know; the text arrives already projected to each stream's width."""
     _write(server, v23=True)
     equal_ksampler(server, lambda *a: _graph("odd", *a, v23=True), "ltx23_odd",
-                   part_of(CASES[:2] + CASES[3:4], part))
+                   part_of(CASES[:4], part))
 
 
 @pytest.mark.parametrize("mask", ["uniform", "spatial"])
 def test_ltx2_noise_mask_equals_ksampler(server, mask):
     """A noise mask makes the video timestep per token: ComfyUI keeps one modulation row per latent frame where the
-    mask is the same over each frame (uniform), one per token where it is not (spatial); each rank takes its rows."""
+    mask is the same over each frame (uniform), one per token where it is not (spatial); each rank takes its rows
+    (of both sequence methods at once: ulysses 2 x ring 2)."""
     _write(server)
-    equal_ksampler(server, lambda *a: _graph("odd", *a, mask=mask), f"ltx2_mask_{mask}",
-                   [("u2", {"ulysses_degree": 2}, "model"), ("r2", {"ring_degree": 2}, "model")])
+    equal_ksampler(server, lambda *a: _graph("odd", *a, mask=mask), f"ltx2_mask_{mask}", CASES[2:3])
 
 
 @pytest.mark.parametrize("degrees, words", [({"tp_degree": 2}, "tensor parallel"),

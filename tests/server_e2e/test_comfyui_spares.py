@@ -203,3 +203,31 @@ def test_a_prompt_whose_cpu_world_is_up_starts_no_spares():
     gpu = SimpleNamespace(config=cpu.config, device="cuda", cluster=None, describe=cpu.describe)
     filled.clear()
     assert rt.warm_for_prompt(2, gpu) is None and filled == [2]  # a GPU world up: the spares are refilled
+
+
+def test_a_prestart_leaves_a_running_world_of_another_shape_to_the_sampler(monkeypatch):
+    """Parallel Config's prestart starts a world only where none is up (or the same one is): a running world of
+    another shape is switched by the sampler after its checks, so a prompt they refuse (tp on a family that declares
+    none) keeps it."""
+    from types import SimpleNamespace
+
+    from comfyui_hybrid_parallel.nodes.routes import node_config
+    from comfyui_hybrid_parallel.nodes.runtime import Runtime
+    from comfyui_hybrid_parallel.workers.bridge import build
+    monkeypatch.setattr(build, "comfy_runtime", lambda: {})
+    submitted = []
+    rt = Runtime()
+    running = node_config("HybridParallelConfig", {"ulysses_degree": 2, "ring_degree": 2, "device": "cpu"})
+    world = SimpleNamespace(alive=lambda: True, world_key=running.config.world_key(True))
+    rt._pool = SimpleNamespace(device="cpu", world=world, split_kernel_worlds=True, running=True,
+                               submit=lambda config, kind, *a, **k: submitted.append((config.describe(), kind)))
+    rt.pool = lambda hp: rt._pool
+    rt.prestart(node_config("HybridParallelConfig", {"tp_degree": 2, "device": "cpu"}))
+    assert rt.prestarted is None and rt._prestart is None and submitted == []  # the running world untouched
+    same = node_config("HybridParallelConfig", {"ulysses_degree": 2, "cfg_degree": 2, "device": "cpu"})
+    rt.prestart(same)  # the same world (4 ranks that intercept attention): ComfyUI imported in it ahead
+    rt._prestart.join(10)
+    rt._pool.world = None
+    rt.prestart(node_config("HybridParallelConfig", {"tp_degree": 2, "device": "cpu"}))  # none up: started
+    rt._prestart.join(10)
+    assert submitted == [("cfg2·ulysses2", "prepare"), ("tp2", "prepare")], submitted

@@ -177,7 +177,9 @@ def test_pool_route_follows_a_run_a_stop_and_a_dead_worker(server):
 def test_parallel_config_starts_the_workers_before_the_sampler(server):
     """A cold first prompt overlaps the world start and ComfyUI's import on the ranks with model loading:
     ComfyUI runs Parallel Config (a coroutine) before the loaders, and it brings the workers up in the
-    background - the prestart of this mesh begins before the sampler starts, with ComfyUI imported."""
+    background - the prestart of this mesh begins before the sampler starts, with ComfyUI imported. (Cold: the
+    session's server may hold another test's world, which a prestart leaves to the sampler to switch.)"""
+    server.post("/hybrid_parallel/pool/stop", {})
     degrees = {"cfg_degree": 2, "ring_degree": 2}
     entry = server.run(workflow(degrees, "prestart_order", W, H, steps=1))
     assert entry["status"]["status_str"] == "success", entry["status"]
