@@ -42,14 +42,21 @@ def _graph(model_name, tag, degrees=None, node="model", size=(W, H)):
     return g if degrees is None else on_pool(g, degrees, node)
 
 
-def test_wan_image_to_video_equals_ksampler(server, i2v_model):
+CASES = [("u2", {"ulysses_degree": 2}, "model"), ("r2", {"ring_degree": 2}, "model"),
+         ("cfg2", {"cfg_degree": 2}, "model"), ("u2r2", {"ulysses_degree": 2, "ring_degree": 2}, "model"),
+         ("u2_hybrid", {"ulysses_degree": 2}, "sampler"),
+         ("cfg2u2_hybrid", {"cfg_degree": 2, "ulysses_degree": 2}, "sampler")]
+# CI: both sequence methods at once and the batch split composed with ulysses, through both nodes - one 4-rank world;
+# the concat latent under u2, u2 x r2 and cfg 2 on the pool against ComfyUI's forward: tests/families/test_native_wan21_i2v.py
+CI = ("u2r2", "cfg2u2_hybrid")
+
+
+@pytest.mark.parametrize("part", ["ci", pytest.param("rest", marks=pytest.mark.slow)])
+def test_wan_image_to_video_equals_ksampler(server, i2v_model, part):
     assert_ok(server, server.run(_graph(i2v_model, "i2v_ref")))
     ref = latent(server, "i2v_ref")
     assert ref.shape[1] == 16 and ref.shape[2] == 2  # the sampled latent: 16 channels, 2 latent frames
-    cases = [("u2", {"ulysses_degree": 2}, "model"), ("r2", {"ring_degree": 2}, "model"),
-             ("cfg2", {"cfg_degree": 2}, "model"), ("u2r2", {"ulysses_degree": 2, "ring_degree": 2}, "model"),
-             ("u2_hybrid", {"ulysses_degree": 2}, "sampler")]
-    for name, degrees, node in cases:
+    for name, degrees, node in [c for c in CASES if (c[0] in CI) == (part == "ci")]:
         tag = f"i2v_{name}"
         assert_ok(server, server.run(_graph(i2v_model, tag, degrees, node)))
         err = rel(latent(server, tag), ref)
@@ -60,14 +67,15 @@ def test_wan_image_to_video_equals_ksampler(server, i2v_model):
 def test_wan_image_to_video_in_loop_mode_and_pipefusion(server, i2v_model):
     """Loop mode and PipeFusion run the sampler in the workers, so ComfyUI's concat latent + mask (which it joins to
     x before each model call) travels once with the conditioning and the workers join it to their latent before
-    each call: Hybrid Sampler ulysses 2 in loop mode on the odd latent, and PipeFusion pp2 (warmup = all steps:
-    the exact schedule) with cfg in the pipeline and with cfg 2 on an even one, vs KSampler."""
+    each call: Hybrid Sampler ulysses 2 x ring 2 in loop mode on the odd latent, and PipeFusion pp2 x ulysses 2
+    (warmup = all steps: the exact schedule) with cfg in the pipeline and pp2 with cfg 2 on an even one, vs KSampler
+    (all three on one 4-rank world)."""
     even = (112, 80)
     assert_ok(server, server.run(_graph(i2v_model, "i2v_ref")))
     assert_ok(server, server.run(_graph(i2v_model, "i2v_ref_even", size=even)))
     refs = {"odd": latent(server, "i2v_ref"), "even": latent(server, "i2v_ref_even")}
-    cases = [("u2_loop", {"ulysses_degree": 2, "sampling_mode": "loop"}, "odd"),
-             ("pp2", {"pp_degree": 2, "num_pipeline_patch": 2, "warmup_steps": 3}, "even"),
+    cases = [("u2r2_loop", {"ulysses_degree": 2, "ring_degree": 2, "sampling_mode": "loop"}, "odd"),
+             ("pp2u2", {"pp_degree": 2, "ulysses_degree": 2, "num_pipeline_patch": 2, "warmup_steps": 3}, "even"),
              ("pp2_cfg2", {"pp_degree": 2, "cfg_degree": 2, "num_pipeline_patch": 3, "warmup_steps": 3}, "even")]
     for name, degrees, which in cases:
         tag = f"i2v_{name}"

@@ -8,6 +8,7 @@ process_timestep, the image-to-video path) under ulysses 2.
 """
 import pytest
 
+from comfy_server import PARTS, part_of
 from comfy_server import FAMILIES, assert_ok, error_text, latent, on_pool, rel, workflow
 
 pytestmark = pytest.mark.comfy
@@ -48,15 +49,21 @@ def _equal_ksampler(server, tag, cases, mask=False):
         assert err <= 1e-5, (name, err)
 
 
-def test_ltxv_equals_ksampler(server, ltxv):
-    _equal_ksampler(server, "ltxv", [("u2", {"ulysses_degree": 2}, "model"), ("r2", {"ring_degree": 2}, "model"),
-                                     ("u2r2", {"ulysses_degree": 2, "ring_degree": 2}, "model"),
-                                     ("cfg2", {"cfg_degree": 2}, "sampler")])
+CASES = [("u2", {"ulysses_degree": 2}, "model"), ("r2", {"ring_degree": 2}, "model"),
+         ("u2r2", {"ulysses_degree": 2, "ring_degree": 2}, "model"), ("cfg2", {"cfg_degree": 2}, "sampler")]
+
+
+@pytest.mark.parametrize("part", PARTS)
+def test_ltxv_equals_ksampler(server, ltxv, part):
+    """CI: u2 x r2 and cfg 2 x u2 (one 4-rank world); the rest with the slow set - and the family on the pool against
+    ComfyUI's forward (tests/families/test_native_ltxv.py, CI)."""
+    _equal_ksampler(server, "ltxv", part_of(CASES, part))
 
 
 def test_ltxv_per_token_timesteps_equal_ksampler(server, ltxv):
-    """A noise mask makes LTXV's timestep per token (one per latent voxel): each rank takes its rows."""
-    _equal_ksampler(server, "ltxv_mask", [("u2", {"ulysses_degree": 2}, "model")], mask=True)
+    """A noise mask makes LTXV's timestep per token (one per latent voxel): each rank takes its rows (of both
+    sequence methods at once)."""
+    _equal_ksampler(server, "ltxv_mask", CASES[2:3], mask=True)
     assert_ok(server, server.run(_graph("ltxv_nomask")))
     assert rel(latent(server, "ltxv_nomask"), latent(server, "ltxv_mask_ref")) > 1e-2, "the mask changed nothing"
 

@@ -40,9 +40,12 @@ CASES = [("u2", {"ulysses_degree": 2}, "model"), ("r2", {"ring_degree": 2}, "mod
          ("u2r2", {"ulysses_degree": 2, "ring_degree": 2}, "model"), ("cfg2", {"cfg_degree": 2}, "sampler")]
 
 
+@pytest.mark.slow
 def test_lumina2_equals_ksampler(server):
-    """u2 and cfg2 here (0.42B: the smallest Lumina 2 detection allows); ring 2 and u2 x r2 in the slow set and on the
-    pool against ComfyUI's forward (tests/families/test_native_lumina2.py, CI)."""
+    """u2 and cfg2 (0.42B: the smallest Lumina 2 detection allows). Slow: the family is proven in CI on the pool
+    against ComfyUI's forward (tests/families/test_native_lumina2.py: u2 x r2 on two sizes, its reference latents
+    under u2 and cfg2), and UNETLoader -> pool -> KSampler is the family-independent server path of the other
+    server tests."""
     _equal_ksampler(server, _write(server, False), "lumina2", [CASES[0], CASES[3]], weight_dtype="default")
 
 

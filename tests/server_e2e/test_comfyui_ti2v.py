@@ -8,8 +8,8 @@ start frame), which the workers must hand to each rank's own tokens. The VAE is 
 2.2 VAE it detects (705M parameters, written in bf16, float32 in ComfyUI on CPU): no smaller file loads.
 
 Compared with plain KSampler on the same graph (odd 3 x 4 latent, 5 frames -> 2 latent frames): Parallel Model +
-KSampler under ulysses 2, ring 2, ulysses 2 x ring 2 and cfg 2, and Hybrid Sampler ulysses 2; then the sampled
-latent decoded by Parallel VAE Decode over 2 workers against VAE Decode.
+KSampler under ulysses 2 x ring 2 and Hybrid Sampler under cfg 2 x ulysses 2 (one 4-rank world; ulysses, ring, cfg
+alone and the Parallel VAE Decode of the result with the slow set).
 """
 import pytest
 from safetensors.torch import load_file
@@ -50,7 +50,17 @@ def _image(server, name):
     return load_file(str(server.output(f"{name}.safetensors")))["images"]
 
 
-def test_ti2v_equals_ksampler(server, ti2v_files):
+CASES = [("u2", {"ulysses_degree": 2}, "model"), ("r2", {"ring_degree": 2}, "model"),
+         ("u2r2", {"ulysses_degree": 2, "ring_degree": 2}, "model"), ("cfg2", {"cfg_degree": 2}, "model"),
+         ("u2_hybrid", {"ulysses_degree": 2}, "sampler"),
+         ("cfg2u2_hybrid", {"cfg_degree": 2, "ulysses_degree": 2}, "sampler")]
+# CI: both sequence methods at once and the batch split composed with ulysses, through both nodes - one 4-rank world;
+# the per-frame timesteps under every method on the pool against ComfyUI's forward: tests/families/test_native_wan22.py
+CI = ("u2r2", "cfg2u2_hybrid")
+
+
+@pytest.mark.parametrize("part", ["ci", pytest.param("rest", marks=pytest.mark.slow)])
+def test_ti2v_equals_ksampler(server, ti2v_files, part):
     g = _graph(ti2v_files, "ti2v_ref")
     g["22"] = {"class_type": "HPSaveLatentTensor", "inputs": {"samples": ["21", 0], "filename": "lat_ti2v_in"}}
     assert_ok(server, server.run(g))
@@ -59,10 +69,7 @@ def test_ti2v_equals_ksampler(server, ti2v_files):
     # the noise mask kept the encoded start frame and denoised the next one: the per-frame timestep path ran
     assert rel(ref[:, :, 0], start[:, :, 0]) <= 1e-6 and start[:, :, 0].abs().max() > 0
     assert (ref[:, :, 1] - start[:, :, 1]).abs().max() > 1e-2
-    cases = [("u2", {"ulysses_degree": 2}, "model"), ("r2", {"ring_degree": 2}, "model"),
-             ("u2r2", {"ulysses_degree": 2, "ring_degree": 2}, "model"), ("cfg2", {"cfg_degree": 2}, "model"),
-             ("u2_hybrid", {"ulysses_degree": 2}, "sampler")]
-    for name, degrees, node in cases:
+    for name, degrees, node in [c for c in CASES if (c[0] in CI) == (part == "ci")]:
         tag = f"ti2v_{name}"
         assert_ok(server, server.run(_graph(ti2v_files, tag, degrees, node)))
         err = rel(latent(server, tag), ref)
@@ -70,8 +77,11 @@ def test_ti2v_equals_ksampler(server, ti2v_files):
         assert err <= 1e-4, (name, err)
 
 
+@pytest.mark.slow
 def test_ti2v_patch_vae_decode_equals_vae_decode(server, ti2v_files):
-    """The sampled latent decoded by VAE Decode and by Parallel VAE Decode over 2 CPU workers (3 latent rows: 2 + 1)."""
+    """The sampled latent decoded by VAE Decode and by Parallel VAE Decode over 2 CPU workers (3 latent rows: 2 + 1).
+    Slow: the Wan 2.2 VAE's patch decode is proven in CI against ComfyUI's decode on the pool
+    (tests/families/test_patch_vae_native.py, wan22-2r-5rows) and through the server by the wan22_ti2v template."""
     g = _graph(ti2v_files, "ti2v_ref")  # the sampler's output is ComfyUI's cached one from the test above
     g["7"] = {"class_type": "VAEDecode", "inputs": {"samples": ["5", 0], "vae": ["6", 0]}}
     g["8"] = {"class_type": "HPSaveImageTensor", "inputs": {"images": ["7", 0], "filename": "img_ti2v_ref"}}
@@ -107,9 +117,9 @@ def test_ti2v_empty_video_latent_equals_ksampler(server, ti2v_files):
     ref = latent(server, "ti2v_empty_ref")
     assert ref.shape[:3] == (1, 48, 2) and ref.shape[-2:] in ((H // 16, W // 16), (H // 8, W // 8)), ref.shape
     print(f"Wan 2.2 TI2V from EmptyHunyuanLatentVideo: KSampler's latent {tuple(ref.shape)}")
-    cases = [("u2_hybrid", {"ulysses_degree": 2}, "sampler"),
-             ("cfg2_loop_hybrid", {"cfg_degree": 2, "sampling_mode": "loop"}, "sampler"),
-             ("u2", {"ulysses_degree": 2}, "model")]
+    cases = [("u2r2_hybrid", {"ulysses_degree": 2, "ring_degree": 2}, "sampler"),
+             ("cfg2u2_loop_hybrid", {"cfg_degree": 2, "ulysses_degree": 2, "sampling_mode": "loop"}, "sampler"),
+             ("u2r2", {"ulysses_degree": 2, "ring_degree": 2}, "model")]
     for name, degrees, node in cases:
         tag = f"ti2v_empty_{name}"
         assert_ok(server, server.run(_empty_graph(ti2v_files, tag, degrees, node)))
