@@ -63,9 +63,9 @@ def test_easycache_on_the_pool_equals_ksampler_with_easycache(server):
     skipped = _skipped(server, mark)
     assert skipped and skipped[-1] > 0, skipped  # the cache did skip steps ...
     assert rel(ref, plain) > 1e-3, rel(ref, plain)  # ... and that shows in the result
-    cases = [("u2_model", {"ulysses_degree": 2}, "model", "before"),
+    cases = [("cfg2_model", {"cfg_degree": 2}, "model", "before"),  # first: then one 2-rank ulysses world to the end
+             ("u2_model", {"ulysses_degree": 2}, "model", "before"),
              ("u2_model_after", {"ulysses_degree": 2}, "model", "after"),
-             ("cfg2_model", {"cfg_degree": 2}, "model", "before"),
              ("u2_sampler", {"ulysses_degree": 2}, "sampler", "before"),
              ("u2_loop", {"ulysses_degree": 2}, "loop", "before")]  # the workers apply the rule
     for name, degrees, node, order in cases:

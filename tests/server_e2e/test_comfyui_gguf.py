@@ -67,13 +67,23 @@ def _equal_ksampler(server, tag, unet, cases, loader, **kw):
     return ref
 
 
+def test_gguf_loader_settings_travel(server, gguf_files, loader):
+    """The loader's dequant_dtype is a class attribute of its Linear (set when it loads): float16 dequantization
+    changes the result, and the workers dequantize as the driver's class says at each run."""
+    f16 = _equal_ksampler(server, "q8_f16", Q8, [("cfg2", {"cfg_degree": 2}, "model")], loader, dequant="float16")
+    f32 = _equal_ksampler(server, "q8_f32", Q8, [("cfg2", {"cfg_degree": 2}, "model")], loader, dequant="float32")
+    assert rel(f16, f32) > 1e-7, "float16 dequantization changed nothing: the test proves nothing"
+
+
 def test_gguf_weights_equal_ksampler(server, gguf_files, loader):
-    """Mixed Q8_0 / Q4_K / F16 file: Hybrid Sampler ulysses 2, Parallel Model cfg 2, data parallel 2 and ulysses 2
+    """Mixed Q8_0 / Q4_K / F16 file: Parallel Model cfg 2, data parallel 2, Hybrid Sampler ulysses 2, ulysses 2
     with the weights sharded as raw bytes, Hybrid Sampler ulysses 2 with the loop in the workers, each against
-    KSampler on the same GGUF model."""
+    KSampler on the same GGUF model (the batch splits first: the world the test above left running, then one
+    2-rank world that intercepts attention, which the LoRA test below keeps)."""
     ref = _equal_ksampler(server, "mixed", MIXED, [
-        ("u2", {"ulysses_degree": 2}, "sampler"), ("cfg2", {"cfg_degree": 2}, "model"),
-        ("dp2", {"dp_degree": 2}, "model"), ("u2_sharded", {"ulysses_degree": 2, "shard_weights": "sequence"}, "model"),
+        ("cfg2", {"cfg_degree": 2}, "model"), ("dp2", {"dp_degree": 2}, "model"),
+        ("u2", {"ulysses_degree": 2}, "sampler"),
+        ("u2_sharded", {"ulysses_degree": 2, "shard_weights": "sequence"}, "model"),
         ("u2_loop", {"ulysses_degree": 2, "sampling_mode": "loop"}, "sampler")],
         loader)
     # the quantization is real: the GGUF model is not the fp32 checkpoint it was made from
@@ -93,14 +103,6 @@ def test_gguf_lora_equals_ksampler(server, gguf_files, loader):
         ref = _equal_ksampler(server, f"q8_lora{strength}", Q8, [("u2", {"ulysses_degree": 2}, "model")], loader,
                               lora=("tiny_lora.safetensors", strength))
         assert rel(ref, latent(server, f"{loader}_q8_nolora")) > 1e-3, "the LoRA changed nothing: the test proves nothing"
-
-
-def test_gguf_loader_settings_travel(server, gguf_files, loader):
-    """The loader's dequant_dtype is a class attribute of its Linear (set when it loads): float16 dequantization
-    changes the result, and the workers dequantize as the driver's class says at each run."""
-    f16 = _equal_ksampler(server, "q8_f16", Q8, [("cfg2", {"cfg_degree": 2}, "model")], loader, dequant="float16")
-    f32 = _equal_ksampler(server, "q8_f32", Q8, [("cfg2", {"cfg_degree": 2}, "model")], loader, dequant="float32")
-    assert rel(f16, f32) > 1e-7, "float16 dequantization changed nothing: the test proves nothing"
 
 
 def test_tensor_parallel_on_gguf_is_refused(server, gguf_files, loader):
