@@ -34,7 +34,17 @@ def reference(server):
     return _load(server, "lat_ref", "images"), _load(server, "img_ref", "images")
 
 
-@pytest.mark.parametrize("degrees", [{}, {"cfg_degree": 2}, {"ulysses_degree": 2}, {"ring_degree": 2}],
+# The tests below run grouped by the pool's world (world size, devices, whether attention is intercepted): a world
+# switch costs 7-12 s on 2 cores, a prompt on the running world 1-2 s. Degree 1; then the 2-rank worlds that
+# intercept (ulysses, ring, DistriFusion, PipeFusion); then those that do not (cfg, tp); then the 4-rank ones.
+# cfg2 with the slow set (in CI it would be a 2-rank world of its own between degree 1 and ulysses 2): cfg 2 through
+# Hybrid Sampler equals KSampler in test_lora_then_a_layout_that_takes_no_patches_equals_ksampler and
+# test_bad_config_is_a_clear_error_and_the_next_prompt_works, cfg 2 x ulysses 2 in
+# test_any_comfyui_sampler_in_step_mode, Parallel VAE Decode over 2 ranks equals VAEDecode in [ulysses2] (the decode
+# does not depend on the mesh), and cfg 2's forward equals ComfyUI's in
+# tests/families/test_native_pool.py::test_native_forward_equals_comfyui[cfg2]
+@pytest.mark.parametrize("degrees", [{}, pytest.param({"cfg_degree": 2}, marks=pytest.mark.slow),
+                                     {"ulysses_degree": 2}, {"ring_degree": 2}],
                          ids=["degree1", "cfg2", "ulysses2", "ring2"])
 def test_hybrid_sampler_and_patch_decode_equal_ksampler(server, reference, degrees):
     tag = "_".join(f"{k}{v}" for k, v in degrees.items()) or "d1"
@@ -69,14 +79,25 @@ def test_fp8_weight_dtype_equals_ksampler(server, weight_dtype):
     assert _rel(t2, ref) <= 1e-5
 
 
-@pytest.mark.parametrize("weight_dtype", [pytest.param("default", marks=pytest.mark.slow), "fp8_e4m3fn"])
-def test_sharded_weights_equal_ksampler(server, weight_dtype):
+SHARDED = {"u2": {"ulysses_degree": 2, "shard_weights": "sequence"}, "cfg2": {"cfg_degree": 2, "shard_weights": "all"}}
+
+
+# fp8 with cfg 2 / shard_weights all in the slow set (in CI a 2-rank world that does not intercept attention, between
+# ulysses worlds): its forward on UNETLoader's fp8_e4m3fn weights equals ComfyUI's in CI in
+# tests/engine/test_shard.py::test_sharded_forward_equals_comfyui[cfg2-all] (PixArt fp8_e4m3fn, odd and even latents)
+# and on quantized files (scaled fp8, float8_e4m3fn, ...) with each rank's bytes in
+# tests/driver/test_quantized_weights.py::test_sharded_pool_forward_and_bytes[cfg2-all]
+@pytest.mark.parametrize("weight_dtype, meshes", [
+    pytest.param("default", ("u2", "cfg2"), marks=pytest.mark.slow, id="default"),
+    pytest.param("fp8_e4m3fn", ("u2",), id="fp8_e4m3fn"),
+    pytest.param("fp8_e4m3fn", ("cfg2",), marks=pytest.mark.slow, id="fp8_e4m3fn-cfg2")])
+def test_sharded_weights_equal_ksampler(server, weight_dtype, meshes):
     """Parallel Config's shard_weights: each rank keeps half of ComfyUI's (fp8) weights and gathers a block's
     weights one block ahead; the prompt equals KSampler, with Ulysses and with CFG parallel."""
     ref_tag = f"shard_ref_{weight_dtype}"
     _ok(server, server.run(_graph(None, ref_tag, weight_dtype=weight_dtype)))
     ref = _load(server, f"lat_{ref_tag}", "images")
-    for degrees in ({"ulysses_degree": 2, "shard_weights": "sequence"}, {"cfg_degree": 2, "shard_weights": "all"}):
+    for degrees in (SHARDED[m] for m in meshes):
         tag = f"shard_{weight_dtype}_{'_'.join(f'{k}{v}' for k, v in degrees.items())}"
         _ok(server, server.run(_graph(degrees, tag, weight_dtype=weight_dtype)))
         err = _rel(_load(server, f"lat_{tag}", "images"), ref)
@@ -144,19 +165,6 @@ def test_pipefusion_refuses_an_unsupported_sampler_before_work(server):
     assert "euler" in text and "dpmpp_2m" in text and "heun" in text, text[:2000]
 
 
-@pytest.mark.parametrize("sampler, scheduler, denoise", [("dpmpp_2m", "karras", 1.0), ("heun", "simple", 0.6),
-                                                         ("uni_pc", "sgm_uniform", 1.0)])
-def test_any_comfyui_sampler_in_step_mode(server, sampler, scheduler, denoise):
-    """Step mode runs ComfyUI's own sampler: multistep, 2-evaluation and img2img (denoise < 1) included."""
-    kw = dict(sampler=sampler, scheduler=scheduler, denoise=denoise, batch=2)
-    tag = f"{sampler}_{denoise}"
-    _ok(server, server.run(_graph(None, f"ref_{tag}", **kw)))
-    _ok(server, server.run(_graph({"cfg_degree": 2, "ulysses_degree": 2}, f"par_{tag}", **kw)))
-    ref, par = _load(server, f"lat_ref_{tag}", "images"), _load(server, f"lat_par_{tag}", "images")
-    assert par.shape == ref.shape and ref.shape[0] == 2
-    assert _rel(par, ref) <= 1e-4
-
-
 def test_lora_patched_weights_are_used(server, reference):
     """A LoRA on the MODEL changes the result, and Hybrid Sampler follows it (and a new strength) exactly."""
     for strength in (1.0, 0.5):
@@ -167,30 +175,6 @@ def test_lora_patched_weights_are_used(server, reference):
         par = _load(server, f"lat_lora_u2_{strength}", "images")
         assert _rel(ref, reference[0]) > 1e-3, "the LoRA did not change the reference: the test proves nothing"
         assert _rel(par, ref) <= 1e-4, (strength, _rel(par, ref))
-
-
-def test_lora_then_a_layout_that_takes_no_patches_equals_ksampler(server):
-    """A LoRA travels as patches to ranks that hold the whole model (cfg / ulysses: base weights + patches applied
-    there); tensor parallel takes ComfyUI's patched weights instead. A config change that keeps the world rebuilds
-    the new layout from what the ranks hold - which, after a patched whole-model layout, is the *base*: tp 2 after
-    cfg 2 on the same MODEL ran without its LoRA, 0.77 from KSampler and no error (parallel/engine.source_weights).
-    And a new strength under tp after a patched version: the weights travel complete, never "undone in place"."""
-    from comfy_server import equal_ksampler, on_pool, workflow
-    for strength, cases in ((0.8, [("cfg2", {"cfg_degree": 2}, "sampler"), ("t2", {"tp_degree": 2}, "model")]),
-                            (0.3, [("t2", {"tp_degree": 2}, "sampler")])):
-        def graph(tag, degrees=None, node="model", strength=strength):
-            g = workflow(None, tag, 104, 72, family="sd3", steps=2, lora=("tiny_lora.safetensors", strength))
-            for k in ("7", "8", "11"):  # the latent is what is compared
-                g.pop(k, None)
-            return g if degrees is None else on_pool(g, degrees, node)
-        equal_ksampler(server, graph, f"lora_layouts_{int(strength * 10)}", cases)
-
-
-def test_bad_config_is_a_clear_error_and_the_next_prompt_works(server, reference):
-    entry = server.run(_graph({"tp_degree": 3}, "bad"))
-    text = str(entry)
-    assert "error" in text.lower() and "tp_degree=3" in text and "attention heads" in text, text[:2000]
-    _ok(server, server.run(_graph({"cfg_degree": 2}, "after_bad", steps=2)))
 
 
 def test_an_invalid_workflow_is_rejected_like_ksamplers(server):
@@ -302,12 +286,13 @@ def test_example_api_prompts_match_the_server_schema(server):
             assert not missing, (f.name, nid, node["class_type"], missing)
 
 
+# the 2-rank worlds that intercept attention first, then those that do not: the cfg / tp tests below follow on that
 @pytest.mark.parametrize("family,degrees", [
     ("sd3", {"ulysses_degree": 2, "method": "distrifusion", "warmup_steps": 3}),
-    ("sd3", {"cfg_degree": 2}),
     ("wan", {"ulysses_degree": 2}),
+    ("sd3", {"cfg_degree": 2}),
     ("wan", {"tp_degree": 2}),
-], ids=["sd3-distrifusion-u2", "sd3-cfg2", "wan-u2", "wan-tp2"])
+], ids=["sd3-distrifusion-u2", "wan-u2", "sd3-cfg2", "wan-tp2"])
 def test_loop_mode_without_pipeline_equals_ksampler(server, reference, family, degrees):
     """sampling_mode=loop: the whole loop in the workers, one parallel forward per step, on odd latents."""
     tag = f"loop_{family}_" + "_".join(f"{k}{v}" for k, v in degrees.items())
@@ -326,6 +311,44 @@ def test_loop_mode_without_pipeline_equals_ksampler(server, reference, family, d
 def test_loop_mode_refuses_step_only_choices_before_work(server):
     entry = server.run(workflow({"pp_degree": 2, "sampling_mode": "step"}, "loop_bad", PF_W, PF_H))
     assert "sampling_mode" in str(entry) and "auto or loop" in str(entry), str(entry)[:2000]
+
+
+def test_lora_then_a_layout_that_takes_no_patches_equals_ksampler(server):
+    """A LoRA travels as patches to ranks that hold the whole model (cfg / ulysses: base weights + patches applied
+    there); tensor parallel takes ComfyUI's patched weights instead. A config change that keeps the world rebuilds
+    the new layout from what the ranks hold - which, after a patched whole-model layout, is the *base*: tp 2 after
+    cfg 2 on the same MODEL ran without its LoRA, 0.77 from KSampler and no error (parallel/engine.source_weights).
+    And a new strength under tp after a patched version: the weights travel complete, never "undone in place"."""
+    from comfy_server import equal_ksampler, on_pool, workflow
+    for strength, cases in ((0.8, [("cfg2", {"cfg_degree": 2}, "sampler"), ("t2", {"tp_degree": 2}, "model")]),
+                            (0.3, [("t2", {"tp_degree": 2}, "sampler")])):
+        def graph(tag, degrees=None, node="model", strength=strength):
+            g = workflow(None, tag, 104, 72, family="sd3", steps=2, lora=("tiny_lora.safetensors", strength))
+            for k in ("7", "8", "11"):  # the latent is what is compared
+                g.pop(k, None)
+            return g if degrees is None else on_pool(g, degrees, node)
+        equal_ksampler(server, graph, f"lora_layouts_{int(strength * 10)}", cases)
+
+
+def test_bad_config_is_a_clear_error_and_the_next_prompt_works(server, reference):
+    entry = server.run(_graph({"tp_degree": 3}, "bad"))
+    text = str(entry)
+    assert "error" in text.lower() and "tp_degree=3" in text and "attention heads" in text, text[:2000]
+    _ok(server, server.run(_graph({"cfg_degree": 2}, "after_bad", steps=2)))
+
+
+# the 4-rank world (cfg 2 x ulysses 2) from here on: PipeFusion x ulysses and the noise mask follow on it
+@pytest.mark.parametrize("sampler, scheduler, denoise", [("dpmpp_2m", "karras", 1.0), ("heun", "simple", 0.6),
+                                                         ("uni_pc", "sgm_uniform", 1.0)])
+def test_any_comfyui_sampler_in_step_mode(server, sampler, scheduler, denoise):
+    """Step mode runs ComfyUI's own sampler: multistep, 2-evaluation and img2img (denoise < 1) included."""
+    kw = dict(sampler=sampler, scheduler=scheduler, denoise=denoise, batch=2)
+    tag = f"{sampler}_{denoise}"
+    _ok(server, server.run(_graph(None, f"ref_{tag}", **kw)))
+    _ok(server, server.run(_graph({"cfg_degree": 2, "ulysses_degree": 2}, f"par_{tag}", **kw)))
+    ref, par = _load(server, f"lat_ref_{tag}", "images"), _load(server, f"lat_par_{tag}", "images")
+    assert par.shape == ref.shape and ref.shape[0] == 2
+    assert _rel(par, ref) <= 1e-4
 
 
 def test_pipefusion_with_ulysses_equals_ksampler(server):
