@@ -66,16 +66,27 @@ def quantized(server):
 # e5m2 and mxfp8 in the slow set here: their layouts run on the ranks against ComfyUI's forward in CI
 # (tests/driver/test_quantized_weights.py, degree 1 bitwise and u2, odd and even latents)
 FORWARD_CHECKED = {"float8_e5m2", "mxfp8"}
+# (name, degrees, node) of equal_ksampler per mesh: degree 1 and ulysses 2 through Parallel Model, cfg 2 through Hybrid
+# Sampler
+MESH_CASES = {"d1": ("pool", {}, "model"), "u2": ("u2", {"ulysses_degree": 2}, "model"),
+              "cfg2": ("cfg2", {"cfg_degree": 2}, "sampler")}
 
 
-@pytest.mark.parametrize("form", [pytest.param(f, marks=pytest.mark.slow) if f in FORWARD_CHECKED else f
-                                  for f in FORMS])
-def test_quantized_checkpoint_on_the_pool_equals_ksampler(server, quantized, form):
-    graph = _graph(quantized[form])
-    equal_ksampler(server, graph, f"quant_{form}_d1", [("pool", {}, "model")], bound=0.0)
-    equal_ksampler(server, graph, f"quant_{form}", [("u2", {"ulysses_degree": 2}, "model"),
-                                                   ("cfg2", {"cfg_degree": 2}, "sampler")],
-                   bound=MEASURED.get(form, 1e-5))
+# by mesh, every layout on one world (a world switch costs 7-12 s on 2 cores, a prompt on the running world 1-2 s);
+# "rest": the FORWARD_CHECKED layouts, with the slow set
+@pytest.mark.parametrize("mesh, part", [pytest.param(m, "ci", id=m) for m in MESH_CASES] +
+                         [pytest.param(m, "rest", id=f"{m}-rest", marks=pytest.mark.slow) for m in MESH_CASES])
+def test_quantized_checkpoint_on_the_pool_equals_ksampler(server, quantized, mesh, part):
+    """Each layout of the part on this mesh against KSampler on the same file: degree 1 bitwise, u2 / cfg2 within
+    the layout's bound. Every layout runs; the failures are reported together, each naming its layout."""
+    failures = []
+    for form in [f for f in FORMS if (f in FORWARD_CHECKED) == (part == "rest")]:
+        try:
+            equal_ksampler(server, _graph(quantized[form]), f"quant_{form}_{mesh}", [MESH_CASES[mesh]],
+                           bound=0.0 if mesh == "d1" else MEASURED.get(form, 1e-5))
+        except AssertionError as e:
+            failures.append(f"{form} at {mesh}: {str(e)[:2000]}")
+    assert not failures, "\n".join(failures)
 
 
 @pytest.mark.slow
@@ -128,12 +139,16 @@ def test_four_bit_layouts_on_the_pool_equal_ksampler(server, quantized_w4, form)
     of two against its samples one by one differs by 5.4e-3 in one forward on this CPU (int8 tensorwise 3.9e-4 on
     the same model), so no split of the batch or the sequence can be closer than ComfyUI is to itself."""
     graph = _graph(quantized_w4[form])
-    equal_ksampler(server, graph, f"quant_{form}_d1", [("pool", {}, "model")], bound=0.0)
-    equal_ksampler(server, graph, f"quant_{form}", [("u2", {"ulysses_degree": 2}, "model"),
-                                                   ("cfg2", {"cfg_degree": 2}, "sampler"),
-                                                   ("u2_sharded", {"ulysses_degree": 2, "shard_weights": "sequence"},
-                                                    "sampler")],
+    cases = [("cfg2", {"cfg_degree": 2}, "sampler"), ("u2", {"ulysses_degree": 2}, "model"),
+             ("u2_sharded", {"ulysses_degree": 2, "shard_weights": "sequence"}, "sampler")]
+    # the second layout in the reverse order: it starts on the world the first ended with and ends on degree 1, the
+    # world test_lora_on_quantized_weights_equals_ksampler starts with (a world switch costs 7-12 s on 2 cores)
+    if form == W4[0]:
+        equal_ksampler(server, graph, f"quant_{form}_d1", [("pool", {}, "model")], bound=0.0)
+    equal_ksampler(server, graph, f"quant_{form}", cases if form == W4[0] else cases[::-1],
                    bound=MEASURED.get(form, 1e-5))
+    if form != W4[0]:
+        equal_ksampler(server, graph, f"quant_{form}_d1", [("pool", {}, "model")], bound=0.0)
 
 
 @pytest.mark.parametrize("form", ["scaled_fp8"] + [pytest.param(f, marks=pytest.mark.slow) for f in FORMS
@@ -142,23 +157,31 @@ def test_lora_on_quantized_weights_equals_ksampler(server, quantized, form):
     """A LoRA on ComfyUI's quantized weights (refused before: the workers' base map held a quantized weight by its
     parts): each rank patches a quantized layer as ComfyUI does - the layer's own tensor before any patch is the
     base, dequantized into the LoRA work copy, patched, re-quantized by the layer's set_weight with the key's seed
-    (workers/bridge/patches.apply). Two strengths in a row (the second re-patches the resident model from that base,
-    degree 1 and u2): degree 1 bitwise, u2 and cfg2 exact; with shard_weights the driver sends ComfyUI's patched quantized weights,
-    split like any quantized weight; tensor parallel (tensorwise layouts) after cfg 2. The old scaled-fp8 form is
-    what the templates' files are; every other layout in the slow set (int8's within their measured bounds)."""
+    (workers/bridge/patches.apply). Two strengths in a row: the second re-patches the resident model from that base -
+    u2 at 0.3 runs first, on the world u2 at 0.8 left running with its model resident (degree 1 at 0.3 then starts
+    a world of its own). Degree 1 bitwise, u2 and cfg2 exact; with shard_weights the driver sends ComfyUI's patched quantized
+    weights, split like any quantized weight; tensor parallel (tensorwise layouts) after cfg 2. The old scaled-fp8
+    form is what the templates' files are; every other layout in the slow set (int8's within their measured bounds)."""
+    bound = LORA_MEASURED.get(form, 1e-5)
+    u2 = [("u2", {"ulysses_degree": 2}, "model")]
     for strength in (0.8, 0.3):
         graph = _graph(quantized[form], lora=("tiny_lora.safetensors", strength))
         tag = f"lora_{form}_{int(strength * 10)}"
-        equal_ksampler(server, graph, f"{tag}_d1", [("pool", {}, "model")], bound=0.0)
-        # tensor parallel where the layout splits (tensorwise scales), after cfg 2: the layout rebuilt with ComfyUI's
-        # patched weights, never from the ranks' base (engine.source_weights: 7.7e-1 before)
-        tp = [("t2", {"tp_degree": 2}, "model")] if form in TENSORWISE else []
-        # the second strength re-patches the resident models from their base: degree 1 and u2 show it; cfg 2, tensor
-        # parallel and the sharded run add nothing to that (CI time), they run at the first strength
-        more = [("cfg2", {"cfg_degree": 2}, "sampler")] + tp + \
-            [("u2_sharded", {"ulysses_degree": 2, "shard_weights": "sequence"}, "sampler")] if strength == 0.8 else []
-        equal_ksampler(server, graph, tag, [("u2", {"ulysses_degree": 2}, "model")] + more,
-                       bound=LORA_MEASURED.get(form, 1e-5))
+        if strength == 0.8:
+            equal_ksampler(server, graph, f"{tag}_d1", [("pool", {}, "model")], bound=0.0)
+            # tensor parallel where the layout splits (tensorwise scales), right after cfg 2 on its world: the layout
+            # rebuilt with ComfyUI's patched weights, never from the ranks' base (engine.source_weights: 7.7e-1 before)
+            tp = [("t2", {"tp_degree": 2}, "model")] if form in TENSORWISE else []
+            # grouped by world (cfg 2 / tp: 2 ranks that do not intercept attention; sharded u2 / u2: 2 that do), u2
+            # last so that the second strength finds its model resident
+            more = [("cfg2", {"cfg_degree": 2}, "sampler")] + tp + \
+                [("u2_sharded", {"ulysses_degree": 2, "shard_weights": "sequence"}, "sampler")]
+            equal_ksampler(server, graph, tag, more + u2, bound=bound)
+        else:
+            # the re-patch of the resident u2 model first; cfg 2, tensor parallel and the sharded run add nothing to
+            # it (CI time): they run at the first strength only
+            equal_ksampler(server, graph, tag, u2, bound=bound)
+            equal_ksampler(server, graph, f"{tag}_d1", [("pool", {}, "model")], bound=0.0)
 
 
 @pytest.mark.slow
