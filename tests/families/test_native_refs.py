@@ -83,8 +83,9 @@ def _residuals(g, batch, tokens, width, n, short_at=None):
 
 def test_controlnet_residuals(comfy, cpu_pool):  # noqa: F811
     from comfyui_hybrid_parallel.parallel import ParallelConfig
-    cases = [("sd3", "fp32", {"ulysses_degree": 2}), ("sd3", "fp8_e4m3fn", {"ring_degree": 2}),
-             ("sd3", "fp32", {"cfg_degree": 2, "ulysses_degree": 2}), ("flux", "fp32", {"ulysses_degree": 2})]
+    # the 2-rank sequence cases on one world, then cfg 2 x u2 (4 ranks)
+    cases = [("flux", "fp32", {"ulysses_degree": 2}), ("sd3", "fp32", {"ulysses_degree": 2}),
+             ("sd3", "fp8_e4m3fn", {"ring_degree": 2}), ("sd3", "fp32", {"cfg_degree": 2, "ulysses_degree": 2})]
     for family, precision, degrees in cases:
         base = load_model(comfy, family, precision).model
         dm = base.diffusion_model

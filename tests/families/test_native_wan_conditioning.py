@@ -15,6 +15,8 @@ against ComfyUI's own forward.
 The tiny checkpoints get a `ref_conv` (ComfyUI's detection reads its input width: in_dim_ref_conv), so one model
 serves every case; without reference_latent it is a plain Wan.
 """
+import math
+
 import pytest
 import torch
 from safetensors.torch import save_file
@@ -79,13 +81,24 @@ def _inputs(channels, frames, h, w, seed, per_frame=False):
 SEQUENCE = ({"ulysses_degree": 2}, {"ring_degree": 2}, {"cfg_degree": 2})
 
 
-def _check(cpu_pool, base, tag, inp, without, cases=SEQUENCE):
+def _world(degrees) -> tuple:
+    """The order the cases run in: the 2-rank sequence world (u2, r2), then 4 ranks (u2r2), then cfg's own world
+    (split_kernel_worlds on CPU: a cfg world and a u/r world of the same size are two worlds, each start 5-11 s)."""
+    return "cfg_degree" in degrees, math.prod(degrees.values())
+
+
+def _check(cpu_pool, base, checks):
+    """`checks`: (tag, inputs, the inputs without the conditioning, degrees) each, against ComfyUI's forward; every
+    check's cases run grouped by world (_world), not check by check, so that no world is started twice."""
     from comfyui_hybrid_parallel.parallel import ParallelConfig
-    ref = comfy_forward(base, inp)
-    assert rel(comfy_forward(base, without), ref) > 1e-3, f"{tag}: the conditioning changed nothing"
-    for degrees in cases:
+    refs = {}
+    for tag, inp, without, _ in checks:
+        refs[tag] = comfy_forward(base, inp)
+        assert rel(comfy_forward(base, without), refs[tag]) > 1e-3, f"{tag}: the conditioning changed nothing"
+    runs = [(tag, inp, degrees) for tag, inp, _, cases in checks for degrees in cases]
+    for tag, inp, degrees in sorted(runs, key=lambda run: _world(run[2])):
         config = ParallelConfig(**degrees)
-        err = rel(_forward(cpu_pool, config, f"{tag}:{config.describe()}", base, inp), ref)
+        err = rel(_forward(cpu_pool, config, f"{tag}:{config.describe()}", base, inp), refs[tag])
         print(f"Wan {tag} {config.describe()}: rel {err:.2e}")
         assert err <= 1e-5, (tag, degrees, err)
 
@@ -93,9 +106,9 @@ def _check(cpu_pool, base, tag, inp, without, cases=SEQUENCE):
 def test_time_dim_concat_and_reference_latent_equal_comfyui(wan21, cpu_pool):
     g, inp = _inputs(16, 2, 8, 12, seed=64)
     subject = {**inp, "time_dim_concat": torch.randn(2, 16, 1, 8, 12, generator=g)}
-    _check(cpu_pool, wan21, "time_dim_concat", subject, inp)
     reference = {**inp, "reference_latent": torch.randn(2, 16, 8, 12, generator=g)}
-    _check(cpu_pool, wan21, "reference_latent", reference, inp)
+    _check(cpu_pool, wan21, [("time_dim_concat", subject, inp, SEQUENCE),
+                             ("reference_latent", reference, inp, SEQUENCE)])
 
 
 def test_per_frame_timesteps_over_extra_tokens_equal_comfyui(wan22, cpu_pool):
@@ -106,9 +119,9 @@ def test_per_frame_timesteps_over_extra_tokens_equal_comfyui(wan22, cpu_pool):
     inp["denoise_mask"] = torch.ones(2, 1, 3, 8, 10)
     reference = {**inp, "reference_latent": torch.randn(2, 48, 8, 10, generator=g)}
     cases = SEQUENCE + ({"ulysses_degree": 2, "ring_degree": 2},)
-    _check(cpu_pool, wan22, "w22_reference_latent", reference, inp, cases)
     subject = {**inp, "time_dim_concat": torch.randn(2, 48, 2, 8, 10, generator=g)}
-    _check(cpu_pool, wan22, "w22_time_dim_concat", subject, inp, cases[:1])
+    _check(cpu_pool, wan22, [("w22_reference_latent", reference, inp, cases),
+                             ("w22_time_dim_concat", subject, inp, cases[:1])])
 
 
 def test_context_latents_refused_under_sequence_split(wan21, cpu_pool):
