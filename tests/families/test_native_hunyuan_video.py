@@ -44,17 +44,13 @@ def _inputs(version, frames, h, w, seed):
             "guidance": torch.full((2,), 6.0)}
 
 
-# 1.5 with the slow set: tests/server_e2e/test_comfyui_hunyuan_video.py runs the same degrees (u2, r2, u2r2, cfg2) on a
-# real server against KSampler in CI; 1.0 and HunyuanImage 2.1 (no server test) are proven here
-@pytest.mark.parametrize("version", [pytest.param("1.5", marks=pytest.mark.slow), "1.0", "image2.1"])
-def test_hunyuan_video_equals_comfyui(comfy, cpu_pool, tmp_path, version):  # noqa: F811
-    """HunyuanImage 2.1 runs on the same class with 2-D patches and ids: checked here, not assumed."""
+def _check(cpu_pool, tmp_path, version, cases):
     from comfyui_hybrid_parallel.parallel import ParallelConfig
     base = _model(tmp_path, version)
     # 1.5 (1x1x1 patches): 2x5x7 = 70 and 3x4x4 = 48 tokens; 1.0 (1x2x2; ComfyUI itself needs even sizes there):
     # 2x3x4 = 24 and 3x2x3 = 18 tokens; image 2.1 (1x1, 2-D): 5x7 = 35 and 4x6 = 24 tokens
     sizes = {"1.5": [(2, 5, 7), (3, 4, 4)], "1.0": [(2, 6, 8), (3, 4, 6)], "image2.1": [(1, 5, 7), (1, 4, 6)]}[version]
-    for degrees in CASES:
+    for degrees in cases:
         config = ParallelConfig(**degrees)
         for frames, h, w in sizes:
             inp = _inputs(version, frames, h, w, seed=82 + h)
@@ -63,6 +59,25 @@ def test_hunyuan_video_equals_comfyui(comfy, cpu_pool, tmp_path, version):  # no
             err = rel(out, ref)
             print(f"HunyuanVideo {version} {config.describe()} {frames}x{h}x{w}: rel {err:.2e}")
             assert out.shape == ref.shape and err <= 1e-5, (degrees, frames, h, w, err)
+
+
+# 1.5 with the slow set: tests/server_e2e/test_comfyui_hunyuan_video.py runs the same degrees (u2, r2, u2r2, cfg2) on a
+# real server against KSampler in CI; 1.0 and HunyuanImage 2.1 (no server test) are proven here
+@pytest.mark.parametrize("version", [pytest.param("1.5", marks=pytest.mark.slow), "1.0", "image2.1"])
+def test_hunyuan_video_equals_comfyui(comfy, cpu_pool, tmp_path, version):  # noqa: F811
+    """HunyuanImage 2.1 runs on the same class with 2-D patches and ids: checked here, not assumed. Ulysses 2 and
+    ring 2 here (the sequence split of both versions and both sizes, on one 2-rank world); ulysses 2 x ring 2 and
+    cfg 2 in the slow test below."""
+    _check(cpu_pool, tmp_path, version, CASES[:2])
+
+
+# u2r2 and cfg2 with the slow set (each costs a world start of its own): the composition u2 x r2 is proven family-
+# independently in CI by test_native_pool.py::test_native_forward_equals_comfyui[u2r2], the batch split cfg2 by its
+# [cfg2] case, and the HunyuanVideo class (1.5) under cfg 2 by test_hunyuan_video_whole_sequence_inputs_are_refused
+@pytest.mark.slow
+@pytest.mark.parametrize("version", ["1.5", "1.0", "image2.1"])
+def test_hunyuan_video_every_degree_equals_comfyui(comfy, cpu_pool, tmp_path, version):  # noqa: F811
+    _check(cpu_pool, tmp_path, version, CASES[2:])
 
 
 def test_hunyuan_video_whole_sequence_inputs_are_refused(comfy, cpu_pool, tmp_path):  # noqa: F811
@@ -77,13 +92,14 @@ def test_hunyuan_video_whole_sequence_inputs_are_refused(comfy, cpu_pool, tmp_pa
     with pytest.raises(PoolError) as e:
         pool_forward(cpu_pool, config, "hyv1.5:mask", base, dict(inp, attention_mask=mask))
     assert "attention mask" in str(e.value) and "cfg/dp degrees" in str(e.value), str(e.value)
-    # the pool stays usable, and the same mask without a sequence split equals ComfyUI's forward
+    # the pool stays usable (mask-free under ulysses 2, first: the same 2-rank world), and the same mask without a
+    # sequence split equals ComfyUI's forward
+    out = pool_forward(cpu_pool, config, "hyv1.5:mask", base, inp)
+    assert rel(out, comfy_forward(base, inp)) <= 1e-5
     cfg = ParallelConfig(cfg_degree=2)
     ref = comfy_forward(base, dict(inp, attention_mask=mask))
     out = pool_forward(cpu_pool, cfg, "hyv1.5:mask_cfg", base, dict(inp, attention_mask=mask))
     assert rel(out, ref) <= 1e-5
-    out = pool_forward(cpu_pool, config, "hyv1.5:mask", base, inp)
-    assert rel(out, comfy_forward(base, inp)) <= 1e-5
 
 
 def distrifusion_and_sharded(pool, key, base, inp, forward, ref):
