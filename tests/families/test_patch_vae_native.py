@@ -125,22 +125,6 @@ def ltx2(comfy, tmp_path_factory):
     return vae
 
 
-LTX2_CASES = [(2, (1, 128, 3, 5, 4)), (3, (1, 128, 2, 6, 3))]
-
-
-@pytest.mark.parametrize("n, shape", LTX2_CASES, ids=[f"{n}r-{s[-2]}rows" for n, s in LTX2_CASES])
-def test_ltx2_video_vae(ltx2, runtime, n, shape):
-    """LTX-2's video VAE (LTX's VideoVAE, configured from the file's header, which the workers get with the weights):
-    causal convs padding time with frame copies and space with zeros, depth-to-space upsampling (channels into 2x2
-    pixel blocks, rows in order), pixel norms over channels, a 4x4 unpatchify. Heights that do and do not divide."""
-    latent = torch.randn(*shape, generator=torch.Generator().manual_seed(71 + n))
-    if not hasattr(ltx2.first_stage_model, "config"):  # ComfyUI 0.3.75: refused, the workers could not rebuild it
-        msg = _refuse(ltx2.first_stage_model, latent, n)
-        assert "keeps no copy of the configuration" in msg, msg
-        return
-    _assert_decode_equals(runtime, ltx2, latent, n, "LTX-2")
-
-
 @pytest.mark.slow  # a 33-frame decode ~6000 pixels tall (its last level: twice ComfyUI's chunk budget), twice
 def test_ltx2_video_vae_frame_chunks_agree(ltx2, runtime):
     """Later ComfyUIs' LTX decoder cuts each level's output into frame chunks by the bytes it holds (at most
@@ -219,6 +203,38 @@ def _rel(a, b) -> float:
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
+# The 2-rank decodes first (after HunyuanVideo 1.0's above), then CASES 2 ranks, 3 ranks, then LTX-2 3 ranks, 2
+# ranks: one world switch per change of ranks, in file order
+def test_bf16_vae_decodes_in_bf16(comfy, vaes, runtime):
+    """A bf16 VAE (ComfyUI's choice on GPUs) decodes in bf16 on the workers, the latent cast as ComfyUI casts it: the
+    split's only difference is rounding (GroupNorm statistics in fp32, attention kernel), within bf16's."""
+    import comfy.sd
+    sd = {k: v.to(torch.bfloat16) for k, v in vaes["kl16"].first_stage_model.state_dict().items()}
+    vae = comfy.sd.VAE(sd=sd, dtype=torch.bfloat16)
+    assert vae.vae_dtype == torch.bfloat16
+    latent = torch.randn(1, 16, 5, 4, generator=torch.Generator().manual_seed(48))  # odd: a 3/2 row split
+    ref = _vae_decode(vae, latent)
+    (got,) = _node(runtime).decode({"samples": latent}, vae, _hp(2))
+    err = _rel(got, ref)
+    print(f"Patch VAE Decode bf16 KL: rel {err:.2e}")
+    assert err <= 2e-2, err
+
+
+def test_the_driver_copy_becomes_the_workers_pages(comfy, vaes, runtime):
+    """ComfyUI's own VAE weights are what the workers map (one host copy): after a decode each of them lives in a
+    shared-memory file's pages, and ComfyUI's VAE still decodes the same."""
+    import comfy.sd
+    vae = comfy.sd.VAE(sd={k: v.clone() for k, v in vaes["kl4"].first_stage_model.state_dict().items()})
+    latent = torch.randn(1, 4, 6, 6, generator=torch.Generator().manual_seed(49))
+    before = _vae_decode(vae, latent)
+    w = vae.first_stage_model.decoder.conv_in.weight
+    ptr = w.untyped_storage().data_ptr()
+    _node(runtime).decode({"samples": latent}, vae, _hp(2))
+    w = vae.first_stage_model.decoder.conv_in.weight
+    assert w.untyped_storage().data_ptr() != ptr
+    assert torch.equal(_vae_decode(vae, latent), before)
+
+
 _slow = pytest.mark.slow  # CI keeps one 3-rank case per kind of decoder; the full matrix runs with -m slow
 CASES = [  # (VAE, ranks, latent shape, block_size): heights that divide and heights that do not; grouped by ranks
     ("kl4", 2, (2, 4, 10, 6), 0), ("kl16", 2, (1, 16, 9, 7), 0), ("flux2", 2, (1, 16, 5, 4), 0),
@@ -245,6 +261,23 @@ def test_patch_vae_decode_equals_vae_decode(vaes, runtime, name, n, shape, block
     _assert_decode_equals(runtime, vaes[name], latent, n, name, block_size)
 
 
+# 3 ranks first: this test runs after the CASES above, whose last CI world has 3 ranks (one world switch fewer)
+LTX2_CASES = [(3, (1, 128, 2, 6, 3)), (2, (1, 128, 3, 5, 4))]
+
+
+@pytest.mark.parametrize("n, shape", LTX2_CASES, ids=[f"{n}r-{s[-2]}rows" for n, s in LTX2_CASES])
+def test_ltx2_video_vae(ltx2, runtime, n, shape):
+    """LTX-2's video VAE (LTX's VideoVAE, configured from the file's header, which the workers get with the weights):
+    causal convs padding time with frame copies and space with zeros, depth-to-space upsampling (channels into 2x2
+    pixel blocks, rows in order), pixel norms over channels, a 4x4 unpatchify. Heights that do and do not divide."""
+    latent = torch.randn(*shape, generator=torch.Generator().manual_seed(71 + n))
+    if not hasattr(ltx2.first_stage_model, "config"):  # ComfyUI 0.3.75: refused, the workers could not rebuild it
+        msg = _refuse(ltx2.first_stage_model, latent, n)
+        assert "keeps no copy of the configuration" in msg, msg
+        return
+    _assert_decode_equals(runtime, ltx2, latent, n, "LTX-2")
+
+
 def _assert_decode_equals(runtime, vae, latent, n, name, block_size=0):
     """Parallel VAE Decode over `n` ranks equals ComfyUI's VAE Decode (float32 images, ≤ TOL)."""
     ref = _vae_decode(vae, latent)
@@ -253,21 +286,6 @@ def _assert_decode_equals(runtime, vae, latent, n, name, block_size=0):
     print(f"Patch VAE Decode {name} {tuple(latent.shape)} over {n} ranks (block {block_size}): rel {err:.2e}")
     assert got.shape == ref.shape and got.dtype == torch.float32 and err <= TOL, (name, err)
     assert 0.05 < (ref < 1).float().mean().item(), "the decode is not clamped flat: the test proves something"
-
-
-def test_bf16_vae_decodes_in_bf16(comfy, vaes, runtime):
-    """A bf16 VAE (ComfyUI's choice on GPUs) decodes in bf16 on the workers, the latent cast as ComfyUI casts it: the
-    split's only difference is rounding (GroupNorm statistics in fp32, attention kernel), within bf16's."""
-    import comfy.sd
-    sd = {k: v.to(torch.bfloat16) for k, v in vaes["kl16"].first_stage_model.state_dict().items()}
-    vae = comfy.sd.VAE(sd=sd, dtype=torch.bfloat16)
-    assert vae.vae_dtype == torch.bfloat16
-    latent = torch.randn(1, 16, 7, 5, generator=torch.Generator().manual_seed(48))
-    ref = _vae_decode(vae, latent)
-    (got,) = _node(runtime).decode({"samples": latent}, vae, _hp(2))
-    err = _rel(got, ref)
-    print(f"Patch VAE Decode bf16 KL: rel {err:.2e}")
-    assert err <= 2e-2, err
 
 
 def _refuse(first_stage_model, latent, ranks=2, **vae_attrs):
@@ -357,21 +375,6 @@ def test_flux2_tae_is_refused_before_any_worker(comfy):
         model = taesd.TAESD(latent_channels=128)
     msg = _refuse(model, torch.zeros(1, 128, 4, 4))
     assert "taef2" in msg and "VAE Decode" in msg, msg
-
-
-def test_the_driver_copy_becomes_the_workers_pages(comfy, vaes, runtime):
-    """ComfyUI's own VAE weights are what the workers map (one host copy): after a decode each of them lives in a
-    shared-memory file's pages, and ComfyUI's VAE still decodes the same."""
-    import comfy.sd
-    vae = comfy.sd.VAE(sd={k: v.clone() for k, v in vaes["kl4"].first_stage_model.state_dict().items()})
-    latent = torch.randn(1, 4, 6, 6, generator=torch.Generator().manual_seed(49))
-    before = _vae_decode(vae, latent)
-    w = vae.first_stage_model.decoder.conv_in.weight
-    ptr = w.untyped_storage().data_ptr()
-    _node(runtime).decode({"samples": latent}, vae, _hp(2))
-    w = vae.first_stage_model.decoder.conv_in.weight
-    assert w.untyped_storage().data_ptr() != ptr
-    assert torch.equal(_vae_decode(vae, latent), before)
 
 
 def test_every_written_refusal_names_a_class_of_this_comfyui(comfy):
