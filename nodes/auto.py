@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import time
 from dataclasses import replace
 
 from ..parallel.config import ParallelConfig
@@ -128,7 +129,6 @@ def _measure(kernel, dev, dtype, shape, threads: int, reps: int = 3) -> float:
 
 
 def _time_both(kernel, dev, dtype, shape, reps: int) -> dict:
-    import time
 
     import torch
     import torch.nn.functional as F

@@ -9,6 +9,13 @@ stopping workers) runs off the server's event loop.
 """
 from __future__ import annotations
 
+import asyncio
+import json
+import logging
+import os
+import threading
+import time
+
 from ..parallel.mesh import AXES, rank_coords, rank_groups
 from .config_node import MAX_LISTED_RANKS, ParallelConfigNode, check_hp_placement, check_placement, summary
 
@@ -105,8 +112,6 @@ def warm_on_prompt(runtime, start=None):
     prompt holding the pack's nodes starts the spares and its Parallel Config's world in the background the moment it
     is queued - while ComfyUI still loads and encodes - as opening the workflow in the frontend does (/warm). Returns
     the prompt unchanged; never raises (ComfyUI would log it for every prompt)."""
-    import threading
-    import time
 
     def handler(json_data):
         seen = time.time()
@@ -190,8 +195,6 @@ def _default_devices(kind: str, n: int) -> list:
 
 def register(server, runtime) -> None:
     """Add the routes to ComfyUI's PromptServer (also served under /api/... by ComfyUI)."""
-    import asyncio
-    import json
 
     from aiohttp import web
 
@@ -248,8 +251,6 @@ def prestart_config(value: str):
     """HP_PRESTART's value -> (hp or None, why not): what a headless server starts with ComfyUI. A ValueError names
     the fix for a value that cannot mean anything; hp None with a reason for a world that chooses at the sampler or
     cannot be placed here (the spares still start)."""
-    import json
-    import os
     text = value.strip()
     if text.lower() == "spares":
         return None, "spares only (asked)"
@@ -282,9 +283,6 @@ def prestart_from_env(runtime, value: str | None = None, start=None) -> str:
     interpreters, and the world of the prompt the scripts will post, start with ComfyUI - a first prompt on a
     model ComfyUI already holds then pays only for its weights. Off unless set: nothing starts before use. A bad
     value is one log line naming the fix, never an error in ComfyUI's start. Returns that line ("" when unset)."""
-    import logging
-    import os
-    import threading
     value = os.environ.get("HP_PRESTART", "") if value is None else value
     if not value.strip():
         return ""

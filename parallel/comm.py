@@ -9,6 +9,7 @@ gloo refuses all_gather with uneven sizes, so `all_gather_uneven` pads.
 """
 from __future__ import annotations
 
+import datetime
 from collections import defaultdict
 from typing import Optional, Sequence
 
@@ -255,7 +256,6 @@ def complete(work, device: torch.device, timeout_s: Optional[float] = None):
     so it is bounded by `timeout_s` to say which transfer never came."""
     if device.type == "cuda" or timeout_s is None:
         return work.wait()
-    import datetime
     return work.wait(timeout=datetime.timedelta(seconds=timeout_s))
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import time
 from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Optional
@@ -192,7 +193,6 @@ def probe_cpu(threads: int = 1, reps: int = 3, calls: int = 3) -> dict:
     """This machine's fp32 matmul and CPU flash-SDPA FLOP/s at `threads` threads (min of `reps` x `calls`, after a
     warm-up), on the shapes the CPU preset was calibrated with: a 1101 x 256 x 1024 matmul, SDPA over 4 heads x
     1101 tokens x 64. ~0.1 s at 1 thread."""
-    import time
 
     import torch
     old = torch.get_num_threads()
@@ -221,7 +221,6 @@ def probe_cpu(threads: int = 1, reps: int = 3, calls: int = 3) -> dict:
 def probe_speed(device, threads: int = 1) -> float:
     """This rank's matmul throughput (FLOP/s) on `device`: a bf16 8192-square GEMM on a GPU (a few ms on any recent
     card), probe_cpu's fp32 matmul at `threads` threads on a CPU. What the sequence split weighs ranks by."""
-    import time
 
     import torch
     if getattr(device, "type", "cpu") != "cuda":

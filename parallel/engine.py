@@ -10,6 +10,8 @@ function that calls it with ComfyUI's signature.
 from __future__ import annotations
 
 import collections
+import gc
+import json
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -38,7 +40,6 @@ class Resident:
         model's own code and breaks the graph at each collective."""
         if not compile_spec:
             return self.model
-        import json
         key = json.dumps(compile_spec, sort_keys=True)
         if key not in self.compiled:
             from .strict import opaque_to_dynamo
@@ -227,7 +228,6 @@ class Engine:
             self.models.pop(k, None)
             if why is not None:
                 self.evicted.append(k)
-        import gc
         gc.collect()
         if on_device or (device is not None and device.type == "cuda"):
             torch.cuda.empty_cache()

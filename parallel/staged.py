@@ -17,6 +17,7 @@ wrapped). Installed before strict mode (parallel/strict.py), which then checks t
 from __future__ import annotations
 
 import inspect
+import os
 
 import torch
 import torch.distributed as dist
@@ -125,5 +126,4 @@ class StagedComm:
 
 
 def enabled() -> bool:
-    import os
     return os.environ.get(ENV, "").strip() not in ("", "0")

@@ -26,6 +26,7 @@ every compute job inside `DeviceDiscipline`. Never enabled in production: it dou
 """
 from __future__ import annotations
 
+import inspect
 import os
 from typing import Optional
 
@@ -275,7 +276,6 @@ class StrictComm:
 
     # -- point to point: tags dropped, as NCCL matches the messages of a pair in order --
     def _p2p(self, op: str):
-        import inspect
         real = self.real[op]
         sig = inspect.signature(real)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import time
 
 import torch
@@ -64,7 +65,6 @@ def _rss_bytes() -> int | None:
 
 
 def job_health(state: WorkerState, ctx, payload: dict) -> dict:
-    import sys
     return {"pid": os.getpid(), "device": "cpu" if state.device.type == "cpu" else str(state.device),  # cpu:0 = strict
             "resident": state.engine.resident(),
             "layouts": len(state.engine.models),  # resident models counting each mesh's layout of one key

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 import threading
 import time
@@ -55,7 +56,6 @@ def _shutdown(holder: _Holder) -> None:
         holder.world.teardown(graceful=True)
         holder.world = None
     cleanup_prefix(holder.prefix)
-    import shutil
     shutil.rmtree(holder.tmpdir, ignore_errors=True)
 
 

@@ -19,6 +19,7 @@ import json
 import os
 import socket
 import threading
+import time
 
 PROTOCOL_VERSION = 1
 HANDSHAKE_TIMEOUT_S = 5.0
@@ -142,7 +143,6 @@ def authenticate_server(sock: socket.socket, authkey: bytes, timeout: float = HA
 
 def _connect_retrying(address: str, timeout: float) -> socket.socket:
     """Connect, retrying while the driver's backlog is full (other peers may be queued in it)."""
-    import time
     deadline = time.monotonic() + timeout
     while True:
         try:

@@ -11,6 +11,7 @@ a world torn down later spawns its successors normally.
 """
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
@@ -98,7 +99,6 @@ PRELOAD = ("torch._dynamo",)
 
 def preload() -> None:
     """Import PRELOAD while the spare waits for a role (a module that fails here is imported, or fails, later)."""
-    import importlib
     for name in PRELOAD:
         try:
             importlib.import_module(name)

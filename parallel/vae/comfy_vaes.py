@@ -13,6 +13,8 @@ read the layout from the modules themselves (attributes and signatures, never a 
 """
 from __future__ import annotations
 
+import json
+
 from .native import ComfyVae, qualname
 
 _MODEL = "comfy.ldm.modules.diffusionmodules.model"
@@ -221,7 +223,6 @@ def _ltxv_problems(model) -> list:
 
 def _ltxv_metadata(model) -> dict:
     """The header comfy.sd.VAE reads LTX's VAE configuration from (a checkpoint's or VAE file's "config")."""
-    import json
     return {"config": json.dumps({"vae": model.config})}
 
 

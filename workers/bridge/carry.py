@@ -19,8 +19,11 @@ ComfyUI's (its transformer_options, its block-replacement keys, its hook patches
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import importlib
 import json
+import types
 
 import torch
 
@@ -195,8 +198,6 @@ def _unplain(value):
 def rebuild_closure(spec: dict):
     """Worker side: ComfyUI's own function at `origin` (its code, found in the defining module on this rank), closed
     over the values that travelled."""
-    import importlib
-    import types
     module_name, _, qualname = spec["origin"].partition(":")
     module = importlib.import_module(module_name)
     parts = qualname.split(".")
@@ -389,7 +390,6 @@ class Bypass:
     def active(self, model, run, bypass_id, device=None):
         """A context manager: the bypass set `bypass_id` injected into `model` for the call (nothing for None), its
         adapters' tensors on the rank's `device`."""
-        import contextlib
         if bypass_id is None:
             return contextlib.nullcontext()
         key = (id(model), run, bypass_id)

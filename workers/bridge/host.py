@@ -6,6 +6,9 @@ breaks first when ComfyUI moves; the pool's runtime (nodes/runtime.py) only call
 """
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import gc
 import logging
 import os
 import threading
@@ -21,9 +24,6 @@ def trim_host_heap(collect: bool = True) -> None:
     on the heap, whose free memory stays in the process until trimmed. A no-op elsewhere.
     `collect`: run the garbage collector first (what a reference cycle held); the adopter's caller frees by
     reference count alone and skips it - a full collection in a ComfyUI process costs 0.2 s."""
-    import ctypes
-    import ctypes.util
-    import gc
     if collect:
         gc.collect()
     name = ctypes.util.find_library("c")  # (cached by ctypes: cheap enough to call every few hundred MiB)

@@ -36,6 +36,8 @@ from __future__ import annotations
 import enum
 import importlib
 import importlib.util
+import inspect
+import json
 import os
 import sys
 import types
@@ -151,7 +153,6 @@ def rebuild(r: torch.Tensor, meta: dict | None) -> torch.Tensor:
     `r` is already rebuilt (a model rebuilt for another mesh from the kept host weights)."""
     if meta is None or not is_plain(r):
         return r
-    import inspect
     cls = import_class(meta["class"])
     fields = {k: decode(v) for k, v in meta["fields"].items()}
     params = {}
@@ -205,7 +206,6 @@ def quantized_tensors(module: torch.nn.Module) -> dict:
 def _comfy_quant(owner, path: str, leaf: str, t, where: str) -> dict:
     """The layer's `comfy_quant` entry as ComfyUI's own state_dict writes it (its format and flags), checked to be
     all the layer's file form adds to its tensors: what the workers' load of the layer needs."""
-    import json
     prefix = f"{path}." if path else ""
     try:
         written = owner.state_dict(prefix=prefix)
@@ -228,7 +228,6 @@ def _comfy_quant(owner, path: str, leaf: str, t, where: str) -> dict:
 def comfy_quant_tensor(conf: dict) -> torch.Tensor:
     """A layer's `comfy_quant` entry as ComfyUI stores it in a state dict (comfy.utils.convert_old_quants): the
     JSON's UTF-8 bytes as a uint8 tensor."""
-    import json
     return torch.tensor(list(json.dumps(conf).encode("utf-8")), dtype=torch.uint8)
 
 

@@ -14,6 +14,8 @@ caller falls back to sending the patched weights (as before), never to a wrong r
 """
 from __future__ import annotations
 
+import zlib
+
 import torch
 
 PREFIX = "patch."          # the names of the patch tensors in a job
@@ -303,7 +305,6 @@ def _apply_with_loader(holder, base: dict, patches: dict, previous: set, device,
 
 def _shared_name(prefix: str, tag: str, key: str) -> str:
     """The name every rank derives for `key`'s patched weight of the version `tag`, in the pool's namespace."""
-    import zlib
     return f"{prefix}patch-{zlib.crc32(tag.encode()):08x}-{zlib.crc32(key.encode()):08x}"
 
 

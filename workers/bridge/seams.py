@@ -20,6 +20,7 @@ import importlib
 import inspect
 import os
 import re
+import sys
 from dataclasses import dataclass
 
 from .loader_types import import_class  # `module:attribute.path` resolved
@@ -291,5 +292,4 @@ __all__ = ["PROTOCOL", "Attr", "SEAMS", "Seam", "TESTED", "accepts", "comfyui_ve
 
 def comfy_loaded() -> bool:
     """Whether ComfyUI itself is loaded in this process (a test's stand-in module has no file: not a ComfyUI)."""
-    import sys
     return getattr(sys.modules.get("comfy.model_management"), "__file__", None) is not None

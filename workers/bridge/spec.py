@@ -17,6 +17,7 @@ weights that cannot be carried, or a method the model's class or weights cannot 
 """
 from __future__ import annotations
 
+import inspect
 
 import torch
 
@@ -246,7 +247,6 @@ def runs_diffusion_wrappers(diffusion_model) -> bool:
     """Whether ComfyUI's class runs DIFFUSION_MODEL wrappers around its forward at all (Flux, Wan, Qwen-Image,
     Lumina 2, HunyuanVideo, Chroma... do; SD3's MMDiT and PixArt do not, so EasyCache is a no-op on them in
     ComfyUI itself). Read from the class's own forward, so it follows the installed ComfyUI."""
-    import inspect
     try:
         return "DIFFUSION_MODEL" in inspect.getsource(type(diffusion_model).forward)
     except (OSError, TypeError):
