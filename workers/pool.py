@@ -12,7 +12,8 @@ or runs out of memory fails the job with a PoolError subclass carrying that
 rank's traceback. The world is torn down (next job restarts it) unless every
 rank reported back, i.e. none is stuck in a collective - then it is still
 consistent and resident models are kept. A cancel stops all ranks at the same
-step (the ranks agree through a collective), so the world stays up.
+step (the ranks agree through a collective), so the world stays up. How a job's replies are collected (and those
+failures found): workers/collect.py.
 """
 from __future__ import annotations
 
@@ -21,27 +22,21 @@ import os
 import shutil
 import tempfile
 import threading
-import time
 import weakref
-from multiprocessing.connection import wait as wait_conns
 
 from . import residency
+from .collect import JobCollection
 from .errors import (JobCancelled, JobResult, JobTimeout, PoolError, StartupError, WorkerDied, WorkerError, WorkerOOM,
                      WorkerStalled)
 from .launch import World, balance_spec
 from .platform_support import check_os, check_pool
-from .protocol import ProtocolError, model_families
-from .transport import (WEIGHT_PREFIX, Arena, cleanup_prefix, new_prefix, read_tensor, shm_dir, sweep_stale,
+from .protocol import model_families
+from .transport import (WEIGHT_PREFIX, Arena, cleanup_prefix, new_prefix, shm_dir, sweep_stale,
                         unlink, write_tensor, write_weights)
 
 JOB_KINDS = ("health", "release", "echo", "model_bytes", "prepare", "steps", "load_model", "forward", "vae_decode", "loop",
              "pipefusion_loop")
-FAULT_GRACE_S = 2.0
-DRAIN_STALL_S = 3.0   # silence that marks a rank stuck while the next job collects a cancelled one
-CANCEL_WAIT_S = 1.5   # a cancelled job gets this long to stop before the caller gets its answer anyway
 STALL_TIMEOUT_S = float(os.environ.get("HP_STALL_TIMEOUT_S", "10"))  # no heartbeat this long: a rank is stuck
-POLL_S = 0.05
-DEATH_CHECK_S = 0.5
 
 
 class _Holder:
@@ -59,7 +54,7 @@ def _shutdown(holder: _Holder) -> None:
     shutil.rmtree(holder.tmpdir, ignore_errors=True)
 
 
-class WorkerPool:
+class WorkerPool(JobCollection):
     """Start / reuse / restart a world of workers and run jobs on it.
 
     fake: None for real torch.distributed workers, or a fake behaviour
@@ -292,173 +287,6 @@ class WorkerPool:
                     unlink(d, self.shm_prefix)
                 if world.state == "busy":
                     world.state = "idle"
-
-    def _collect(self, world: World, job_id: int, config, timeout_s: float, progress, cancel,
-                 preview=None) -> JobResult:
-        start = time.monotonic()
-        deadline = start + timeout_s  # moved on by every progress step: a long run is not a hang
-        results: dict = {}
-        failed_at = None
-        callback_exc = None
-        cancel_at = None
-        last_death_check = start
-        seen = world.seen = {r: start for r in range(world.world_size)}  # last message per rank (kept for _drain)
-        conns = {ch.conn: r for r, ch in enumerate(world.channels)}
-        while len(results) < world.world_size:
-            now = time.monotonic()
-            if cancel_at is None and (self._cancel.is_set() or callback_exc is not None
-                                      or (cancel is not None and cancel.is_set())):
-                cancel_at = now
-                try:
-                    world.broadcast("cancel", job=job_id)
-                except (OSError, ValueError):
-                    pass  # a dead worker: the death check below reports it
-            if now > deadline or (failed_at is not None and now > failed_at + FAULT_GRACE_S):
-                break
-            if cancel_at is not None and now > cancel_at + CANCEL_WAIT_S:
-                # Interrupt wins: answer now. The ranks finish (or abandon) the step in the background; the
-                # next job first collects them (_drain), and a rank that never answers is found stuck there.
-                world.pending, world.state = job_id, "cancelling"
-                if callback_exc is not None:
-                    raise callback_exc
-                raise JobCancelled(f"job {job_id} was cancelled (its ranks stop in the background)")
-            if now - last_death_check > DEATH_CHECK_S:
-                last_death_check = now
-                self._check_deaths(world, job_id, results)
-                self._check_stalls(world, job_id, results, seen, now)
-            waiting = [c for c, r in conns.items() if r not in results]
-            for conn in wait_conns(waiting, timeout=POLL_S):
-                rank = conns[conn]
-                try:
-                    msg = world.channels[rank].recv(expect={"progress", "result", "heartbeat"})
-                except (EOFError, OSError):
-                    self._died(world, rank, job_id)
-                except ProtocolError as e:
-                    self._teardown(graceful=False)
-                    raise PoolError(f"rank {rank} sent a bad message: {e}") from None
-                seen[rank] = time.monotonic()
-                if msg["t"] == "heartbeat":
-                    continue
-                if msg["t"] == "progress":
-                    if int(msg["job"]) == job_id:
-                        deadline = max(deadline, seen[rank] + timeout_s)
-                    if callback_exc is None and int(msg["job"]) == job_id:
-                        try:
-                            if preview is not None and msg.get("preview"):
-                                preview(int(msg["step"]), int(msg["total"]),
-                                        read_tensor(msg["preview"], self.shm_prefix, maps=self._arena_maps))
-                            if progress is not None:
-                                progress(int(msg["step"]), int(msg["total"]))
-                        except BaseException as e:  # noqa: BLE001 - cancel the job, re-raise after the drain
-                            callback_exc = e
-                    continue
-                if int(msg["job"]) != job_id:
-                    continue  # a late answer to an older job
-                results[rank] = msg
-                err = msg.get("error") or {}
-                if not msg.get("ok") and err.get("kind") != "cancelled" and failed_at is None:
-                    failed_at = time.monotonic()
-        return self._finish(world, job_id, config, results, callback_exc, timeout_s, start)
-
-    def _check_stalls(self, world: World, job_id: int, results: dict, seen: dict, now: float) -> None:
-        """A rank whose heartbeat stopped (SIGSTOP, a frozen machine, a deadlock that holds the GIL) fails the
-        job within stall_timeout_s, named - instead of everyone waiting for the collective timeout."""
-        for rank in range(world.world_size):
-            if rank not in results and now - seen[rank] > self.stall_timeout_s:
-                self._teardown(graceful=False)
-                raise WorkerStalled(f"worker rank {rank} (of {world.config.describe()}, pid "
-                                    f"{world.procs[rank].pid}) sent nothing for {now - seen[rank]:.0f} s during job "
-                                    f"{job_id} (stopped, frozen or deadlocked); the world was stopped and restarts "
-                                    f"on the next job")
-
-    def _drain(self, world: World) -> bool:
-        """Collect the results of a job that was answered as cancelled before its ranks stopped. True: the world
-        is idle again; False: a rank died or stalled, and the world was torn down (the caller starts another)."""
-        job_id = world.pending
-        seen = dict(world.seen)  # silence counts from the rank's last message in the cancelled job
-        # A healthy rank beats every second even mid-step; after a cancel, a few seconds of silence is a stuck
-        # rank, and the next prompt should not wait the full stall timeout to find out.
-        drain_stall = min(self.stall_timeout_s, DRAIN_STALL_S)
-        done: set = set()
-        conns = {ch.conn: r for r, ch in enumerate(world.channels)}
-        try:
-            while len(done) < world.world_size:
-                now = time.monotonic()
-                for rank, p in enumerate(world.procs):
-                    if rank not in done and (p.poll() is not None or now - seen[rank] > drain_stall):
-                        raise WorkerStalled(f"rank {rank} did not finish cancelled job {job_id}")
-                for conn in wait_conns([c for c, r in conns.items() if r not in done], timeout=POLL_S):
-                    rank = conns[conn]
-                    msg = world.channels[rank].recv(expect={"progress", "result", "heartbeat"})
-                    seen[rank] = time.monotonic()
-                    if msg["t"] == "result" and int(msg["job"]) == job_id:
-                        done.add(rank)
-                        for d in (msg.get("tensors") or {}).values():
-                            unlink(d, self.shm_prefix)
-        except (PoolError, EOFError, OSError, ProtocolError) as e:
-            import logging
-            logging.getLogger(__name__).info("hybrid parallel: restarting the workers: %s", e)
-            self._teardown(graceful=False)
-            return False
-        world.pending, world.state = None, "idle"
-        return True
-
-    def _check_deaths(self, world: World, job_id: int, results: dict) -> None:
-        for rank, p in enumerate(world.procs):
-            if p.poll() is not None and rank not in results:
-                self._died(world, rank, job_id)
-
-    def _died(self, world: World, rank: int, job_id: int) -> None:
-        code = world.procs[rank].poll()
-        if code is None:
-            try:
-                code = world.procs[rank].wait(timeout=1.0)
-            except Exception:  # noqa: BLE001 - still alive but hung up: treat as dead
-                code = "unknown"
-        self._teardown(graceful=False)
-        raise WorkerDied(f"worker rank {rank} (of {world.config.describe()}) died during job {job_id} "
-                         f"(exit code {code}); the world was stopped and restarts on the next job")
-
-    def _finish(self, world, job_id, config, results, callback_exc, timeout_s, start) -> JobResult:
-        missing = sorted(set(range(world.world_size)) - set(results))
-        errors = {r: m["error"] for r, m in sorted(results.items()) if not m.get("ok")}
-        real = {r: e for r, e in errors.items() if e.get("kind") != "cancelled"}
-        if missing or real:
-            for m in results.values():  # rank 0's tensors of a failed job
-                for d in (m.get("tensors") or {}).values():
-                    unlink(d, self.shm_prefix)
-            if missing:
-                self._teardown(graceful=False)
-        if real:
-            rank, err = next(iter(real.items()))
-            where = f"rank {rank} of {world.config.describe()} ({world.devices[rank]})"
-            tail = (f"\nranks {missing} did not finish (stuck in a collective); the world was stopped "
-                    f"and restarts on the next job" if missing else "")
-            if err.get("kind") == "oom":
-                raise WorkerOOM(f"out of memory on {where}: {err['message']}\nlower the resolution or batch, or "
-                                f"spread the work over more devices (more ulysses/ring/pp degree){tail}",
-                                rank, err.get("traceback", ""))
-            raise WorkerError(f"job {job_id} failed on {where}: {err['type']}: {err['message']}{tail}\n"
-                              f"--- remote traceback (rank {rank}) ---\n{err.get('traceback', '')}",
-                              rank, err.get("traceback", ""))
-        if missing:
-            if callback_exc is not None:
-                raise callback_exc
-            raise JobTimeout(f"job {job_id} did not finish within {timeout_s:.0f} s on ranks {missing} of "
-                             f"{world.config.describe()} (hang?); the world was stopped and restarts on the next job")
-        if callback_exc is not None:
-            raise callback_exc
-        if errors:
-            raise JobCancelled(f"job {job_id} was cancelled")
-        descs = results[0].get("tensors") or {}
-        tensors = {k: read_tensor(d, self.shm_prefix, unlink=True, maps=self._arena_maps) for k, d in descs.items()}
-        values = results[0].get("values") or {}
-        slots = residency.report(values)
-        if slots is not None:
-            world.slots = slots
-        per_rank = [results[r].get("values") or {} for r in sorted(results)]
-        return JobResult(values=values, tensors=tensors, per_rank=per_rank, job_id=job_id,
-                         elapsed_s=time.monotonic() - start)
 
     # ---- models ----
     def ensure_model(self, config, key: str, family: str, diffusers_config: dict, state_dict: dict | None = None,

@@ -393,7 +393,7 @@ def test_interrupt_wins_even_when_a_rank_hangs_and_the_next_job_works():
 def test_interrupt_answers_at_once_and_healthy_ranks_keep_the_world():
     """A cancel that arrives during a long step: the answer comes within CANCEL_WAIT_S (the step finishes in the
     background), and the next job reuses the same workers."""
-    from comfyui_hybrid_parallel.workers.pool import CANCEL_WAIT_S
+    from comfyui_hybrid_parallel.workers.collect import CANCEL_WAIT_S
     with WorkerPool(fake="serve", job_timeout_s=120) as pool:
         pool.submit(SP2, "steps", {"n": 1})
         pids = _pids(pool)
