@@ -89,8 +89,7 @@ class Runtime:
         if n <= 0 or self.job is not None:
             return None
         pool = self._pool
-        if hp is not None and pool is not None and pool.running and \
-                pool.world.world_key == hp.config.world_key(pool.split_kernel_worlds):
+        if hp is not None and pool is not None and pool.runs(hp.config):
             if cpu_workers_here(hp):
                 # its world is up: spares started now (torch imported, ~4 s of CPU each) would only take cores
                 # from this prompt's own CPU ranks (bench/bench_headless.py: the pool's warm prompt 1.4-2x slower)
@@ -164,9 +163,7 @@ class Runtime:
             return
         if self._pool is not None and (self._pool.device, self._pool_cluster) != (hp.device, hp.cluster):
             return  # a device or cluster change replaces the pool: leave that to the sampler, which reports errors
-        world = self._pool.world if self._pool is not None else None
-        if world is not None and world.alive() and \
-                world.world_key != hp.config.world_key(self._pool.split_kernel_worlds):
+        if self._pool is not None and self._pool.running and not self._pool.runs(hp.config):
             return  # another world is up: the sampler switches it once its checks pass
         try:
             from ..workers.bridge.build import comfy_runtime

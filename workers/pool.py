@@ -138,6 +138,11 @@ class WorkerPool(JobCollection):
     def running(self) -> bool:
         return self.world is not None and self.world.alive()
 
+    def runs(self, config) -> bool:
+        """A live world that `config` would reuse as it is (its world key: size, devices, attention kernel)."""
+        w = self.world
+        return w is not None and w.world_key == config.world_key(self.split_kernel_worlds) and w.alive()
+
     def _device_kind(self, config) -> str:
         """"cpu" or "cuda" for `config`'s world; refuses (ValueError, with the fix) what this operating system
         cannot run - Windows, a torch without gloo or NCCL (platform_support) - before any process starts."""
@@ -168,7 +173,7 @@ class WorkerPool(JobCollection):
             raise TypeError(f"config must be a ParallelConfig, got {type(config).__name__}")
         with self._lock:
             w = self.world
-            if w is not None and w.world_key == config.world_key(self.split_kernel_worlds) and w.alive():
+            if self.runs(config):
                 w.config = config  # the mesh it runs now (messages); each rank builds its groups (jobs.py)
                 return w
             if self.cluster is not None:

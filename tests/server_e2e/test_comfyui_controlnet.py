@@ -22,7 +22,7 @@ would fail.
 """
 import pytest
 
-from comfy_server import (assert_ok, error_text, latent, parallel_config_node, parallel_model, rel, workflow,
+from comfy_server import (PARTS, assert_ok, error_text, latent, parallel_config_node, parallel_model, rel, workflow,
                           write_flux_checkpoint)
 
 pytestmark = pytest.mark.comfy
@@ -129,7 +129,7 @@ SD3_CASES = [("u2r2", {"ulysses_degree": 2, "ring_degree": 2}, "model"),
              ("r2", {"ring_degree": 2}, "model"), ("cfg2", {"cfg_degree": 2}, "model")]
 
 
-@pytest.mark.parametrize("part", ["ci", pytest.param("rest", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("part", PARTS)
 def test_sd3_controlnet_equals_ksampler(server, sd3_controlnet, part):
     """CI: both sequence methods at once through both nodes and the batch split composed with ulysses - one 4-rank
     world (a new world restarts the pool's processes); ulysses, ring and cfg alone with the slow set."""

@@ -9,7 +9,7 @@ Parallel Model + KSampler with ulysses 2, ring 2, cfg 2 and ulysses 2 x ring 2, 
 """
 import pytest
 
-from comfy_server import assert_ok, latent, on_pool, rel, workflow
+from comfy_server import PARTS, assert_ok, latent, on_pool, rel, workflow
 
 pytestmark = pytest.mark.comfy
 
@@ -51,7 +51,7 @@ CASES = [("u2", {"ulysses_degree": 2}, "model"), ("r2", {"ring_degree": 2}, "mod
 CI = ("u2r2", "cfg2u2_hybrid")
 
 
-@pytest.mark.parametrize("part", ["ci", pytest.param("rest", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("part", PARTS)
 def test_wan_image_to_video_equals_ksampler(server, i2v_model, part):
     assert_ok(server, server.run(_graph(i2v_model, "i2v_ref")))
     ref = latent(server, "i2v_ref")

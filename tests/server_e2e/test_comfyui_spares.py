@@ -8,6 +8,7 @@ import pytest
 from safetensors.torch import load_file
 
 from comfy_server import ComfyServer, workflow, write_checkpoints
+from comfyui_hybrid_parallel.workers.pool import WorkerPool
 from test_pool_orphans import _survivors
 
 pytestmark = pytest.mark.comfy
@@ -181,6 +182,16 @@ def test_prompt_config_reads_the_api_prompts_config_node():
     assert handler({"prompt": {**prompt, **rescale}}) is not None and rt.calls == ["ulysses2", "ulysses2"]
 
 
+class _StandInPool:
+    """A pool without processes: its world checks are WorkerPool's own (running, runs)."""
+
+    def __init__(self, world, **attrs):
+        self.world, self.split_kernel_worlds = world, True
+        self.__dict__.update(attrs)
+
+    running, runs = WorkerPool.running, WorkerPool.runs
+
+
 def test_a_prompt_whose_cpu_world_is_up_starts_no_spares():
     """The on-prompt warm-up refills the spares only where they can help: with the prompt's world already up on this
     machine's CPU cores, new interpreters (torch imported, seconds of CPU each) would only slow that prompt's ranks
@@ -195,7 +206,7 @@ def test_a_prompt_whose_cpu_world_is_up_starts_no_spares():
     rt.prestart = lambda hp: filled.append(("prestart", hp.config.describe()))
     cpu = node_config("HybridParallelConfig", {"ulysses_degree": 2, "device": "cpu"})
     key = cpu.config.world_key(True)
-    rt._pool = SimpleNamespace(running=True, world=SimpleNamespace(world_key=key), split_kernel_worlds=True)
+    rt._pool = _StandInPool(SimpleNamespace(alive=lambda: True, world_key=key))
     assert rt.warm_for_prompt(2, cpu) is None and filled == []  # its CPU world is up: nothing started
     other = node_config("HybridParallelConfig", {"cfg_degree": 2, "device": "cpu"})  # another (kernel) world
     assert other.config.world_key(True) != key
@@ -219,8 +230,8 @@ def test_a_prestart_leaves_a_running_world_of_another_shape_to_the_sampler(monke
     rt = Runtime()
     running = node_config("HybridParallelConfig", {"ulysses_degree": 2, "ring_degree": 2, "device": "cpu"})
     world = SimpleNamespace(alive=lambda: True, world_key=running.config.world_key(True))
-    rt._pool = SimpleNamespace(device="cpu", world=world, split_kernel_worlds=True, running=True,
-                               submit=lambda config, kind, *a, **k: submitted.append((config.describe(), kind)))
+    rt._pool = _StandInPool(world, device="cpu",
+                            submit=lambda config, kind, *a, **k: submitted.append((config.describe(), kind)))
     rt.pool = lambda hp: rt._pool
     rt.prestart(node_config("HybridParallelConfig", {"tp_degree": 2, "device": "cpu"}))
     assert rt.prestarted is None and rt._prestart is None and submitted == []  # the running world untouched

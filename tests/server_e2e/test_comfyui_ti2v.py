@@ -14,7 +14,7 @@ alone and the Parallel VAE Decode of the result with the slow set).
 import pytest
 from safetensors.torch import load_file
 
-from comfy_server import assert_ok, latent, on_pool, parallel_config_node, rel, workflow
+from comfy_server import PARTS, assert_ok, latent, on_pool, parallel_config_node, rel, workflow
 
 pytestmark = pytest.mark.comfy
 
@@ -59,7 +59,7 @@ CASES = [("u2", {"ulysses_degree": 2}, "model"), ("r2", {"ring_degree": 2}, "mod
 CI = ("u2r2", "cfg2u2_hybrid")
 
 
-@pytest.mark.parametrize("part", ["ci", pytest.param("rest", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("part", PARTS)
 def test_ti2v_equals_ksampler(server, ti2v_files, part):
     g = _graph(ti2v_files, "ti2v_ref")
     g["22"] = {"class_type": "HPSaveLatentTensor", "inputs": {"samples": ["21", 0], "filename": "lat_ti2v_in"}}
