@@ -44,7 +44,7 @@ def _graph(degrees, tag: str, seed: int = 42) -> dict:
 def one_run(mode: str, comfy_dir) -> dict:
     from _worlds import timed_prompt
     from comfy_server import ComfyServer, write_checkpoints, write_flux_checkpoint
-    from comfyui_hybrid_parallel.workers.spares import default_count
+    from comfyui_hybrid_parallel.workers.forkserver import default_count
     base = Path(tempfile.mkdtemp(prefix=f"hp-headless-{mode}-"))
     env = {}
     if mode == "prestart":

@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 sys.path.insert(0, HERE)
 
 SIZES = {"531M": (1, 1), "1.5B": (3, 3)}
-# "+ spares" rows: the pack started its spare interpreters (workers/spares.py) this long before the prompt - less
+# "+ spares" rows: the pack started its head start (its fork server, workers/forkserver.py) this long before the prompt - less
 # than ComfyUI's own start-up takes, which is when a server starts them
 SPARES_HEAD_START_S = 5.0
 PRECISIONS = {"fp32": "fp32", "bf16": "bf16", "fp8": "fp8_e4m3fn"}  # fp32: UNETLoader's default on a CPU

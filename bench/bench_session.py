@@ -157,7 +157,8 @@ def child(args) -> dict:
                 from comfyui_hybrid_parallel.workers.transport import shm_dir
                 files = sum(os.path.getsize(os.path.join(shm_dir(), n)) for n in os.listdir(shm_dir())
                             if n.startswith(pool.shm_prefix))
-                row["host_bytes"] = _pss(os.getpid()) + sum(_pss(p.pid) for p in pool.world.procs) + files
+                row["host_bytes"] = (_pss(os.getpid()) + sum(_pss(p.pid) for p in pool.world.procs) + files
+                                     + (_pss(pool.fork_server_pid) if pool.fork_server_pid else 0))
             row["ranks"], row["process_before_bytes"] = args.ranks, before
     finally:
         runtime.stop()

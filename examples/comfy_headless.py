@@ -31,8 +31,8 @@ class ComfyServer:
     def __init__(self, comfy_dir: Path, base: Path, spares: int = 0, env: dict | None = None):
         self.comfy_dir, self.base = Path(comfy_dir), Path(base)
         self.env = dict(env or {})  # more of the server's environment (HP_PRESTART: tests/server_e2e/test_comfyui_spares.py)
-        # the pack's spare interpreters (workers/spares.py): none by default, so that the tests that count worker
-        # processes see exactly the pool's; tests/server_e2e/test_comfyui_spares.py starts a server with some
+        # HP_SPARE_WORKERS: the pack's head start (its fork server started when a workflow opens, workers/forkserver.py):
+        # off by default, so that nothing starts before a prompt; tests/server_e2e/test_comfyui_spares.py turns it on
         self.spares = spares
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -136,9 +136,8 @@ class ComfyServer:
             time.sleep(0.02)
         raise TimeoutError(self.tail())
 
-    def worker_pids(self, spares: bool = False) -> list:
-        """Our pool's worker processes: children of this server running the worker module (sorted); `spares`:
-        (pid, started as a spare interpreter) pairs."""
+    def _children(self) -> list:
+        """(pid, ppid, command line) of every process on this machine (Linux /proc)."""
         out = []
         for d in os.listdir("/proc"):
             if not d.isdigit():
@@ -148,9 +147,21 @@ class ComfyServer:
                 ppid = int(open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()[1])
             except (OSError, ValueError, IndexError):
                 continue
-            if ppid == self.proc.pid and "worker_main" in cmd:
-                out.append((int(d), "--spare" in cmd) if spares else int(d))
-        return sorted(out)
+            out.append((int(d), ppid, cmd))
+        return out
+
+    def fork_server_pids(self) -> list:
+        """The pack's fork servers (workers/forkserver.py) this server started (sorted)."""
+        return sorted(pid for pid, ppid, cmd in self._children()
+                      if ppid == self.proc.pid and "worker_main --forkserver" in cmd)
+
+    def worker_pids(self) -> list:
+        """Our pool's worker processes (sorted): forks of this server's fork server, or its children running the
+        worker module as fresh interpreters."""
+        procs = self._children()
+        servers = {pid for pid, ppid, cmd in procs if ppid == self.proc.pid and "worker_main --forkserver" in cmd}
+        return sorted(pid for pid, ppid, cmd in procs if ppid in servers or (
+            ppid == self.proc.pid and "worker_main" in cmd and pid not in servers))
 
     def output(self, name: str) -> Path:
         return self.base / "output" / name

@@ -109,7 +109,7 @@ PACK_NODES = ("HybridParallelConfig", "HybridParallelGPUs", "HybridSampler", "Hy
 
 def warm_on_prompt(runtime, start=None):
     """ComfyUI's on-prompt handler for headless clients (a script posting /prompt, no frontend, no /warm): a
-    prompt holding the pack's nodes starts the spares and its Parallel Config's world in the background the moment it
+    prompt holding the pack's nodes starts the fork server and its Parallel Config's world in the background the moment it
     is queued - while ComfyUI still loads and encodes - as opening the workflow in the frontend does (/warm). Returns
     the prompt unchanged; never raises (ComfyUI would log it for every prompt)."""
 
@@ -127,7 +127,7 @@ def warm_on_prompt(runtime, start=None):
 
             def run():
                 try:
-                    from ..workers.spares import default_count
+                    from ..workers.forkserver import default_count
                     runtime.warm_for_prompt(default_count(), hp, queued=seen)
                 except Exception as e:  # noqa: BLE001 - a head start only: the prompt's own run reports errors
                     import logging
@@ -212,8 +212,8 @@ def register(server, runtime) -> None:
 
     @routes.post("/hybrid_parallel/warm")
     async def warm(request):
-        """A workflow holding the pack's nodes was opened in the frontend: start the spare interpreters (torch
-        imported) now, and with its Parallel Config's widgets ({"config": {...}}) or its Parallel GPUs node's
+        """A workflow holding the pack's nodes was opened in the frontend: start the fork server (torch imported,
+        workers/forkserver.py) now, and with its Parallel Config's widgets ({"config": {...}}) or its Parallel GPUs node's
         ({"gpus": {...}}) that world (Runtime.warm), so the first prompt does not wait for them - and not before
         anyone uses the pack."""
         try:
@@ -225,7 +225,7 @@ def register(server, runtime) -> None:
                          ("HybridParallelGPUs", body.get("gpus")))
 
         def start():
-            from ..workers.spares import default_count
+            from ..workers.forkserver import default_count
             n = default_count()
             return n, runtime.warm(n, node_config(kind, widgets))
         try:
@@ -243,17 +243,17 @@ def register(server, runtime) -> None:
         return web.json_response({"ok": True, "stopped": was, "cancelled": cancelled})
 
 
-PRESTART_HELP = ("HP_PRESTART takes 'spares', an API prompt file (ComfyUI's 'Export (API)': its Parallel Config / "
+PRESTART_HELP = ("HP_PRESTART takes 'spares' (the fork server alone), an API prompt file (ComfyUI's 'Export (API)': its Parallel Config / "
                  "Parallel GPUs node), or a Parallel Config's widgets as JSON, e.g. '{\"ulysses_degree\": 2}'")
 
 
 def prestart_config(value: str):
     """HP_PRESTART's value -> (hp or None, why not): what a headless server starts with ComfyUI. A ValueError names
     the fix for a value that cannot mean anything; hp None with a reason for a world that chooses at the sampler or
-    cannot be placed here (the spares still start)."""
+    cannot be placed here (the fork server still starts)."""
     text = value.strip()
     if text.lower() == "spares":
-        return None, "spares only (asked)"
+        return None, "the fork server only (asked)"
     if not text.startswith("{"):
         if not os.path.isfile(text):
             raise ValueError(f"HP_PRESTART={value!r}: no such file. {PRESTART_HELP}")
@@ -271,11 +271,11 @@ def prestart_config(value: str):
     if any(isinstance(n, dict) and "class_type" in n for n in data.values()):  # an API prompt
         found = config_node(data)
         if found is None:
-            return None, "the prompt has no Parallel Config / Parallel GPUs node: spares only"
+            return None, "the prompt has no Parallel Config / Parallel GPUs node: the fork server only"
     else:
         found = "HybridParallelConfig", data
     hp, why = node_config_why(*found)
-    return (hp, "") if hp is not None else (None, f"{why}: spares only")
+    return (hp, "") if hp is not None else (None, f"{why}: the fork server only")
 
 
 def prestart_from_env(runtime, value: str | None = None, start=None) -> str:
@@ -298,7 +298,7 @@ def prestart_from_env(runtime, value: str | None = None, start=None) -> str:
 
     def run():
         try:
-            from ..workers.spares import default_count
+            from ..workers.forkserver import default_count
             runtime.warm(default_count() or (0 if hp is None else hp.config.world_size), hp)
         except Exception as e:  # noqa: BLE001 - a head start only: the prompt's own run reports errors
             log.error("hybrid parallel: HP_PRESTART failed: %s", e)

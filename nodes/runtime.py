@@ -8,8 +8,11 @@ restarts itself when a prompt asks for a different mesh.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import threading
 import time
+import weakref
 from contextlib import contextmanager
 
 import torch
@@ -17,6 +20,7 @@ import torch
 from ..workers.bridge.build import driver_attention_is_pytorch
 from ..workers.bridge.host import adopter, comfy_gpus, free_beside_comfy, interrupt_comfy, on_comfy_unload
 from ..workers.bridge.seams import comfy_loaded, problem_line
+from ..workers import forkserver
 from ..workers.pool import JobCancelled, PoolError, WorkerPool
 from .cluster_node import join_commands
 
@@ -35,7 +39,7 @@ class Runtime:
         self.prestarted = None  # the last prestart: {mesh, started}
         self.last_started = {}  # node kind -> when its latest run started (the panel's timeline)
         self.driver_threads = torch.get_num_threads()  # what KSampler computes with in this process
-        self._spares = None  # workers/spares.py: interpreters with torch imported, for the first world
+        self._forks = None  # workers/forkserver.py: torch imported once, every world's ranks forked from it
         self.last_auto = None  # the latest degrees-"auto" choice: predicted time per step per candidate
         self.last_memory = None  # the latest Hybrid Sampler run's memory plan (workers/bridge/spec.check_memory)
         self.cost_probes = {}  # auto's measured costs: CPU throughput, ComfyUI's attention kernel per shape (auto.py)
@@ -47,25 +51,24 @@ class Runtime:
         self.prompt_warmed = None  # the latest world such a prompt started: {mesh, at (queued), began}
 
     def keep_spares(self, n: int) -> None:
-        """Start `n` spare worker interpreters now (ComfyUI's start-up), so the first prompt's world does not wait
-        for each rank's `import torch`; they are handed to the pools this runtime makes."""
-        if n <= 0:
-            return
-        if self._spares is None:
-            import shutil
-            import tempfile
-            import weakref
-            from ..workers.spares import Spares
-            cwd = tempfile.mkdtemp(prefix=f"chp-spares-{os.getpid()}-")
-            self._spares = Spares(cwd)
-            weakref.finalize(self, _close_spares, self._spares, cwd, shutil.rmtree)
-        self._spares.fill(n)
-        if self._pool is not None:
-            self._pool.spares = self._spares
+        """The head start (a workflow opened, a headless prompt queued, HP_PRESTART): start the fork server now, so
+        the first prompt's world forks its ranks instead of waiting for each rank's imports. n = 0
+        (HP_SPARE_WORKERS=0): nothing before a prompt - the first world starts the fork server itself."""
+        if n > 0 and self.fork_server() is not None:
+            self._forks.start()
+
+    def fork_server(self):
+        """The fork server of every pool this runtime makes (started by the first world that needs it, or ahead by
+        keep_spares); None where workers are not forked (workers/forkserver.enabled)."""
+        if self._forks is None and forkserver.enabled():
+            cwd = tempfile.mkdtemp(prefix=f"chp-forks-{os.getpid()}-")
+            self._forks = forkserver.ForkServer(cwd)
+            weakref.finalize(self, _close_forks, self._forks, cwd, shutil.rmtree)
+        return self._forks
 
     def warm(self, n: int, hp=None) -> str | None:
-        """A workflow holding the pack's nodes was opened (the frontend's /hybrid_parallel/warm): start `n` spare
-        interpreters and, given the workflow's Parallel Config `hp`, its world too - the ranks take the spares and
+        """A workflow holding the pack's nodes was opened (the frontend's /hybrid_parallel/warm): start the fork server
+        and, given the workflow's Parallel Config `hp`, its world too - the ranks fork from it and
         import ComfyUI while the user is still editing (prestart), so a first prompt on a model ComfyUI already holds
         pays only for its weights. Nothing starts with n = 0 (HP_SPARE_WORKERS=0: no process before a prompt).
         Returns the mesh prestarted, if any."""
@@ -91,8 +94,8 @@ class Runtime:
         pool = self._pool
         if hp is not None and pool is not None and pool.runs(hp.config):
             if cpu_workers_here(hp):
-                # its world is up: spares started now (torch imported, ~4 s of CPU each) would only take cores
-                # from this prompt's own CPU ranks (bench/bench_headless.py: the pool's warm prompt 1.4-2x slower)
+                # its world is up: a prepare job now would only take cores from this prompt's own CPU ranks
+                # (bench/bench_headless.py: the pool's warm prompt 1.4-2x slower)
                 return None
             hp = None
         self.keep_spares(n)
@@ -145,7 +148,7 @@ class Runtime:
                 if cluster is None and hp.device != "cpu":
                     self._pool.gpus = comfy_gpus()
                 self._pool.lone_worker_threads = self.driver_threads
-                self._pool.spares = self._spares
+                self._pool.forks = self.fork_server()
                 self._pool_cluster = cluster
             return self._pool
 
@@ -269,9 +272,11 @@ class Runtime:
         if self.job is None:
             import logging
             was = self.stop()
-            if self._spares is not None:
-                self._spares.close()
-                self._spares = None  # nothing held while idle; the next world starts its own interpreters
+            if self._forks is not None:
+                self._forks.close()
+                self._forks = None  # nothing held while idle; the next world starts a fork server again
+                if self._pool is not None:
+                    self._pool.forks = self.fork_server()
             logging.getLogger(__name__).info("hybrid parallel: workers stopped after %.0f s idle (%s)",
                                              self._idle_timeout_s(), was)
 
@@ -344,8 +349,8 @@ def _model_label(key: str, family) -> str:
     return f"{family} {key.split(':')[0][:8]}"
 
 
-def _close_spares(spares, cwd, rmtree) -> None:
-    spares.close()
+def _close_forks(forks, cwd, rmtree) -> None:
+    forks.close()
     rmtree(cwd, ignore_errors=True)
 
 

@@ -94,10 +94,20 @@ def _write_tiny_lora(path):
     save_file(sd, str(path))
 
 
+@pytest.fixture(scope="session")
+def forks(tmp_path_factory):
+    """One fork server (workers/forkserver.py) for the session's in-process pools: its imports are paid once, not by
+    each pool's first world (a pool without it starts its own, as a user's does)."""
+    from comfyui_hybrid_parallel.workers.forkserver import ForkServer
+    server = ForkServer(str(tmp_path_factory.mktemp("forks")))
+    yield server
+    server.close()
+
+
 @pytest.fixture(scope="module")
-def cpu_pool():
+def cpu_pool(forks):
     """A real CPU worker pool for one test module (four resident models per worker), closed after it."""
     from comfyui_hybrid_parallel.workers.pool import WorkerPool
-    p = WorkerPool(device="cpu", max_models=4)
+    p = WorkerPool(device="cpu", max_models=4, forks=forks)
     yield p
     p.close()

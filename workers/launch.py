@@ -1,6 +1,7 @@
 """Starting and tearing down one world of worker processes (driver side).
 
-Workers are plain subprocesses running a module of the pack (multiprocessing
+Workers are forks of the pack's fork server (forkserver.py: torch already
+imported), else plain subprocesses running a module of the pack (multiprocessing
 spawn would re-run ComfyUI's main.py in every child). The pack may live in
 custom_nodes/<any folder name>/ without being installed, so a two-line
 bootstrap (BOOTSTRAP) registers the pack root as `comfyui_hybrid_parallel` and
@@ -16,6 +17,7 @@ is closed as soon as every rank has connected.
 """
 from __future__ import annotations
 
+import logging
 import os
 import queue
 import select
@@ -27,6 +29,7 @@ import time
 from multiprocessing.connection import wait as wait_conns
 
 from .bootstrap import BOOTSTRAP, PACKAGE, pack_root
+from .forkserver import ForkServerError
 from .protocol import Channel, ProtocolError, authenticate_server, encode, new_authkey
 from .transport import cleanup_prefix
 
@@ -137,12 +140,12 @@ class World:
                  device_kind: str, max_models: int, collective_timeout_s: float | None = None,
                  env: dict | None = None,
                  cluster=None, world_key: tuple | None = None, lone_threads: int | None = None,
-                 keep_files=None, spares=None, share_devices: bool = False, balance="auto", gpus: dict | None = None):
+                 keep_files=None, forks=None, share_devices: bool = False, balance="auto", gpus: dict | None = None):
         self.config = config  # the config of the latest job (the pool updates it when a job reuses the world)
         self.world_key = config.world_key() if world_key is None else world_key
         self.lone_threads = lone_threads
         self.keep_files = keep_files or (lambda: ())  # the pool's files written for its next job (kept at teardown)
-        self.spares = spares  # spares.Spares: interpreters with torch imported, taken before spawning new ones
+        self.forks = forks  # forkserver.ForkServer: forks this world's workers where it serves their environment
         self.world_size = config.world_size
         self.tmpdir, self.generation, self.shm_prefix = tmpdir, generation, shm_prefix
         self.fake, self.device_kind, self.max_models = fake, device_kind, max_models
@@ -183,10 +186,11 @@ class World:
             return gpu_order(self.world_size, max(1, count), self.gpus.get("driver"))
         return ["cpu"] * self.world_size
 
-    def _command(self, rank: int) -> list:
-        """`python -c BOOTSTRAP <pack root> <module> args`: a plain subprocess, never multiprocessing spawn."""
+    def _command(self, rank: int, parent_pid: int | None = None) -> list:
+        """`python -c BOOTSTRAP <pack root> <module> args`: a plain subprocess, never multiprocessing spawn.
+        `parent_pid`: the process whose exit tells the worker the driver is gone (the fork server, for its forks)."""
         common = ["--rank", str(rank), "--world-size", str(self.world_size), "--address", self.address,
-                  "--driver-pid", str(os.getpid())]
+                  "--driver-pid", str(parent_pid or os.getpid())]
         module = f"{PACKAGE}.workers.{'fake_worker' if self.fake else 'worker_main'}"
         extra = ["--behaviour", self.fake] if self.fake else []
         return [sys.executable, "-c", BOOTSTRAP, str(pack_root()), module, *common, *extra]
@@ -206,7 +210,7 @@ class World:
         authkey = self.cluster.authkey() if self.cluster is not None else new_authkey()
         listener = self._listen()
         try:
-            self._spawn(threads, authkey)
+            self._spawn(threads, authkey, timeout_s)
             self.channels = self._accept(listener, authkey, time.monotonic() + timeout_s)
         except BaseException:
             self.teardown(graceful=False)
@@ -264,21 +268,23 @@ class World:
             raise
         return listener
 
-    def _spawn(self, threads: int, authkey: bytes) -> None:
+    def _spawn(self, threads: int, authkey: bytes, timeout_s: float) -> None:
         env = self._env(threads)
         if self.cluster is not None:  # launch group 0 by torchrun; the others join with Cluster.join_command
             self.procs = [None] * self.world_size
             self.agent = subprocess.Popen(self.cluster.join_command(0, control=self.address), env=env,
                                           stdin=subprocess.DEVNULL, close_fds=True, cwd=self.tmpdir)
             return
+        forks = self.forks if self.forks is not None and not self.fake and self.forks.serves(env) else None
         for rank in range(self.world_size):
-            spare = self.spares.take() if self.spares is not None and not self.fake else None
-            if spare is not None:  # torch already imported: its role, then the key, on stdin
-                from .spares import hand_over
-                self.procs.append(spare)
-                hand_over(spare, self._command(rank)[5:], {k: v for k, v in env.items() if os.environ.get(k) != v},
-                          authkey)
-                continue
+            if forks is not None:  # torch already imported: a fork with this rank's argv, environment and key
+                try:
+                    self.procs.append(forks.spawn(self._command(rank, forks.pid)[5:], env, authkey, self.tmpdir,
+                                                  timeout_s=timeout_s))
+                    continue
+                except ForkServerError as e:
+                    logging.getLogger(__name__).warning("hybrid parallel: %s; starting fresh interpreters", e)
+                    forks = None
             # cwd = the private dir: `python -m` puts the cwd first on sys.path, and ComfyUI's cwd
             # holds modules (nodes.py, ...) that must not shadow anything in the worker.
             p = subprocess.Popen(self._command(rank), stdin=subprocess.PIPE, env=env, close_fds=True,

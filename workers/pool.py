@@ -24,7 +24,7 @@ import tempfile
 import threading
 import weakref
 
-from . import residency
+from . import forkserver, residency
 from .collect import JobCollection
 from .errors import (JobCancelled, JobResult, JobTimeout, PoolError, StartupError, WorkerDied, WorkerError, WorkerOOM,
                      WorkerStalled)
@@ -44,12 +44,16 @@ class _Holder:
 
     def __init__(self, tmpdir: str, prefix: str):
         self.world, self.tmpdir, self.prefix = None, tmpdir, prefix
+        self.forks = None  # the pool's own fork server, if it started one (forkserver.py)
 
 
 def _shutdown(holder: _Holder) -> None:
     if holder.world is not None:
         holder.world.teardown(graceful=True)
         holder.world = None
+    if holder.forks is not None:
+        holder.forks.close()
+        holder.forks = None
     cleanup_prefix(holder.prefix)
     shutil.rmtree(holder.tmpdir, ignore_errors=True)
 
@@ -67,7 +71,7 @@ class WorkerPool(JobCollection):
                  job_timeout_s: float = 600.0, start_timeout_s: float = 120.0,
                  collective_timeout_s: float | None = None, env: dict | None = None, cluster=None,
                  stall_timeout_s: float | None = None, share_devices: bool | None = None,
-                 balance: str | None = None):
+                 balance: str | None = None, forks=None):
         if fake is not None:
             from .fake_worker import parse_behaviour
             parse_behaviour(fake)
@@ -113,7 +117,9 @@ class WorkerPool(JobCollection):
         self.split_kernel_worlds = True
         self.lone_worker_threads = None  # a degree-1 CPU worker's threads (launch.worker_threads); runtime sets it
         self._written: set = set()  # names of weight files written ahead of their load_model job (ensure_model)
-        self.spares = None  # spares.Spares the next world takes interpreters from (the runtime's, in ComfyUI)
+        # the fork server the next world's workers are forked from (forkserver.py): the runtime's in ComfyUI (started
+        # ahead, shared by the pools it makes), else the pool starts its own with its first world
+        self.forks = forks
 
     # ---- lifecycle ----
     @property
@@ -186,13 +192,37 @@ class WorkerPool(JobCollection):
             self.generation += 1
             w = World(config, tmpdir=self._holder.tmpdir, generation=self.generation, shm_prefix=self.shm_prefix,
                       world_key=config.world_key(self.split_kernel_worlds), lone_threads=self.lone_worker_threads,
-                      keep_files=lambda: set(self._written), spares=self.spares,
+                      keep_files=lambda: set(self._written), forks=self._fork_server(),
                       fake=self.fake, device_kind=kind, max_models=self.max_models,
                       collective_timeout_s=self.collective_timeout_s, env=self.env, cluster=self.cluster,
                       share_devices=self.share_devices, balance=self.balance, gpus=self.gpus)
             w.start(self.start_timeout_s)
             self._holder.world = w
             return w
+
+    @property
+    def fork_server_pid(self) -> int | None:
+        """The process the running world's workers were forked from, if they were (its memory is part of the pool's:
+        the imports the workers share with it copy-on-write)."""
+        forks = self.forks if self.forks is not None else self._holder.forks
+        w = self.world
+        if forks is None or forks.gone() or w is None or not any(isinstance(p, forkserver.ForkedProcess)
+                                                                  for p in w.procs):
+            return None
+        return forks.pid
+
+    def _fork_server(self):
+        """The fork server for a world of real workers on this machine: the one given, else the pool's own (started
+        now: its imports replace the ranks' own); None for fake or torchrun-started workers, or where disabled."""
+        if self.fake is not None or self.cluster is not None or not forkserver.enabled():
+            return None
+        if self.forks is not None:
+            self.forks.start()
+            return self.forks
+        if self._holder.forks is None:
+            self._holder.forks = forkserver.ForkServer(self._holder.tmpdir)
+        self._holder.forks.start()
+        return self._holder.forks
 
     def _teardown(self, graceful: bool) -> None:
         self._arena.close()

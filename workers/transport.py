@@ -461,12 +461,12 @@ def _pid_alive(pid: int) -> bool:
 
 def sweep_stale(tmp_root: str | None = None) -> int:
     """Remove what dead pools left behind: shared-memory files `chp-<pid>-...`, pool folders `chp-pool-<pid>-...`
-    and the spare interpreters' working folders `chp-spares-<pid>-...` (nodes/runtime.py) whose creating process
+    and the fork servers' working folders `chp-forks-<pid>-...` (nodes/runtime.py; `chp-spares-` of older versions) whose creating process
     is gone, owned by this user (a ComfyUI killed together with its rank 0 cannot clean up after itself). Live
     pools and other users' files are never touched; returns how many entries were removed."""
     uid, n = os.getuid() if hasattr(os, "getuid") else None, 0
     files = r"chp-(\d+)-[0-9a-f]{8}-"
-    folders = r"chp-(?:pool|spares)-(\d+)-"
+    folders = r"chp-(?:pool|forks|spares)-(\d+)-"
     for root, pattern in [*((d, files) for d in _dirs()), (tmp_root or tempfile.gettempdir(), folders)]:
         try:
             names = os.listdir(root)

@@ -1,8 +1,9 @@
 """Entry point of one real worker: `python -m comfyui_hybrid_parallel.workers.worker_main`.
 
-Started by the driver with subprocess (never multiprocessing spawn, whose
-children re-run ComfyUI's main.py). The auth key arrives on stdin, never on the
-command line where `ps` would show it. Order: connect and authenticate, say
+Forked by the driver's fork server (workers/forkserver.py), or started by the
+driver with subprocess (never multiprocessing spawn, whose children re-run
+ComfyUI's main.py). The auth key arrives on a pipe (stdin, or the fork server's),
+never on the command line where `ps` would show it. Order: connect and authenticate, say
 hello, receive the world description, join the torch.distributed world (with a
 timeout), build the ParallelContext once, report ready, then serve jobs.
 """
@@ -109,7 +110,8 @@ def _pin_cpus(rank: int) -> None:
         os.sched_setaffinity(0, {int(c) for c in entries[rank].split(",")})
 
 
-def main(argv=None) -> int:
+def main(argv=None, authkey: bytes | None = None) -> int:
+    """`authkey`: given by the fork server (workers/forkserver.py), which read it from the driver's pipe."""
     args = parse_args(argv)
     _pin_cpus(args.rank)
     watch = ParentWatch(args.driver_pid, args.rank)
@@ -117,7 +119,7 @@ def main(argv=None) -> int:
         from .cluster import read_authkey_file
         key = read_authkey_file(args.authkey_file)
     else:
-        key = read_authkey()
+        key = authkey if authkey is not None else read_authkey()
     channel = connect(args.address, key)
     channel.send("hello", rank=args.rank, pid=os.getpid(), host=socket.gethostname())
     init = channel.recv(expect={"init"}, timeout=60.0)
@@ -155,9 +157,9 @@ def release(state, contexts: dict, channel) -> None:
 
 
 if __name__ == "__main__":
-    if "--spare" in sys.argv[1:]:  # started ahead of any world (spares.py): torch first, the role later on stdin
-        from comfyui_hybrid_parallel.workers.spares import spare_main
-        code = spare_main()
+    if sys.argv[1:2] == ["--forkserver"]:  # the driver's fork server (forkserver.py): forks the workers of its worlds
+        from comfyui_hybrid_parallel.workers.forkserver import main as forkserver_main
+        code = forkserver_main(sys.argv[2:])
     else:
         code = main()
     # Everything this worker owns is released; skip the interpreter's finalisation (torch and ComfyUI

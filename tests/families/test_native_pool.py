@@ -137,9 +137,9 @@ def tolerance(base) -> float:
 
 
 @pytest.fixture(scope="module")
-def pool():
+def pool(forks):
     from comfyui_hybrid_parallel.workers.pool import WorkerPool
-    p = WorkerPool(device="cpu")
+    p = WorkerPool(device="cpu", forks=forks)
     yield p
     p.close()
 

@@ -38,7 +38,8 @@ def _pool_bytes(pool) -> int:
     from comfyui_hybrid_parallel.workers.transport import shm_dir
     files = sum(os.path.getsize(os.path.join(shm_dir(), n)) for n in os.listdir(shm_dir())
                 if n.startswith(pool.shm_prefix))
-    return sum(_pss(p.pid) for p in pool.world.procs) + files
+    server = [pool.fork_server_pid] if pool.fork_server_pid else []  # the imports the workers share with it
+    return sum(_pss(pid) for pid in [*(p.pid for p in pool.world.procs), *server]) + files
 
 
 def _files_bytes(prefix: str) -> int:

@@ -289,7 +289,7 @@ def test_a_worker_that_dies_while_idle_is_reaped_at_once():
 
 
 def test_leftovers_of_dead_pools_are_swept_when_a_pool_starts(tmp_path):
-    """A ComfyUI killed together with its workers leaves its pool folder, its spares' folder and shared-memory
+    """A ComfyUI killed together with its workers leaves its pool folder, its fork server's folder and shared-memory
     files; the next pool removes those of dead processes, and never a live pool's."""
     import subprocess
     import tempfile
@@ -300,8 +300,8 @@ def test_leftovers_of_dead_pools_are_swept_when_a_pool_starts(tmp_path):
     dead_shm = os.path.join(shm_dir(), f"chp-{gone.pid}-deadbeef-0123")
     live_shm = os.path.join(shm_dir(), f"chp-{os.getpid()}-cafebabe-0123")
     dead_dir = os.path.join(tempfile.gettempdir(), f"chp-pool-{gone.pid}-x1")
-    dead_spares = os.path.join(tempfile.gettempdir(), f"chp-spares-{gone.pid}-x1")  # a killed server's spares' cwd
-    os.makedirs(dead_spares)
+    dead_forks = os.path.join(tempfile.gettempdir(), f"chp-forks-{gone.pid}-x1")  # a killed server's fork server cwd
+    os.makedirs(dead_forks)
     for path in (dead_shm, live_shm):
         with open(path, "wb") as f:
             f.write(b"\0" * 4096)
@@ -310,7 +310,7 @@ def test_leftovers_of_dead_pools_are_swept_when_a_pool_starts(tmp_path):
     try:
         p = WorkerPool(fake="serve")
         p.close()
-        assert not os.path.exists(dead_shm) and not os.path.exists(dead_dir) and not os.path.exists(dead_spares)
+        assert not os.path.exists(dead_shm) and not os.path.exists(dead_dir) and not os.path.exists(dead_forks)
         assert os.path.exists(live_shm)
     finally:
         for path in (dead_shm, live_shm):

@@ -56,36 +56,40 @@ def test_normal_driver_exit_stops_workers_and_cleans_up():
     assert list_prefix(prefix) == [] and not os.path.exists(tmpdir)
 
 
-SPARES_DRIVER = textwrap.dedent("""
-    import json, sys, tempfile, time
+FORKS_DRIVER = textwrap.dedent("""
+    import json, os, sys, time
     from comfyui_hybrid_parallel.parallel import ParallelConfig
     from comfyui_hybrid_parallel.workers import WorkerPool
-    from comfyui_hybrid_parallel.workers.spares import Spares
-    spares = Spares(tempfile.mkdtemp())
-    spares.fill(3)
-    unused = [p.pid for p in spares._procs]
     pool = WorkerPool(device="cpu")
-    pool.spares = spares
-    r = pool.submit(ParallelConfig(ulysses_degree=2), "steps", {"n": 2})
-    used = [h["pid"] for h in pool.health()]
-    print(json.dumps([unused, used, [v["value"] for v in r.per_rank], spares.count()]), flush=True)
+    worlds = []
+    for cfg in (ParallelConfig(ulysses_degree=2), ParallelConfig(cfg_degree=2, ulysses_degree=2)):
+        r = pool.submit(cfg, "steps", {"n": 2})
+        worlds.append([[h["pid"] for h in pool.health()], [v["value"] for v in r.per_rank]])
+    print(json.dumps([os.getpid(), worlds]), flush=True)
     time.sleep(600)
 """)
 
 
-def test_spare_interpreters_become_workers_and_die_with_the_driver():
-    """Interpreters started ahead (torch imported) are taken by the next world instead of new processes: the
-    workers' pids are the spares' and the job is computed by them; the unused spare and the workers exit when
-    the driver is SIGKILLed (stdin EOF / the parent watch)."""
-    driver = subprocess.Popen([sys.executable, "-c", SPARES_DRIVER], stdout=subprocess.PIPE, text=True, cwd="/tmp")
+def _parent(pid: int) -> int:
+    return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+
+
+def test_workers_fork_from_one_server_that_dies_with_the_driver():
+    """Every world's workers are forks of one fork server (workers/forkserver.py), the driver's child: a second world
+    forks too, its ranks compute; the server and the workers exit when the driver is SIGKILLed (the server watches
+    the driver, the workers their parent)."""
+    driver = subprocess.Popen([sys.executable, "-c", FORKS_DRIVER], stdout=subprocess.PIPE, text=True, cwd="/tmp")
     try:
-        unused, used, values, left = json.loads(driver.stdout.readline())
-        assert sorted(used) == sorted(unused[:2]) and left == 1, (unused, used, left)
-        assert values == [6.0, 6.0]  # step 2 * (1 + 2), all-reduced over the two former spares
+        driver_pid, worlds = json.loads(driver.stdout.readline())
+        (first, values2), (second, values4) = worlds
+        assert values2 == [6.0] * 2 and values4 == [20.0] * 4, worlds  # step 2 * (1 + ... + n), all-reduced
+        servers = {_parent(p) for p in second}
+        assert len(servers) == 1 and _parent(next(iter(servers))) == driver_pid, servers
+        assert not any(_alive(p) for p in first)  # the first world was stopped for the second
     finally:
         os.kill(driver.pid, signal.SIGKILL)
         driver.wait(10)
-    survivors = _survivors(unused)
+    survivors = _survivors([*second, *servers])
     assert survivors == [], f"{survivors} outlived their SIGKILLed driver by 10 s"
 
 

@@ -1,7 +1,8 @@
-"""A ComfyUI server with the pack's spare interpreters (workers/spares.py): none at ComfyUI's start, started when the
-frontend opens a workflow holding the pack's nodes (/hybrid_parallel/warm); with the workflow's Parallel Config the
-world itself forms from them before any prompt (ComfyUI imported on its ranks); the first prompt runs on those
-processes, none spawned, and its result equals KSampler's."""
+"""A ComfyUI server with the pack's head start (HP_SPARE_WORKERS on): nothing at ComfyUI's start; its fork server
+(workers/forkserver.py: torch imported once) started when the frontend opens a workflow holding the pack's nodes
+(/hybrid_parallel/warm), a headless prompt is queued, or HP_PRESTART names a prompt file; with the workflow's Parallel
+Config the world itself forks from it before any prompt (ComfyUI imported on its ranks); the first prompt runs on
+those processes, none started for it, and its result equals KSampler's."""
 import time
 
 import pytest
@@ -24,34 +25,39 @@ def _ready_world(srv, ranks: int, timeout_s: float = 120.0) -> dict:
         time.sleep(0.5)
 
 
-def test_the_first_world_takes_the_spares(tmp_path):
+def _parent(pid: int) -> int:
+    return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+
+
+def test_the_first_world_forks_from_the_head_start(tmp_path):
     from comfy_env import setup_comfy
     srv = ComfyServer(setup_comfy(), tmp_path, spares=2)
     write_checkpoints(tmp_path, ("sd3",))
     srv.start()
     try:
         time.sleep(2.0)
-        assert srv.worker_pids(spares=True) == []  # nothing before use: no process at ComfyUI's start
+        # nothing before use: no process at ComfyUI's start
+        assert srv.fork_server_pids() == [] and srv.worker_pids() == []
         assert srv.post("/hybrid_parallel/warm", {}) == {"ok": True, "spares": 2, "world": None}  # a workflow opened
         deadline = time.monotonic() + 60
-        while len(srv.worker_pids(spares=True)) < 2 and time.monotonic() < deadline:
+        while not srv.fork_server_pids() and time.monotonic() < deadline:
             time.sleep(0.2)
-        spares = srv.worker_pids(spares=True)
-        assert len(spares) == 2 and all(is_spare for _, is_spare in spares), spares
-        assert srv.get("/hybrid_parallel/pool")["state"] == "none"  # nothing started: they are not a world
-        # the frontend sends the workflow's Parallel Config: that world forms from the spares, before any prompt
+        servers = srv.fork_server_pids()
+        assert len(servers) == 1 and srv.worker_pids() == [], servers  # the fork server alone: not a world
+        assert srv.get("/hybrid_parallel/pool")["state"] == "none"
+        # the frontend sends the workflow's Parallel Config: that world forks from it, before any prompt
         answer = srv.post("/hybrid_parallel/warm", {"config": {"ulysses_degree": 2, "device": "cpu"}})
         assert answer["ok"] and answer["world"], answer
         status = _ready_world(srv, 2)
         assert status["state"] == "ready" and status["warm_mesh"] == answer["world"], status
-        assert sorted(w["pid"] for w in status["workers"]) == [pid for pid, _ in spares], (status, spares)
+        workers = sorted(w["pid"] for w in status["workers"])
+        assert workers == srv.worker_pids() and {_parent(p) for p in workers} == set(servers), (status, servers)
         assert status["prestart"]["mesh"] == status["mesh"] == "ulysses2", status  # the world the warm started
         for degrees, tag in ((None, "ref"), ({"ulysses_degree": 2}, "u2")):
             entry = srv.run(workflow(degrees, tag, 104, 72))
             assert entry["status"]["status_str"] == "success", (entry["status"], srv.tail())
         status = srv.get("/hybrid_parallel/pool")
-        workers = sorted(w["pid"] for w in status["workers"])
-        assert workers == [pid for pid, _ in spares], (workers, spares)  # no new process was spawned
+        assert sorted(w["pid"] for w in status["workers"]) == workers, status  # no new process for the prompt
         ref, got = (load_file(str(srv.output(f"lat_{t}.safetensors")))["images"] for t in ("ref", "u2"))
         assert ((got.double() - ref.double()).norm() / ref.double().norm()).item() <= 1e-4
         # a workflow whose only config node is Parallel GPUs: the frontend sends that node's widgets (it sent none
@@ -63,11 +69,11 @@ def test_the_first_world_takes_the_spares(tmp_path):
         assert sorted(w["pid"] for w in status["workers"]) == workers and status["mesh"] == "ulysses2", status
     finally:
         srv.stop()
-    assert _survivors([pid for pid, _ in spares]) == []  # they went with the server
+    assert _survivors(workers + servers) == []  # they went with the server
 
 
 def test_a_headless_prompt_starts_its_world_when_queued(tmp_path):
-    """A script posting /prompt at once (no frontend, no /warm): ComfyUI's on-prompt handler starts the spares and
+    """A script posting /prompt at once (no frontend, no /warm): ComfyUI's on-prompt handler starts the fork server and
     the prompt's Parallel Config world the moment the prompt is queued - before ComfyUI executes any node - and the
     result still equals KSampler's."""
     from comfy_env import setup_comfy
@@ -75,7 +81,7 @@ def test_a_headless_prompt_starts_its_world_when_queued(tmp_path):
     write_checkpoints(tmp_path, ("sd3",))
     srv.start()
     try:
-        assert srv.worker_pids(spares=True) == []
+        assert srv.fork_server_pids() == [] and srv.worker_pids() == []
         entries = {tag: srv.run(workflow(degrees, tag, 104, 72)) for degrees, tag in
                    ((None, "ref"), ({"ulysses_degree": 2}, "u2"))}
         for entry in entries.values():
@@ -94,9 +100,9 @@ def test_a_headless_prompt_starts_its_world_when_queued(tmp_path):
 
 
 def test_a_headless_server_prestarts_the_world_of_its_prompt_file(tmp_path):
-    """HP_PRESTART: a headless server (scripts post /prompt, no frontend ever sends /warm) starts the spares and the
+    """HP_PRESTART: a headless server (scripts post /prompt, no frontend ever sends /warm) starts the fork server and the
     world of the API prompt file it names with ComfyUI - before any prompt - and the first prompt runs on those
-    processes (none spawned), equal to KSampler's."""
+    processes (none started for it), equal to KSampler's."""
     import json
 
     from comfy_env import setup_comfy
@@ -112,7 +118,7 @@ def test_a_headless_server_prestarts_the_world_of_its_prompt_file(tmp_path):
         assert status["prestart"]["mesh"] == "ulysses2" and status["prompt_warms"] == 0, status  # no prompt yet
         assert "HP_PRESTART starts ulysses2" in srv.tail(200), srv.tail()
         workers = sorted(w["pid"] for w in status["workers"])
-        assert workers == sorted(pid for pid, is_spare in srv.worker_pids(spares=True) if is_spare)
+        assert workers == srv.worker_pids() and {_parent(p) for p in workers} == set(srv.fork_server_pids()), workers
         for degrees, tag in ((None, "ref"), ({"ulysses_degree": 2}, "u2")):
             entry = srv.run(workflow(degrees, tag, 104, 72))
             assert entry["status"]["status_str"] == "success", (entry["status"], srv.tail())
@@ -127,7 +133,7 @@ def test_prestart_values_start_what_they_name_or_say_the_fix(tmp_path):
     from comfyui_hybrid_parallel.nodes.routes import prestart_config, prestart_from_env
     hp, why = prestart_config('{"ulysses_degree": 2, "device": "cpu"}')
     assert hp.config.describe() == "ulysses2" and why == ""
-    assert prestart_config("spares") == (None, "spares only (asked)")
+    assert prestart_config("spares") == (None, "the fork server only (asked)")
     api = {"1": {"class_type": "UNETLoader", "inputs": {}},
            "9": {"class_type": "HybridParallelConfig", "inputs": {"ring_degree": 2, "device": "cpu", "x": ["1", 0]}}}
     f = tmp_path / "api.json"
@@ -136,9 +142,9 @@ def test_prestart_values_start_what_they_name_or_say_the_fix(tmp_path):
     hp, why = prestart_config('{"1": {"class_type": "KSampler", "inputs": {}}}')
     assert hp is None and "no Parallel Config" in why
     hp, why = prestart_config('{"degrees": "auto"}')
-    assert hp is None and "auto" in why and "spares only" in why
+    assert hp is None and "auto" in why and "the fork server only" in why
     hp, why = prestart_config('{"ulysses_degree": 3, "ring_degree": 3, "device": "cpu"}')  # 9 CPU ranks: refused
-    assert hp is None and "spares only" in why, why
+    assert hp is None and "the fork server only" in why, why
     (tmp_path / "ui.json").write_text('{"nodes": [], "links": []}')
     for bad, fix in ((str(tmp_path / "missing.json"), "no such file"), ("{not json", "not JSON"),
                      (str(tmp_path / "ui.json"), "saved by the frontend")):
@@ -192,10 +198,10 @@ class _StandInPool:
     running, runs = WorkerPool.running, WorkerPool.runs
 
 
-def test_a_prompt_whose_cpu_world_is_up_starts_no_spares():
-    """The on-prompt warm-up refills the spares only where they can help: with the prompt's world already up on this
-    machine's CPU cores, new interpreters (torch imported, seconds of CPU each) would only slow that prompt's ranks
-    (bench/bench_headless.py: the pool's warm prompt 1.4-2x slower); a GPU world's prompt still refills them."""
+def test_a_prompt_whose_cpu_world_is_up_starts_nothing():
+    """The on-prompt warm-up starts work only where it can help: with the prompt's world already up on this machine's
+    CPU cores, a prepare job would only slow that prompt's ranks (bench/bench_headless.py: the pool's warm prompt
+    1.4-2x slower); a GPU world's prompt still makes sure the fork server runs."""
     from types import SimpleNamespace
 
     from comfyui_hybrid_parallel.nodes.routes import node_config
@@ -210,10 +216,10 @@ def test_a_prompt_whose_cpu_world_is_up_starts_no_spares():
     assert rt.warm_for_prompt(2, cpu) is None and filled == []  # its CPU world is up: nothing started
     other = node_config("HybridParallelConfig", {"cfg_degree": 2, "device": "cpu"})  # another (kernel) world
     assert other.config.world_key(True) != key
-    assert rt.warm_for_prompt(2, other) == other.describe() and filled == [2, ("prestart", "cfg2")]  # spares, then it
+    assert rt.warm_for_prompt(2, other) == other.describe() and filled == [2, ("prestart", "cfg2")]  # head start, then it
     gpu = SimpleNamespace(config=cpu.config, device="cuda", cluster=None, describe=cpu.describe)
     filled.clear()
-    assert rt.warm_for_prompt(2, gpu) is None and filled == [2]  # a GPU world up: the spares are refilled
+    assert rt.warm_for_prompt(2, gpu) is None and filled == [2]  # a GPU world up: the head start only
 
 
 def test_a_prestart_leaves_a_running_world_of_another_shape_to_the_sampler(monkeypatch):
