@@ -21,6 +21,7 @@ from ..workers.bridge.build import driver_attention_is_pytorch
 from ..workers.bridge.host import adopter, comfy_gpus, free_beside_comfy, interrupt_comfy, on_comfy_unload
 from ..workers.bridge.seams import comfy_loaded, problem_line
 from ..workers import forkserver
+from ..workers.launch import worker_env
 from ..workers.pool import JobCancelled, PoolError, WorkerPool
 from .cluster_node import join_commands
 
@@ -55,7 +56,10 @@ class Runtime:
         the first prompt's world forks its ranks instead of waiting for each rank's imports. n = 0
         (HP_SPARE_WORKERS=0): nothing before a prompt - the first world starts the fork server itself."""
         if n > 0 and self.fork_server() is not None:
-            self._forks.start()
+            # in the environment its workers get: on a GPU machine ComfyUI's CUDA settings undone (worker_env)
+            env = worker_env(dict(os.environ), comfy_gpus().get("comfy_cuda_device")) if torch.cuda.is_available() \
+                else None
+            self._forks.start(env)
 
     def fork_server(self):
         """The fork server of every pool this runtime makes (started by the first world that needs it, or ahead by

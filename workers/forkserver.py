@@ -39,8 +39,9 @@ from .bootstrap import BOOTSTRAP, PACKAGE, pack_root
 # rank: comfy.model_management picks a device when imported, and the spec configures its flags first).
 PRELOAD = ("torch", "torch.distributed", "torch._dynamo", "einops", "safetensors.torch", "transformers",
            "torchvision", "torchaudio")
-# Environment read when those libraries load (their value is the server's in every fork): a world asking for other
-# values gets fresh interpreters. OMP_NUM_THREADS is not among them: each rank sets its threads (torch.set_num_threads).
+# Environment read when those libraries load (their value is the server's in every fork; PYTORCH_CUDA_ALLOC_CONF's
+# backend, for one, is read by a static initialiser of torch's CUDA library): a world asking for other values gets
+# fresh interpreters. OMP_NUM_THREADS is not among them: each rank sets its threads (torch.set_num_threads).
 IMPORT_TIME_ENV = ("OMP_", "MKL_", "KMP_", "GOMP_", "OPENBLAS_", "TORCH_", "PYTORCH_", "LD_", "PYTHON")
 IMPORT_TIME_EXEMPT = ("OMP_NUM_THREADS",)
 POLL_S = 0.05
@@ -105,14 +106,14 @@ class ForkedProcess:
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
-        deadline = None if timeout is None else timeout
+        left = timeout  # seconds still to wait (None: until it exits); checked in short steps for a gone server
         while self.poll() is None:
-            step = 0.2 if deadline is None else min(0.2, deadline)
+            step = 0.2 if left is None else min(0.2, left)
             if self._exited.wait(step):
                 break
-            if deadline is not None:
-                deadline -= step
-                if deadline <= 0 and self.poll() is None:
+            if left is not None:
+                left -= step
+                if left <= 0 and self.poll() is None:
                     raise subprocess.TimeoutExpired(self.args, timeout)
         return self.returncode
 
@@ -152,20 +153,23 @@ class ForkServer:
     def pid(self) -> int | None:
         return None if self.proc is None else self.proc.pid
 
-    def start(self) -> None:
-        """Start the server if it is not running (non-blocking: it imports PRELOAD on its own)."""
+    def start(self, env: dict | None = None) -> None:
+        """Start the server if it is not running (non-blocking: it imports PRELOAD on its own), with the environment
+        its workers will have (`env`, else this process's): what torch reads when imported - the CUDA allocator's
+        backend in PYTORCH_CUDA_ALLOC_CONF, which launch.worker_env changes from ComfyUI's - is fixed here."""
         with self._lock:
             if self._closed or (self.proc is not None and not self._gone.is_set()):
                 return
             read_fd, write_fd = os.pipe()
             self._ready.clear()
             self._gone.clear()
-            self.env = import_time_env(os.environ)
+            env = dict(os.environ if env is None else env)
+            self.env = import_time_env(env)
             try:
                 self.proc = subprocess.Popen(
                     [sys.executable, "-c", BOOTSTRAP, str(pack_root()), f"{PACKAGE}.workers.worker_main",
                      "--forkserver", "--driver-pid", str(os.getpid()), "--reply-fd", str(write_fd)],
-                    stdin=subprocess.PIPE, pass_fds=(write_fd,), close_fds=True, cwd=self.cwd)
+                    stdin=subprocess.PIPE, pass_fds=(write_fd,), close_fds=True, cwd=self.cwd, env=env)
             finally:
                 os.close(write_fd)
             threading.Thread(target=self._read, args=(os.fdopen(read_fd, "r"),), name="hybrid-parallel-forks",

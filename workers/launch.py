@@ -275,7 +275,10 @@ class World:
             self.agent = subprocess.Popen(self.cluster.join_command(0, control=self.address), env=env,
                                           stdin=subprocess.DEVNULL, close_fds=True, cwd=self.tmpdir)
             return
-        forks = self.forks if self.forks is not None and not self.fake and self.forks.serves(env) else None
+        forks = self.forks if not self.fake else None
+        if forks is not None:
+            forks.start(env)  # (running already, in the head start's environment: nothing)
+            forks = forks if forks.serves(env) else None
         for rank in range(self.world_size):
             if forks is not None:  # torch already imported: a fork with this rank's argv, environment and key
                 try:

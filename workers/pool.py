@@ -212,16 +212,15 @@ class WorkerPool(JobCollection):
         return forks.pid
 
     def _fork_server(self):
-        """The fork server for a world of real workers on this machine: the one given, else the pool's own (started
-        now: its imports replace the ranks' own); None for fake or torchrun-started workers, or where disabled."""
+        """The fork server for a world of real workers on this machine: the one given, else the pool's own (the world
+        starts it in its workers' environment: its imports replace the ranks' own); None for fake or
+        torchrun-started workers, or where disabled."""
         if self.fake is not None or self.cluster is not None or not forkserver.enabled():
             return None
         if self.forks is not None:
-            self.forks.start()
             return self.forks
         if self._holder.forks is None:
             self._holder.forks = forkserver.ForkServer(self._holder.tmpdir)
-        self._holder.forks.start()
         return self._holder.forks
 
     def _teardown(self, graceful: bool) -> None:

@@ -21,17 +21,25 @@ def _steps(pool, config=U2) -> list:
 
 def test_a_world_whose_import_time_environment_differs_gets_fresh_interpreters(forks):
     """A variable torch or OpenMP reads when imported (IMPORT_TIME_ENV) cannot reach a fork of a server that imported
-    them already: such a world starts fresh interpreters, one with the server's values forks, the thread count
-    (OMP_NUM_THREADS, set per world and applied by each rank) does not count."""
+    them already: such a world starts fresh interpreters, one with the server's values forks; the thread count
+    (OMP_NUM_THREADS, set per world and applied by each rank) does not count. A pool's own server starts in its first
+    world's environment."""
     assert forkserver.import_time_env({"OMP_NUM_THREADS": "3", "TORCH_LOGS": "+dynamo", "HOME": "/x"}) == {
         "TORCH_LOGS": "+dynamo"}
-    with WorkerPool(device="cpu", forks=forks, env={"TORCH_SHOW_CPP_STACKTRACES": "1"}) as pool:
-        assert _steps(pool) == [6.0, 6.0]
-        assert all(isinstance(p, subprocess.Popen) for p in pool.world.procs) and pool.fork_server_pid is None
-    with WorkerPool(device="cpu", forks=forks, env={"HP_WORKER_CPUS": ""}) as pool:
+    with WorkerPool(device="cpu", forks=forks, env={"HP_WORKER_CPUS": ""}) as pool:  # not read at import: forked
         assert _steps(pool) == [6.0, 6.0]
         assert all(isinstance(p, forkserver.ForkedProcess) for p in pool.world.procs)
         assert {_parent(p.pid) for p in pool.world.procs} == {forks.pid} == {pool.fork_server_pid}
+    other = {"TORCH_SHOW_CPP_STACKTRACES": "1"}
+    with WorkerPool(device="cpu", forks=forks, env=other) as pool:  # the running server imported torch without it
+        assert _steps(pool) == [6.0, 6.0]
+        assert all(isinstance(p, subprocess.Popen) for p in pool.world.procs) and pool.fork_server_pid is None
+    with WorkerPool(device="cpu", env=other) as pool:  # its own server, started with it
+        assert _steps(pool) == [6.0, 6.0]
+        assert all(isinstance(p, forkserver.ForkedProcess) for p in pool.world.procs)
+        assert pool.fork_server_pid not in (None, forks.pid)
+        with open(f"/proc/{pool.fork_server_pid}/environ", "rb") as f:
+            assert b"TORCH_SHOW_CPP_STACKTRACES=1" in f.read().split(b"\0")
 
 
 def test_a_closed_server_lets_its_world_finish_then_exits(tmp_path):
