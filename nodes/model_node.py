@@ -15,7 +15,7 @@ from .auto import guider_inputs, resolve_auto, warn_idle_cfg
 from ..workers.bridge.host import take_over_from_dynamic_vram
 from ..workers.bridge.sampling import APPLY_MODEL, OUTER_SAMPLE, add_wrapper
 from ..workers.bridge.graph import executing, given
-from ..workers.bridge.prepare import (WRAPPER_KEY, capture_run, check_not_multigpu, check_not_on_pool, guider_run,
+from ..workers.bridge.prepare import (WRAPPER_KEY, capture_run, check_latent, check_not_multigpu, check_not_on_pool, guider_run,
                                       host_clone, patches_on_workers, pool_state, without_compile_wrapper)
 from ..workers.bridge.proxy import make_apply_model_wrapper
 
@@ -69,6 +69,7 @@ class ParallelModel:
             if report:
                 runtime.last_auto = report  # the mesh picture shows it (nodes/routes.py)
             warn_idle_cfg(run_hp, cfg, negative, "Parallel Model")
+            check_latent(patcher, run_hp.config, tuple(shape))  # what this latent's shape decides, before any work
             chosen["hp"] = run_hp
             cap = capture_run(patcher, run_hp, "Parallel Model", executing(), mode="step", conds=conds,
                               model_options=model_options)

@@ -11,7 +11,7 @@ from ..workers.bridge.host import take_over_from_dynamic_vram
 from ..workers.bridge.sampling import APPLY_MODEL, add_wrapper, ksample, ksample_with, samplers_and_schedulers
 from ..workers.bridge.loop_mode import (check_loop_mode, check_loop_sampling, ksampler_latent, make_loop_sampler,
                                         uses_loop_mode)
-from ..workers.bridge.prepare import (WRAPPER_KEY, capture_run, check_not_multigpu, check_not_on_pool, check_pipefusion,
+from ..workers.bridge.prepare import (WRAPPER_KEY, capture_run, check_latent, check_not_multigpu, check_not_on_pool,
                                       host_clone, patches_on_workers, pool_state, without_compile_wrapper)
 from ..workers.bridge.spec import check_memory
 from ..workers.bridge.proxy import make_apply_model_wrapper
@@ -70,7 +70,7 @@ class HybridSampler:
         m = host_clone(model)  # ComfyUI's copy of the diffusion model stays on the host (see host_clone)
         without_compile_wrapper(m)  # the workers compile their own model (compile_spec)
         state = pool_state(model, hp, cap)
-        check_pipefusion(model, hp.config, tuple(latent_image["samples"].shape))
+        check_latent(model, hp.config, tuple(latent_image["samples"].shape))
         # fits the devices? (the plan it checked is what the mesh picture shows: nodes/routes.py)
         self.runtime.last_memory = check_memory(model, hp, tuple(latent_image["samples"].shape), positive, cfg)
         add_wrapper(m, APPLY_MODEL, WRAPPER_KEY, make_apply_model_wrapper(self.runtime, hp, state))

@@ -33,6 +33,10 @@ class FamilyAdapter:
     # transformer_options entries (JSON scalars) the model's forward reads, set by ComfyUI nodes (MiniMax H3's
     # sigma shifts): they travel with each call
     carried_options: tuple = ()
+    # the model attribute holding the spatial patch size where the sequence split cuts a grid of patch rows
+    # (plan.SplitGrid: Cosmos Predict2's `patch_spatial`): the driver refuses a latent with fewer patch rows than
+    # sequence ranks before any work (workers/bridge/spec.check_native_grid); "" = no grid split
+    grid_patch: str = ""
 
     def declares(self, cls) -> bool:
         """Whether this adapter's ComfyUI plan applies to instances of `cls` (the class itself, or a subclass listed

@@ -13,7 +13,8 @@ same tokens, and the last block's output is gathered along the rows before `fina
 has no mask here, so it is equivariant to the tokens' order - the shard only has to be the same tokens in q, k, v
 and RoPE. Only the self-attention (`blocks.*.self_attn`, through ComfyUI's seam) is sequence-parallel; the
 cross-attention reads the whole text from local queries. A grid with fewer patch rows than sequence ranks is refused
-at the call (plan_inputs._shard_grid).
+by the driver before any work (`grid_patch`; workers/bridge/spec.check_native_grid), and again at the call
+(plan_inputs._shard_grid).
 
 Everything else enters before the split: `padding_mask` (a channel joined to x), the image-to-video concat mask
 (ComfyUI joins it to x's channels), `fps` (the RoPE table's), `denoise_mask` (read by ComfyUI's process_timestep,
@@ -43,4 +44,5 @@ COMFY_PLAN = FamilyPlan(
 )
 
 ADAPTER = FamilyAdapter(family="cosmos_predict2", title="Cosmos Predict2 / Anima", comfy_plan=COMFY_PLAN, plan=None,
-                        comfy_subclasses=("Anima",), comfy_module=("comfy.ldm.cosmos.predict2", "comfy.ldm.anima.model"))
+                        comfy_subclasses=("Anima",), comfy_module=("comfy.ldm.cosmos.predict2", "comfy.ldm.anima.model"),
+                        grid_patch="patch_spatial")

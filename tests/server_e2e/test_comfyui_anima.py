@@ -93,13 +93,16 @@ def test_tensor_parallel_and_pipefusion_are_refused_with_the_fix(server, method,
     assert "Cosmos Predict2 / Anima" in msg and "ulysses/ring/cfg" in msg, msg
 
 
-def test_too_few_rows_is_refused_with_the_fix(server):
-    """A grid with fewer patch rows than sequence ranks (48 x 48: 3 rows over ulysses 2 x ring 2) is refused."""
+@pytest.mark.parametrize("node", ["sampler", "model"])
+def test_too_few_rows_is_refused_with_the_fix(server, node):
+    """A grid with fewer patch rows than sequence ranks (48 x 48: 3 rows over ulysses 2 x ring 2) is refused by the
+    driver before any work (Hybrid Sampler and Parallel Model), not by the ranks at the first call."""
     _write(server, "anima")
-    entry = server.run(_graph("anima", (48, 48), "anima_rows", {"ulysses_degree": 2, "ring_degree": 2}))
+    entry = server.run(_graph("anima", (48, 48), f"anima_rows_{node}", {"ulysses_degree": 2, "ring_degree": 2}, node))
     assert entry["status"]["status_str"] == "error"
     msg = error_text(entry)
-    assert "rows of patches" in msg and "smaller ulysses/ring degree" in msg, msg
+    assert "3 rows of patches" in msg and "smaller ulysses/ring degree" in msg, msg
+    assert "remote traceback" not in msg and "Cosmos Predict2 / Anima: this latent" in msg, msg  # the driver's words
 
 
 def test_anima_distrifusion(server):

@@ -14,8 +14,8 @@ from .carry import object_values
 from .residency import weights_key
 from .sampling import APPLY_MODEL, wrappers_of
 from .run_record import RunRecord
-from .spec import (NotCarried, check_any_model, check_declared, check_loader_methods, check_native_pipefusion,
-                   check_native_tp, check_weights, native_spec)
+from .spec import (NotCarried, check_any_model, check_declared, check_loader_methods, check_native_grid,
+                   check_native_pipefusion, check_native_tp, check_weights, native_spec)
 
 WRAPPER_KEY = "comfyui_hybrid_parallel"  # the pack's own wrappers on a MODEL (capture.OWN_KEY says the same)
 
@@ -127,9 +127,11 @@ def guider_run(guider) -> tuple:
     return guider.model_patcher, guider.conds, guider.model_options
 
 
-def check_pipefusion(patcher, config, latent_shape) -> None:
-    """check_native_pipefusion for the MODEL's diffusion model (before any worker starts)."""
+def check_latent(patcher, config, latent_shape) -> None:
+    """What the latent's shape decides, for the MODEL's diffusion model (before any worker starts): PipeFusion's
+    patches and stages, and a grid split's patch rows."""
     check_native_pipefusion(patcher.model.diffusion_model, config, latent_shape)
+    check_native_grid(patcher.model.diffusion_model, config, latent_shape)
 
 
 def capture_run(model, hp, who: str, graph, mode: str | None = None, conds=None, model_options=None):

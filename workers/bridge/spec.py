@@ -319,6 +319,24 @@ def check_native_pipefusion(diffusion_model, config, latent_shape) -> None:
         raise NotCarried("; ".join(problems[:3]))
 
 
+def check_native_grid(diffusion_model, config, latent_shape) -> None:
+    """Refuse, before any worker starts, a latent whose grid of patch rows (a family declaring `grid_patch`: the
+    sequence split cuts rows, plan.SplitGrid) has fewer rows than sequence-parallel ranks - the ranks would refuse it
+    at the first call, after the weights were sent."""
+    sp = config.ulysses_degree * config.ring_degree
+    a = family_adapter(diffusion_model)
+    if sp <= 1 or not getattr(a, "grid_patch", "") or len(latent_shape) < 4:
+        return
+    patch = getattr(diffusion_model, a.grid_patch, None)
+    if not isinstance(patch, int) or patch < 1:
+        return
+    rows = -(-int(latent_shape[-2]) // patch)  # ComfyUI pads the latent to whole patches
+    if rows < sp:
+        raise NotCarried(f"{a.title}: this latent has {rows} rows of patches ({latent_shape[-2]} latent rows / patch "
+                         f"{patch}), which cannot be split over {sp} sequence-parallel ranks; use a larger latent or a "
+                         f"smaller ulysses/ring degree")
+
+
 def check_native_tp(diffusion_model, config) -> None:
     """Refuse, before any worker starts, a tp_degree ComfyUI's model cannot be sharded by (heads, widths):
     the same check the workers run before sharding, on the driver's copy (reads only)."""
@@ -390,6 +408,6 @@ def check_memory(model, hp, latent_shape, positive, cfg: float) -> dict | None:
             "shared_weights": bool(mem.shared_weights), "weights": int(weights), "note": note or None}
 
 
-__all__ = ["DRIVER_WRAPPERS", "NotCarried", "check_declared", "check_diffusion_wrappers", "diffusion_wrappers", "loop_step_cache", "runs_diffusion_wrappers", "check_memory", "check_native_pipefusion", "check_native_tp", "check_weights", "check_any_model",
+__all__ = ["DRIVER_WRAPPERS", "NotCarried", "check_declared", "check_diffusion_wrappers", "diffusion_wrappers", "loop_step_cache", "runs_diffusion_wrappers", "check_memory", "check_native_grid", "check_native_pipefusion", "check_native_tp", "check_weights", "check_any_model",
            "check_loader_methods", "host_tensors", "loader_tensors", "sent_tensors", "weight_bytes",
            "comfy_runtime", "encode_value", "family_adapter", "native_spec"]
