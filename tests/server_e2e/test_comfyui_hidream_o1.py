@@ -1,9 +1,10 @@
 """HiDream-O1-Image in a real ComfyUI (0.33+): ComfyUI's HiDreamO1Transformer on the workers, against KSampler.
 
 ComfyUI's detection reads no HiDream-O1 sizes ({"image_model": "hidream_o1"}: the class's defaults, the 8.7B Qwen3-VL
-decoder and vision tower, which this CPU machine cannot hold four times). So this module's ComfyUI server carries a
-size shim (a custom node, SHIM below): where detection says HiDream-O1 and the checkpoint's metadata holds the tiny
-sizes (doctor/tiny_checkpoints.write_hidream_o1), they go to the class as its `*_config_overrides`. Everything else
+decoder and vision tower, which this CPU machine cannot hold four times). So the ComfyUI server carries a
+size shim (a custom node, tests/hp_hidream_o1_sizes): where detection says HiDream-O1 and the checkpoint's metadata holds the tiny
+sizes (doctor/tiny_checkpoints.write_hidream_o1), they go to the class as its `*_config_overrides`. The session's
+server carries it (tests/hp_hidream_o1_sizes, installed by conftest.server; inert for every other checkpoint). Everything else
 is ComfyUI's own: CheckpointLoaderSimple (the tokenizer-only text encoder, the pixel-space "VAE"), CLIPTextEncode's
 token ids, `extra_conds` (position ids, `ar_len`, `vinput_mask`), the two-pass attention and its AR K/V cache (step 1
 fills it, step 2 reads it). The workers build the class from the driver's unet_config, sizes included.
@@ -14,30 +15,9 @@ with ulysses 2, ring 2, ulysses 2 x ring 2, Hybrid Sampler with cfg 2 and sharde
 import pytest
 
 from comfy_server import PARTS, part_of
-from comfy_server import FAMILIES, ComfyServer, assert_ok, equal_ksampler, error_text, on_pool
+from comfy_server import FAMILIES, assert_ok, equal_ksampler, error_text, on_pool
 
 pytestmark = pytest.mark.comfy
-
-SHIM = '''"""Tests only: HiDream-O1's sizes from a tiny checkpoint's metadata (ComfyUI's detection reads none)."""
-import json
-
-import comfy.model_detection as md
-
-_detect = md.detect_unet_config
-
-
-def detect_unet_config(state_dict, key_prefix, metadata=None):
-    config = _detect(state_dict, key_prefix, metadata=metadata)
-    sizes = (metadata or {}).get("hp_hidream_o1_config")
-    if isinstance(config, dict) and config.get("image_model") == "hidream_o1" and sizes:
-        sizes = json.loads(sizes)
-        config = dict(config, text_config_overrides=sizes["text"], vision_config_overrides=sizes["vision"])
-    return config
-
-
-md.detect_unet_config = detect_unet_config
-NODE_CLASS_MAPPINGS = {}
-'''
 
 CASES = [("u2", {"ulysses_degree": 2}, "model"), ("r2", {"ring_degree": 2}, "model"),
          ("u2r2", {"ulysses_degree": 2, "ring_degree": 2}, "model"), ("cfg2", {"cfg_degree": 2}, "sampler"),
@@ -45,19 +25,11 @@ CASES = [("u2", {"ulysses_degree": 2}, "model"), ("r2", {"ring_degree": 2}, "mod
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    """A ComfyUI server of this module's own: the size shim must be in its custom_nodes before it starts."""
-    from comfy_env import setup_comfy
-    comfy_dir = setup_comfy()
-    base = tmp_path_factory.mktemp("comfy_hidream_o1")
-    srv = ComfyServer(comfy_dir, base)
-    (base / "custom_nodes" / "hp_hidream_o1_sizes").mkdir()
-    (base / "custom_nodes" / "hp_hidream_o1_sizes" / "__init__.py").write_text(SHIM)
+def server(server):
+    """The session's server (its custom_nodes hold the size shim) with the tiny HiDream-O1 checkpoint on disk."""
     from comfyui_hybrid_parallel.doctor import tiny_checkpoints as tiny
-    tiny.write_hidream_o1(base / "models" / "checkpoints" / FAMILIES["hidream_o1"]["unet"], seed=41)
-    srv.start()
-    yield srv
-    srv.stop()
+    tiny.write_hidream_o1(server.base / "models" / "checkpoints" / FAMILIES["hidream_o1"]["unet"], seed=41)
+    return server
 
 
 def _graph(w, h, tag, degrees=None, node="model"):

@@ -29,7 +29,11 @@ def _parent(pid: int) -> int:
     return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
 
 
-def test_the_first_world_forks_from_the_head_start(tmp_path):
+def test_the_first_world_forks_from_the_head_start_and_a_headless_prompt_starts_its_world_when_queued(tmp_path):
+    """One server, two clients. The frontend: opening a workflow starts the fork server, its Parallel Config's world
+    forks from it before any prompt, and the prompt runs on those processes. A script posting /prompt at once (no
+    frontend, no /warm; the pool stopped meanwhile): ComfyUI's on-prompt handler starts the prompt's world the moment
+    it is queued - before ComfyUI executes any node. Both results equal KSampler's."""
     from comfy_env import setup_comfy
     srv = ComfyServer(setup_comfy(), tmp_path, spares=2)
     write_checkpoints(tmp_path, ("sd3",))
@@ -67,36 +71,30 @@ def test_the_first_world_forks_from_the_head_start(tmp_path):
         assert srv.post("/hybrid_parallel/warm", {"gpus": {"devices": "2", "preset": "auto"}})["world"] is None
         status = srv.get("/hybrid_parallel/pool")
         assert sorted(w["pid"] for w in status["workers"]) == workers and status["mesh"] == "ulysses2", status
-    finally:
-        srv.stop()
-    assert _survivors(workers + servers) == []  # they went with the server
 
-
-def test_a_headless_prompt_starts_its_world_when_queued(tmp_path):
-    """A script posting /prompt at once (no frontend, no /warm): ComfyUI's on-prompt handler starts the fork server and
-    the prompt's Parallel Config world the moment the prompt is queued - before ComfyUI executes any node - and the
-    result still equals KSampler's."""
-    from comfy_env import setup_comfy
-    srv = ComfyServer(setup_comfy(), tmp_path, spares=2)
-    write_checkpoints(tmp_path, ("sd3",))
-    srv.start()
-    try:
-        assert srv.fork_server_pids() == [] and srv.worker_pids() == []
-        entries = {tag: srv.run(workflow(degrees, tag, 104, 72)) for degrees, tag in
-                   ((None, "ref"), ({"ulysses_degree": 2}, "u2"))}
+        # the headless client, on a stopped pool (another size: ComfyUI's cache would answer the same prompt)
+        srv.post("/hybrid_parallel/pool/stop", {})
+        assert _survivors(workers) == [] and srv.get("/hybrid_parallel/pool")["state"] == "none"
+        before = srv.get("/hybrid_parallel/pool")
+        entries = {tag: srv.run(workflow(degrees, tag, 96, 64)) for degrees, tag in
+                   ((None, "ref_headless"), ({"ulysses_degree": 2}, "u2_headless"))}
         for entry in entries.values():
             assert entry["status"]["status_str"] == "success", (entry["status"], srv.tail())
         status = srv.get("/hybrid_parallel/pool")
         # the KSampler prompt holds none of the pack's nodes: only the u2 one warmed, from the moment it was queued -
         # before its execution started (the warm's own thread may be scheduled a few ms later on a loaded machine)
-        assert status["prompt_warms"] == 1 and status["warm_requests"] == 0, status
+        assert status["prompt_warms"] == before["prompt_warms"] + 1, status
+        assert status["warm_requests"] == before["warm_requests"], status
         assert status["prompt_warmed"]["mesh"] == status["mesh"] == "ulysses2", status
-        started = {m[0]: m[1]["timestamp"] / 1000.0 for m in entries["u2"]["status"]["messages"]}
+        started = {m[0]: m[1]["timestamp"] / 1000.0 for m in entries["u2_headless"]["status"]["messages"]}
         assert status["prompt_warmed"]["at"] <= started["execution_start"], (status["prompt_warmed"], started)
-        ref, got = (load_file(str(srv.output(f"lat_{t}.safetensors")))["images"] for t in ("ref", "u2"))
+        headless = sorted(w["pid"] for w in status["workers"])
+        assert {_parent(p) for p in headless} == set(servers), (headless, servers)  # forked by the same server
+        ref, got = (load_file(str(srv.output(f"lat_{t}.safetensors")))["images"] for t in ("ref_headless", "u2_headless"))
         assert ((got.double() - ref.double()).norm() / ref.double().norm()).item() <= 1e-4
     finally:
         srv.stop()
+    assert _survivors(workers + headless + servers) == []  # they went with the server
 
 
 def test_a_headless_server_prestarts_the_world_of_its_prompt_file(tmp_path):
