@@ -22,19 +22,12 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 
 from _worlds import write_results  # noqa: E402
+from bench_native import _pss  # noqa: E402
 
 from comfyui_hybrid_parallel.parallel import ParallelConfig  # noqa: E402
 from comfyui_hybrid_parallel.workers.pool import WorkerPool  # noqa: E402
 
 WORLDS = (ParallelConfig(ulysses_degree=2), ParallelConfig(cfg_degree=2, ulysses_degree=2))
-
-
-def _pss(pid: int) -> int:
-    with open(f"/proc/{pid}/smaps_rollup") as f:
-        for line in f:
-            if line.startswith("Pss:"):
-                return int(line.split()[1]) * 1024
-    return 0
 
 
 def _ready(pool, config) -> float:
