@@ -136,7 +136,7 @@ class ComfyServer:
             time.sleep(0.02)
         raise TimeoutError(self.tail())
 
-    def _children(self) -> list:
+    def _processes(self) -> list:
         """(pid, ppid, command line) of every process on this machine (Linux /proc)."""
         out = []
         for d in os.listdir("/proc"):
@@ -150,16 +150,16 @@ class ComfyServer:
             out.append((int(d), ppid, cmd))
         return out
 
-    def fork_server_pids(self) -> list:
+    def fork_server_pids(self, procs: list | None = None) -> list:
         """The pack's fork servers (workers/forkserver.py) this server started (sorted)."""
-        return sorted(pid for pid, ppid, cmd in self._children()
+        return sorted(pid for pid, ppid, cmd in (procs or self._processes())
                       if ppid == self.proc.pid and "worker_main --forkserver" in cmd)
 
     def worker_pids(self) -> list:
         """Our pool's worker processes (sorted): forks of this server's fork server, or its children running the
         worker module as fresh interpreters."""
-        procs = self._children()
-        servers = {pid for pid, ppid, cmd in procs if ppid == self.proc.pid and "worker_main --forkserver" in cmd}
+        procs = self._processes()
+        servers = set(self.fork_server_pids(procs))
         return sorted(pid for pid, ppid, cmd in procs if ppid in servers or (
             ppid == self.proc.pid and "worker_main" in cmd and pid not in servers))
 

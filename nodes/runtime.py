@@ -21,7 +21,7 @@ from ..workers.bridge.build import driver_attention_is_pytorch
 from ..workers.bridge.host import adopter, comfy_gpus, free_beside_comfy, interrupt_comfy, on_comfy_unload
 from ..workers.bridge.seams import comfy_loaded, problem_line
 from ..workers import forkserver
-from ..workers.launch import worker_env
+from ..workers.launch import local_env
 from ..workers.pool import JobCancelled, PoolError, WorkerPool
 from .cluster_node import join_commands
 
@@ -56,10 +56,9 @@ class Runtime:
         the first prompt's world forks its ranks instead of waiting for each rank's imports. n = 0
         (HP_SPARE_WORKERS=0): nothing before a prompt - the first world starts the fork server itself."""
         if n > 0 and self.fork_server() is not None:
-            # in the environment its workers get: on a GPU machine ComfyUI's CUDA settings undone (worker_env)
-            env = worker_env(dict(os.environ), comfy_gpus().get("comfy_cuda_device")) if torch.cuda.is_available() \
-                else None
-            self._forks.start(env)
+            # in the environment its workers get (on a GPU machine: a CUDA world's)
+            kind = "cuda" if torch.cuda.is_available() else "cpu"
+            self._forks.start(local_env(kind, comfy_gpus().get("comfy_cuda_device")))
 
     def fork_server(self):
         """The fork server of every pool this runtime makes (started by the first world that needs it, or ahead by
@@ -152,8 +151,8 @@ class Runtime:
                 if cluster is None and hp.device != "cpu":
                     self._pool.gpus = comfy_gpus()
                 self._pool.lone_worker_threads = self.driver_threads
-                self._pool.forks = self.fork_server()
                 self._pool_cluster = cluster
+            self._pool.forks = self.fork_server()  # (a new one after the idle timer closed the last)
             return self._pool
 
     def prestart(self, hp) -> None:
@@ -279,8 +278,6 @@ class Runtime:
             if self._forks is not None:
                 self._forks.close()
                 self._forks = None  # nothing held while idle; the next world starts a fork server again
-                if self._pool is not None:
-                    self._pool.forks = self.fork_server()
             logging.getLogger(__name__).info("hybrid parallel: workers stopped after %.0f s idle (%s)",
                                              self._idle_timeout_s(), was)
 

@@ -99,10 +99,8 @@ class ForkedProcess:
             # ends it within a second; until then it is alive
             try:
                 os.kill(self.pid, 0)
-            except ProcessLookupError:
+            except (ProcessLookupError, PermissionError):  # gone, or its pid went to someone else's process
                 self._set_exit(-signal.SIGKILL)
-            except PermissionError:
-                self._set_exit(-signal.SIGKILL)  # its pid went to someone else's process
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:

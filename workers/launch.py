@@ -101,6 +101,14 @@ def worker_env(env: dict, comfy_cuda_device: int | None = None) -> dict:
     return env
 
 
+def local_env(device_kind: str, comfy_cuda_device: int | None = None) -> dict:
+    """This process's environment as the workers of a world on this machine get it (before their thread count and
+    the pool's own variables): a CUDA world's with ComfyUI's settings for itself undone (worker_env). The fork
+    server starts in it too, so what torch reads when imported is what the workers would have read."""
+    env = dict(os.environ)
+    return worker_env(env, comfy_cuda_device) if device_kind == "cuda" else env
+
+
 def balance_spec(value):
     """HP_BALANCE / WorkerPool(balance=): "auto" (probe the ranks' speeds on GPU worlds), "probe" (on any world),
     "off" (even split), or one relative speed per rank ("1,0.5"); the workers split the sequence accordingly."""
@@ -196,9 +204,8 @@ class World:
         return [sys.executable, "-c", BOOTSTRAP, str(pack_root()), module, *common, *extra]
 
     def _env(self, threads: int) -> dict:
-        env = dict(os.environ)
-        if self.device_kind == "cuda" and self.cluster is None:
-            env = worker_env(env, self.gpus.get("comfy_cuda_device"))
+        env = local_env(self.device_kind, self.gpus.get("comfy_cuda_device")) if self.cluster is None \
+            else dict(os.environ)
         env["OMP_NUM_THREADS"] = str(threads)
         env.update(self.extra_env)
         return env

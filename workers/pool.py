@@ -204,12 +204,11 @@ class WorkerPool(JobCollection):
     def fork_server_pid(self) -> int | None:
         """The process the running world's workers were forked from, if they were (its memory is part of the pool's:
         the imports the workers share with it copy-on-write)."""
-        forks = self.forks if self.forks is not None else self._holder.forks
         w = self.world
-        if forks is None or forks.gone() or w is None or not any(isinstance(p, forkserver.ForkedProcess)
-                                                                  for p in w.procs):
+        if w is None or w.forks is None or w.forks.gone() or not any(isinstance(p, forkserver.ForkedProcess)
+                                                                      for p in w.procs):
             return None
-        return forks.pid
+        return w.forks.pid
 
     def _fork_server(self):
         """The fork server for a world of real workers on this machine: the one given, else the pool's own (the world

@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 
 from comfy_server import ComfyServer, workflow, write_checkpoints
 from comfyui_hybrid_parallel.workers.pool import WorkerPool
-from test_pool_orphans import _survivors
+from test_pool_orphans import _parent, _survivors
 
 pytestmark = pytest.mark.comfy
 
@@ -23,10 +23,6 @@ def _ready_world(srv, ranks: int, timeout_s: float = 120.0) -> dict:
         if (status["state"] == "ready" and len(status["workers"]) == ranks) or time.monotonic() > deadline:
             return status
         time.sleep(0.5)
-
-
-def _parent(pid: int) -> int:
-    return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
 
 
 def test_the_first_world_forks_from_the_head_start_and_a_headless_prompt_starts_its_world_when_queued(tmp_path):

@@ -325,7 +325,7 @@ def check_native_grid(diffusion_model, config, latent_shape) -> None:
     at the first call, after the weights were sent."""
     sp = config.ulysses_degree * config.ring_degree
     a = family_adapter(diffusion_model)
-    if sp <= 1 or not getattr(a, "grid_patch", "") or len(latent_shape) < 4:
+    if sp <= 1 or not a.grid_patch or len(latent_shape) < 4:
         return
     patch = getattr(diffusion_model, a.grid_patch, None)
     if not isinstance(patch, int) or patch < 1:
