@@ -65,6 +65,26 @@ def _worker_main(rank: int, world: int, port: int, conn, collective_timeout_s: f
     dist.destroy_process_group()
 
 
+# What every rank imports before its first body: loaded once by multiprocessing's fork server, then forked into each
+# rank of each world. A fresh interpreter per rank paid these imports 2, 4 or 8 times per world on 2 cores: the
+# diffusers classes of tests/tiny_models.py alone (diffusers imports its whole transformers package, transformers and
+# scipy with it) took 25 s per rank of an 8-rank world. Names importable from site-packages only: Python 3.11's fork
+# server preloads before it receives the tests' sys.path, and skips a name it cannot import.
+PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "safetensors.torch", "comfyui_hybrid_parallel.parallel",
+           "diffusers.models.transformers.transformer_flux", "diffusers.models.transformers.transformer_sd3",
+           "diffusers.models.transformers.pixart_transformer_2d", "diffusers.models.transformers.transformer_wan"]
+
+
+def _context():
+    """multiprocessing's fork server where the platform has one (the ranks are fresh forks of one interpreter that
+    holds no thread and no gloo state), else spawn."""
+    if "forkserver" not in mp.get_all_start_methods():
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
+    return ctx
+
+
 class DistPool:
     def __init__(self, world_size: int, collective_timeout_s: float = 60.0, backend: str = "gloo"):
         self.world_size = world_size
@@ -74,7 +94,7 @@ class DistPool:
         self.spawns = 0
 
     def _start(self) -> None:
-        ctx = mp.get_context("spawn")
+        ctx = _context()
         port = _free_port()
         for r in range(self.world_size):
             parent, child = ctx.Pipe()

@@ -212,7 +212,7 @@ def test_bf16_vae_decodes_in_bf16(comfy, vaes, runtime):
     sd = {k: v.to(torch.bfloat16) for k, v in vaes["kl16"].first_stage_model.state_dict().items()}
     vae = comfy.sd.VAE(sd=sd, dtype=torch.bfloat16)
     assert vae.vae_dtype == torch.bfloat16
-    latent = torch.randn(1, 16, 5, 4, generator=torch.Generator().manual_seed(48))  # odd: a 3/2 row split
+    latent = torch.randn(1, 16, 3, 2, generator=torch.Generator().manual_seed(48))  # odd: a 2/1 row split (CPU bf16 convs are slow)
     ref = _vae_decode(vae, latent)
     (got,) = _node(runtime).decode({"samples": latent}, vae, _hp(2))
     err = _rel(got, ref)
