@@ -215,7 +215,8 @@ def _vae(tmp):
 def _run_vae(pool, config, vae) -> dict:
     """Parallel VAE Decode (halo exchange, group norm statistics across ranks, the mid attention's gathered keys)
     against ComfyUI's own decode of the same model, on latent heights that split evenly over the ranks and one that
-    does not."""
+    does not. Small latents (72 x 56 and 64 x 48 pixels): every band still holds two or more latent rows at 4 ranks, and
+    a decode stays well under a second on a CPU core."""
     model, dtype = vae.first_stage_model, vae.vae_dtype
     device = next(model.parameters()).device
 
@@ -223,7 +224,7 @@ def _run_vae(pool, config, vae) -> dict:
         with torch.no_grad():
             return model.decode(latent.to(device, dtype))
     rels = []
-    for i, size in enumerate(((13, 10), (16, 12))):
+    for i, size in enumerate(((9, 7), (8, 6))):
         latent = torch.randn(1, 4, *size, generator=torch.Generator().manual_seed(50 + i))
         ref = serial(latent)
         got = pool.vae_decode(config, "doctor:vae", latent.to(dtype))

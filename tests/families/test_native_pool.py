@@ -33,7 +33,11 @@ def comfy(tmp_path_factory):
     from comfy_env import setup_comfy
     setup_comfy()
     import comfy.sd  # noqa: F401
-    return tmp_path_factory.mktemp("native_ckpt")
+    # one folder for the session: every module that loads these seeded checkpoints (engine/test_shard,
+    # families/test_native_refs, ...) reads the files the first one wrote (Flux's 531M take 9 s to write)
+    folder = tmp_path_factory.getbasetemp() / "native_ckpt"
+    folder.mkdir(exist_ok=True)
+    return folder
 
 
 def _scaled_fp8(sd: dict) -> dict:
