@@ -14,7 +14,13 @@ for _folder in sorted(Path(__file__).resolve().parent.iterdir()):
 from comfy_server import ComfyServer, write_checkpoints
 from dist_harness import DistPool
 
-os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # the processes the tests start: one thread each unless they say
+# This process on every core: ComfyUI's own forwards and KSampler runs here are the references of the in-process
+# tests; it computes only while no worker does (a pool run waits), and a lone worker takes this process's thread count
+# (launch.worker_threads), so degree 1 stays bitwise
+import torch  # noqa: E402
+
+torch.set_num_threads(os.cpu_count() or 1)
 # Strict mode (parallel/strict.py): every pool worker of the session - the tests' own pools and the real ComfyUI
 # server's - fails where NCCL on GPUs would (host tensors in collectives or meeting device tensors, collectives
 # issued in different orders, p2p tags). HP_STRICT_COMM=0 turns it off for a run.
