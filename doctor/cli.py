@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from ..workers.bridge import seams as comfy_seams
 from ..workers.platform_support import decide, read_facts
 from .kernels import check_kernels, kernel_table
 from .machine import environment, find_comfyui, import_comfyui, print_environment
@@ -55,7 +56,6 @@ def default_precisions(args, cuda: bool) -> list:
 def comfyui_check() -> dict:
     """The running ComfyUI against the pack's seam inventory (workers/bridge/seams.py) and the versions its tests ran:
     ok with a note for a version the tests never ran, not ok (with the missing seams) where the nodes would refuse."""
-    from ..workers.bridge import seams as comfy_seams
     version = comfy_seams.comfyui_version()
     problem = comfy_seams.problem_line()
     if problem:

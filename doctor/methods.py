@@ -14,7 +14,15 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..nodes.vae_node import native_vae_spec
+from ..parallel import ParallelConfig
+from ..parallel.loop import run_loop
+from ..parallel.pipefusion import flow
+from ..workers.bridge.spec import check_native_pipefusion, check_native_tp, family_adapter, native_spec
+from ..workers.pool import WorkerPool
+from . import tiny_checkpoints as tiny
 from .machine import median_ms
+from .tiny_checkpoints import TINY_CONTEXT_DIM, TINY_POOLED_DIM
 
 STEPS = 3            # PipeFusion loop length (warmup = all steps: the exact schedule)
 CFG_SCALE = 3.0
@@ -30,7 +38,6 @@ class Mesh:
 
     @property
     def world(self) -> int:
-        from ..parallel import ParallelConfig
         return ParallelConfig(**self.degrees).world_size
 
 
@@ -89,7 +96,6 @@ def _load(path, precision: str):
 
 def _inputs(base, seed: int, size, batch: int = 2) -> dict:
     """SD3 inputs as BaseModel._apply_model hands them to the diffusion model ([cond, uncond] batch)."""
-    from .tiny_checkpoints import TINY_CONTEXT_DIM, TINY_POOLED_DIM
     g = torch.Generator().manual_seed(seed)
     dtype = base.manual_cast_dtype or base.diffusion_model.dtype
     d = {"x": torch.randn(batch, 16, *size, generator=g), "context": torch.randn(batch, 7, TINY_CONTEXT_DIM, generator=g),
@@ -120,7 +126,6 @@ class _Case:
     """One precision of the tiny model: ComfyUI's model in this process and how the pool gets it."""
 
     def __init__(self, path, precision: str):
-        from ..workers.bridge.spec import family_adapter
         self.precision = precision
         self.patcher = _load(path, precision)
         self.base = self.patcher.model
@@ -135,7 +140,6 @@ class _Case:
         return self
 
     def spec(self, kind: str) -> dict:
-        from ..workers.bridge.spec import native_spec
         spec = native_spec(self.base)
         if kind == "cpu":  # CPU workers beside a GPU driver: ComfyUI in them must pick the CPU too
             spec["comfy_args"] = {**spec["comfy_args"], "cpu": True}
@@ -148,8 +152,6 @@ class _Case:
             return self.dm(inp["x"], inp["timestep"], transformer_options={}, **rest)
 
     def serial_loop(self, inp: dict, sigmas, noise) -> torch.Tensor:
-        from ..parallel.loop import run_loop
-        from ..parallel.pipefusion import flow
         cond = {k: v.to(self.device) for k, v in inp.items() if k not in ("x", "timestep")}
         fwd = lambda h, t, kw: self.dm(h, t, transformer_options={}, **kw)  # noqa: E731
         with torch.no_grad():
@@ -204,8 +206,6 @@ def _vae(tmp):
     runs on the ranks), seeded."""
     import comfy.sd
     import comfy.utils
-
-    from . import tiny_checkpoints as tiny
     path = tmp / "doctor_kl_vae.safetensors"
     if not path.exists():
         tiny.write_kl_vae(path, style="sd", seed=7)
@@ -238,7 +238,6 @@ def _vae_row(pool, config, mesh, kind, tmp, progress) -> dict:
     row = {"method": mesh.name, "degrees": config.describe(), "world": mesh.world, "device": kind,
            "precision": "fp32", "weights": "float32", "compute": "float32"}
     try:
-        from ..nodes.vae_node import native_vae_spec
         vae = _vae(tmp)
         first = vae.first_stage_model
         t = time.perf_counter()
@@ -258,10 +257,6 @@ def _vae_row(pool, config, mesh, kind, tmp, progress) -> dict:
 def check_methods(plan, precisions, tmp, progress=print, share_devices: bool = False) -> list:
     """Run every (mesh, device) of `plan` in every precision; one row each (ok, rel, bound, timings, error).
     share_devices: the GPU ranks share the GPUs over staged gloo (parallel/staged.py; the GPU suite on one GPU)."""
-    from ..workers.bridge.spec import check_native_pipefusion, check_native_tp
-    from ..parallel import ParallelConfig
-    from . import tiny_checkpoints as tiny
-    from ..workers.pool import WorkerPool
     path = tmp / "doctor_sd3.safetensors"
     tiny.write_sd3(path, depth=4, pos_embed_max_size=32, seed=31)
     cases = [_Case(path, p) for p in precisions]

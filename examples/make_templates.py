@@ -6,91 +6,26 @@ templates, package comfyui_workflow_templates 0.7.25, whose `properties.models` 
 `python examples/make_templates.py` writes the API prompts; the drag-and-drop UI files are made from them by the
 real frontend (tests/web/test_web_browser_templates.py with HP_UPDATE_TEMPLATES=1: loadApiJson, then the Note node and
 the model links added, then the frontend's own serialize) together with a screenshot of each as its Templates-browser
-thumbnail (<name>.jpg). docs/templates.md describes them.
+thumbnail (<name>.jpg). docs/templates.md describes them. The files' links: template_models.py; the Notes:
+template_notes.py.
 """
 import json
 from pathlib import Path
 
 try:
     from make_api_prompts import PARALLEL
+    from template_models import (GEMMA3, LTX23, LTX23_LORA, MMH3_AUDIO_VAE, MMH3_DIT, MMH3_TE, MMH3_VAE,  # noqa: F401
+                                 QWEN_VL, model_links)  # (model_links: re-exported for the frontend's UI files)
+    from template_notes import NOTES
 except ImportError:  # imported as examples.make_templates
     from .make_api_prompts import PARALLEL
+    from .template_models import (GEMMA3, LTX23, LTX23_LORA, MMH3_AUDIO_VAE, MMH3_DIT, MMH3_TE, MMH3_VAE,  # noqa: F401
+                                  QWEN_VL, model_links)
+    from .template_notes import NOTES
 
 HERE = Path(__file__).resolve().parent
 UI_DIR = HERE.parent / "example_workflows"
 API_DIR = HERE / "template_prompts"
-
-HF = "https://huggingface.co/"
-FLUX_TE = HF + "comfyanonymous/flux_text_encoders/resolve/main/"
-WAN21 = HF + "Comfy-Org/Wan_2.1_ComfyUI_repackaged/resolve/main/split_files/"
-WAN22 = HF + "Comfy-Org/Wan_2.2_ComfyUI_Repackaged/resolve/main/split_files/"
-QWEN = HF + "Comfy-Org/Qwen-Image_ComfyUI/resolve/main/split_files/"
-HYV15 = HF + "Comfy-Org/HunyuanVideo_1.5_repackaged/resolve/main/split_files/"
-ZIMAGE = HF + "Comfy-Org/z_image/resolve/main/split_files/"
-ZIMAGE_TURBO = HF + "Comfy-Org/z_image_turbo/resolve/main/split_files/"
-LTX23 = "ltx-2.3-22b-dev-fp8.safetensors"
-LTX23_LORA = "ltx_2.3_22b_distilled_1.1_lora_dynamic_fro09_avg_rank_111_bf16.safetensors"
-GEMMA3 = "gemma_3_12B_it_fp4_mixed.safetensors"
-MMH3 = HF + "Comfy-Org/MiniMax-H3/resolve/main/"  # video_minimax_h3_t2v's links (comfyui_workflow_templates 0.11)
-MMH3_DIT = "minimax_h3_fl2va_pruned_int8_convrot.safetensors"
-MMH3_TE = "qwen3vl_32b_minimax_h3_nvfp4_awq.safetensors"
-MMH3_VAE = "minimax_h3_video_vae_fp16.safetensors"
-MMH3_AUDIO_VAE = "minimax_h3_audio_vae_fp32.safetensors"
-
-# file name -> (download URL, models/ folder), as ComfyUI's official templates give them
-MODELS = {
-    "flux1-dev-fp8.safetensors": (HF + "Comfy-Org/flux1-dev/resolve/main/flux1-dev-fp8.safetensors?download=true",
-                                  "checkpoints"),
-    "sd3.5_large_fp8_scaled.safetensors": (
-        HF + "Comfy-Org/stable-diffusion-3.5-fp8/resolve/main/sd3.5_large_fp8_scaled.safetensors?download=true",
-        "checkpoints"),
-    "qwen_image_fp8_e4m3fn.safetensors": (QWEN + "diffusion_models/qwen_image_fp8_e4m3fn.safetensors",
-                                          "diffusion_models"),
-    "qwen_image_vae.safetensors": (QWEN + "vae/qwen_image_vae.safetensors", "vae"),
-    "wan2.2_i2v_high_noise_14B_fp8_scaled.safetensors": (
-        WAN22 + "diffusion_models/wan2.2_i2v_high_noise_14B_fp8_scaled.safetensors", "diffusion_models"),
-    "wan2.2_i2v_low_noise_14B_fp8_scaled.safetensors": (
-        WAN22 + "diffusion_models/wan2.2_i2v_low_noise_14B_fp8_scaled.safetensors", "diffusion_models"),
-    "umt5_xxl_fp8_e4m3fn_scaled.safetensors": (WAN21 + "text_encoders/umt5_xxl_fp8_e4m3fn_scaled.safetensors",
-                                               "text_encoders"),
-    "wan_2.1_vae.safetensors": (WAN22 + "vae/wan_2.1_vae.safetensors", "vae"),
-    "wan2.2_ti2v_5B_fp16.safetensors": (WAN22 + "diffusion_models/wan2.2_ti2v_5B_fp16.safetensors",
-                                        "diffusion_models"),
-    "wan2.2_vae.safetensors": (WAN22 + "vae/wan2.2_vae.safetensors", "vae"),
-    "hunyuanvideo1.5_720p_t2v_fp16.safetensors": (
-        HYV15 + "diffusion_models/hunyuanvideo1.5_720p_t2v_fp16.safetensors", "diffusion_models"),
-    "byt5_small_glyphxl_fp16.safetensors": (HYV15 + "text_encoders/byt5_small_glyphxl_fp16.safetensors",
-                                            "text_encoders"),
-    "hunyuanvideo15_vae_fp16.safetensors": (HYV15 + "vae/hunyuanvideo15_vae_fp16.safetensors", "vae"),
-    "flux1-dev-kontext_fp8_scaled.safetensors": (
-        HF + "Comfy-Org/flux1-kontext-dev_ComfyUI/resolve/main/split_files/diffusion_models/"
-        "flux1-dev-kontext_fp8_scaled.safetensors", "diffusion_models"),
-    "clip_l.safetensors": (FLUX_TE + "clip_l.safetensors", "text_encoders"),
-    "t5xxl_fp8_e4m3fn_scaled.safetensors": (FLUX_TE + "t5xxl_fp8_e4m3fn_scaled.safetensors", "text_encoders"),
-    "ae.safetensors": (HF + "Comfy-Org/Lumina_Image_2.0_Repackaged/resolve/main/split_files/vae/ae.safetensors",
-                       "vae"),
-    "z_image_bf16.safetensors": (ZIMAGE + "diffusion_models/z_image_bf16.safetensors", "diffusion_models"),
-    "qwen_3_4b.safetensors": (ZIMAGE_TURBO + "text_encoders/qwen_3_4b.safetensors", "text_encoders"),
-    LTX23: (HF + "Lightricks/LTX-2.3-fp8/resolve/main/" + LTX23, "checkpoints"),
-    LTX23_LORA: (HF + "Comfy-Org/ltx-2.3/resolve/main/split_files/loras/" + LTX23_LORA, "loras"),
-    GEMMA3: (HF + "Comfy-Org/ltx-2/resolve/main/split_files/text_encoders/" + GEMMA3, "text_encoders"),
-    MMH3_DIT: (MMH3 + "diffusion_models/" + MMH3_DIT, "diffusion_models"),
-    MMH3_TE: (MMH3 + "text_encoders/" + MMH3_TE, "text_encoders"),
-    MMH3_VAE: (MMH3 + "vae/" + MMH3_VAE, "vae"),
-    MMH3_AUDIO_VAE: (MMH3 + "vae/" + MMH3_AUDIO_VAE, "vae"),
-}
-# the Qwen 2.5 VL text encoder is the same file in two repackaged repos; each template links its own model's
-QWEN_VL = "qwen_2.5_vl_7b_fp8_scaled.safetensors"
-QWEN_VL_URL = {"qwen_image": QWEN + "text_encoders/" + QWEN_VL, "hunyuan": HYV15 + "text_encoders/" + QWEN_VL}
-# a file some official template links from its own model's repo instead of MODELS' URL: (source, file) -> URL
-# (image_z_image links the Flux `ae` from the Z-Image Turbo repo; the same file)
-SOURCE_URL = {("z_image", "ae.safetensors"): ZIMAGE_TURBO + "vae/ae.safetensors"}
-
-# widgets that name model files, per loader: these get `properties.models`
-LOADER_FILES = {"CheckpointLoaderSimple": ("ckpt_name",), "UNETLoader": ("unet_name",), "VAELoader": ("vae_name",),
-                "CLIPLoader": ("clip_name",), "DualCLIPLoader": ("clip_name1", "clip_name2"),
-                "LTXAVTextEncoderLoader": ("text_encoder", "ckpt_name"), "LTXVAudioVAELoader": ("ckpt_name",),
-                "LoraLoaderModelOnly": ("lora_name",)}
 
 WAN_NEGATIVE = ("色调艳丽，过曝，静态，细节模糊不清，字幕，风格，作品，画作，画面，静止，整体发灰，最差质量，低质量，JPEG压缩残留，丑陋的，残缺的，"
                 "多余的手指，画得不好的手部，画得不好的脸部，畸形的，毁容的，形态畸形的肢体，手指融合，静止不动的画面，杂乱的背景，三条腿，背景人很多，"
@@ -355,160 +290,6 @@ def minimax_h3_t2v():
     }
 
 
-def _where(*files):
-    lines = []
-    for f in files:
-        folder = MODELS[f][1] if f in MODELS else "text_encoders"
-        lines.append(f"  models/{folder}/{f}")
-    return "\n".join(lines)
-
-
-COMMON = ("Missing files: ComfyUI's 'missing models' dialog offers each download (links are on the loader nodes).\n"
-          "GPU count = the product of Parallel Config's degrees (dp x cfg x ulysses x ring); it must not exceed your "
-          "GPUs. Leave device 'auto'. The first run starts the workers (a minute); later runs reuse them.")
-
-NOTES = {
-    "flux1_dev_fp8_2gpu_ulysses2": f"""Flux.1 dev fp8 on 2 GPUs (Ulysses 2)
-
-Flux dev is guidance-distilled: cfg stays 1 (FluxGuidance 3.5 steers it), so there is no CFG half to split; both GPUs
-split the image tokens (ulysses_degree 2, cfg_degree 1).
-Memory: each GPU holds the whole fp8 diffusion model (12 GB) plus half the activations: 16 GB cards work, 24 GB
-comfortable at 1024x1024. Less than 16 GB: set shard_weights to 'sequence' (6 GB of weights per GPU).
-System RAM: about 32 GB (ComfyUI keeps its own copy of the checkpoint on the host).
-Files (one checkpoint holding the model, CLIP-L, T5-XXL fp8 and the VAE):
-{_where("flux1-dev-fp8.safetensors")}
-4 GPUs: see the 4-GPU template, or set ulysses_degree 4 (Flux has 24 heads: 2, 3, 4, 6 or 8 divide them).
-{COMMON}""",
-    "flux1_dev_fp8_4gpu_ulysses4": f"""Flux.1 dev fp8 on 4 GPUs (Ulysses 4)
-
-As the 2-GPU template with ulysses_degree 4: each GPU computes a quarter of the image tokens. cfg stays 1 (Flux dev
-uses guidance, not CFG), so cfg_degree stays 1. 2 machines x 2 GPUs: add a Hybrid Parallel Cluster node.
-Memory: 12 GB of fp8 weights per GPU plus a quarter of the activations: 16 GB cards; with shard_weights 'sequence'
-each GPU keeps 3 GB of weights (12 GB cards), at the cost of gathering each block before use.
-System RAM: about 32 GB.
-Files:
-{_where("flux1-dev-fp8.safetensors")}
-{COMMON}""",
-    "sd35_large_fp8_cfg2_ulysses2": f"""SD3.5 Large fp8 with CFG on 4 GPUs (cfg 2 x ulysses 2)
-
-cfg 4 > 1: the conditional and unconditional passes run side by side (cfg_degree 2), and each half splits its
-image tokens over 2 GPUs (ulysses_degree 2) = 4 GPUs.
-2 GPUs: ulysses_degree 1 (CFG parallel only). 8 GPUs: ring_degree 2 (SD3.5 Large has 38 heads, so Ulysses
-stops at 2; Ring splits the tokens without that limit).
-Memory: the 8B diffusion model in fp8 is 8 GB per GPU plus activations: 12-16 GB cards at 1024x1024.
-System RAM: about 32 GB.
-Files (one checkpoint with CLIP-L, CLIP-G, T5-XXL fp8 and the VAE):
-{_where("sd3.5_large_fp8_scaled.safetensors")}
-{COMMON}""",
-    "qwen_image_cfg2_ulysses2": f"""Qwen-Image fp8 with CFG on 4 x 24 GB GPUs (cfg 2 x ulysses 2, weights sharded)
-
-cfg 2.5: CFG halves side by side (cfg_degree 2) x the image tokens over 2 GPUs (ulysses_degree 2) = 4 GPUs.
-The fp8 model is 20 GB: shard_weights 'sequence' keeps half of it on each GPU of an Ulysses pair (10 GB) and
-gathers each block just before use, so 24 GB cards have room for the 1328x1328 activations.
-48 GB cards or more: set shard_weights 'none' (faster: no gathering). 2 GPUs: cfg_degree 2, ulysses_degree 1,
-shard_weights 'none' (needs ~26 GB per GPU) or 'all'.
-System RAM: about 48 GB (the model and the 9 GB text encoder stay on the host).
-Files:
-{_where("qwen_image_fp8_e4m3fn.safetensors", QWEN_VL, "qwen_image_vae.safetensors")}
-{COMMON}""",
-    "wan22_i2v_14b_two_experts_24gb": f"""Wan 2.2 14B image-to-video, two experts, 4 x 24 GB GPUs (cfg 2 x ulysses 2, weights sharded)
-
-The high-noise expert samples steps 0-10, the low-noise expert 10-20 (two KSamplerAdvanced, each model through
-Parallel Model onto the same workers). Each expert is 14.3 GB in fp8: replicated, the pair (28.6 GB) fits no
-24 GB card. shard_weights 'all' keeps 1/4 of each on every GPU (7.2 GB for both) and gathers a block's weights one
-block ahead of use.
-2 GPUs: cfg_degree 1 (or ulysses_degree 1), keep shard_weights 'all': 14.3 GB of weights per GPU.
-8 GPUs: ring_degree 2. 48 GB+ cards: shard_weights 'none' is faster.
-Pick your start image in Load Image; 640x640, 81 frames (5 s at 16 fps).
-System RAM: about 64 GB (both experts and the text encoder stay on the host).
-Files:
-{_where("wan2.2_i2v_high_noise_14B_fp8_scaled.safetensors", "wan2.2_i2v_low_noise_14B_fp8_scaled.safetensors",
-        "umt5_xxl_fp8_e4m3fn_scaled.safetensors", "wan_2.1_vae.safetensors")}
-{COMMON}""",
-    "wan22_ti2v_5b_cfg2_ulysses2": f"""Wan 2.2 TI2V 5B, text/image to video on 4 GPUs (cfg 2 x ulysses 2)
-
-cfg 5: CFG halves side by side (cfg_degree 2) x the video tokens over 2 GPUs (ulysses_degree 2) = 4 GPUs.
-The start image is optional: disconnect Load Image for text-to-video. 1280x704, 121 frames (5 s at 24 fps).
-2 GPUs: ulysses_degree 1. 8 GPUs: ring_degree 2 (or ulysses_degree 4: 24 heads).
-Memory: 10 GB of fp16 weights per GPU plus activations: 16-24 GB cards. Less: shard_weights 'sequence'.
-Patch VAE Decode splits the Wan 2.2 VAE decode over the same GPUs.
-System RAM: about 32 GB.
-Files:
-{_where("wan2.2_ti2v_5B_fp16.safetensors", "umt5_xxl_fp8_e4m3fn_scaled.safetensors", "wan2.2_vae.safetensors")}
-{COMMON}""",
-    "hunyuan_video15_720p_t2v_cfg2_ulysses2": f"""HunyuanVideo 1.5 720p text-to-video on 4 x 24 GB GPUs (cfg 2 x ulysses 2, weights sharded)
-
-cfg 6: CFG halves side by side (cfg_degree 2) x the video tokens over 2 GPUs (ulysses_degree 2) = 4 GPUs.
-The 8.3B model is 16.7 GB in fp16: shard_weights 'sequence' keeps half on each GPU of an Ulysses pair (8.3 GB),
-leaving room for the 1280x720x121 activations on 24 GB cards. 48 GB+ cards: shard_weights 'none'.
-2 GPUs: ulysses_degree 1, shard_weights 'all'. 8 GPUs: ulysses_degree 4 (16 heads).
-The VAE decode runs in ComfyUI (VAE Decode), as in ComfyUI's own template.
-System RAM: about 48 GB.
-Files:
-{_where("hunyuanvideo1.5_720p_t2v_fp16.safetensors", QWEN_VL, "byt5_small_glyphxl_fp16.safetensors",
-        "hunyuanvideo15_vae_fp16.safetensors")}
-{COMMON}""",
-    "flux1_kontext_dev_edit_ulysses2": f"""Flux.1 Kontext dev fp8, image edit on 2 GPUs (Ulysses 2)
-
-Load your image and describe the change. The image joins as a reference latent: its tokens are split over the
-GPUs with the generated image's. cfg stays 1 (guidance 2.5), so cfg_degree stays 1.
-4 GPUs: ulysses_degree 4.
-Memory: 12 GB of fp8 weights per GPU plus half the activations: 16 GB cards, 24 GB comfortable.
-Less: shard_weights 'sequence'.
-System RAM: about 32 GB.
-Files:
-{_where("flux1-dev-kontext_fp8_scaled.safetensors", "clip_l.safetensors", "t5xxl_fp8_e4m3fn_scaled.safetensors",
-        "ae.safetensors")}
-{COMMON}""",
-    "z_image_cfg2_2gpu": f"""Z-Image bf16 with CFG on 2 x 24 GB GPUs (cfg 2)
-
-cfg 4: the conditional and unconditional passes run side by side, one on each GPU (cfg_degree 2).
-4 GPUs: ulysses_degree 2 as well (cfg 2 x ulysses 2). Z-Image has 30 heads: Ulysses 2 (3, 5, 6) divides them,
-4 does not; for 8 GPUs use ring_degree 2 on top of cfg 2 x ulysses 2.
-Memory: the 6B model is 12 GB in bf16 on each GPU plus the activations: 24 GB cards at 1024x1024. 16 GB cards:
-set weight_dtype fp8_e4m3fn on Load Diffusion Model (6 GB), or with 4 GPUs shard_weights 'sequence'.
-Patch VAE Decode splits the VAE decode over the same GPUs.
-System RAM: about 32 GB (the model and the 8 GB text encoder stay on the host).
-Files:
-{_where("z_image_bf16.safetensors", "qwen_3_4b.safetensors", "ae.safetensors")}
-{COMMON}""",
-    "ltx23_t2v_audio_ulysses4": f"""LTX-2.3 22B fp8, text to video with audio on 4 x 48/80 GB GPUs (Ulysses 4)
-
-ComfyUI's LTX-2.3 text-to-video template, flattened to its essential path: the dev checkpoint with the distilled
-LoRA (strength 0.5), cfg 1, the template's 8 manual sigmas. Left out: the half-size pass + latent upscaler +
-3 refining steps (one pass at the full size here) and the prompt-enhancer LLM.
-cfg 1: no CFG half to split; the video tokens go over 4 GPUs (ulysses_degree 4, through Parallel Model before the
-template's own sampler nodes); the audio tokens stay whole on every GPU.
-2 GPUs: ulysses_degree 2. 8 GPUs: ulysses_degree 8 (32 heads). Without the LoRA (cfg 3-4, 30+ steps):
-cfg_degree 2 x ulysses_degree 2 on 4 GPUs.
-Memory: 22 GB of fp8 weights on each GPU plus a quarter of the 1280x704x121 activations: 48 GB cards, 80 GB with
-room for longer videos. 24 GB cards: shard_weights 'all' (5.5 GB of weights per GPU).
-The video decode (VAE Decode (Tiled)) and the audio decode run in ComfyUI, as in ComfyUI's template.
-System RAM: about 64 GB (the checkpoint and the Gemma 3 12B text encoder stay on the host).
-Files (one checkpoint holding the model, the video VAE and the audio VAE):
-{_where(LTX23, LTX23_LORA, GEMMA3)}
-{COMMON}""",
-    "minimax_h3_t2v_audio_ulysses4": f"""MiniMax H3 int8, text to video with audio on 4 x 48/80 GB GPUs (Ulysses 4)
-
-ComfyUI's MiniMax H3 text-to-video template, flattened (its subgraph opened up), with its defaults: 864x480
-(16:9, 0.4 MP), 124 frames (5 s at 24 fps; lengths are 17k + 5), 20 steps res_multistep, no CFG (BasicGuider).
-Left out: the template's switch to the 8-step turbo LoRA (off there too) and its duration / resolution helpers
-(set width, height and length on MiniMax H3 Image to Video: its native canvas is 1344x768).
-No CFG half to split: the model's one packed stream (text, audio and video tokens together) goes over 4 GPUs
-(ulysses_degree 4, through Parallel Model before the template's own sampler nodes).
-2 GPUs: ulysses_degree 2. 8 GPUs: ulysses_degree 8 (56 heads: 2, 4, 7 or 8 divide them; ring_degree beyond).
-Memory: the 33B model is ~33 GB in int8 on each GPU plus a quarter of the activations: 48 GB cards at 864x480,
-80 GB for 1344x768 or longer videos. 24 GB cards: shard_weights 'sequence' (~8 GB of weights per GPU on 4 GPUs;
-~17 GB on 2 GPUs: tight).
-The video decode (VAE Decode) and the audio decode run in ComfyUI, as in ComfyUI's template (Patch VAE Decode
-does not split MiniMax H3's ViT video decoder).
-System RAM: about 96 GB (the model, the Qwen3-VL 32B text encoder and the VAEs stay on the host).
-Files:
-{_where(MMH3_DIT, MMH3_TE, MMH3_VAE, MMH3_AUDIO_VAE)}
-{COMMON}""",
-}
-
-
 def templates():
     """name -> (API prompt, note text, the source of its links: the Qwen 2.5 VL link to use, SOURCE_URL's, or
     None)."""
@@ -526,27 +307,6 @@ def templates():
         "minimax_h3_t2v_audio_ulysses4": (minimax_h3_t2v(), None),
     }
     return {name: (g, NOTES[name], vl) for name, (g, vl) in graphs.items()}
-
-
-def model_links(prompt: dict, source: str = None) -> dict:
-    """node id -> ComfyUI's `properties.models` list ({name, url, directory}) for each loader of `prompt`; `source`
-    (templates()' third element) picks the Qwen 2.5 VL link and any SOURCE_URL override."""
-    out = {}
-    for nid, n in prompt.items():
-        keys = LOADER_FILES.get(n["class_type"], ())
-        files = [n["inputs"][k] for k in keys]
-        links = []
-        for f in files:
-            if f == QWEN_VL:
-                links.append({"name": f, "url": QWEN_VL_URL[source], "directory": "text_encoders"})
-            elif (source, f) in SOURCE_URL:
-                links.append({"name": f, "url": SOURCE_URL[source, f], "directory": MODELS[f][1]})
-            else:
-                url, directory = MODELS[f]
-                links.append({"name": f, "url": url, "directory": directory})
-        if links:
-            out[nid] = links
-    return out
 
 
 def write_api_prompts():

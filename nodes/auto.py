@@ -14,9 +14,10 @@ import time
 from dataclasses import replace
 
 from ..parallel.config import ParallelConfig
-from ..workers.bridge.spec import diffusion_model_of
 from ..parallel.costmodel import (CPU_EPYC_2, H100_NVLINK, H100_PCIE, DeviceCost, choose, format_table, probe_cpu,
                                    scaled_to, shape_from_module)
+from ..workers.bridge.build import attention_function, picked_attention
+from ..workers.bridge.spec import ANY, diffusion_model_of, family_adapter
 
 log = logging.getLogger("comfyui_hybrid_parallel.auto")
 
@@ -90,7 +91,6 @@ def kernel_probe(device: str, head_dim: int, cache: dict | None = None):
     depending on batch, heads and threads), while ring ranks run SDPA. None when ComfyUI's kernel is SDPA itself."""
     import torch
 
-    from ..workers.bridge.build import attention_function, picked_attention
     name = picked_attention()
     if name in (None, "pytorch"):
         return None, name
@@ -183,7 +183,6 @@ def resolve_auto(hp, model_patcher, latent_shape, cfg: float, negative, positive
     try:
         shape = shape_from_module(diffusion_model_of(model_patcher))
     except ValueError as e:
-        from ..workers.bridge.spec import ANY, family_adapter
         dm = diffusion_model_of(model_patcher)
         if family_adapter(dm) is ANY:  # a model no family adapter knows: only its batch splits (any_model.py)
             return _batch_split(hp, type(dm).__name__, latent_shape, active, report)

@@ -4,8 +4,11 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from ..parallel import staged
 from ..parallel.config import SHARD_CHOICES, ConfigError, ParallelConfig, normalize_devices
 from ..parallel.mesh import rank_groups
+from ..workers.bridge.host import comfy_gpus
+from ..workers.platform_support import check_pool
 
 SAMPLING_MODES = ["auto", "step", "loop"]
 MAX_LISTED_RANKS = 256  # larger worlds are described by their degrees only (listing them costs seconds)
@@ -75,8 +78,6 @@ def check_placement(config: ParallelConfig, device: str, cluster=None) -> None:
     a CUDA device that does not exist, more GPU ranks than GPUs, a CPU world beyond max_cpu_workers(). In a
     cluster this machine holds one launch group (nproc_per_node ranks); the others are checked by their torchrun."""
     _check_devices(config, device, cluster)  # the devices first: "no CUDA device here" is the more precise message
-    from ..parallel import staged
-    from ..workers.platform_support import check_pool
     try:  # Windows (no pool), macOS (CPU ranks only), a torch without NCCL / gloo: said with the fix, here
         check_pool(device if device in ("auto", "cpu", "cuda") else "auto", world_size=config.world_size,
                    share_devices=staged.enabled())
@@ -94,8 +95,6 @@ def check_hp_placement(hp: HybridParallelConfig) -> None:
 
 def _check_devices(config: ParallelConfig, device: str, cluster=None) -> None:
     n = config.world_size
-    from ..parallel import staged
-    from ..workers.bridge.host import comfy_gpus
     gpus = comfy_gpus().get("count", 0)  # every GPU, also those ComfyUI's --cuda-device hid from itself
     if cluster is not None:
         if config.devices:
@@ -129,7 +128,6 @@ def _check_devices(config: ParallelConfig, device: str, cluster=None) -> None:
 def auto_device_count(device: str) -> int:
     """The devices degrees 'auto' may use on this machine: the visible GPUs (device cuda / auto with CUDA), else the
     CPU cores - more CPU ranks than cores only share them (workers/launch.worker_threads)."""
-    from ..workers.bridge.host import comfy_gpus
     gpus = comfy_gpus().get("count", 0)  # every GPU, also those ComfyUI's --cuda-device hid from itself
     if device == "cuda" or (device == "auto" and gpus):
         return max(1, gpus)

@@ -17,7 +17,10 @@ import threading
 import time
 
 from ..parallel.mesh import AXES, rank_coords, rank_groups
+from ..workers.bridge.classified import refused_in
+from ..workers.forkserver import default_count
 from .config_node import MAX_LISTED_RANKS, ParallelConfigNode, check_hp_placement, check_placement, summary
+from .simple_node import ParallelGPUsNode
 
 MAX_PICTURE_RANKS = MAX_LISTED_RANKS  # larger worlds get totals only: a picture of them would not be read anyway
 PICTURE_AXES = ("dp", "cfg", "pp", "ring", "ulysses", "tp", "sp")
@@ -62,7 +65,6 @@ def node_config_why(kind: str, widgets) -> tuple:
     ("HybridParallelGPUs") node's widget values fix now, valid and placeable here; else (None, why): another node,
     values the node itself will refuse when the prompt runs (its message), or degrees / devices "auto" (they choose
     at the sampler)."""
-    from .simple_node import ParallelGPUsNode
     build = {"HybridParallelConfig": config_from_widgets,
              "HybridParallelGPUs": lambda w: ParallelGPUsNode.configure(
                  **{k: w[k] for k in ("devices", "preset") if k in w})}.get(kind)
@@ -121,13 +123,11 @@ def warm_on_prompt(runtime, start=None):
                                                        for n in prompt.values()):
                 return json_data
             hp = prompt_config(prompt)
-            from ..workers.bridge.classified import refused_in
             if hp is not None and refused_in(prompt, loop=hp.config.pp_degree > 1 or hp.mode == "loop"):
                 return json_data  # its sampler will refuse it before any work: no workers for it either
 
             def run():
                 try:
-                    from ..workers.forkserver import default_count
                     runtime.warm_for_prompt(default_count(), hp, queued=seen)
                 except Exception as e:  # noqa: BLE001 - a head start only: the prompt's own run reports errors
                     import logging
@@ -225,7 +225,6 @@ def register(server, runtime) -> None:
                          ("HybridParallelGPUs", body.get("gpus")))
 
         def start():
-            from ..workers.forkserver import default_count
             n = default_count()
             return n, runtime.warm(n, node_config(kind, widgets))
         try:
@@ -298,7 +297,6 @@ def prestart_from_env(runtime, value: str | None = None, start=None) -> str:
 
     def run():
         try:
-            from ..workers.forkserver import default_count
             runtime.warm(default_count() or (0 if hp is None else hp.config.world_size), hp)
         except Exception as e:  # noqa: BLE001 - a head start only: the prompt's own run reports errors
             log.error("hybrid parallel: HP_PRESTART failed: %s", e)

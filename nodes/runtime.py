@@ -17,10 +17,12 @@ from contextlib import contextmanager
 
 import torch
 
-from ..workers.bridge.build import driver_attention_is_pytorch
-from ..workers.bridge.host import adopter, comfy_gpus, free_beside_comfy, interrupt_comfy, on_comfy_unload
-from ..workers.bridge.seams import comfy_loaded, problem_line
 from ..workers import forkserver
+from ..workers.bridge.build import comfy_runtime, driver_attention_is_pytorch
+from ..workers.bridge.host import adopter, comfy_gpus, free_beside_comfy, interrupt_comfy, on_comfy_unload
+from ..workers.bridge.loader_types import raw
+from ..workers.bridge.seams import comfy_loaded, problem_line
+from ..workers.bridge.spec import family_adapter, sent_tensors, weight_bytes
 from ..workers.launch import local_env
 from ..workers.pool import JobCancelled, PoolError, WorkerPool
 from .cluster_node import join_commands
@@ -172,7 +174,6 @@ class Runtime:
         if self._pool is not None and self._pool.running and not self._pool.runs(hp.config):
             return  # another world is up: the sampler switches it once its checks pass
         try:
-            from ..workers.bridge.build import comfy_runtime
             comfy = comfy_runtime()
         except Exception:  # noqa: BLE001 - no ComfyUI here: nothing to prepare
             return
@@ -199,8 +200,6 @@ class Runtime:
         `unhooked`: {name: tensor} for the weights a hook group holds patched in place now (ComfyUI's own backup of
         each): those travel, and ComfyUI's hooked tensors are left as they are.
         """
-        from ..workers.bridge.loader_types import raw
-        from ..workers.bridge.spec import family_adapter, sent_tensors, weight_bytes
         family = family or family_adapter(diffusion_model).family
         pool = self.pool(hp)
         w = pool.world

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 from ..workers.bridge.graph import given
 from ..workers.bridge.host import take_over_from_dynamic_vram
-from ..workers.bridge.sampling import APPLY_MODEL, add_wrapper, ksample, ksample_with, samplers_and_schedulers
 from ..workers.bridge.loop_mode import (check_loop_mode, check_loop_sampling, ksampler_latent, make_loop_sampler,
                                         uses_loop_mode)
 from ..workers.bridge.prepare import (WRAPPER_KEY, capture_run, check_latent, check_not_multigpu, check_not_on_pool,
                                       host_clone, patches_on_workers, pool_state, without_compile_wrapper)
-from ..workers.bridge.spec import check_memory
 from ..workers.bridge.proxy import make_apply_model_wrapper
+from ..workers.bridge.sampling import APPLY_MODEL, add_wrapper, ksample, ksample_with, samplers_and_schedulers
+from ..workers.bridge.spec import check_memory
+from .auto import resolve_auto, warn_idle_cfg
 
 
 class HybridSampler:
@@ -50,7 +51,6 @@ class HybridSampler:
 
     def sample(self, model, seed, steps, cfg, sampler_name, scheduler, positive, negative, latent_image,
                parallel_config, denoise=1.0, prompt=None, unique_id=None):
-        from .auto import resolve_auto, warn_idle_cfg  # degrees "auto": chosen here, where the latent is known
         report = {}
         latent_image = ksampler_latent(model, latent_image)  # KSampler's empty latent, before its shape is read
         hp = resolve_auto(parallel_config, model, tuple(latent_image["samples"].shape), cfg, negative, positive,

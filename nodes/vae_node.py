@@ -10,8 +10,10 @@ from __future__ import annotations
 import torch
 
 from ..parallel.config import ConfigError
-from ..workers.bridge.residency import stamp
+from ..parallel.vae.comfy_vaes import comfy_vae_for, refusal, supported_titles
+from ..parallel.vae.native import plan_native
 from ..workers.bridge.proxy import submit_interruptible
+from ..workers.bridge.residency import stamp
 from ..workers.bridge.vae import native_vae_spec, qualname, vae_input, vae_module, vae_output
 
 
@@ -79,8 +81,6 @@ def check_vae(first_stage_model, latent=None, ranks: int = 1, block_size=None):
     checked on ComfyUI's copy (every module of its decode path read, a latent of the right rank, tall enough for
     `ranks`); a ValueError naming the VAE, why and the workaround otherwise - before the VAE travels or a worker
     starts."""
-    from ..parallel.vae.comfy_vaes import comfy_vae_for, refusal, supported_titles
-    from ..parallel.vae.native import plan_native
     what = qualname(first_stage_model)
     workaround = "Decode it with ComfyUI's VAE Decode, or VAE Decode (Tiled) when it does not fit in memory"
     declared = comfy_vae_for(first_stage_model)

@@ -22,6 +22,7 @@ from typing import Optional
 
 from .comm import split_sizes
 from .config import ConfigError, ParallelConfig
+from .models import ADAPTERS, _match
 
 # families whose text enters by cross-attention (the rest put it in the self-attention: MMDiT / single stream)
 CROSS_TEXT = frozenset({"pixart", "wan", "wan_vace", "wan_camera", "ltxv", "ltxav", "cosmos_predict2"})
@@ -309,7 +310,6 @@ def _collectives(shape: ModelShape, text: int, config: ParallelConfig) -> dict:
 
 def _plan_splits_text(family: str) -> bool:
     """Whether the family's plan (ComfyUI's class) declares a text split (a SplitInput with text=True)."""
-    from .models import ADAPTERS
     a = ADAPTERS.get(family)
     return a is not None and a.comfy_plan.splits_text
 
@@ -426,7 +426,6 @@ def shape_from_module(model, act_bytes: Optional[int] = None) -> ModelShape:
     per sample) are left out. hidden = the most common Linear input width in the blocks; heads from the plan."""
     import torch
 
-    from .models import _match
     found = _match(model)
     if found is None:
         raise ValueError(f"no adapter for {type(model).__name__}: cannot read its shape for auto")

@@ -17,6 +17,20 @@ from typing import Callable, Optional
 
 import torch
 
+from . import parallelize
+from .comm import any_rank
+from .context import world_axis
+from .distrifusion import distrifusion_state
+from .loop import run_loop
+from .models import ADAPTERS, ANY, plan_for
+from .pipefusion import eps, flow, run_pipefusion_loop
+from .pipefusion.plans import keep_stage_blocks
+from .shard import apply_weight_sharding
+from .stepcache import StepCacheSpec
+from .strict import lenient, opaque_to_dynamo
+from .vae.comfy_vaes import comfy_vae_for
+from .vae.native import native_patch_decode
+
 
 @dataclass
 class Resident:
@@ -42,7 +56,6 @@ class Resident:
             return self.model
         key = json.dumps(compile_spec, sort_keys=True)
         if key not in self.compiled:
-            from .strict import opaque_to_dynamo
             opaque_to_dynamo()  # tests' strict mode: its collective checks run as they are, not traced
             kw = {k: compile_spec.get(k) for k in ("backend", "options", "mode", "fullgraph", "dynamic")}
             self.compiled[key] = torch.compile(self.model, **{k: v for k, v in kw.items() if v is not None})
@@ -70,7 +83,6 @@ def _joining_concat(native_call):
 
 
 def _convention(spec: dict, sigmas: torch.Tensor):
-    from .pipefusion import eps, flow
     if spec["kind"] == "flow":
         return flow(float(spec["timestep_scale"]))
     table = {float(s): float(t) for s, t in zip(sigmas.tolist(), spec["timesteps"])}
@@ -80,8 +92,6 @@ def _convention(spec: dict, sigmas: torch.Tensor):
 def _agree_compute(want: bool, ctx) -> bool:
     """A step cache's decision, common to the whole world: compute when any rank wants to (every rank holds the
     same latent in loop mode, so they agree anyway - this makes it certain)."""
-    from .comm import any_rank
-    from .context import world_axis
     return any_rank(want, (world_axis(ctx),), ctx.device)
 
 
@@ -265,8 +275,6 @@ class Engine:
             attention_kernel=None, lineage: Optional[str] = None) -> Resident:
         """Make a built host model resident: parallelize it for ctx (DiT families), keep a PipeFusion stage's
         own blocks only, then move what this rank holds to `device` (room made first: make_room)."""
-        from . import parallelize
-        from .models import ADAPTERS, ANY, plan_for
         parallelized = family in ADAPTERS or family == ANY.family
         base_key = key
         self.drop_other_meshes(key)
@@ -275,9 +283,7 @@ class Engine:
             plan = ANY.comfy_plan if family == ANY.family else None  # no class to match: the batch split only
             model = parallelize(model, ctx, attention_kernel, plan=plan) or model
             if ctx.config.pp_degree > 1 and plan_for(model).pipeline is not None:
-                from .pipefusion.plans import keep_stage_blocks
                 keep_stage_blocks(model, ctx)  # a stage holds only its own blocks' weights
-            from .shard import apply_weight_sharding
             apply_weight_sharding(model, ctx)  # a rank keeps 1/N of every weight (shard_weights)
         device = torch.device(device) if device is not None else None
         if device is not None and device.type != "cpu":
@@ -325,14 +331,12 @@ class Engine:
             # step mode: the sampler's call index 0 starts a new run; the calls of one conditioning set (`conds`,
             # ComfyUI's cond_or_uncond) are one lane of steps with their own stale K/V - ComfyUI calls the model
             # once per conditioning where it cannot batch them (MiniMax H3 always; prompts of different shapes)
-            from .distrifusion import distrifusion_state
             distrifusion_state(r.model).start_call(int(call_index), lane=tuple(conds or ()))
         if before is not None:
             before()
         with torch.no_grad():
             if r.native_call is not None:
                 if compile_spec:
-                    from .strict import lenient
                     with lenient():  # tests' strict mode: dynamo cannot trace its bookkeeping
                         return r.native_call(r.callable_for(compile_spec), kwargs)
                 return r.native_call(r.model, kwargs)
@@ -351,8 +355,6 @@ class Engine:
         step_cache: ComfyUI's EasyCache rule (StepCacheSpec fields), decided alike on every rank; cache_report
         gets how many steps (PipeFusion: patch steps) it skipped.
         """
-        from .pipefusion import run_pipefusion_loop
-        from .stepcache import StepCacheSpec
         cache_spec = StepCacheSpec.from_json(step_cache)
         cache_kw = {} if cache_spec is None else dict(step_cache=cache_spec, cache_report=cache_report)
         r = self.get(key, ctx)
@@ -365,10 +367,8 @@ class Engine:
                 return run_pipefusion_loop(r.model, ctx, inputs, sigmas, noise, convention=conv, sampler=sampler,
                                            cfg_scale=cfg_scale, callback=lambda i, n: callback(i, n, None),
                                            cancel=cancel, **native, **cache_kw)
-        from .loop import run_loop
         distri = None
         if ctx.config.method == "distrifusion" and ctx.world_size > 1:
-            from .distrifusion import distrifusion_state
             distri = distrifusion_state(r.model)
 
         def step_start(i, n):
@@ -392,15 +392,12 @@ class Engine:
                before: Optional[Callable] = None) -> torch.Tensor:
         """Patch-parallel VAE decode over `axis` (every rank of the world by default); the full image on the axis'
         first rank (the one whose result the job returns), None on the others."""
-        from .context import world_axis
         r = self.get(key, ctx)
         ax = world_axis(ctx) if axis == "world" else ctx.axis(axis)
         if before is not None:
             before()
         if r.family == "vae_comfy":  # ComfyUI's own VAE module, split by its declaration (vae/comfy_vaes.py)
-            from .vae.comfy_vaes import comfy_vae_for
-            from .vae.native import native_patch_decode
             return native_patch_decode(r.model, comfy_vae_for(r.model), latent, ax, block_size=block_size)
-        from .vae.decode import patch_decode  # a diffusers VAE (library API)
+        from .vae.decode import patch_decode  # lazy: diffusers (a diffusers VAE: the library API)
         with torch.no_grad():
             return patch_decode(r.model, latent, ax, block_size=block_size, gather="first")  # rank 0 returns it

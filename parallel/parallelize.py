@@ -6,6 +6,7 @@ import torch
 from .distrifusion import apply_distrifusion
 from .models import plan_for
 from .plan import apply_plan, remove_plan
+from .tp import apply_tp, check_tp
 
 
 def parallelize(transformer: torch.nn.Module, ctx, attention_kernel=None, plan=None) -> torch.nn.Module:
@@ -32,7 +33,6 @@ def parallelize(transformer: torch.nn.Module, ctx, attention_kernel=None, plan=N
     if ctx.config.method == "distrifusion":  # stale-patch attention instead of USP; run state: distrifusion_state()
         return apply_distrifusion(transformer, ctx, plan)
     if ctx.config.tp_degree > 1:
-        from .tp import apply_tp, check_tp
         check_tp(transformer, plan, ctx.config.tp_degree)  # refuse before anything is sharded
     apply_plan(transformer, plan, ctx, kernel=attention_kernel)
     if ctx.config.tp_degree > 1:

@@ -32,6 +32,8 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from .context import world_axis
+
 ALIGN = 64  # byte offset of every tensor in a unit's flat buffer: any dtype view is aligned
 SHARD_BUFFER = "_hp_weight_shard"
 
@@ -370,7 +372,6 @@ def apply_weight_sharding(model: torch.nn.Module, ctx) -> Optional[WeightShardin
     choice = getattr(ctx.config, "shard_weights", "none")
     if choice == "none":
         return None
-    from .context import world_axis
     ax = ctx.sp if choice == "sequence" else world_axis(ctx)
     if ax.size <= 1:
         return None

@@ -49,7 +49,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from .shard import as_parameter, is_wrapper, layout_name, slice_wrapper, tensorwise_problem
+from .plan import path_matches
+from .shard import as_parameter, is_wrapper, layout_name, slice_wrapper, tensorwise_problem, wrapper_parts
 
 Blocks = Union[None, int, tuple, Callable]  # one block; k equal blocks; sizes; f(linear, parent) -> sizes
 
@@ -155,7 +156,6 @@ class _Shard:
 
 def _resolve(model: torch.nn.Module, plan, n: int) -> tuple:
     """([_Shard], [(module, attr)], problems): what the layout shards, and why it cannot (empty if it can)."""
-    from .plan import path_matches
     layout = plan.tp_layout()
     if layout is None:
         return [], [], [f"tensor parallel is not supported for {plan.model_class}: {plan.tp_refusal}"]
@@ -380,7 +380,6 @@ def _row_reduced(forward, ax):
 def local_param_bytes(model: torch.nn.Module) -> int:
     """Bytes of parameters this rank actually holds (its shards; freed meta weights of other PipeFusion
     stages do not count)."""
-    from .shard import wrapper_parts
 
     def held(p):  # a quantized weight holds its inner tensors' bytes, not its logical shape in its logical dtype
         return sum(held(x) for x in wrapper_parts(p)[0].values()) if is_wrapper(p) else p.numel() * p.element_size()

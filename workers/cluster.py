@@ -28,6 +28,7 @@ import stat
 import sys
 from dataclasses import dataclass
 
+from .bootstrap import pack_root
 from .protocol import new_authkey
 
 
@@ -74,7 +75,6 @@ class Cluster:
 
     def join_command(self, node_rank: int, control: str | None = None, python: str = sys.executable) -> list:
         """The torchrun command that starts launch group `node_rank` (run it on that machine)."""
-        from .bootstrap import pack_root
         if not 0 <= node_rank < self.nnodes:
             raise ClusterError(f"node_rank must be in [0, {self.nnodes}), got {node_rank}")
         return [python, "-m", "torch.distributed.run", f"--nnodes={self.nnodes}", f"--node-rank={node_rank}",

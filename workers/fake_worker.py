@@ -22,6 +22,7 @@ import time
 from .protocol import connect
 from .serve import Cancelled, serve, ParentWatch
 from .transport import copy_blob
+from .worker_main import read_authkey
 
 BEHAVIOURS = ("serve", "die", "hang", "slow", "raise")
 SLOW_S = 0.2
@@ -118,7 +119,6 @@ def main(argv=None) -> int:
     p.add_argument("--driver-pid", type=int, required=True)
     p.add_argument("--behaviour", default="serve")
     args = p.parse_args(argv)
-    from .worker_main import read_authkey
     watch = ParentWatch(args.driver_pid, args.rank)
     channel = connect(args.address, read_authkey())
     channel.send("hello", rank=args.rank, pid=os.getpid())

@@ -283,7 +283,7 @@ def _child(request: dict, reply_fd: int) -> None:
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
-        from .worker_main import main  # the worker's side only: the driver never imports it
+        from .worker_main import main  # lazy: the worker's side only (the driver never imports it)
         code = main(request["argv"], authkey=bytes.fromhex(request["key"]))
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else 1

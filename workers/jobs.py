@@ -20,6 +20,8 @@ import time
 import torch
 import torch.distributed as dist
 
+from .bridge.build import prepare_comfy
+from .bridge.carry import Bypass, HookWeights, ObjectValues, rebuild_call
 from .load_job import job_load_model, unhook_all
 from .serve import Cancelled, JobRun
 from .transport import WEIGHT_PREFIX, Arena, read_tensor, tensor_dtype
@@ -173,7 +175,6 @@ def job_forward(state: WorkerState, ctx, payload: dict) -> dict:
 
     `call_index` is the sampler's model call (DistriFusion's warmup / stale decision).
     """
-    from .bridge.carry import HookWeights, ObjectValues, rebuild_call
     key = payload["key"]
     _reuse_inputs(state, key, payload)
     kwargs = rebuild_call(_inputs(state, payload))  # block replacements made functions again (Skip Layer Guidance)
@@ -200,7 +201,6 @@ def job_forward(state: WorkerState, ctx, payload: dict) -> dict:
 
 def _bypass(state: WorkerState, model, payload: dict):
     """ComfyUI's LoRA-bypass injections of the job (workers/bridge/carry.py Bypass) around its model calls."""
-    from .bridge.carry import Bypass
     call = payload.get("bypass") or {"id": None}
     if state.bypass is None:
         state.bypass = Bypass()
@@ -217,7 +217,6 @@ def job_loop(state: WorkerState, ctx, payload: dict) -> dict:
     """
     from comfyui_hybrid_parallel.parallel.pipefusion import PipelineCancelled
 
-    from .bridge.carry import ObjectValues
     unhook_all(state.engine)
     sigmas = payload["sigmas"]
     n_steps = len(sigmas) - 1
@@ -258,7 +257,6 @@ def job_prepare(state: WorkerState, ctx, payload: dict) -> dict:
     """Import ComfyUI as the driver's ComfyUI is configured, ahead of the first model: the pack starts the workers
     and this import while ComfyUI is still loading the model (or, on a model ComfyUI holds already, while the driver
     writes its weights)."""
-    from .bridge.build import prepare_comfy
     prepare_comfy(payload.get("comfy") or {}, sequence_parallel=ctx.config.intercepts_attention)
     return {"prepared": True}
 

@@ -29,6 +29,7 @@ import time
 from multiprocessing.connection import wait as wait_conns
 
 from .bootstrap import BOOTSTRAP, PACKAGE, pack_root
+from .cluster import PeerHandle, bind_control
 from .forkserver import ForkServerError
 from .protocol import Channel, ProtocolError, authenticate_server, encode, new_authkey
 from .transport import cleanup_prefix
@@ -253,7 +254,6 @@ class World:
         too long for one; the cluster's TCP address. The HMAC challenge gates every peer on all of them. (Windows
         never gets here: platform_support refuses it before a world starts.)"""
         if self.cluster is not None:
-            from .cluster import bind_control
             listener = bind_control(self.cluster)
             host = self.cluster.control.rpartition(":")[0]
             host = self.cluster.master_addr if host in ("0.0.0.0", "") else host
@@ -358,7 +358,6 @@ class World:
                     ch.close()  # authenticated but not the process we started for that rank
                     continue
                 if self.cluster is not None:
-                    from .cluster import PeerHandle
                     self.procs[rank] = PeerHandle(pid, local=hello.get("host") == socket.gethostname())
                 channels[rank] = ch
         return channels

@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
+from .bridge.build import (attention_kernel, build_native, build_native_vae, call_native, compute_dtype, import_comfy,
+                           loader_weights)
+from .bridge.loader_types import operations
+from .bridge.patches import PREFIX, apply, decode
 from .residency import LoadDecision
 from .transport import WEIGHT_PREFIX
 
@@ -44,7 +48,6 @@ def _patches(payload: dict):
     spec = payload.get("patch_spec")
     if spec is None:
         return None
-    from .bridge.patches import PREFIX, decode
     return decode(spec, {k: v for k, v in payload.items() if k.startswith(PREFIX)})
 
 
@@ -81,7 +84,6 @@ def job_load_model(state, ctx, payload: dict) -> dict:
         return _stale(engine, decision)
     native = payload.get("native")
     if payload.get("patch_spec") is not None and native:
-        from .bridge.build import import_comfy  # the patches are ComfyUI objects: ComfyUI first, as the driver's
         import_comfy(native, ctx.config.intercepts_attention)
     patches = _patches(payload)
     if decision.action == "patch":
@@ -105,15 +107,12 @@ def _loader_settings(ctx, payload: dict) -> None:
     them for every model it loaded, so each run sets them here as they are there now."""
     custom = (payload.get("native") or {}).get("ops", {}).get("custom")
     if custom:
-        from .bridge.build import import_comfy
-        from .bridge.loader_types import operations
         import_comfy(payload["native"], ctx.config.intercepts_attention)
         operations(custom)
 
 
 def _patch_in_place(state, ctx, payload: dict, patches, slot, r) -> dict:
     """Another patch version of this lineage is resident: its previous patches undone, these applied, re-keyed."""
-    from .bridge.patches import apply
     engine, key = state.engine, payload["key"]
     try:
         r.patched = frozenset(apply(r.model, r.base, patches, r.patched, state.device, _share(state, ctx, key),
@@ -141,11 +140,8 @@ def _build_resident(state, ctx, payload: dict, weights: dict, patches) -> dict:
     it resident, and apply `patches` to it (the weights are then its base, kept for the next version)."""
     key, engine, native = payload["key"], state.engine, payload.get("native")
     if native and native.get("vae"):  # ComfyUI's own VAE, for Patch VAE Decode
-        from .bridge.build import build_native_vae
         model, extra, kernel_name = build_native_vae(native, weights), {}, None
     elif native:  # ComfyUI's own class, ops and weights (workers/bridge/build.py)
-        from .bridge.build import (attention_kernel, build_native, call_native, compute_dtype, import_comfy,
-                                   loader_weights)
         import_comfy(native, ctx.config.intercepts_attention)  # (before a custom loader's modules import it)
         weights = loader_weights(native, weights)  # GGUF's quantized tensors around their raw bytes
         # sequence or pipeline parallel: attention must be interceptable (ComfyUI's pytorch kernel)
@@ -166,7 +162,6 @@ def _build_resident(state, ctx, payload: dict, weights: dict, patches) -> dict:
         if not ctx.config.whole_model:
             raise ValueError("weight patches travel only to ranks that hold the whole model (no tp / pp / "
                              "shard_weights): the driver sends patched weights there")
-        from .bridge.patches import apply
         r.base = weights
         try:
             r.patched = frozenset(apply(r.model, weights, patches, set(), state.device, _share(state, ctx, key),

@@ -28,6 +28,7 @@ from . import forkserver, residency
 from .collect import JobCollection
 from .errors import (JobCancelled, JobResult, JobTimeout, PoolError, StartupError, WorkerDied, WorkerError, WorkerOOM,
                      WorkerStalled)
+from .fake_worker import parse_behaviour
 from .launch import World, balance_spec
 from .platform_support import check_os, check_pool
 from .protocol import model_families
@@ -73,7 +74,6 @@ class WorkerPool(JobCollection):
                  stall_timeout_s: float | None = None, share_devices: bool | None = None,
                  balance: str | None = None, forks=None):
         if fake is not None:
-            from .fake_worker import parse_behaviour
             parse_behaviour(fake)
         if device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {device!r}")
@@ -89,7 +89,7 @@ class WorkerPool(JobCollection):
             raise ValueError("a cluster (workers started by torchrun) runs real workers; drop fake=")
         self.cluster = cluster  # workers/cluster.py: a world spanning launch groups on several machines
         # ranks share the GPUs over gloo with staged copies (parallel/staged.py): the GPU suite on one GPU, tests
-        from ..parallel import staged
+        from ..parallel import staged  # lazy: torch (this module loads it only where a job needs it)
         self.share_devices = staged.enabled() if share_devices is None else bool(share_devices)
         # ranks of different speeds (launch.balance_spec): "auto" probes GPU worlds, "probe" any, "off" none, or
         # "1,0.5,..." one speed per rank (HP_BALANCE)
@@ -174,7 +174,7 @@ class WorkerPool(JobCollection):
 
     def ensure_world(self, config) -> World:
         """The running world for `config`'s mesh: reused if it matches, (re)started if not."""
-        from ..parallel.config import ParallelConfig
+        from ..parallel.config import ParallelConfig  # lazy: torch, as above
         if not isinstance(config, ParallelConfig):
             raise TypeError(f"config must be a ParallelConfig, got {type(config).__name__}")
         with self._lock:

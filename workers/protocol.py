@@ -32,7 +32,7 @@ def model_families() -> tuple:
     """The model family names a load_model job may carry (the wire's vocabulary): every adapter's
     (parallel/models/<family>.py, read from there so a new family is its adapter alone), "any", and the VAEs.
     Imported when called: this module itself stays free of torch."""
-    from ..parallel.models import ADAPTERS, ANY
+    from ..parallel.models import ADAPTERS, ANY  # lazy: torch (see the docstring)
     return (*ADAPTERS, ANY.family, *VAE_FAMILIES)
 
 DRIVER_TYPES = {"init", "job", "cancel", "stop"}

@@ -18,6 +18,8 @@ from dataclasses import asdict, dataclass
 import os
 from typing import Optional
 
+from .transport import nbytes, unlink
+
 ACTIONS = ("touch", "patch", "rebuild", "build")
 
 
@@ -114,7 +116,6 @@ def ensure_model(pool, config, base: dict, *, state_dict, path, timeout_s, linea
     `base` values (key, family, config, native spec) travel with the decision. Weights are written before the pool is
     taken when the ranks' last report says they will travel (the copy overlaps Parallel Config's prestart), and only
     then; patches travel with a build or a patch decision. Returns rank 0's answer."""
-    from .transport import nbytes, unlink
     key = base["key"]
     request = dict(layout=config.layout_name(), lineage=lineage, patches=patches is not None,
                    native="native" in base, whole_model=config.whole_model,

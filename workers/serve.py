@@ -21,6 +21,7 @@ import traceback
 from collections import deque
 
 from .protocol import ProtocolError
+from .transport import cleanup_prefix
 
 PARENT_POLL_S = 1.0
 EXIT_DRIVER_GONE = 3
@@ -123,7 +124,6 @@ class ParentWatch:
             if not self.driver_gone():
                 return
             if self.prefix:
-                from .transport import cleanup_prefix
                 cleanup_prefix(self.prefix)
             if self.rank == 0 and self.tmpdir and os.path.basename(self.tmpdir).startswith("chp-pool-"):
                 shutil.rmtree(self.tmpdir, ignore_errors=True)

@@ -16,8 +16,9 @@ import socket
 import sys
 import traceback
 
+from .cluster import read_authkey_file
 from .protocol import connect
-from .serve import ParentWatch
+from .serve import ParentWatch, serve
 
 
 def parse_args(argv=None):
@@ -116,7 +117,6 @@ def main(argv=None, authkey: bytes | None = None) -> int:
     _pin_cpus(args.rank)
     watch = ParentWatch(args.driver_pid, args.rank)
     if args.torchrun:
-        from .cluster import read_authkey_file
         key = read_authkey_file(args.authkey_file)
     else:
         key = authkey if authkey is not None else read_authkey()
@@ -133,8 +133,7 @@ def main(argv=None, authkey: bytes | None = None) -> int:
         return 2
     channel.send("ready", rank=args.rank, ok=True, device=str(device))
 
-    from .jobs import WorkerState, make_executor
-    from .serve import serve
+    from .jobs import WorkerState, make_executor  # lazy: torch and the engine, once _join_world set the rank up
 
     state = WorkerState(args.rank, device, init["shm_prefix"], init.get("max_models", 2),
                         broadcast_tensors=bool(init.get("broadcast_tensors")))

@@ -29,12 +29,13 @@ import torch
 
 from ..comm import any_rank, broadcast
 from ..config import ConfigError
+from ..loop import run_loop
 from ..models import plan_for
+from ..stepcache import StepCache, StepCacheSpec
 from .batch import gather_cfg, gather_dp, share_batch
 from .plans import latent_layout, pipeline_plan_for, stage_ranges
 from .sampling import Convention, check_cfg_batch, check_sigmas, denoise, get_sampler, model_latent
 from .stage import SKIPPED, TAG_LATENT, Channel, PipelineCancelled, Run, Stage
-from ..stepcache import StepCache, StepCacheSpec
 
 
 def _any_in_stage(flag: bool, ctx) -> bool:
@@ -335,5 +336,4 @@ class _Loop:
 def run_serial_loop(transformer, inputs: dict, sigmas, noise: torch.Tensor, *, convention: Convention,
                     sampler: str = "euler", cfg_scale: Optional[float] = None) -> torch.Tensor:
     """The plain loop on one device (no hooks): what PipeFusion with warmup_steps >= steps must reproduce."""
-    from ..loop import run_loop  # not at import time: parallel.loop imports this package's sampling module
     return run_loop(transformer, inputs, sigmas, noise, convention=convention, sampler=sampler, cfg_scale=cfg_scale)

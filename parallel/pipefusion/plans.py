@@ -15,6 +15,7 @@ import torch
 
 from ..comm import split_sizes
 from ..config import ConfigError
+from ..models import plan_for
 from ..plan import BlockList, PipelinePlan  # noqa: F401  (re-exported: the data the family plans declare)
 
 
@@ -130,7 +131,6 @@ def keep_stage_blocks(model, ctx) -> int:
     those weights are never read; the model remembers its range so that a run with another split
     is refused instead of touching freed weights.
     """
-    from ..models import plan_for
     blocks = flat_blocks(model, pipeline_plan_for(plan_for(model)))
     start, stop = stage_ranges(len(blocks), ctx.pp.size, ctx.config.attn_layer_num_for_pp)[ctx.pp.rank]
     freed = 0

@@ -26,7 +26,7 @@ from typing import Callable, Optional
 import torch
 import torch.nn as nn
 
-from ..comm import all_gather_uneven, gather_to_first, split_sizes
+from ..comm import all_gather_uneven, all_reduce, gather_to_first, split_sizes
 from ..config import ConfigError
 from .patch_ops import PaddedConv, PatchConv, PatchGroupNorm, PrepaddedConv
 
@@ -130,7 +130,6 @@ class _PendingChunks:
     def __floordiv__(self, other):
         if other is not self.agreed:
             return NotImplemented
-        from ..comm import all_reduce
         total = all_reduce(torch.tensor([self.local_bytes], dtype=torch.int64, device=self.agreed.device),
                            self.agreed.ax)
         return (int(total.item()) + self.offset) // self.agreed.budget

@@ -91,3 +91,28 @@ def test_no_import_circle_in_product_code():
 def test_the_circle_finder_finds_a_circle():
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert circles({"a": {"b"}, "b": set()}) == []
+
+
+
+def lazy_without_reason(path: Path) -> list:
+    """The pack's own modules imported inside a function of `path` without `# lazy: <why>` on the import's line
+    ("line: import"). An import belongs at the top of its file; inside a function only where it is heavy or optional
+    for the importing module (torch in a module that stays free of it, diffusers), said where it is."""
+    lines = path.read_text().splitlines()
+    out = []
+    for fn in ast.walk(ast.parse("\n".join(lines))):
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            out += [f"{node.lineno}: {lines[node.lineno - 1].strip()}" for node in ast.walk(fn)
+                    if isinstance(node, ast.ImportFrom) and node.level > 0 and "# lazy:" not in lines[node.lineno - 1]]
+    return sorted(set(out))
+
+
+def test_imports_inside_functions_say_why():
+    found = {str(path.relative_to(ROOT)): bad for path, _ in _modules().values() if (bad := lazy_without_reason(path))}
+    assert not found, found
+
+
+def test_the_lazy_import_check_finds_one(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text("from .x import y\n\n\ndef f():\n    from .a import b\n    from .c import d  # lazy: torch\n")
+    assert lazy_without_reason(f) == ["5: from .a import b"]

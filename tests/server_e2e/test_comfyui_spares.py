@@ -223,9 +223,9 @@ def test_a_prestart_leaves_a_running_world_of_another_shape_to_the_sampler(monke
     from types import SimpleNamespace
 
     from comfyui_hybrid_parallel.nodes.routes import node_config
+    from comfyui_hybrid_parallel.nodes import runtime as runtime_module
     from comfyui_hybrid_parallel.nodes.runtime import Runtime
-    from comfyui_hybrid_parallel.workers.bridge import build
-    monkeypatch.setattr(build, "comfy_runtime", lambda: {})
+    monkeypatch.setattr(runtime_module, "comfy_runtime", lambda: {})
     submitted = []
     rt = Runtime()
     running = node_config("HybridParallelConfig", {"ulysses_degree": 2, "ring_degree": 2, "device": "cpu"})

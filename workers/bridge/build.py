@@ -28,6 +28,10 @@ import sys
 
 import torch
 
+from ...parallel.shard import wrapper_parts
+from .loader_types import (INNER, comfy_quant_tensor, host_tensors, operations, rebuild, rebuild_quantized,
+                           register_packages)
+
 # ComfyUI flags copied from the driver: the ones that choose the attention kernel, precision and device.
 FORWARDED_ARGS = ("cpu", "use_pytorch_cross_attention", "use_split_cross_attention", "use_quad_cross_attention",
                   "use_sage_attention", "use_flash_attention", "disable_xformers", "force_upcast_attention",
@@ -126,7 +130,6 @@ def attention_function(name: str):
 def _operations(comfy, spec: dict, device: torch.device):
     ops = spec["ops"]
     if ops.get("custom"):  # a custom loader's operations (ComfyUI-GGUF's), imported from its folder
-        from .loader_types import operations
         return operations(ops["custom"])
     weight_dtype = decode_value(ops.get("weight_dtype"))
     compute_dtype = decode_value(ops.get("manual_cast_dtype"))
@@ -160,7 +163,6 @@ def loader_weights(spec: dict, weights: dict) -> dict:
     metas = spec.get("tensors")
     if not metas:
         return weights
-    from .loader_types import rebuild, register_packages
     register_packages(spec.get("packages"))
     return {k: rebuild(v, metas.get(k)) for k, v in weights.items()}
 
@@ -177,7 +179,6 @@ def build_native(spec: dict, weights: dict, device: torch.device, sequence_paral
     unet_config = decode_value(spec["unet_config"])
     operations = _operations(comfy, spec, device)
     model = cls(**unet_config, device=torch.device("meta"), operations=operations)
-    from .loader_types import host_tensors
     quantized = spec["ops"].get("quant_config") or spec.get("quantized")
     # (a custom loader's layers - and mixed-precision ops' Linear layers - hold no weight until loaded: compare
     # what the model holds once loaded)
@@ -225,8 +226,6 @@ def _load_quantized(model: torch.nn.Module, metas: dict, weights: dict) -> None:
     device computes it natively); each weight is then the wrapper rebuilt around the mapped bytes, checked to be what
     the loader made of them (same layout, parameters, shapes) but holding the very tensors that travelled (the
     loader's Parameter() would have cloned its scales)."""
-    from .loader_types import INNER, comfy_quant_tensor, rebuild_quantized
-    from ...parallel.shard import wrapper_parts
     ours = {name: rebuild_quantized(name, meta, weights) for name, meta in metas.items()}
     form = {k: v for k, v in weights.items() if INNER not in k}
     for name, t in ours.items():
@@ -277,7 +276,6 @@ def build_native_vae(spec: dict, weights: dict) -> torch.nn.Module:
     import_comfy(spec, sequence_parallel=False)
     import comfy.sd
 
-    from .loader_types import host_tensors
     want = spec["vae"]
     meta = {k: torch.empty(tuple(v.shape), dtype=v.dtype, device="meta") for k, v in weights.items()}
     with torch.device("meta"):

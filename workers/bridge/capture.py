@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from . import known
+from .classified import unclassified
 from .graph import Graph, class_of_origin
 from .known import CARRIED, DRIVER, IGNORED, REFUSED, Rule
 from .origin import NotCarried, bypass_adapters, function_rule, origin_of  # noqa: F401 (NotCarried: re-exported)
@@ -75,7 +76,6 @@ def _creator(f: Found, graph: Graph) -> str:
     if named:
         return named
     if graph.prompt and not classes:
-        from .classified import unclassified
         named = graph.name(tuple(unclassified(graph.class_type(n) for n in graph.upstream())))
         if named:
             return f"a node upstream ({named})"

@@ -27,7 +27,10 @@ import types
 
 import torch
 
+from .known import TRANSFORMER_OPTIONS
 from .origin import NotCarried, function_rule, origin_of
+from .patches import NotPortable, _decode, _encode, _Holder, decode, encode, seed_of
+from .residency import stamp
 
 # ComfyUI's per-call bookkeeping in transformer_options, never sent: what its sampler and BaseModel set for the driver
 # (the batch's conds, sigmas, wrappers, DynamicVRAM's prefetch flag, EasyCache's holder, the context window), and what
@@ -103,7 +106,6 @@ def call_options(opts: dict | None, carried: tuple = ()) -> dict:
             if patches:
                 out[key] = patches
         elif key == "ar_state":
-            from .known import TRANSFORMER_OPTIONS
             rule = TRANSFORMER_OPTIONS["ar_state"]
             raise NotCarried(f"{rule.why}; {rule.fix}")
         else:
@@ -263,7 +265,6 @@ def hook_call(patcher, hooks, sent: set) -> tuple:
     patches = hook_group_patches(patcher, hooks)
     if not patches:
         return {"id": None}, {}
-    from .patches import NotPortable, encode
     try:
         spec, tensors = encode(patches)
     except NotPortable as e:
@@ -278,7 +279,6 @@ def hook_call(patcher, hooks, sent: set) -> tuple:
 def _once(spec, tensors: dict, sent: set, prefix: str) -> tuple:
     """(JSON, tensors) naming `spec` by a digest of it and its tensors' identities; the spec and its tensors (names
     under `prefix`) only the first time this run sends that digest (`sent`)."""
-    from .residency import stamp
     digest = hashlib.sha1(json.dumps([spec, {n: stamp(t) for n, t in tensors.items()}], sort_keys=True,
                                      default=str).encode()).hexdigest()[:16]
     if digest in sent:
@@ -305,7 +305,6 @@ class HookWeights:
 
     def remember(self, run, hook: dict, tensors: dict) -> None:
         if hook.get("spec") is not None:
-            from .patches import decode
             self.groups = {k: v for k, v in self.groups.items() if k[0] == run}
             self.groups[(run, hook["id"])] = decode(hook["spec"], {k[len("hook."):]: v for k, v in tensors.items()
                                                                    if k.startswith("hook.")})
@@ -326,7 +325,6 @@ class HookWeights:
         import torch
         from comfy.model_patcher import get_key_weight
 
-        from .patches import _Holder, seed_of
         holder = _Holder(model)
         for key, patch in patches.items():
             weight, set_func, convert_func = get_key_weight(holder, key)
@@ -348,7 +346,6 @@ class HookWeights:
             return
         import comfy.utils
 
-        from .patches import _Holder
         holder = _Holder(model)
         for key, weight in self.backup.items():
             comfy.utils.set_attr_param(holder, key, weight)
@@ -361,7 +358,6 @@ def bypass_call(adapters: dict, sent: set) -> tuple:
     """(JSON, tensors) naming the run's bypass set by a digest; its adapters the first time (`sent`)."""
     if not adapters:
         return {"id": None}, {}
-    from .patches import NotPortable, _encode
     tensors = {}
     try:
         spec = {key: [_encode(adapter, tensors), float(strength)] for key, (adapter, strength) in adapters.items()}
@@ -380,7 +376,6 @@ class Bypass:
     def remember(self, run, call: dict, tensors: dict) -> None:
         if call.get("spec") is None:
             return
-        from .patches import _decode
         parts = {k[len("hook.bypass."):]: v for k, v in tensors.items() if k.startswith("hook.bypass.")}
         self.specs = {k: v for k, v in self.specs.items() if k[0] == run}
         self.made = {k: v for k, v in self.made.items() if k[1] == run}
@@ -398,7 +393,6 @@ class Bypass:
             if adapters is None:
                 raise RuntimeError(f"LoRA bypass set {bypass_id} of run {run} was never sent to this worker")
             import comfy.weight_adapter
-            from .patches import _Holder
             manager = comfy.weight_adapter.BypassInjectionManager()
             for module_key, (adapter, strength) in adapters.items():
                 manager.add_adapter(module_key, adapter, strength=strength)

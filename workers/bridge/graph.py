@@ -15,6 +15,8 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 
+from .origin import module_name
+
 
 @dataclass
 class Graph:
@@ -80,7 +82,6 @@ def class_of_origin(origin: str) -> str | None:
     """The node class type whose code defined `origin` ("module:Qualified.name", a patch function or a holder's
     class): the registered node class of that module whose name starts the qualified name. None if no node class
     of this ComfyUI defined it."""
-    from .origin import module_name
     module, _, qualname = origin.partition(":")
     head = qualname.split(".", 1)[0]
     for class_type, cls in node_classes().items():

@@ -15,6 +15,8 @@ import threading
 
 import torch
 
+from .loader_types import describe, host_tensors, raw, rebuild
+
 TRIM_EVERY_BYTES = 256 << 20  # the adopter gives freed heap back at least this often (an eighth of a smaller model)
 
 
@@ -43,7 +45,6 @@ def adopter(module: torch.nn.Module, skip: set = frozenset()):
     ComfyUI holds as its mapping of the checkpoint file (`file_backed`: DynamicVRAM's zero-copy loader, ComfyUI 0.33) -
     those pages are the file's, which the kernel drops under memory pressure and ComfyUI reads back from the file
     itself; the workers' copy would only take their place with pages nothing can drop."""
-    from .loader_types import describe, host_tensors, raw, rebuild
     targets = {k: v for k, v in host_tensors(module).items() if k not in skip}  # skip: ComfyUI's hooked tensors
     owners = dict(module.named_modules())
     lock = threading.Lock()

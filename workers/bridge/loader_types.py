@@ -44,6 +44,8 @@ import types
 
 import torch
 
+from ...parallel.shard import as_parameter, is_wrapper, layout_name, rebuild_wrapper, wrapper_parts, wrapper_problem
+
 PLAIN = (type(None), bool, int, float, str)
 
 
@@ -65,7 +67,6 @@ def host_tensors(module: torch.nn.Module) -> dict:
     placeholders (and a "temp.weight" for the largest layer) so that ComfyUI's memory estimate counts the
     dequantized size; ComfyUI's mixed-precision ops write their file form (scales renamed, a JSON `comfy_quant`).
     What the workers need is what the layers compute with."""
-    from ...parallel.shard import is_wrapper, wrapper_parts
     out = {}
     for key, t in module_tensors(module).items():
         if is_wrapper(t):
@@ -102,7 +103,6 @@ def raw(t: torch.Tensor) -> torch.Tensor:
 
 def nbytes(t: torch.Tensor) -> int:
     """Bytes `t` holds (its storage as laid out, not its logical shape; a quantized weight: its inner tensors')."""
-    from ...parallel.shard import is_wrapper, wrapper_parts
     if is_wrapper(t):
         return sum(nbytes(p) for p in wrapper_parts(t)[0].values())
     r = raw(t)
@@ -180,7 +180,6 @@ def quantized_tensors(module: torch.nn.Module) -> dict:
     layer's own entry in its file form (ComfyUI's `state_dict()` of the layer: {"format": "float8_e4m3fn", ...}),
     which its loader reads on the workers. NotCarriable: a wrapper the workers could not rebuild (its context holds
     something JSON cannot, an inner tensor is not plain bytes, or its layer's file form is not its tensors)."""
-    from ...parallel.shard import is_wrapper, layout_name, wrapper_parts, wrapper_problem
     owners = dict(module.named_modules())
     out = {}
     for name, t in module_tensors(module).items():
@@ -235,7 +234,6 @@ def rebuild_quantized(name: str, meta: dict, weights: dict) -> torch.Tensor:
     """The quantized weight `name` of `meta` (quantized_tensors) made by its class's own `__tensor_unflatten__`
     around the inner tensors that travelled (`weights["<name>#<inner>"]`, raw bytes mapped as any weight), flagged
     as a parameter without a copy."""
-    from ...parallel.shard import as_parameter, rebuild_wrapper
     cls = import_class(meta["class"])
     parts = {n: weights[name + INNER + n] for n in meta["inner"]}
     return as_parameter(rebuild_wrapper(cls, parts, _decode_context(meta["context"]), meta["size"], meta["stride"]))
@@ -249,7 +247,6 @@ def adopt_inner(owners: dict, name: str, mapped: torch.Tensor) -> bool:
     slot (a new object, as ComfyUI's own patching does). `owners`: {path: module} of the model. False where `name` is
     no such tensor on the host (then nothing changes). Not thread-safe for two inner tensors of one weight: call it
     under the adopter's lock."""
-    from ...parallel.shard import as_parameter, is_wrapper, rebuild_wrapper, wrapper_parts
     weight, sep, inner = name.partition(INNER)
     path, _, leaf = weight.rpartition(".")
     owner = owners.get(path)

@@ -18,6 +18,11 @@ import zlib
 
 import torch
 
+from ...parallel.shard import is_wrapper
+from ..transport import new_mapped, read_tensor, unlink, write_tensor
+from .loader_types import patcher_class
+from .seams import has
+
 PREFIX = "patch."          # the names of the patch tensors in a job
 MODEL_PREFIX = "diffusion_model."
 
@@ -107,7 +112,6 @@ def lora_dtype(device) -> torch.dtype:
     """The dtype this ComfyUI's ModelPatcher.patch_weight_to_device patches a weight in on `device`: its
     `lora_compute_dtype(device)` where it has one (ComfyUI 0.33: float16 on a GPU that computes in half precision,
     float32 on the CPU), float32 in the ComfyUIs before it."""
-    from .seams import has
     if has("comfy.model_management:lora_compute_dtype"):
         import comfy.model_management
         return comfy.model_management.lora_compute_dtype(torch.device(device))
@@ -117,7 +121,6 @@ def lora_dtype(device) -> torch.dtype:
 def seed_of(key: str) -> int:
     """The seed ComfyUI rounds `key`'s patched weight with: comfy.utils.string_to_seed where it lives now (ComfyUI 0.33;
     its old place in comfy.model_patcher logs a warning at every call there), else that old place."""
-    from .seams import has
     if has("comfy.utils:string_to_seed"):
         import comfy.utils
         return comfy.utils.string_to_seed(key)
@@ -191,7 +194,6 @@ def apply(dm: torch.nn.Module, base: dict, patches: dict, previous: set, device,
     its bytes and holds the patches, applied as it is dequantized at each call)."""
     import comfy.utils
 
-    from ...parallel.shard import is_wrapper
     holder = _Holder(dm)
     device = torch.device(device)
     _quantized_bases(holder, base, set(previous) | set(patches), previous)
@@ -220,7 +222,6 @@ def _quantized_bases(holder, base: dict, keys: set, previous: set) -> None:
     previous version patched has no such tensor any more: an error)."""
     import comfy.utils
 
-    from ...parallel.shard import is_wrapper
     for key in keys:
         if key[len(MODEL_PREFIX):] not in base:
             try:
@@ -238,7 +239,6 @@ def _apply_shared(holder, base: dict, patches: dict, previous: set, keys: list, 
     import comfy.utils
     from comfy.model_patcher import get_key_weight
 
-    from ..transport import new_mapped, read_tensor, unlink, write_tensor
     rank, size, prefix, barrier, tag = share
     held = {} if held is None else held
     owner = _owners(keys, base, size)
@@ -286,7 +286,6 @@ def _apply_with_loader(holder, base: dict, patches: dict, previous: set, device,
     a quantized tensor keeps its patches in its `patches` list) - then the loader patches the new version's keys."""
     import comfy.utils
 
-    from .loader_types import patcher_class
     cls = patcher_class(desc)
     p = cls(holder, load_device=device, offload_device=device, size=1)  # size given: nothing is measured
     for k, v in (desc.get("settings") or {}).items():

@@ -11,9 +11,11 @@ from contextlib import contextmanager
 from ...parallel.models import adapter_for
 from .capture import capture
 from .carry import object_values
+from .loader_types import NotCarriable, describe_patcher
+from .patches import NotPortable, encode
 from .residency import weights_key
-from .sampling import APPLY_MODEL, wrappers_of
 from .run_record import RunRecord
+from .sampling import APPLY_MODEL, wrappers_of
 from .spec import (NotCarried, check_any_model, check_declared, check_loader_methods, check_native_grid,
                    check_native_pipefusion, check_native_tp, check_weights, native_spec)
 
@@ -244,7 +246,6 @@ def portable_patches(model, config):
     ComfyUI patches its own copy and the patched weights travel, as before."""
     if not model.patches or not config.whole_model:
         return None
-    from .patches import NotPortable, encode
     try:
         return encode(model.patches)
     except NotPortable:
@@ -254,7 +255,6 @@ def portable_patches(model, config):
 def loader_patcher(model):
     """The MODEL's ModelPatcher class when a custom loader patches weights its own way (workers/bridge/loader_types.py),
     refused before any worker starts where the workers could not import it; None for ComfyUI's own."""
-    from .loader_types import NotCarriable, describe_patcher
     try:
         return describe_patcher(model)
     except NotCarriable as e:

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import torch
 
+from ...parallel.models import adapter_for
+from ..pool import JobCancelled
 from .carry import bypass_call, call_options, hook_call, skipped_blocks
+from .prepare import split_blocks
 from .residency import unhooked
+from .run_record import RunRecord
 from .sampling import ComfyInterrupt, raise_if_interrupted, run_wrapped
 from .spec import NotCarried, check_diffusion_wrappers, diffusion_wrappers, runs_diffusion_wrappers
-from .prepare import split_blocks
-from .run_record import RunRecord
 
 
 class Captured(Exception):
@@ -69,7 +71,6 @@ class PoolDiffusionModel(torch.nn.Module):
     def _native_forward(self, x, timestep, context, transformer_options, extra):
         """ComfyUI's own model on the workers: its call's arguments go as they are (call_payload), its output
         comes back as is."""
-        from ...parallel.models import adapter_for
         adapter = adapter_for(self._original[0])
         tensors, structure = call_payload(context, without_rebuilt(adapter, extra))  # refusals first
         changing = []  # what differs at every call: never reused from the previous one
@@ -215,7 +216,6 @@ def call_payload(context, extra: dict):
 
 def submit_interruptible(pool, config, kind, values, tensors):
     """pool.submit that stops at ComfyUI's interrupt button and raises ComfyUI's own interrupt exception."""
-    from ..pool import JobCancelled
     try:
         return pool.submit(config, kind, values, tensors, cancel=ComfyInterrupt())
     except JobCancelled:

@@ -23,11 +23,20 @@ import torch
 
 from ...parallel.models import ANY, adapter_for, supported_titles, unchecked_base
 from ...parallel.models.any_model import RECIPE
-from .build import comfy_runtime  # (re-exported: the VAE node and the runtime send it)
 from ..transport import _DTYPES
+from .build import comfy_runtime  # (re-exported: the VAE node and the runtime send it)
 
+from ...parallel.config import ConfigError
+from ...parallel.costmodel import shape_from_module
+from ...parallel.memory import check_fits, host_memory_bytes, rank_memory, shard_traffic
+from ...parallel.pipefusion.plans import pipeline_problems
+from ...parallel.tp import tp_problems
+from ..launch import gpu_order
 from .capture import NotCarried  # (re-exported: the nodes' refusals)
 from .carry import encode_value  # (re-exported)
+from .host import comfy_gpus
+from .loader_types import (NotCarriable, describe, describe_operations, host_tensors as held, is_plain, nbytes,
+                           quantized_tensors, raw, tensor_packages)
 from .sampling import DIFFUSION_MODEL, wrappers_of
 
 
@@ -73,7 +82,6 @@ def check_weights(diffusion_model) -> int:
     tensor subclass (GGUF's quantized weights) travels as its raw bytes plus what rebuilds it, a quantized weight of
     ComfyUI's mixed-precision ops as its inner tensors' bytes plus its layout (workers/bridge/loader_types.py); what cannot
     be rebuilt is refused with the reason."""
-    from .loader_types import NotCarriable, describe, quantized_tensors, raw
     try:
         quantized_tensors(diffusion_model)
     except NotCarriable as e:
@@ -97,7 +105,6 @@ def check_weights(diffusion_model) -> int:
 def host_tensors(diffusion_model) -> dict:
     """The weights as the model's layers hold them (not state_dict(), which a loader's ops may fake); a quantized
     weight (QuantizedTensor) as its inner tensors, "<name>#<inner>" each: what travels."""
-    from .loader_types import host_tensors as held
     return held(diffusion_model)
 
 
@@ -115,7 +122,6 @@ def sent_tensors(module, cast: bool = True, unhooked: dict | None = None) -> dic
     travels in where that differs (sizes and dtypes only, nothing computed).
     A loader's tensor subclass (GGUF) travels as it is held. `unhooked`: {name: tensor} sent instead of what the
     layer holds (a weight a hook group holds patched now, as ComfyUI saved it: workers/bridge/residency.unhooked)."""
-    from .loader_types import host_tensors as held, is_plain
     owners = dict(module.named_modules())
     out = {}
     for name, t in held(module).items():
@@ -133,14 +139,12 @@ def loader_tensors(diffusion_model) -> dict:
     """{name: description} of the weights a custom loader holds as its own tensor subclass (GGUF); {} for none.
     ComfyUI's own quantized weights are not a loader's (native_spec carries them as "quantized"): every method that
     holds whole weights runs them, tensor parallel checks their layout (parallel/tp.py)."""
-    from .loader_types import describe, is_plain
     return {k: describe(t, k) for k, t in host_tensors(diffusion_model).items() if not is_plain(t)}
 
 
 def weight_bytes(diffusion_model) -> int:
     """Bytes of the weights as they travel and the workers hold them (sent_tensors: in the dtype ComfyUI computes
     with; a quantized GGUF weight counts its blocks, not its logical shape)."""
-    from .loader_types import nbytes
     return sum(nbytes(t) for t in sent_tensors(diffusion_model, cast=False).values())
 
 
@@ -182,7 +186,6 @@ def native_spec(base_model, compute_dtype=None) -> dict:
     dm = base_model.diffusion_model
     family_adapter(dm)
     config = base_model.model_config
-    from .loader_types import NotCarriable, describe_operations, quantized_tensors, tensor_packages
     custom = None
     if _declared(config, "custom_operations") is not None:  # a custom loader's ops (GGUF): carried by name
         try:
@@ -313,7 +316,6 @@ def check_native_pipefusion(diffusion_model, config, latent_shape) -> None:
     than the sp degree): the checks the workers make at run start, on the driver's copy (reads only)."""
     if config.pp_degree <= 1:
         return
-    from ...parallel.pipefusion.plans import pipeline_problems
     problems = pipeline_problems(diffusion_model, family_adapter(diffusion_model).comfy_plan, config, latent_shape)
     if problems:
         raise NotCarried("; ".join(problems[:3]))
@@ -342,7 +344,6 @@ def check_native_tp(diffusion_model, config) -> None:
     the same check the workers run before sharding, on the driver's copy (reads only)."""
     if config.tp_degree <= 1:
         return
-    from ...parallel.tp import tp_problems
     problems = tp_problems(diffusion_model, family_adapter(diffusion_model).comfy_plan, config.tp_degree)
     if problems:
         raise NotCarried("; ".join(problems[:3]))
@@ -354,8 +355,6 @@ def device_capacity(hp) -> tuple:
     CPU rank. Read without creating a CUDA context on other GPUs (device properties only); a GPU this process cannot
     see (ComfyUI's --cuda-device) is sized by the one it sees."""
     import torch
-    from ..launch import gpu_order
-    from .host import comfy_gpus
     config = hp.config
     gpus = comfy_gpus() if hp.device != "cpu" else {}
     listed = [d for d in config.devices if d.startswith("cuda")]
@@ -366,7 +365,6 @@ def device_capacity(hp) -> tuple:
         totals = {i: torch.cuda.get_device_properties(seen(i)).total_memory for i in indices}
         i = min(totals, key=totals.get)
         return totals[i], f"cuda:{i} ({torch.cuda.get_device_name(seen(i))})", 1
-    from ...parallel.memory import host_memory_bytes
     return host_memory_bytes(), "this machine's RAM", config.world_size
 
 
@@ -376,9 +374,6 @@ def check_memory(model, hp, latent_shape, positive, cfg: float) -> dict | None:
     Returns the plan it checked (what the mesh picture shows: bytes per rank by item against the device), or None
     for a model no adapter describes."""
     import torch
-    from ...parallel.costmodel import shape_from_module
-    from ...parallel.config import ConfigError
-    from ...parallel.memory import check_fits, rank_memory, shard_traffic
     dm = model.model.diffusion_model
     try:
         shape = shape_from_module(dm)

@@ -3,6 +3,7 @@ rebuilds it there, and the latent in / image out the way ComfyUI's VAE.decode co
 code that reads the VAE wrapper (tests/driver/test_comfy_seams.py)."""
 from __future__ import annotations
 
+from ...parallel.vae.comfy_vaes import comfy_vae_for
 from .build import comfy_runtime
 from .carry import encode_value
 
@@ -25,7 +26,6 @@ def vae_output(vae, decoded):
 def native_vae_spec(vae) -> dict:
     """What the workers build ComfyUI's VAE model from (workers/bridge/build.build_native_vae): its class, dtype and
     the classes it was built with, plus this process's ComfyUI runtime (family "vae_comfy" in the pool)."""
-    from ...parallel.vae.comfy_vaes import comfy_vae_for
     first = vae.first_stage_model
     spec = {"class": qualname(first), "dtype": encode_value(vae.vae_dtype), "attrs": settings(first)}
     declared = comfy_vae_for(first)
