@@ -5,10 +5,10 @@ that does not fit one device, so the number that matters is the largest rank's
 share. Parameters: bytes a rank holds (their local shards under TP). Peak
 activations: bytes of tensor storages allocated during the forward (TP) or the
 whole sampling loop (PipeFusion: its per-stage K/V buffers included) and alive
-at once, counted by bench_vae.LiveBytes (weights and inputs excluded; on CUDA
+at once, counted by live_bytes.LiveBytes (weights and inputs excluded; on CUDA
 this equals what torch.cuda.max_memory_allocated adds). PipeFusion today keeps
 the whole model on every stage; the "own blocks" column is what a stage would
-hold if the other stages' blocks were dropped. Patch VAE decode is bench_vae.py.
+hold if the other stages' blocks were dropped. Patch VAE decode is bench_vae_native.py.
 Model: medium SD3 of bench_tp_memory (hidden 512, 8 heads, 6 layers), 48x48 latent (576 tokens).
 
     python bench/bench_memory.py [--quick]
@@ -22,7 +22,7 @@ import torch
 
 from _worlds import DistPool, bench_device, context_for, write_results
 from bench_tp_memory import CONFIGS
-from bench_vae import LiveBytes
+from live_bytes import LiveBytes
 
 
 def _model():

@@ -5,7 +5,7 @@ ComfyUI's own detection (comfy.sd.VAE from a state dict in ComfyUI's format, ran
 decodes one latent: rank 0 first serially as VAE Decode does (first_stage_model.decode) and tiled as VAE Decode
 (Tiled) does with 256-pixel tiles, 64 overlap (VAE.decode_tiled), then every rank its band of rows (parallel/vae/native.py, the
 node's decode without the final gather). Memory is the bytes of live tensor storages created inside the decode
-(bench_vae.LiveBytes: activations; the weights and the input latent are not counted) - on CUDA it would be
+(live_bytes.LiveBytes: activations; the weights and the input latent are not counted) - on CUDA it would be
 torch.cuda.max_memory_allocated. Times are recorded with N processes sharing this machine's cores: not a speed result.
 
     python bench/bench_vae_native.py [--quick]
@@ -34,7 +34,7 @@ MODELS = {
 
 
 def _measure(fn):
-    from bench_vae import LiveBytes
+    from live_bytes import LiveBytes
     mode = LiveBytes()
     t0 = time.perf_counter()
     with mode, torch.no_grad():

@@ -83,10 +83,9 @@ def memory(plt, mem, vae, path):
         params.append(r["params_per_rank_MiB"] / r["params_deg1_MiB"])
         acts.append(r["peak_ratio"])
     for r in (vae or {}).get("rows", []):
-        if r.get("block_size") is None:
-            labels.append(f"VAE {r['model'].replace('AutoencoderKL', 'KL')} {r['ranks']}")
-            params.append(1.0)
-            acts.append(r["peak_ratio"])
+        labels.append(f"VAE {r['vae'].split(' (')[0]} {r['ranks']}")
+        params.append(1.0)
+        acts.append(r["patch_peak_max"] / r["serial_peak"])
     if not labels:
         return False
     fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(labels)), 4))

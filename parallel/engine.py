@@ -396,8 +396,7 @@ class Engine:
         ax = world_axis(ctx) if axis == "world" else ctx.axis(axis)
         if before is not None:
             before()
-        if r.family == "vae_comfy":  # ComfyUI's own VAE module, split by its declaration (vae/comfy_vaes.py)
-            return native_patch_decode(r.model, comfy_vae_for(r.model), latent, ax, block_size=block_size)
-        from .vae.decode import patch_decode  # lazy: diffusers (a diffusers VAE: the library API)
-        with torch.no_grad():
-            return patch_decode(r.model, latent, ax, block_size=block_size, gather="first")  # rank 0 returns it
+        if r.family != "vae_comfy":
+            raise ValueError(f"{key!r} is a {r.family} model, not a VAE: decode runs ComfyUI's VAE modules")
+        # ComfyUI's own VAE module, split by its declaration (vae/comfy_vaes.py); the image on rank 0
+        return native_patch_decode(r.model, comfy_vae_for(r.model), latent, ax, block_size=block_size)

@@ -14,22 +14,19 @@ from .residency import LoadDecision
 from .transport import WEIGHT_PREFIX
 
 
-VAE_CLASSES = {"vae_kl": "AutoencoderKL", "vae_wan": "AutoencoderKLWan", "vae_taesd": "AutoencoderTiny"}
-
-
 def _build_model(family: str, config: dict, weights: dict):
-    """The diffusers path: a DiT family's diffusers class (its adapter) or a VAE, from its config, holding `weights`
-    (assigned, not copied: the mapped pages stay shared between ranks).
+    """The diffusers path (library API): a DiT family's diffusers class (its adapter), from its config, holding
+    `weights` (assigned, not copied: the mapped pages stay shared between ranks).
 
     Built on the meta device, so no rank allocates a second, full-size set of parameters before taking the shared
-    ones (2.8 GB for the 705M Wan 2.2 VAE in fp32); a class with a buffer outside its state dict (which would stay
-    on the meta device) is built for real instead, still without random initialisation."""
+    ones; a class with a buffer outside its state dict (which would stay on the meta device) is built for real
+    instead, still without random initialisation."""
     import diffusers
 
     from comfyui_hybrid_parallel.parallel.models import ADAPTERS
-    name = VAE_CLASSES.get(family) or (ADAPTERS[family].diffusers_class if family in ADAPTERS else None)
+    name = ADAPTERS[family].diffusers_class if family in ADAPTERS else None
     if name is None:
-        raise ValueError(f"unknown model family {family!r}; known: {', '.join([*ADAPTERS, *VAE_CLASSES])}")
+        raise ValueError(f"unknown model family {family!r}; known: {', '.join(ADAPTERS)}")
     from diffusers.models.modeling_utils import no_init_weights
     import torch
     cls = getattr(diffusers, name)

@@ -25,7 +25,7 @@ PROTOCOL_VERSION = 1
 HANDSHAKE_TIMEOUT_S = 5.0
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # a message only carries JSON and tensor descriptors
 
-VAE_FAMILIES = ("vae_kl", "vae_wan", "vae_taesd", "vae_comfy")  # the VAE classes a worker builds (workers/jobs.py)
+VAE_FAMILIES = ("vae_comfy",)  # ComfyUI's own VAE modules: what a worker builds for Patch VAE Decode (load_job.py)
 
 
 def model_families() -> tuple:

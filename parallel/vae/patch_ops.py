@@ -19,12 +19,9 @@ unchanged on the local rows. The wrappers here cover the ops that do not:
   gathered and combined around the *global* mean (M2 = sum M2_r + n_r (mean_r -
   mean)^2, the biased variance); adding per-rank variances around their own
   means drops the between-patch term (the old DistVAE bug).
-- `GatherTokens`: wraps an attention K or V projection so that it returns the
-  keys/values of every rank's tokens (all_gather_uneven along the token dim);
-  queries stay local, so each rank computes the attention rows it owns.
 
 The wrappers keep a reference to the original module (weights are shared, not
-copied) and are swapped in only for the duration of a patch decode (plan.py).
+copied) and are installed only for the duration of a patch decode (native.py).
 """
 from __future__ import annotations
 
@@ -389,14 +386,3 @@ class PatchGroupNorm(nn.Module):
         bias = self.norm.bias.to(pdt).repeat(b) if self.norm.bias is not None else None
         y = F.batch_norm(x.reshape(1, b * c, -1), ch_mean, ch_var, w, bias, False, 0.0, eps)
         return y.reshape(x.shape)
-
-
-class GatherTokens(nn.Module):
-    """A K or V projection that returns the projections of every rank's tokens, in global order."""
-
-    def __init__(self, proj: nn.Module, ax, dim: int = 1):
-        super().__init__()
-        self.proj, self.ax, self.dim = proj, ax, dim
-
-    def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
-        return all_gather_uneven(self.proj(x, *args, **kwargs), dim=self.dim, ax=self.ax)

@@ -1,7 +1,7 @@
 """ComfyUI checkpoints -> diffusers models (pure torch + diffusers, never imports ComfyUI): test references.
 
 The pack runs ComfyUI's own modules everywhere; these converters (once the nodes' diffusers path) now only let
-the tests check the diffusers library API (parallelize a diffusers transformer, the diffusers Patch VAE Decode)
+the tests check the diffusers library API (parallelize a diffusers transformer)
 against ComfyUI's forward on the same weights. `convert(family, comfy_state_dict)` gives everything a worker needs to do that
 without hub access: the diffusers class name, a config inferred from the weights' shapes (the
 few constants that shapes cannot tell are shipped in the family modules), and the state dict in
@@ -9,7 +9,7 @@ diffusers' layout (diffusers' own single-file converters where they exist). Each
 also has `comfy_to_diffusers_inputs` / `diffusers_to_comfy_output`, the input/output
 conventions under which diffusers' forward equals ComfyUI's diffusion-model forward.
 
-Families: flux, sd3, pixart, wan (diffusion models), vae_kl, vae_wan, vae_taesd (VAEs).
+Families: flux, sd3, pixart, wan (diffusion models).
 """
 from __future__ import annotations
 
@@ -18,34 +18,27 @@ from typing import Mapping
 
 import torch
 
-from . import flux, pixart, sd3, vae, wan
+from . import flux, pixart, sd3, wan
 from ._util import CheckpointError, strip_prefix
 
 __all__ = ["FAMILIES", "CheckpointError", "build_model", "convert", "detect_family", "family_module",
-           "flux", "pixart", "sd3", "to_diffusers", "vae", "wan"]
+           "flux", "pixart", "sd3", "to_diffusers", "wan"]
 
-FAMILIES = ("flux", "sd3", "pixart", "wan", "vae_kl", "vae_wan", "vae_taesd")
+FAMILIES = ("flux", "sd3", "pixart", "wan")
 
 _DETECT = (
     ("flux", flux.is_flux),
     ("sd3", sd3.is_sd3),
     ("pixart", pixart.is_pixart),
     ("wan", wan.is_wan),
-    ("vae_wan", vae.is_wan_vae),
-    ("vae_kl", vae.is_kl_vae),
-    ("vae_taesd", vae.is_taesd_vae),
 )
 _CONVERT = {
     "flux": flux.convert,
     "sd3": sd3.convert,
     "pixart": pixart.convert,
     "wan": wan.convert,
-    "vae_kl": vae.convert_kl,
-    "vae_wan": vae.convert_wan,
-    "vae_taesd": vae.convert_taesd,
 }
-_MODULES = {"flux": flux, "sd3": sd3, "pixart": pixart, "wan": wan, "vae_kl": vae, "vae_wan": vae,
-            "vae_taesd": vae}
+_MODULES = {"flux": flux, "sd3": sd3, "pixart": pixart, "wan": wan}
 
 
 def detect_family(state_dict: Mapping[str, torch.Tensor]) -> str:

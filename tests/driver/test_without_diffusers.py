@@ -25,12 +25,11 @@ SCRIPT = textwrap.dedent('''
     setup_comfy()
     import comfy.sd
     import comfyui_hybrid_parallel as pack
-    library = {"comfyui_hybrid_parallel.parallel.vae.decode", "comfyui_hybrid_parallel.parallel.vae.plan"}
     scripts = ("__main__", "worker_main", "torchrun_entry", "fake_worker")  # they run when imported
     for sub in ("nodes", "parallel", "workers", "doctor"):
         top = importlib.import_module(f"comfyui_hybrid_parallel.{sub}")
         for m in pkgutil.walk_packages(top.__path__, f"comfyui_hybrid_parallel.{sub}."):
-            if m.name not in library and not m.name.endswith(scripts):
+            if not m.name.endswith(scripts):
                 importlib.import_module(m.name)
     assert "diffusers" not in sys.modules, "a product module imported diffusers"
     try:

@@ -1,18 +1,13 @@
-"""Patch-parallel VAE decode equals the serial decode, on gloo worlds of 2, 3 and 4 ranks.
+"""Patch-parallel VAE decode on gloo worlds of 2, 3 and 4 ranks: its building blocks against torch's own ops, and the
+options of `native_patch_decode` (what the ranks run for Patch VAE Decode) on ComfyUI's KL VAE class at tiny widths.
 
-Tiny random diffusers VAEs (AutoencoderKL with 4 and 16 latent channels, Wan 2.1
-and a Wan 2.2-style residual/patchified Wan VAE), odd and even latent heights,
-non-square widths, 1/2/5 latent frames, with and without `block_size`. Each rank
-builds each model once (fixed seed), decodes serially and in parallel, and
-compares; the serial decode is repeated after the parallel one to prove the
-VAE was restored.
-
-The last part runs ComfyUI's own Wan 2.2 VAE (comfy/ldm/wan/vae2_2.py) through
-the node's converter and compares the split decode with ComfyUI's decode (fp32
-and bf16), and checks which ComfyUI VAEs Parallel VAE Decode refuses, before any
-worker starts.
+The building blocks: a patch convolution (dilated, not height-preserving, with and without `block_size`), a module
+that pads its own input (ComfyUI's VideoConv3d: replicate and reflect), GroupNorm with statistics over every rank's
+rows (and in each dtype as torch computes them). The decode options: "first" assembles the image on the axis' first
+rank only, False returns each rank's rows and their offset, a decode over a sub-axis runs two decodes at once on one
+world, and a latent too short for the ranks is refused before any communication. Every VAE class Patch VAE Decode
+declares, end to end through the node and the pool against ComfyUI's VAEDecode: tests/families/test_patch_vae_native.py.
 """
-import copy
 import functools
 
 import pytest
@@ -22,126 +17,74 @@ import torch.nn.functional as F
 
 from comfyui_hybrid_parallel.parallel import ConfigError, ParallelConfig
 from comfyui_hybrid_parallel.parallel.comm import all_gather_uneven, split_sizes
-from comfyui_hybrid_parallel.parallel.vae import PatchConv, PatchGroupNorm, patch_decode, world_axis
+from comfyui_hybrid_parallel.parallel.vae import PatchConv, PatchGroupNorm, world_axis
 from comfyui_hybrid_parallel.parallel.vae.patch_ops import PaddedConv
-from comfyui_hybrid_parallel.parallel.vae.decode import _unscale
 from dist_harness import context_for
 
 pytestmark = pytest.mark.dist
 TOL = 1e-5
 
 
-@functools.lru_cache(maxsize=None)
-def _vae(kind: str, z: int):
-    from diffusers import AutoencoderKL, AutoencoderKLWan
-
-    torch.manual_seed(1234 + z)
-    if kind == "kl":
-        vae = AutoencoderKL(in_channels=3, out_channels=3, latent_channels=z, block_out_channels=(16, 16, 32),
-                            down_block_types=("DownEncoderBlock2D",) * 3, up_block_types=("UpDecoderBlock2D",) * 3,
-                            layers_per_block=1, norm_num_groups=8, scaling_factor=0.37, shift_factor=0.11)
-    elif kind == "wan":
-        vae = AutoencoderKLWan(base_dim=8, z_dim=z, dim_mult=[1, 2, 2], num_res_blocks=1,
-                               temperal_downsample=[False, True], latents_mean=[0.1 * i for i in range(z)],
-                               latents_std=[1.0 + 0.1 * i for i in range(z)])
-    else:  # Wan 2.2 style: residual up blocks with DupUp3D shortcuts, 2x2 patchified output
-        vae = AutoencoderKLWan(base_dim=8, decoder_base_dim=8, z_dim=z, dim_mult=[1, 2, 2], num_res_blocks=1,
-                               temperal_downsample=[False, True], is_residual=True, in_channels=12,
-                               out_channels=12, patch_size=2, latents_mean=[0.0] * z, latents_std=[1.0] * z)
-    with torch.no_grad():  # random init gives near-zero outputs in places; spread the weights a little
-        for p in vae.parameters():
-            p.add_(0.05 * torch.randn_like(p))
-    return vae.eval()
-
-
 def _rel(a, b):
     return float((a - b).norm() / b.norm())
 
 
-def _decode_body(n, kind, z, shape, block_size, seed, unscale=False):
-    ctx = context_for(ParallelConfig(ulysses_degree=n))
-    ax = world_axis(ctx)
-    vae = _vae(kind, z)
-    latent = torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
-    modules_before = [(name, id(m)) for name, m in vae.named_modules()]
+@functools.lru_cache(maxsize=None)
+def _comfy_kl():
+    """ComfyUI's KL VAE (comfy.ldm.models.autoencoder.AutoencoderKL: SD's layout, quant convs, the mid attention) at
+    tiny widths (32 and 64 channels, one upsampling: 2 pixel rows per latent row), seeded weights, and its declaration
+    (parallel/vae/comfy_vaes.py). Built in the rank: ComfyUI is importable there as in the workers."""
+    from comfy_env import setup_comfy
+    setup_comfy()
+    from comfy.ldm.models.autoencoder import AutoencoderKL
+
+    from comfyui_hybrid_parallel.doctor.tiny_weights import _random_state_dict
+    from comfyui_hybrid_parallel.parallel.vae.comfy_vaes import comfy_vae_for
+    ddconfig = {"double_z": True, "z_channels": 4, "resolution": 64, "in_channels": 3, "out_ch": 3, "ch": 32,
+                "ch_mult": [1, 2], "num_res_blocks": 1, "attn_resolutions": [], "dropout": 0.0}
+    with torch.device("meta"):
+        model = AutoencoderKL(ddconfig=ddconfig, embed_dim=4)
+    model.load_state_dict(_random_state_dict(model, 1234, torch.float32), assign=True)
+    model.eval().requires_grad_(False)
+    vae = comfy_vae_for(model)
+    assert vae is not None, "ComfyUI's KL VAE is declared"
+    return model, vae
+
+
+def _decode(latent, ax, **kw):
+    from comfyui_hybrid_parallel.parallel.vae.native import native_patch_decode
+    model, vae = _comfy_kl()
+    return native_patch_decode(model, vae, latent, ax, **kw)
+
+
+def _serial(latent):
     with torch.no_grad():
-        ref_in = _unscale(vae, latent) if unscale else latent
-        serial = vae.decode(ref_in).sample
-    par = patch_decode(vae, latent, ax, block_size=block_size, unscale=unscale)
-    assert [(name, id(m)) for name, m in vae.named_modules()] == modules_before
-    with torch.no_grad():
-        again = vae.decode(ref_in).sample
-    torch.testing.assert_close(again, serial, rtol=0, atol=0)
-    assert par.shape == serial.shape, (par.shape, serial.shape)
-    return {"rel": _rel(par, serial), "stats": ctx.stats.snapshot()}
-
-
-KL_CASES = [  # (n, z, latent shape, block_size)
-    (2, 4, (1, 4, 7, 10), None),
-    (2, 16, (2, 16, 8, 6), 3),
-    (3, 4, (1, 4, 9, 5), None),
-    (3, 4, (1, 4, 4, 7), None),  # 1 latent row on two ranks: fewer rows than the conv's reach
-    (3, 16, (1, 16, 13, 11), 5),
-    (4, 4, (1, 4, 13, 6), 2),
-    (4, 16, (1, 16, 8, 8), None),
-]
-
-
-@pytest.mark.parametrize("n, z, shape, block_size", KL_CASES)
-def test_kl_patch_decode_matches_serial(dist_pools, n, z, shape, block_size):
-    res = dist_pools(n).run(_decode_body, n, "kl", z, shape, block_size, seed=sum(shape) + n)
-    for r in res:
-        assert r["rel"] <= TOL, res
-    assert all(r["stats"]["halo"]["bytes"] > 0 for r in res)
-
-
-WAN_CASES = [  # (n, kind, z, latent shape (B, C, T, H, W), block_size)
-    (2, "wan", 4, (1, 4, 1, 7, 6), None),
-    (2, "wan", 16, (1, 16, 2, 8, 5), 2),
-    (3, "wan", 4, (1, 4, 5, 9, 4), None),
-    (4, "wan", 4, (1, 4, 2, 13, 6), 3),
-    (3, "wan22", 4, (1, 4, 2, 7, 6), None),
-    (4, "wan22", 4, (1, 4, 1, 9, 5), 2),
-]
-
-
-@pytest.mark.parametrize("n, kind, z, shape, block_size", WAN_CASES)
-def test_wan_patch_decode_matches_serial(dist_pools, n, kind, z, shape, block_size):
-    res = dist_pools(n).run(_decode_body, n, kind, z, shape, block_size, seed=sum(shape) * 7 + n, timeout=240)
-    for r in res:
-        assert r["rel"] <= TOL, res
-
-
-@pytest.mark.parametrize("kind, shape", [("kl", (1, 4, 9, 6)), ("wan", (1, 4, 2, 7, 5))])
-def test_unscale_option(dist_pools, kind, shape):
-    res = dist_pools(2).run(_decode_body, 2, kind, 4, shape, None, seed=5, unscale=True)
-    assert all(r["rel"] <= TOL for r in res), res
+        return _comfy_kl()[0].decode(latent)
 
 
 def _local_rows_body(n):
     ctx = context_for(ParallelConfig(ulysses_degree=n))
     ax = world_axis(ctx)
-    vae = _vae("kl", 4)
     latent = torch.randn(1, 4, 7, 5, generator=torch.Generator().manual_seed(3))
-    full = patch_decode(vae, latent, ax)
-    rows, first = patch_decode(vae, latent, ax, gather=False)
-    assert rows.shape[-2] == split_sizes(7, n)[ax.rank] * 4
+    full = _decode(latent, ax, gather=True)
+    assert _rel(full, _serial(latent)) <= TOL
+    rows, first = _decode(latent, ax, gather=False)
+    assert rows.shape[-2] == split_sizes(7, n)[ax.rank] * 2
     torch.testing.assert_close(rows, full[..., first:first + rows.shape[-2], :], rtol=0, atol=0)
     return first
 
 
 def test_gather_false_returns_local_rows(dist_pools):
-    assert dist_pools(3).run(_local_rows_body, 3) == [0, 12, 20]
+    assert dist_pools(3).run(_local_rows_body, 3) == [0, 6, 10]
 
 
 def _first_body(n):
     ctx = context_for(ParallelConfig(ulysses_degree=n))
     ax = world_axis(ctx)
-    vae = _vae("kl", 4)
     latent = torch.randn(1, 4, 7, 5, generator=torch.Generator().manual_seed(4))
-    full = patch_decode(vae, latent, ax)
+    full = _decode(latent, ax, gather=True)
     ctx.stats.reset()
-    first = patch_decode(vae, latent, ax, gather="first")
+    first = _decode(latent, ax, gather="first")
     sent = ctx.stats.snapshot().get("gather", {}).get("bytes", 0)
     return None if first is None else bool(torch.equal(first, full)), sent, full.numel() * full.element_size()
 
@@ -151,33 +94,16 @@ def test_gather_first_assembles_the_image_on_rank_0_only(dist_pools):
     res = dist_pools(3).run(_first_body, 3)
     assert [r[0] for r in res] == [True, None, None]
     full_bytes = res[0][2]
-    assert res[0][1] == 0 and all(0 < r[1] < full_bytes for r in res[1:])
+    assert res[0][1] == 0 and all(0 < r[1] < full_bytes for r in res[1:]), res
 
 
-def _too_small_body(n, height):
-    ctx = context_for(ParallelConfig(ulysses_degree=n))
-    latent = torch.randn(1, 4, height, 6)
-    try:
-        patch_decode(_vae("kl", 4), latent, world_axis(ctx))
-    except ConfigError as e:
-        return str(e), ctx.stats.total_bytes()
-    return None, ctx.stats.total_bytes()
-
-
-def test_too_small_latent_errors_before_communication(dist_pools):
-    res = dist_pools(4).run(_too_small_body, 4, 3)
-    for msg, sent in res:
-        assert msg is not None and "use at most 3 ranks" in msg and "3 rows" in msg, msg
-        assert sent == 0
-
-
-def _bad_input_body(n):
+def _refusals_body(n):
     ctx = context_for(ParallelConfig(ulysses_degree=n))
     ax = world_axis(ctx)
     errors = []
-    for call in (lambda: patch_decode(_vae("kl", 4), torch.randn(1, 4, 8, 8), ax, block_size=0),
-                 lambda: patch_decode(nn.Conv2d(4, 3, 3), torch.randn(1, 4, 8, 8), ax),
-                 lambda: patch_decode(_vae("kl", 4), torch.randn(4, 8, 8), ax)):
+    for call in (lambda: _decode(torch.randn(1, 4, 3, 6), ax),  # 3 rows over 4 ranks
+                 lambda: _decode(torch.randn(1, 4, 8, 8), ax, block_size=0),
+                 lambda: _decode(torch.randn(4, 8, 8), ax)):
         try:
             call()
         except ConfigError as e:
@@ -185,10 +111,23 @@ def _bad_input_body(n):
     return errors, ctx.stats.total_bytes()
 
 
-def test_bad_input_is_refused(dist_pools):
-    errors, sent = dist_pools(2).run(_bad_input_body, 2)[0]
-    assert len(errors) == 3 and "block_size" in errors[0] and "AutoencoderKL" in errors[1] and "latent" in errors[2]
-    assert sent == 0
+def test_bad_input_is_refused_before_any_communication(dist_pools):
+    for errors, sent in dist_pools(4).run(_refusals_body, 4):
+        assert len(errors) == 3, errors
+        assert "3 rows tall cannot be split over 4 ranks" in errors[0] and "use at most 3 ranks" in errors[0], errors
+        assert "block_size" in errors[1] and "(B, C, H, W)" in errors[2], errors
+        assert sent == 0
+
+
+def _sub_axis_body(seed):
+    """Two independent decodes at once on a 4-rank world, each over a 2-rank ulysses group."""
+    ctx = context_for(ParallelConfig(ulysses_degree=2, ring_degree=2))
+    latent = torch.randn(1, 4, 5, 6, generator=torch.Generator().manual_seed(seed + ctx.ring.rank))
+    return _rel(_decode(latent, ctx.ulysses, gather=True), _serial(latent))
+
+
+def test_decode_over_a_sub_axis(dist_pools):
+    assert all(r <= TOL for r in dist_pools(4).run(_sub_axis_body, 21))
 
 
 def _ops_body(n, seed):
@@ -247,20 +186,6 @@ def test_naive_group_norm_would_fail():
     assert _rel(naive, ref) > 1e-2
 
 
-def _sub_axis_body(seed):
-    """Two independent decodes at once on a 4-rank world, each over a 2-rank ulysses group."""
-    ctx = context_for(ParallelConfig(ulysses_degree=2, ring_degree=2))
-    vae = _vae("kl", 4)
-    latent = torch.randn(1, 4, 5, 6, generator=torch.Generator().manual_seed(seed + ctx.ring.rank))
-    with torch.no_grad():
-        serial = vae.decode(latent).sample
-    return _rel(patch_decode(vae, latent, ctx.ulysses), serial)
-
-
-def test_decode_over_a_sub_axis(dist_pools):
-    assert all(r <= TOL for r in dist_pools(4).run(_sub_axis_body, 21))
-
-
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-6), (torch.float64, 1e-12),
                                         (torch.bfloat16, 1e-2), (torch.float16, 1e-3)])
 def test_group_norm_dtypes_match_native(dtype, tol):
@@ -273,95 +198,3 @@ def test_group_norm_dtypes_match_native(dtype, tol):
     with torch.no_grad():
         norm.weight.normal_()
         assert _rel(PatchGroupNorm(norm, ax)(x).double(), norm(x).double()) <= tol
-
-
-# ---- ComfyUI's own VAEs: what Parallel VAE Decode splits (the Wan 2.2 VAE) and what it refuses, before any worker ----
-# ComfyUI runs in the test process only (the ranks get the converted diffusers twin as plain tensors, so they never
-# import ComfyUI). The Wan 2.2 VAE is ComfyUI's class at small widths (dim 8, decoder 16, z 48): VAELoader only takes
-# the 705M-parameter size (doctor/tiny_checkpoints.write_wan22_vae), which tests/server_e2e/test_comfyui_ti2v.py decodes.
-
-
-@pytest.fixture(scope="module")
-def comfy():
-    """ComfyUI importable in this process (CPU); never in the ranks."""
-    from comfy_env import setup_comfy
-    return setup_comfy()
-
-
-@pytest.fixture(scope="module")
-def comfy_wan22(comfy, tmp_path_factory):
-    """(ComfyUI's Wan 2.2 VAE with random weights, the diffusers (class, config, state dict) Parallel VAE Decode makes
-    of it), through the same file and converter as the node: doctor.write_wan22_vae -> converters.to_diffusers."""
-    from safetensors.torch import load_file
-
-    from comfyui_hybrid_parallel.doctor import tiny_checkpoints as tc
-    from converters import to_diffusers
-    path = tmp_path_factory.mktemp("wan22_vae") / "wan22_vae_small.safetensors"
-    tc.write_wan22_vae(path, dim=8, dec_dim=16, seed=22, dtype=torch.float32)
-    vae = tc.wan22_vae(8, 16, device="cpu")
-    vae.load_state_dict(load_file(str(path)), strict=True)
-    family, config, dsd = to_diffusers(vae.eval(), "vae_wan")
-    assert family == "vae_wan" and config["is_residual"] and config["patch_size"] == 2 and config["z_dim"] == 48
-    return vae, ("AutoencoderKLWan", config, dsd)
-
-
-def _comfy_images(vae, latent, dtype):
-    """What ComfyUI's VAEDecode returns for this VAE (comfy.sd.VAE.decode: decode in the VAE dtype, .float(),
-    clamp((x + 1) / 2, 0, 1), channels last), before it folds frames into the batch; and the raw decode."""
-    model = vae if dtype == torch.float32 else copy.deepcopy(vae).to(dtype)  # the fp32 weights stay untouched
-    with torch.no_grad():
-        raw = model.decode(latent.to(dtype)).float()
-    return torch.clamp((raw + 1.0) / 2.0, 0.0, 1.0).movedim(1, -1), raw
-
-
-def _twin_body(n, twin, latent, dtype_name):
-    from converters import build_model
-    from converters.vae import diffusers_to_comfy_images
-    ctx = context_for(ParallelConfig(ulysses_degree=n))
-    model = build_model(*twin, dtype=getattr(torch, dtype_name))
-    out = patch_decode(model, latent, world_axis(ctx))
-    assert out.dtype == getattr(torch, dtype_name)  # decoded in the VAE's dtype, as ComfyUI does
-    return diffusers_to_comfy_images(out) if ctx.rank == 0 else None
-
-
-WAN22_CASES = [  # (ranks, latent (B, 48, T, H, W)): heights that split evenly and heights that do not
-    (2, (1, 48, 2, 4, 3)),
-    (2, (1, 48, 3, 5, 4)),
-    (4, (1, 48, 2, 8, 3)),
-    (4, (1, 48, 1, 7, 5)),
-]
-
-
-@pytest.mark.comfy
-@pytest.mark.parametrize("n, shape", WAN22_CASES)
-def test_wan22_vae_patch_decode_equals_comfyui(dist_pools, comfy_wan22, n, shape):
-    """ComfyUI's Wan 2.2 VAE decode (residual up blocks with DupUp3D shortcuts, causal caches, the 2x2 unpatchify)
-    split over n ranks by rows equals ComfyUI's serial VAEDecode images: fp32 <= 1e-5 relative."""
-    vae, twin = comfy_wan22
-    latent = torch.randn(*shape, generator=torch.Generator().manual_seed(sum(shape) + n))
-    ref, raw = _comfy_images(vae, latent, torch.float32)
-    assert raw.shape[2:] == (4 * shape[2] - 3, 16 * shape[3], 16 * shape[4])
-    inside = ((raw > -1) & (raw < 1)).float().mean().item()
-    assert 0.2 < inside < 1.0, f"the random VAE's output should be mostly inside [-1, 1] and clamp somewhere: {inside}"
-    got = dist_pools(n).run(_twin_body, n, twin, latent, "float32", timeout=240)[0]
-    err = _rel(got, ref)
-    print(f"Wan 2.2 VAE {shape} over {n} ranks: images relative error vs ComfyUI {err:.2e}")
-    assert err <= TOL, err
-
-
-@pytest.mark.comfy
-def test_wan22_vae_patch_decode_bf16(dist_pools, comfy_wan22):
-    """A bf16 VAE (ComfyUI's choice on GPUs) decodes in bf16 on the ranks, a float32 latent cast as ComfyUI casts it;
-    the split costs no more than bf16 itself: its error vs ComfyUI's bf16 decode stays within twice ComfyUI's own
-    bf16-vs-fp32 difference."""
-    vae, twin = comfy_wan22
-    latent = torch.randn(1, 48, 2, 5, 3, generator=torch.Generator().manual_seed(16))
-    ref_bf16, _ = _comfy_images(vae, latent, torch.bfloat16)
-    ref_fp32, _ = _comfy_images(vae, latent, torch.float32)
-    own = _rel(ref_bf16, ref_fp32)
-    got = dist_pools(2).run(_twin_body, 2, twin, latent, "bfloat16", timeout=240)[0]
-    err = _rel(got, ref_bf16)
-    print(f"Wan 2.2 VAE bf16 over 2 ranks: {err:.2e} vs ComfyUI bf16 (ComfyUI bf16 vs fp32: {own:.2e})")
-    assert 0 < own < 5e-2 and err <= 2 * own, (err, own)
-
-

@@ -48,7 +48,7 @@ def gpu(monkeypatch):
 def test_vaes_are_not_counted_and_two_experts_stay(gpu):
     """Wan 2.2: a high- and a low-noise expert and a VAE, max_models=2: nothing is evicted."""
     engine, dev, _ = gpu
-    for key, family in (("high", "wan"), ("low", "wan"), ("vae", "vae_wan")):
+    for key, family in (("high", "wan"), ("low", "wan"), ("vae", "vae_comfy")):
         engine.make_room(key, 6 * GIB, torch.device("cuda", 0), is_vae=family.startswith("vae"))
         engine.models[key] = _resident(family, 6 * GIB)
     engine.make_room("high", 6 * GIB, torch.device("cuda", 0))  # its turn again: already resident, room is there
@@ -79,7 +79,7 @@ def test_an_older_patch_version_is_dropped_first(gpu):
 def test_host_models_are_counted_not_measured():
     engine = Engine(max_models=2, free_memory=lambda d: pytest.fail("a host rank reads no device memory"))
     for key in ("a", "b", "vae"):
-        engine.models[key + MESH_SEP + "1-1"] = Resident("vae_kl" if key == "vae" else "sd3", _Model(0))
+        engine.models[key + MESH_SEP + "1-1"] = Resident("vae_comfy" if key == "vae" else "sd3", _Model(0))
     engine.make_room("c", 0, torch.device("cpu"))
     assert engine.evicted == ["a" + MESH_SEP + "1-1"]
 

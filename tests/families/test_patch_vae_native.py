@@ -26,6 +26,23 @@ def comfy():
     return setup_comfy()
 
 
+SCALE, SHIFT = 1.7, 0.3  # TAESD's latent scale and shift (a real file stores its own; these make them matter)
+
+
+def _random_taesd_sd(z: int, seed: int) -> dict:
+    """A ComfyUI TAESD state dict (encoder, decoder, vae_scale, vae_shift) with torch's default conv init."""
+    import torch.nn as nn
+    from comfy.taesd.taesd import TAESD
+    torch.manual_seed(seed)
+    model = TAESD(latent_channels=z)
+    for m in model.modules():
+        if isinstance(m, nn.Conv2d):
+            nn.Conv2d.reset_parameters(m)  # comfy.ops.disable_weight_init.Conv2d's own is a no-op
+    sd = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    sd["vae_scale"], sd["vae_shift"] = torch.tensor(SCALE), torch.tensor(SHIFT)
+    return sd
+
+
 def _flux2_sd(seed: int) -> dict:
     """The SD KL VAE's weights with Flux.2's batch-norm statistics (ComfyUI then decodes 4 x 4 = 16-channel latents
     at twice the downscale: channels un-shuffled into 2 x 2 pixel blocks before the decoder)."""
@@ -51,7 +68,6 @@ def vaes(comfy, tmp_path_factory):
     import comfy.utils
 
     from comfyui_hybrid_parallel.doctor import tiny_checkpoints as tc
-    from test_patch_vae_taesd import _random_taesd_sd
     d = tmp_path_factory.mktemp("vaes")
     tc.write_kl_vae(d / "kl4.safetensors", style="sd", seed=41)
     tc.write_kl_vae(d / "kl16.safetensors", style="flux", seed=42)

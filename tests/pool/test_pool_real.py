@@ -94,22 +94,6 @@ def test_lru_eviction_and_safetensors_path(pool, tmp_path):
     assert pool.submit(SP2, "steps", {"n": 1}).values["steps"] == 1  # all ranks reported: world kept
 
 
-def test_vae_decode(pool):
-    from diffusers import AutoencoderKL
-    torch.manual_seed(0)
-    vae = AutoencoderKL(in_channels=3, out_channels=3, down_block_types=["DownEncoderBlock2D"] * 2,
-                        up_block_types=["UpDecoderBlock2D"] * 2, block_out_channels=[32, 64], layers_per_block=1,
-                        latent_channels=4, norm_num_groups=8, sample_size=32).eval()
-    pool.ensure_model(SP2, "vae", "vae_kl", dict(vae.config), state_dict=vae.state_dict())
-    latent = torch.randn(1, 4, 8, 6, generator=torch.Generator().manual_seed(3))
-    res = pool.submit(SP2, "vae_decode", {"key": "vae"}, {"latent": latent})
-    assert res.values["patch_parallel"]
-    with torch.no_grad():
-        ref = vae.decode(latent, return_dict=False)[0]
-    assert rel_err(res.tensors["image"], ref) <= 1e-5
-    assert rel_err(pool.vae_decode(SP2, "vae", latent, block_size=2), ref) <= 1e-5
-
-
 def test_progress_and_cancel_within_one_step(pool):
     seen = []
 
