@@ -23,7 +23,7 @@ from typing import Callable, Optional
 import torch
 
 from .config import ConfigError
-from .pipefusion.sampling import Convention, check_cfg_batch, check_sigmas, denoise, get_sampler, model_latent
+from .sampling import Convention, check_cfg_batch, check_sigmas, denoise, get_sampler, model_latent
 from .stepcache import StepCache, StepCacheSpec, cached_step
 
 

@@ -14,13 +14,17 @@ for _folder in sorted(Path(__file__).resolve().parent.iterdir()):
 from comfy_server import ComfyServer, write_checkpoints
 from dist_harness import DistPool
 
-os.environ.setdefault("OMP_NUM_THREADS", "1")  # the processes the tests start: one thread each unless they say
-# This process on every core: ComfyUI's own forwards and KSampler runs here are the references of the in-process
-# tests; it computes only while no worker does (a pool run waits), and a lone worker takes this process's thread count
-# (launch.worker_threads), so degree 1 stays bitwise
+# Every core, as users run ComfyUI: this process (ComfyUI's own forwards and KSampler runs here are the in-process
+# references), the ComfyUI servers, the doctor, the main job and the node probe it starts. Each computes only while no
+# worker does (a pool run waits; the runtime drops the driver to one thread meanwhile), the workers set their own
+# counts (launch.worker_threads: cores / ranks), and a lone worker takes its driver's count, so degree 1 stays bitwise.
+# The gloo test worlds (dist_harness) run one thread per rank. (One thread everywhere was the setting before
+# 2026-11-29: the server, web, families and driver folders took 1,709 s here then, 1,276 s with this and that day's
+# other cuts.)
+os.environ.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 1))
 import torch  # noqa: E402
 
-torch.set_num_threads(os.cpu_count() or 1)
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 # Strict mode (parallel/strict.py): every pool worker of the session - the tests' own pools and the real ComfyUI
 # server's - fails where NCCL on GPUs would (host tensors in collectives or meeting device tensors, collectives
 # issued in different orders, p2p tags). HP_STRICT_COMM=0 turns it off for a run.
@@ -59,11 +63,7 @@ def server(tmp_path_factory):
     from comfy_env import setup_comfy
     comfy_dir = setup_comfy()
     base = tmp_path_factory.mktemp("comfy_base")
-    # ComfyUI on every core, as users run it (this process's OMP_NUM_THREADS=1 would pin it to one): its KSampler
-    # references and the driver's work of each prompt run ~1.6x faster on 2 cores. The runtime drops to one thread
-    # while a pool run is in flight, and a lone worker takes the driver's count (launch.worker_threads): degree 1
-    # stays bitwise equal to KSampler (tests/server_e2e 989 -> 718 s with the Qwen-Image cuts)
-    srv = ComfyServer(comfy_dir, base, env={"OMP_NUM_THREADS": str(os.cpu_count() or 1)})
+    srv = ComfyServer(comfy_dir, base)  # on every core (OMP_NUM_THREADS above): KSampler's references ~1.6x faster
     import shutil
     from pathlib import Path
     # the tests' GGUF loader node (ComfyUI-GGUF's contract; tests/server_e2e/test_comfyui_gguf.py)

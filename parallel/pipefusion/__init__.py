@@ -6,7 +6,7 @@ it reproduces when every step is a warmup step.
 """
 from .loop import run_pipefusion_loop, run_serial_loop
 from .plans import BlockList, PipelinePlan, stage_ranges
-from .sampling import SAMPLERS, Convention, eps, flow
+from ..sampling import SAMPLERS, Convention, eps, flow
 from .stage import PipelineCancelled
 
 __all__ = ["BlockList", "Convention", "PipelineCancelled", "PipelinePlan", "SAMPLERS", "eps",

@@ -34,7 +34,7 @@ from ..models import plan_for
 from ..stepcache import StepCache, StepCacheSpec
 from .batch import gather_cfg, gather_dp, share_batch
 from .plans import latent_layout, pipeline_plan_for, stage_ranges
-from .sampling import Convention, check_cfg_batch, check_sigmas, denoise, get_sampler, model_latent
+from ..sampling import Convention, check_cfg_batch, check_sigmas, denoise, get_sampler, model_latent
 from .stage import SKIPPED, TAG_LATENT, Channel, PipelineCancelled, Run, Stage
 
 

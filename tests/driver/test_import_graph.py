@@ -38,6 +38,10 @@ def import_graph(mods: dict) -> dict:
             target = ".".join(here + (node.module.split(".") if node.module else []))
             subs = {f"{target}.{a.name}".lstrip(".") for a in node.names} & mods.keys()
             deps |= subs if subs else ({target} & mods.keys())
+        # importing a.b.c runs the __init__ of a.b first: an edge to every package above a target, but those above
+        # the importing module itself (already being imported when it runs)
+        mine = {".".join(base[:i]) for i in range(len(base) + 1)}
+        deps |= {".".join(d.split(".")[:i]) for d in deps for i in range(1, d.count(".") + 1)} & mods.keys() - mine
         graph[name] = deps - {name}
     return graph
 
@@ -86,6 +90,17 @@ def test_no_import_circle_in_product_code():
     graph = import_graph(_modules())
     assert len(graph) > 80 and graph["nodes.sampler_node"], "the scan found too little: it is broken"
     assert not circles(graph), circles(graph)
+
+
+def test_a_circle_through_a_package_init_is_found(tmp_path):
+    """p/__init__.py imports p.loop, which imports q; q imports p.sampling - Python runs p/__init__ first: a circle."""
+    for rel, text in (("p/__init__.py", "from .loop import run\n"), ("p/loop.py", "from ..q import f\n"),
+                      ("p/sampling.py", ""), ("q.py", "from .p.sampling import g\n")):
+        (tmp_path / rel).parent.mkdir(exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    mods = {"p": (tmp_path / "p/__init__.py", True), "p.loop": (tmp_path / "p/loop.py", False),
+            "p.sampling": (tmp_path / "p/sampling.py", False), "q": (tmp_path / "q.py", False)}
+    assert circles(import_graph(mods)) == [["p", "p.loop", "q"]]
 
 
 def test_the_circle_finder_finds_a_circle():

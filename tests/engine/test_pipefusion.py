@@ -9,7 +9,7 @@ import torch
 from comfyui_hybrid_parallel.parallel import ConfigError, ParallelConfig
 from comfyui_hybrid_parallel.parallel.pipefusion import (PipelineCancelled, eps, flow, run_pipefusion_loop,
                                                          run_serial_loop, stage_ranges)
-from comfyui_hybrid_parallel.parallel.pipefusion.sampling import get_sampler
+from comfyui_hybrid_parallel.parallel.sampling import get_sampler
 from dist_harness import context_for
 import tiny_models as tm
 

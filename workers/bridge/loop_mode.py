@@ -64,7 +64,7 @@ def check_loop_mode(sampler_name: str) -> None:
 
 def loop_convention(model_sampling, sigmas=None) -> dict:
     """How the workers' own loop (PipeFusion, loop mode) turns sigma into the model's input and timestep and its
-    output into `denoised` - the two forms it computes (parallel/pipefusion/sampling.Convention): "flow" (ComfyUI's
+    output into `denoised` - the two forms it computes (parallel/sampling.Convention): "flow" (ComfyUI's
     CONST with a timestep linear in sigma: SD3, Flux, Wan, Qwen-Image ...) and "eps" (ComfyUI's EPS with sigma_data 1:
     PixArt; the timestep per sigma of the run's `sigmas`). Which one is read from what ComfyUI's model sampling
     computes on probe values, not from the family's name: a model of a declared family can sample otherwise - Wan 2.1

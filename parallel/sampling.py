@@ -1,4 +1,4 @@
-"""Worker-side samplers and model conventions for loop mode.
+"""Worker-side samplers and model conventions for loop mode (the plain loop, parallel/loop.py, and PipeFusion's).
 
 In loop mode the last pipeline stage applies the sampler step to each patch as
 soon as its prediction is ready, so a sampler here must be *elementwise* in the
@@ -16,7 +16,7 @@ from typing import Callable, Optional
 
 import torch
 
-from ..config import ConfigError
+from .config import ConfigError
 
 
 @dataclass(frozen=True)
