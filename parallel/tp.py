@@ -309,9 +309,28 @@ def _shard_norm(mod, ax) -> None:
         ss = xf.pow(2).sum(-1, keepdim=True)
         dist.all_reduce(ss, group=ax.group)
         ax.stats.record("tp_all_reduce", ss.numel() * ss.element_size() * 2 * (n - 1) // n)
-        y = (xf * torch.rsqrt(ss / (x.shape[-1] * n) + eps)).to(x.dtype)
-        return y if mod.weight is None else y * mod.weight.to(device=x.device, dtype=x.dtype)
+        y = xf * torch.rsqrt(ss / (x.shape[-1] * n) + eps)
+        if mod.weight is None:
+            return y.to(x.dtype)
+        w = mod.weight.to(device=x.device, dtype=x.dtype)
+        if x.dtype in _HALF and _rms_norm_weights_before_rounding(x.device.type, x.dtype):
+            return (y * w.float()).to(x.dtype)
+        return y.to(x.dtype) * w
     mod.forward = forward
+
+
+@functools.cache
+def _rms_norm_weights_before_rounding(device_type: str, dtype: torch.dtype) -> bool:
+    """Whether this torch's F.rms_norm (what ComfyUI's RMSNorm calls) multiplies a half-precision input by the weight
+    in fp32 and rounds once (torch 2.13 on CPU), rather than rounding the normalised input first; asked once per
+    device type and dtype, so that a sharded norm rounds as one device's norm does (the other way put TP on ComfyUI's
+    Wan in bf16 5e-3 from one device)."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(8, 64, generator=g).to(device_type, dtype)
+    w = (1 + 0.1 * torch.randn(64, generator=g)).to(device_type, dtype)
+    xf = x.float()
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)
+    return torch.equal(F.rms_norm(x, (64,), weight=w, eps=1e-6), (y * w.float()).to(dtype))
 
 
 _HALF = (torch.float16, torch.bfloat16)

@@ -67,7 +67,16 @@ def setup_comfy() -> Path:
     import comfy.cli_args
 
     if "comfy.model_management" not in sys.modules:
-        comfy.cli_args.args.cpu = True
+        args = comfy.cli_args.args
+        args.cpu = True
+        if os.environ.get("HP_TEST_RANK"):
+            # a rank of a gloo test world (tests/dist_harness.py) imports ComfyUI as a sequence-parallel worker does
+            # (workers/bridge/build.import_comfy): its pytorch kernel, so that attention calls bypassing ComfyUI's
+            # seam (PixArt's) are the F.scaled_dot_product_attention calls the plans intercept
+            args.use_pytorch_cross_attention = True
+            for name in ("use_split_cross_attention", "use_quad_cross_attention", "use_sage_attention",
+                         "use_flash_attention"):
+                setattr(args, name, False)
     else:
         import comfy.model_management as mm
 

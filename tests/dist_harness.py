@@ -40,6 +40,7 @@ def _backend(backend: str, world: int) -> str:
 
 def _worker_main(rank: int, world: int, port: int, conn, collective_timeout_s: float, backend: str = "gloo") -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ["HP_TEST_RANK"] = str(rank)  # comfy_env.setup_comfy configures ComfyUI here as a worker's
     import torch
     import torch.distributed as dist
 
@@ -66,13 +67,10 @@ def _worker_main(rank: int, world: int, port: int, conn, collective_timeout_s: f
 
 
 # What every rank imports before its first body: loaded once by multiprocessing's fork server, then forked into each
-# rank of each world. A fresh interpreter per rank paid these imports 2, 4 or 8 times per world on 2 cores: the
-# diffusers classes of tests/tiny_models.py alone (diffusers imports its whole transformers package, transformers and
-# scipy with it) took 25 s per rank of an 8-rank world. Names importable from site-packages only: Python 3.11's fork
-# server preloads before it receives the tests' sys.path, and skips a name it cannot import.
-PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "safetensors.torch", "comfyui_hybrid_parallel.parallel",
-           "diffusers.models.transformers.transformer_flux", "diffusers.models.transformers.transformer_sd3",
-           "diffusers.models.transformers.pixart_transformer_2d", "diffusers.models.transformers.transformer_wan"]
+# rank of each world. A fresh interpreter per rank paid these imports 2, 4 or 8 times per world on 2 cores (heavy
+# imports took 25 s per rank of an 8-rank world). Names importable from site-packages only: Python 3.11's fork
+# server preloads before it receives the tests' sys.path (ComfyUI is not there), and skips a name it cannot import.
+PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "safetensors.torch", "comfyui_hybrid_parallel.parallel"]
 
 
 def _context():

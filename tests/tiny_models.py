@@ -1,74 +1,103 @@
-"""Tiny random-init diffusers transformers of each family, and fresh random inputs for them.
+"""Tiny models of ComfyUI's own diffusion-model classes (the ones the workers run), and fresh random inputs for them.
 
-Models are seeded so every rank of a test world builds the same weights; inputs
-are drawn from a generator seeded by the test, so each test uses fresh inputs
-that all ranks agree on.
+Why these and not checkpoints: the engine tests need many small worlds and a free number of heads (3 heads over
+4 Ulysses ranks, 6 over tp 4), which detection of a saved checkpoint does not allow (it fixes SD3's heads to its
+depth, PixArt's to 16, Flux's to 24). Each model is built on "meta" from the class itself and given the tiny
+checkpoints' seeded values (doctor/tiny_weights.py: nothing left at zero), so every rank of a test world builds
+the same weights, and the inputs come from a generator seeded by the test: fresh, and the same on every rank.
+
+SD3's MMDiT ties heads to depth (hidden 64 per head): `heads` sets its depth. The others keep 16 per head.
 """
 from __future__ import annotations
 
 import torch
 
 HEADS = 4
+CONTEXT = 24  # the text width of every tiny model
+POOLED = 12
+FAMILIES = ("flux", "sd3", "pixart", "wan")
+
+
+def _classes():
+    from comfy_env import setup_comfy
+    setup_comfy()  # ComfyUI on sys.path (a test world's rank imports it as a worker does)
+    import comfy.ops
+    return comfy.ops.disable_weight_init
+
+
+def _make(family: str, heads: int, ops, dtype):
+    if family == "flux":
+        from comfy.ldm.flux.model import Flux, FluxParams
+        from comfyui_hybrid_parallel.doctor.tiny_checkpoints import detected
+        return Flux(image_model="flux", in_channels=4, out_channels=4, vec_in_dim=POOLED, context_in_dim=CONTEXT,
+                    hidden_size=16 * heads, mlp_ratio=2.0, num_heads=heads, depth=1, depth_single_blocks=1,
+                    axes_dim=[4, 6, 6], theta=10000, patch_size=2, qkv_bias=True, guidance_embed=True,
+                    operations=ops, device="meta", dtype=dtype, **detected(FluxParams, txt_ids_dims=[]))
+    if family == "sd3":  # SD3.5-style: qk norm and the image-only attn2 of block 0 (heads = depth, hidden 64 a head)
+        from comfy.ldm.modules.diffusionmodules.mmdit import OpenAISignatureMMDITWrapper
+        return OpenAISignatureMMDITWrapper(
+            in_channels=4, patch_size=2, out_channels=4, depth=heads, input_size=None, adm_in_channels=POOLED,
+            context_embedder_config={"target": "torch.nn.Linear",
+                                     "params": {"in_features": CONTEXT, "out_features": 64 * heads}},
+            num_patches=24 ** 2, pos_embed_max_size=24, qk_norm="rms", x_block_self_attn_layers=[0],
+            operations=ops, device="meta", dtype=dtype)
+    if family == "pixart":
+        from comfy.ldm.pixart.pixartms import PixArtMS
+        return PixArtMS(input_size=None, patch_size=2, in_channels=4, hidden_size=16 * heads, depth=2,
+                        num_heads=heads, caption_channels=CONTEXT, model_max_length=8, pe_interpolation=None,
+                        micro_condition=False, operations=ops, device="meta", dtype=dtype)
+    if family == "wan":
+        from comfy.ldm.wan.model import WanModel
+        return WanModel(model_type="t2v", patch_size=(1, 2, 2), text_len=32, in_dim=4, dim=16 * heads,
+                        ffn_dim=32, freq_dim=32, text_dim=CONTEXT, out_dim=4, num_heads=heads, num_layers=2,
+                        window_size=(-1, -1), qk_norm=True, cross_attn_norm=True, eps=1e-6, operations=ops,
+                        device="meta", dtype=dtype)
+    raise ValueError(family)
 
 
 def build(family: str, heads: int = HEADS, seed: int = 0, dtype=torch.float32):
-    from diffusers import (FluxTransformer2DModel, PixArtTransformer2DModel, SD3Transformer2DModel,
-                           WanTransformer3DModel)
-
-    torch.manual_seed(seed)
-    if family == "flux":
-        m = FluxTransformer2DModel(patch_size=1, in_channels=8, num_layers=1, num_single_layers=1,
-                                   attention_head_dim=16, num_attention_heads=heads, joint_attention_dim=24,
-                                   pooled_projection_dim=12, guidance_embeds=True, axes_dims_rope=(4, 6, 6))
-    elif family == "sd3":
-        m = SD3Transformer2DModel(sample_size=16, patch_size=2, in_channels=4, num_layers=2, attention_head_dim=8,
-                                  num_attention_heads=heads, joint_attention_dim=24, caption_projection_dim=8 * heads,
-                                  pooled_projection_dim=12, out_channels=4, pos_embed_max_size=24,
-                                  dual_attention_layers=(0,))
-    elif family == "pixart":
-        m = PixArtTransformer2DModel(sample_size=16, patch_size=2, in_channels=4, out_channels=8, num_layers=2,
-                                     num_attention_heads=heads, attention_head_dim=8, cross_attention_dim=8 * heads,
-                                     caption_channels=24, use_additional_conditions=False)
-    elif family == "wan":
-        m = WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=heads, attention_head_dim=8,
-                                  in_channels=4, out_channels=4, text_dim=24, freq_dim=32, ffn_dim=32,
-                                  num_layers=2, rope_max_seq_len=64)
-    else:
-        raise ValueError(family)
-    return (m if dtype == torch.float32 else m.to(dtype)).eval()
+    from comfyui_hybrid_parallel.doctor.tiny_weights import _random_state_dict
+    model = _make(family, heads, _classes(), dtype)
+    kept = model.state_dict()  # each entry in the dtype the class gives it (Wan keeps its patch embedding fp32)
+    values = _random_state_dict(model, seed, torch.float32)
+    model.load_state_dict({k: v.to(kept[k].dtype) for k, v in values.items()}, assign=True)
+    return model.eval()
 
 
 def inputs(family: str, seed: int, batch: int = 1, h: int = 6, w: int = 5, text: int = 7, frames: int = 3,
            dtype=torch.float32) -> dict:
-    """Keyword arguments for one forward. h, w are latent sizes (Flux: token grid, packed already)."""
+    """The inputs of one forward of ComfyUI's class (x, timestep, the rest by its keyword). h, w: the latent's size (Flux: its token grid, the
+    latent being twice as tall and wide - Flux patches 2 x 2 inside the model; PixArt: even sides, their mean at
+    least 33); frames: Wan's latent frames."""
     g = torch.Generator().manual_seed(seed)
 
     def r(*shape):
         return torch.randn(*shape, generator=g).to(dtype)
 
     t = torch.rand(batch, generator=g)
+    context = r(batch, text, CONTEXT)
     if family == "flux":
-        ids = torch.zeros(h, w, 3)
-        ids[..., 1] = torch.arange(h)[:, None]
-        ids[..., 2] = torch.arange(w)[None, :]
-        return dict(hidden_states=r(batch, h * w, 8), encoder_hidden_states=r(batch, text, 24),
-                    pooled_projections=r(batch, 12), timestep=t.to(dtype), guidance=(1 + 3 * t).to(dtype),
-                    img_ids=ids.reshape(-1, 3).to(dtype), txt_ids=torch.zeros(text, 3, dtype=dtype))
+        return dict(x=r(batch, 4, 2 * h, 2 * w), timestep=t.to(dtype), context=context, y=r(batch, POOLED),
+                    guidance=(1 + 3 * t).to(dtype))
     if family == "sd3":
-        return dict(hidden_states=r(batch, 4, h, w), encoder_hidden_states=r(batch, text, 24),
-                    pooled_projections=r(batch, 12), timestep=(t * 1000).to(dtype))
+        return dict(x=r(batch, 4, h, w), timestep=(t * 1000).to(dtype), context=context, y=r(batch, POOLED))
     if family == "pixart":
-        return dict(hidden_states=r(batch, 4, h, w), encoder_hidden_states=r(batch, text, 24),
-                    timestep=(t * 1000).to(dtype), added_cond_kwargs={"resolution": None, "aspect_ratio": None})
+        if h % 2 or w % 2 or (h + w) // 2 < 33:  # ComfyUI's PixArt sizes its position table by (H + W) // 64
+            raise ValueError(f"PixArt takes even latent sides with (h + w) // 2 >= 33, got {h} x {w}")
+        return dict(x=r(batch, 4, h, w), timestep=(t * 1000).to(dtype), context=context)
     if family == "wan":
-        return dict(hidden_states=r(batch, 4, frames, h, w), encoder_hidden_states=r(batch, text, 24),
-                    timestep=(t * 1000).to(dtype))
+        return dict(x=r(batch, 4, frames, h, w), timestep=(t * 1000).to(dtype), context=context)
     raise ValueError(family)
 
 
 def forward(model, kw: dict) -> torch.Tensor:
+    """The model called as ComfyUI's BaseModel calls it, and the workers do (workers/bridge/build.call_native):
+    the latent and the timestep by position, the rest by name."""
+    rest = dict(kw)
+    x, t = rest.pop("x"), rest.pop("timestep")
+    rest.setdefault("transformer_options", {})
     with torch.no_grad():
-        return model(**kw, return_dict=False)[0]
+        return model(x, t, **rest)
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:

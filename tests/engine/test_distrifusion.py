@@ -1,4 +1,4 @@
-"""DistriFusion on Flux, SD3 and PixArt: exact while synchronous, measurably stale afterwards, reset per run.
+"""DistriFusion on ComfyUI's Flux, SD3, PixArt and Wan classes (tests/tiny_models.py): exact while synchronous, measurably stale afterwards, reset per run.
 
 Every body runs a short Euler-like loop x <- x - dt * model(x, t) serially and
 in parallel on the same fresh random inputs, so staleness (which only exists
@@ -27,12 +27,12 @@ def _model(family):
 def _loop(model, family, kw, steps=STEPS, state=None):
     """Euler-like loop; with `state`, the step index is passed explicitly (as the pool does in step mode)."""
     kw = dict(kw)
-    x = kw["hidden_states"].clone()
+    x = kw["x"].clone()
     for i in range(steps):
         t = 1.0 - i / steps
         scale = 1.0 if family == "flux" else 1000.0
         kw["timestep"] = torch.full_like(kw["timestep"], t * scale)
-        kw["hidden_states"] = x
+        kw["x"] = x
         if state is not None:
             state.set_step(i, total_steps=steps)
         out = tm.forward(model, kw)
@@ -60,8 +60,8 @@ def _df_body(family, n, seed, h, w, text, batch, extra=None):
     return res
 
 
-# token counts: Flux h*w tokens, SD3/PixArt (h/2)*(w/2); one even, one not divisible by 2 or 4
-SIZES = {"flux": [(4, 4), (5, 7)], "sd3": [(8, 8), (6, 10)], "pixart": [(8, 8), (6, 10)], "wan": [(4, 4), (6, 10)]}
+# token counts: Flux h*w tokens (its token grid), the others (h/2)*(w/2); one even, one not divisible by 2 or 4
+SIZES = {"flux": [(4, 4), (5, 7)], "sd3": [(8, 8), (6, 10)], "pixart": [(32, 34), (34, 38)], "wan": [(4, 4), (6, 10)]}
 
 
 @pytest.mark.parametrize("family", ["flux", "sd3", "pixart", "wan"])
@@ -126,7 +126,7 @@ def test_async_bytes_match_patch_kv_volume(dist_pools, family, layers_per_comm):
     res = dist_pools(n).run(_bytes_body, family, n, h, w, layers_per_comm)
     for snap, layers in res:
         P = -(-tokens // n)                                  # largest patch: every rank sends that much
-        hs = tm.HEADS * 8 if family == "sd3" else tm.HEADS * 16
+        hs = tm.HEADS * 64 if family == "sd3" else tm.HEADS * 16  # (MMDiT: 64 a head)
         expected = 2 * P * hs * layers * 4 * (n - 1)         # K and V, fp32, to n-1 peers
         got = snap["distrifusion_async_kv"]
         assert got["bytes"] == expected, (got, expected)
@@ -176,7 +176,7 @@ def test_buffers_reset_between_runs(dist_pools, family):
 
 
 def _errors_body():
-    model = tm.build("pixart")
+    model = tm.build("flux")
     ctx = context_for(ParallelConfig(method="distrifusion", ulysses_degree=2))
     out = {}
     try:
@@ -191,9 +191,9 @@ def _errors_body():
                 st.set_step(bad)
             except ValueError as e:
                 out[f"step{bad}"] = str(e)
-        kw = tm.inputs("pixart", 3, h=6, w=6)
+        kw = tm.inputs("flux", 3, h=3, w=3, text=4)
         tm.forward(model, kw)
-        kw["attention_mask"] = torch.ones(1, 9)          # self-attention mask: refused, not ignored
+        kw["attention_mask"] = torch.ones(1, 13, 13)     # a mask over [text, image]: refused, not ignored
         try:
             tm.forward(model, kw)
         except (NotImplementedError, ValueError, RuntimeError) as e:
@@ -244,7 +244,7 @@ def _lanes_body(family, n):
 
     def interleaved(start):
         xs = {0: dict(a), 1: dict(b)}
-        xs[0]["hidden_states"], xs[1]["hidden_states"] = a["hidden_states"].clone(), b["hidden_states"].clone()
+        xs[0]["x"], xs[1]["x"] = a["x"].clone(), b["x"].clone()
         for i in range(STEPS):
             for lane in (0, 1):
                 kw = xs[lane]
@@ -252,8 +252,8 @@ def _lanes_body(family, n):
                 kw["timestep"] = torch.full_like(kw["timestep"], t * (1.0 if family == "flux" else 1000.0))
                 start(2 * i + lane, lane)
                 out = tm.forward(model, kw)
-                kw["hidden_states"] = kw["hidden_states"] - (1.0 / STEPS) * out[:, : kw["hidden_states"].shape[1]]
-        return xs[0]["hidden_states"], xs[1]["hidden_states"]
+                kw["x"] = kw["x"] - (1.0 / STEPS) * out[:, : kw["x"].shape[1]]
+        return xs[0]["x"], xs[1]["x"]
     try:
         st = distrifusion_state(model)
         alone_a = _loop(model, family, a, state=st)

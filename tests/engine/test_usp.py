@@ -1,4 +1,5 @@
-"""USP (Ulysses x Ring) on the four families: parallel output equals serial output on every rank."""
+"""USP (Ulysses x Ring) on four families of ComfyUI's own classes (tests/tiny_models.py): parallel output equals
+serial output on every rank."""
 import pytest
 import torch
 
@@ -34,8 +35,8 @@ def _usp_body(family, cfg_kwargs, seed, batch, h, w, text, frames, heads=tm.HEAD
 
 DEGREES = [dict(ulysses_degree=2), dict(ring_degree=2), dict(ulysses_degree=4), dict(ring_degree=4),
            dict(ulysses_degree=2, ring_degree=2)]
-# latent (h, w) per family: one size that divides 2 and 4, one with an odd token count
-SIZES = {"flux": [(4, 4), (5, 7)], "sd3": [(8, 8), (6, 10)], "pixart": [(8, 8), (6, 10)], "wan": [(4, 4), (6, 10)]}
+# latent (h, w) per family (Flux: its token grid): one token count that divides 2 and 4, one odd
+SIZES = {"flux": [(4, 4), (5, 7)], "sd3": [(8, 8), (6, 10)], "pixart": [(32, 34), (34, 38)], "wan": [(4, 4), (6, 10)]}
 
 
 def _world(d):
@@ -76,7 +77,8 @@ def test_wan_long_video_frame_counts(dist_pools, degrees):
                          ids=lambda d: ParallelConfig(**d).describe())
 def test_heads_not_divisible_by_ulysses_are_exact(dist_pools, family, degrees):
     """3 heads over 2 or 4 Ulysses ranks: uneven head shards (one rank may hold none), still exact."""
-    res = dist_pools(_world(degrees)).run(_usp_body, family, degrees, 5, 1, 6, 6, 9, 1, heads=3)
+    h, w = SIZES[family][1]
+    res = dist_pools(_world(degrees)).run(_usp_body, family, degrees, 5, 1, h, w, 9, 1, heads=3)
     assert max(e for e, _ in res) <= 1e-5
 
 
@@ -88,24 +90,18 @@ def test_bf16_parallel_close_to_bf16_serial(dist_pools, family):
     assert max(e for e, _ in res) <= 2e-2
 
 
-def _degree_one_is_untouched():
-    model = _model("pixart", tm.HEADS, torch.float32)
-    ctx = context_for(ParallelConfig())
-    return parallelize(model, ctx) is model and "forward" not in model.__dict__
-
-
 def test_degree_one_is_a_no_op():
     from comfyui_hybrid_parallel.parallel import ParallelContext
     model = tm.build("pixart")
     ctx = ParallelContext(ParallelConfig())
-    kw = tm.inputs("pixart", 0)
+    kw = tm.inputs("pixart", 0, h=32, w=34)
     before = tm.forward(model, kw)
     assert parallelize(model, ctx) is model and "forward" not in model.__dict__
     assert torch.equal(tm.forward(model, kw), before)
 
 
 def _usp_attention_body(cfg_kwargs, heads, seq, text, text_first, batch, seed, overlap=None):
-    """usp_attention alone against serial SDPA, inputs as diffusers hands them ((B,H,L,D) views of (B,L,H,D))."""
+    """usp_attention alone against serial SDPA, inputs as a (B,H,L,D) view of (B,L,H,D) (how q, k, v often arrive)."""
     import torch.nn.functional as F
     from comfyui_hybrid_parallel.parallel.usp import usp_attention
 
