@@ -64,44 +64,54 @@ def split_sizes(n, parts):
     return [base + (1 if i < extra else 0) for i in range(parts)]
 
 
-# ---------------------------------------------------------------- model facts (from the diffusers config)
+# ---------------------------------------------------------------- model facts (from ComfyUI's model instance)
+def hidden_width(family, model) -> int:
+    """hs = H·D of a tiny ComfyUI model (tests/tiny_models.py)."""
+    return model.dim if family == "wan" else model.hidden_size
+
+
 def model_facts(family, model, h, w, text, frames=1):
-    """p, T, H, D, attention layers [(has_text)], proj_out width, per-sample output numel."""
-    c = model.config
-    H, D = c.num_attention_heads, c.attention_head_dim
+    """p, T, H, D, attention layers [(has_text)], width of the gathered output per token, per-sample output numel.
+    h, w: the latent (Flux: its token grid, as tests/tiny_models.py takes it)."""
     if family == "flux":
-        p, layers = h * w, [True] * (c.num_layers + c.num_single_layers)
-        out_ps = p * (c.out_channels or c.in_channels)
+        H = model.num_heads
+        p, layers = h * w, [True] * (len(model.double_blocks) + len(model.single_blocks))
+        c_out = model.final_layer.linear.out_features
+        out_ps = p * c_out
     elif family == "sd3":
-        p = (h // c.patch_size) * (w // c.patch_size)
-        layers = [True] * c.num_layers + [False] * len(c.dual_attention_layers or ())
-        out_ps = (c.out_channels or c.in_channels) * h * w
+        H = model.joint_blocks[0].x_block.attn.num_heads
+        p = (h // 2) * (w // 2)
+        dual = sum(b.x_block.x_block_self_attn for b in model.joint_blocks)  # SD3.5's image-only attn2
+        layers = [True] * len(model.joint_blocks) + [False] * dual
+        c_out = model.final_layer.linear.out_features
+        out_ps = model.out_channels * h * w
     elif family == "pixart":
-        p, layers = (h // c.patch_size) * (w // c.patch_size), [False] * c.num_layers
-        out_ps = c.out_channels * h * w
+        H = model.num_heads
+        p, layers = (h // 2) * (w // 2), [False] * len(model.blocks)
+        c_out = model.final_layer.linear.out_features
+        out_ps = model.in_channels * h * w  # its forward returns the eps half of the learned-sigma output
     elif family == "wan":
-        pt, ph, pw = c.patch_size
-        p, layers = (frames // pt) * (h // ph) * (w // pw), [False] * c.num_layers
-        out_ps = c.out_channels * frames * h * w
+        H = model.num_heads
+        p, layers = frames * (h // 2) * (w // 2), [False] * len(model.blocks)
+        c_out = model.head.head.out_features
+        out_ps = model.out_dim * frames * h * w
     else:
         raise ValueError(family)
-    return dict(p=p, T=text, H=H, D=D, layers=layers, c_out=model.proj_out.out_features, out_ps=out_ps)
+    return dict(p=p, T=text, H=H, D=hidden_width(family, model) // H, layers=layers, c_out=c_out, out_ps=out_ps)
 
 
 def tp_rowwise(family, model, f):
-    """(tokens, out_features) of every row-wise Linear of the family's TP placement, in forward order."""
-    c, p, T, hs = model.config, f["p"], f["T"], f["H"] * f["D"]
+    """(tokens, out_features) of every row-wise Linear of the family's TP placement (ComfyUI's module names)."""
+    p, T, hs = f["p"], f["T"], f["H"] * f["D"]
     rows = []
-    if family == "sd3":
-        dual = set(c.dual_attention_layers or ())
-        for i, blk in enumerate(model.transformer_blocks):
-            rows += [(p, hs)] + ([(T, hs)] if not blk.context_pre_only else [])
-            rows += [(p, hs)] if i in dual else []
-            rows += [(p, hs)] + ([(T, hs)] if not blk.context_pre_only else [])
-    elif family == "flux":
-        rows += [(p, hs), (T, hs), (p, hs), (T, hs)] * c.num_layers + [(p + T, hs)] * c.num_single_layers
-    elif family == "pixart":
-        rows += [(p, hs), (p, hs), (p, hs)] * c.num_layers
+    if family == "sd3":  # x_block: attn.proj, (attn2.proj), mlp.fc2; context_block the same two unless pre_only
+        for blk in model.joint_blocks:
+            rows += [(p, hs)] * (2 + blk.x_block.x_block_self_attn)
+            rows += [(T, hs)] * 2 if not blk.context_block.pre_only else []
+    elif family == "flux":  # double: img/txt attn proj, img/txt mlp out; single: one packed linear2 of [txt, img]
+        rows += [(p, hs), (T, hs), (p, hs), (T, hs)] * len(model.double_blocks) + [(p + T, hs)] * len(model.single_blocks)
+    elif family == "pixart":  # attn.proj, cross_attn.proj, mlp.fc2
+        rows += [(p, hs), (p, hs), (p, hs)] * len(model.blocks)
     return rows
 
 
@@ -238,8 +248,8 @@ def measure_body(family, method, deg, h, w, text, batch, seed, steps=1, frames=1
                 distrifusion_state(model).set_step(i, total_steps=steps)
             ctx.stats.reset()
             counter = CollectiveBytes(ctx.tp)
-            with torch.no_grad(), counter:
-                model(**kw, return_dict=False)
+            with counter:
+                tm.forward(model, kw)
             snap = {k: v["bytes"] for k, v in ctx.stats.snapshot().items()}
             if method == "tp" and not counter.calls:
                 raise AssertionError("tensor parallel ran without an all-reduce on the tp group")
@@ -322,12 +332,12 @@ def cases(quick):
                 if n <= 4:
                     out.append((fam, "tp", dict(tp_degree=n), h, w, 8, 1, 1))
         if n == 2:
-            out.append(("pixart", "cfg", dict(cfg_degree=2), 16, 16, 8, 2, 1))
-            out.append(("pixart", "dp", dict(dp_degree=2), 16, 16, 8, 3, 1))
+            out.append(("pixart", "cfg", dict(cfg_degree=2), 34, 32, 8, 2, 1))  # ComfyUI's PixArt: (h + w) / 2 >= 33
+            out.append(("pixart", "dp", dict(dp_degree=2), 34, 32, 8, 3, 1))
     return out
 
 
-PIPEFUSION = [("sd3", 2, 2, 16, 12, 7), ("pixart", 2, 4, 32, 24, 7), ("pixart", 4, 4, 16, 12, 7),
+PIPEFUSION = [("sd3", 2, 2, 16, 12, 7), ("pixart", 2, 4, 48, 32, 7), ("pixart", 4, 4, 34, 32, 7),
               ("sd3", 4, 4, 32, 24, 7), ("flux", 2, 3, 8, 6, 7)]
 
 

@@ -437,7 +437,8 @@ def shape_from_module(model, act_bytes: Optional[int] = None) -> ModelShape:
     for pattern in plan.attention:
         prefix = _block_prefix(pattern)
         blocks += [n for n in modules if _matches(prefix, n)]
-        attention_layers += sum(1 for n in modules if _matches(pattern, n))
+        calls = plan.attention[pattern].calls or (lambda module: 1)
+        attention_layers += sum(calls(modules[n]) for n in modules if _matches(pattern, n))
     blocks = list(dict.fromkeys(blocks))  # a block holding two self-attentions (SD3.5's attn2) is one block
     heads = 0
     for attr in (plan.heads_attr, "num_heads", "n_heads", "heads", "num_attention_heads"):

@@ -75,6 +75,9 @@ class Attention:
     # causal AR prefix's own pass, then the generated tokens' queries over [AR prefix, generated] keys). The missing
     # query rows are filled with zeros for the joint attention and their output rows dropped: rows are independent
     query_tail: bool = False
+    # how many self-attention calls one matching module makes in a forward (default one): what DistriFusion keeps
+    # K/V buffers for, counted by the memory plan before any work (SD3.5's blocks add an image-only attn2)
+    calls: Optional[Callable] = None
 
 
 @dataclass(frozen=True)

@@ -25,39 +25,45 @@ def _classes():
     return comfy.ops.disable_weight_init
 
 
-def _make(family: str, heads: int, ops, dtype):
+def _make(family: str, heads: int, ops, dtype, blocks: int):
     if family == "flux":
         from comfy.ldm.flux.model import Flux, FluxParams
         from comfyui_hybrid_parallel.doctor.tiny_checkpoints import detected
         return Flux(image_model="flux", in_channels=4, out_channels=4, vec_in_dim=POOLED, context_in_dim=CONTEXT,
-                    hidden_size=16 * heads, mlp_ratio=2.0, num_heads=heads, depth=1, depth_single_blocks=1,
+                    hidden_size=16 * heads, mlp_ratio=2.0, num_heads=heads, depth=blocks // 2,
+                    depth_single_blocks=blocks - blocks // 2,
                     axes_dim=[4, 6, 6], theta=10000, patch_size=2, qkv_bias=True, guidance_embed=True,
                     operations=ops, device="meta", dtype=dtype, **detected(FluxParams, txt_ids_dims=[]))
-    if family == "sd3":  # SD3.5-style: qk norm and the image-only attn2 of block 0 (heads = depth, hidden 64 a head)
+    if family == "sd3":  # SD3.5-style: qk norm and the image-only attn2 of every other block (heads = depth)
         from comfy.ldm.modules.diffusionmodules.mmdit import OpenAISignatureMMDITWrapper
+        if blocks != heads:
+            raise ValueError(f"ComfyUI's MMDiT has as many heads as blocks: asked {heads} heads, {blocks} blocks")
         return OpenAISignatureMMDITWrapper(
             in_channels=4, patch_size=2, out_channels=4, depth=heads, input_size=None, adm_in_channels=POOLED,
             context_embedder_config={"target": "torch.nn.Linear",
                                      "params": {"in_features": CONTEXT, "out_features": 64 * heads}},
-            num_patches=24 ** 2, pos_embed_max_size=24, qk_norm="rms", x_block_self_attn_layers=[0],
-            operations=ops, device="meta", dtype=dtype)
+            num_patches=24 ** 2, pos_embed_max_size=24, qk_norm="rms",
+            x_block_self_attn_layers=list(range(0, blocks, 2)), operations=ops, device="meta", dtype=dtype)
     if family == "pixart":
         from comfy.ldm.pixart.pixartms import PixArtMS
-        return PixArtMS(input_size=None, patch_size=2, in_channels=4, hidden_size=16 * heads, depth=2,
+        return PixArtMS(input_size=None, patch_size=2, in_channels=4, hidden_size=16 * heads, depth=blocks,
                         num_heads=heads, caption_channels=CONTEXT, model_max_length=8, pe_interpolation=None,
                         micro_condition=False, operations=ops, device="meta", dtype=dtype)
     if family == "wan":
         from comfy.ldm.wan.model import WanModel
         return WanModel(model_type="t2v", patch_size=(1, 2, 2), text_len=32, in_dim=4, dim=16 * heads,
-                        ffn_dim=32, freq_dim=32, text_dim=CONTEXT, out_dim=4, num_heads=heads, num_layers=2,
+                        ffn_dim=32, freq_dim=32, text_dim=CONTEXT, out_dim=4, num_heads=heads, num_layers=blocks,
                         window_size=(-1, -1), qk_norm=True, cross_attn_norm=True, eps=1e-6, operations=ops,
                         device="meta", dtype=dtype)
     raise ValueError(family)
 
 
-def build(family: str, heads: int = HEADS, seed: int = 0, dtype=torch.float32):
+def build(family: str, heads: int = HEADS, seed: int = 0, dtype=torch.float32, blocks: int | None = None):
+    """blocks: transformer blocks (Flux: half double, half single stream; SD3: must equal heads); default 2 (SD3:
+    heads)."""
     from comfyui_hybrid_parallel.doctor.tiny_weights import _random_state_dict
-    model = _make(family, heads, _classes(), dtype)
+    blocks = blocks or (heads if family == "sd3" else 2)
+    model = _make(family, heads, _classes(), dtype, blocks)
     kept = model.state_dict()  # each entry in the dtype the class gives it (Wan keeps its patch embedding fp32)
     values = _random_state_dict(model, seed, torch.float32)
     model.load_state_dict({k: v.to(kept[k].dtype) for k, v in values.items()}, assign=True)
@@ -90,14 +96,18 @@ def inputs(family: str, seed: int, batch: int = 1, h: int = 6, w: int = 5, text:
     raise ValueError(family)
 
 
-def forward(model, kw: dict) -> torch.Tensor:
+def call(model, kw: dict) -> torch.Tensor:
     """The model called as ComfyUI's BaseModel calls it, and the workers do (workers/bridge/build.call_native):
-    the latent and the timestep by position, the rest by name."""
+    the latent and the timestep by position, the rest by name. The loops' `native_call`."""
     rest = dict(kw)
     x, t = rest.pop("x"), rest.pop("timestep")
     rest.setdefault("transformer_options", {})
+    return model(x, t, **rest)
+
+
+def forward(model, kw: dict) -> torch.Tensor:
     with torch.no_grad():
-        return model(x, t, **rest)
+        return call(model, kw)
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -46,6 +46,12 @@ PLAN = FamilyPlan(
 # unpatchify; the text (context, registers included) is split there too and never gathered (the last
 # block drops it). `_block_mixing` puts the text first in the joint attention; SD3.5's extra image-only
 # attention (attn2) runs in the same block, and its text length is read as 0.
+def _self_attentions(block) -> int:
+    """A joint block's self-attention calls: the joint attention, and SD3.5's image-only attn2 where the block has
+    one (x_block_self_attn)."""
+    return 1 + bool(getattr(block.x_block, "x_block_self_attn", False))
+
+
 COMFY_PLAN = FamilyPlan(
     family="sd3",
     model_class="OpenAISignatureMMDITWrapper",
@@ -54,7 +60,7 @@ COMFY_PLAN = FamilyPlan(
         "joint_blocks.0": [SplitInput("x", dim=1, position=1), SplitInput("context", dim=1, position=0, text=True)],
         "final_layer": [GatherOutput(dim=1)],
     },
-    attention={"joint_blocks.*": Attention(text_first=True, seam="comfy")},
+    attention={"joint_blocks.*": Attention(text_first=True, seam="comfy", calls=_self_attentions)},
     # Megatron placement on ComfyUI's joint blocks (context_block and x_block alike; SD3.5's attn2 too):
     # fused qkv column sharded per head, proj row sharded; the MLP (GELU fc1/fc2 or SwiGLU w1/w3, w2) likewise.
     tp={

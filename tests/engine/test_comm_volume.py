@@ -29,7 +29,7 @@ CASES = [  # family, method, degrees, latent h, w, text, batch, steps
     ("flux", "distrifusion", dict(ulysses_degree=2, warmup_steps=1), 9, 11, 8, 1, 3),
     ("sd3", "tp", dict(tp_degree=2), 16, 16, 8, 1, 1),
     ("flux", "tp", dict(tp_degree=2), 9, 11, 8, 1, 1),
-    ("pixart", "cfg", dict(cfg_degree=2), 16, 16, 8, 2, 1),
+    ("pixart", "cfg", dict(cfg_degree=2), 34, 32, 8, 2, 1),
 ]
 
 

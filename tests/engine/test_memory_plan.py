@@ -70,7 +70,7 @@ def _distrifusion_buffers(family, seed):
     finally:
         unparallelize(model)
     shape = shape_from_module(model)
-    latent = (2, kw["hidden_states"].shape[1], 6, 10) if family != "flux" else None
+    latent = (2, kw["x"].shape[1], 6, 10) if family != "flux" else None
     return held, shape, latent
 
 

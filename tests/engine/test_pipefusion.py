@@ -1,4 +1,4 @@
-"""PipeFusion loop mode (gloo, CPU): exact when every step is a warmup step, the exact stale-KV schedule
+"""PipeFusion loop mode (gloo, CPU) on ComfyUI's own classes (tests/tiny_models.py, called as the workers call them): exact when every step is a warmup step, the exact stale-KV schedule
 otherwise (equal to its one-process emulation, measurably different from serial), samplers bit-identical
 to ComfyUI, clear errors for what cannot run, and a cancel that stops every stage at the same step."""
 import copy
@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from comfyui_hybrid_parallel.parallel import ConfigError, ParallelConfig
-from comfyui_hybrid_parallel.parallel.pipefusion import (PipelineCancelled, eps, flow, run_pipefusion_loop,
-                                                         run_serial_loop, stage_ranges)
+from comfyui_hybrid_parallel.parallel.loop import run_loop
+from comfyui_hybrid_parallel.parallel.pipefusion import PipelineCancelled, eps, flow, run_pipefusion_loop, stage_ranges
 from comfyui_hybrid_parallel.parallel.sampling import get_sampler
 from dist_harness import context_for
 import tiny_models as tm
@@ -18,28 +18,27 @@ pytestmark = pytest.mark.dist
 _models = {}
 
 
-def build_deep(family: str):
-    """Tiny models with 4 blocks (Flux: 2 double + 2 single) so that pp=4 has a block per stage."""
-    from diffusers import FluxTransformer2DModel, PixArtTransformer2DModel, SD3Transformer2DModel
+def build_deep(family: str, dtype=torch.float32):
+    """Tiny ComfyUI models with 4 blocks (Flux: 2 double + 2 single; SD3: 4 heads, the image-only attn2 in blocks 0
+    and 2) so that pp=4 has a block per stage."""
+    key = (family, dtype)
+    if key not in _models:
+        _models[key] = tm.build(family, heads=4 if family == "sd3" else 2, seed=1, dtype=dtype, blocks=4)
+    return _models[key]
 
-    if family in _models:
-        return _models[family]
-    torch.manual_seed(1)
-    if family == "pixart":
-        m = PixArtTransformer2DModel(sample_size=16, patch_size=2, in_channels=4, out_channels=8, num_layers=4,
-                                     num_attention_heads=2, attention_head_dim=8, cross_attention_dim=16,
-                                     caption_channels=24, use_additional_conditions=False)
-    elif family == "sd3":
-        m = SD3Transformer2DModel(sample_size=16, patch_size=2, in_channels=4, num_layers=4, attention_head_dim=8,
-                                  num_attention_heads=2, joint_attention_dim=24, caption_projection_dim=16,
-                                  pooled_projection_dim=12, out_channels=4, pos_embed_max_size=24,
-                                  dual_attention_layers=(0, 2))
-    else:
-        m = FluxTransformer2DModel(patch_size=1, in_channels=8, num_layers=2, num_single_layers=2,
-                                   attention_head_dim=16, num_attention_heads=2, joint_attention_dim=24,
-                                   pooled_projection_dim=12, guidance_embeds=True, axes_dims_rope=(4, 6, 6))
-    _models[family] = m.eval()
-    return _models[family]
+
+def serial_loop(model, kw, sigmas, noise, *, convention, sampler="euler", cfg_scale=None, dtype=None):
+    """The plain loop on one device, ComfyUI's model called as the workers call it: what PipeFusion with
+    warmup_steps >= steps must reproduce."""
+    return run_loop(model, kw, sigmas, noise, convention=convention, sampler=sampler, cfg_scale=cfg_scale,
+                    forward=lambda x, t, cond: tm.call(model, dict(cond, x=x, timestep=t)), dtype=dtype,
+                    timestep_dtype=torch.float32)
+
+
+def pipefusion(model, ctx, kw, sigmas, noise, **options):
+    """run_pipefusion_loop on ComfyUI's model, as the workers run it (fp32 timesteps)."""
+    return run_pipefusion_loop(model, ctx, kw, sigmas, noise, native_call=tm.call, timestep_dtype=torch.float32,
+                               **options)
 
 
 CONVENTIONS = {"pixart": lambda: eps(lambda s: s * 60.0), "sd3": lambda: flow(1000.0), "flux": lambda: flow(1.0)}
@@ -48,7 +47,7 @@ CONVENTIONS = {"pixart": lambda: eps(lambda s: s * 60.0), "sd3": lambda: flow(10
 def problem(family, seed, h, w, steps, batch=1):
     """Conditioning kwargs, initial sample and sigmas; h x w latent (Flux: token grid)."""
     kw = tm.inputs(family, seed, batch=batch, h=h, w=w, text=5)
-    noise = kw.pop("hidden_states")
+    noise = kw.pop("x")
     kw.pop("timestep")
     if family == "pixart":
         sigmas = torch.cat([torch.logspace(1.0, -1.0, steps), torch.zeros(1)])
@@ -62,26 +61,26 @@ def _pp_body(family, pp, patches, warmup, seed, h, w, steps, sampler, layers=Non
     ctx = context_for(ParallelConfig(pp_degree=pp, num_pipeline_patch=patches, warmup_steps=warmup,
                                      attn_layer_num_for_pp=layers, dp_degree=dp, cfg_degree=cfg,
                                      ulysses_degree=ulysses, ring_degree=ring))
-    model = build_deep(family)
-    if bf16:  # a copy: the cached fp32 model must not be rounded for later tests
-        model = copy.deepcopy(model).to(torch.bfloat16)
+    dtype = torch.bfloat16 if bf16 else None  # bf16 weights and messages (the latent and sampler stay fp32)
+    model = build_deep(family, dtype or torch.float32)
     kw, noise, sigmas = problem(family, seed, h, w, steps, batch=batch)
     kw = {k: v.to(torch.bfloat16) if bf16 and isinstance(v, torch.Tensor) else v for k, v in kw.items()}
     if cfg_scale is not None:  # [cond, uncond] conditioning for a latent batch of half the size
         noise = noise[: batch // 2]
     conv = CONVENTIONS[family]()
     seen = []
-    out = run_pipefusion_loop(model, ctx, kw, sigmas, noise, convention=conv, sampler=sampler, cfg_scale=cfg_scale,
-                              callback=lambda i, n: seen.append(i))
+    out = pipefusion(model, ctx, kw, sigmas, noise, convention=conv, sampler=sampler, cfg_scale=cfg_scale,
+                     callback=lambda i, n: seen.append(i), dtype=dtype)
     assert seen == list(range(steps)), seen
-    serial = run_serial_loop(model, kw, sigmas, noise, convention=conv, sampler=sampler, cfg_scale=cfg_scale)
-    emulated = run_pipefusion_loop(model, None, kw, sigmas, noise, convention=conv, sampler=sampler,
-                                   num_patches=patches, warmup_steps=warmup, cfg_scale=cfg_scale)
+    serial = serial_loop(model, kw, sigmas, noise, convention=conv, sampler=sampler, cfg_scale=cfg_scale, dtype=dtype)
+    emulated = pipefusion(model, None, kw, sigmas, noise, convention=conv, sampler=sampler, num_patches=patches,
+                          warmup_steps=warmup, cfg_scale=cfg_scale, dtype=dtype)
     return tm.rel_err(out, serial), tm.rel_err(out, emulated), ctx.stats.snapshot()
 
 
 # (family, latent h, w): one size that splits evenly into the patch bands, one that does not
-SIZES = {"pixart": [(8, 6), (10, 6)], "sd3": [(12, 8), (10, 6)], "flux": [(6, 4), (7, 3)]}
+# (PixArt: ComfyUI's needs (h + w) / 2 >= 33; 24 token rows split into 2, 3 and 4 bands, 17 into none)
+SIZES = {"pixart": [(48, 32), (34, 32)], "sd3": [(12, 8), (10, 6)], "flux": [(6, 4), (7, 3)]}
 
 
 @pytest.mark.parametrize("family", ["pixart", "sd3", "flux"])
@@ -111,7 +110,7 @@ def test_stale_kv_schedule(dist_pools, family, pp, patches, sampler):
     print(f"\n{family} pp{pp} patches{patches} warmup1 {sampler}: rel err vs serial {vs_serial:.3e}, "
           f"vs stale-KV emulation {vs_emulation:.2e}")
     assert vs_emulation <= 1e-5, res
-    assert 0 < vs_serial < 0.2, vs_serial
+    assert 0 < vs_serial < 0.5, vs_serial
     assert all(r[0] == res[0][0] for r in res), "ranks returned different latents"
 
 
@@ -120,12 +119,12 @@ def test_bf16_model(dist_pools):
     res = dist_pools(2).run(_pp_body, "sd3", 2, 2, 3, 8, 10, 6, 3, "euler", bf16=True)
     assert max(r[0] for r in res) <= 1e-5
     res = dist_pools(2).run(_pp_body, "flux", 2, 3, 1, 8, 7, 3, 3, "euler", bf16=True)
-    assert max(r[1] for r in res) <= 1e-5 and 0 < max(r[0] for r in res) < 0.2
+    assert max(r[1] for r in res) <= 1e-5 and 0 < max(r[0] for r in res) < 0.5
 
 
 def test_uneven_layer_split(dist_pools):
     res = dist_pools(2).run(_pp_body, "sd3", 2, 3, 1, 5, 10, 6, 3, "euler", layers=(1, 3))
-    assert max(r[1] for r in res) <= 1e-5 and 0 < max(r[0] for r in res) < 0.2
+    assert max(r[1] for r in res) <= 1e-5 and 0 < max(r[0] for r in res) < 0.5
 
 
 @pytest.mark.parametrize("family", ["sd3", "flux"])
@@ -137,7 +136,7 @@ def test_cfg_and_batch_inside_the_pipeline(dist_pools, family, warmup):
     vs_serial, vs_emulation = max(r[0] for r in res), max(r[1] for r in res)
     print(f"\n{family} cfg 3.5 batch 2 warmup{warmup}: vs serial {vs_serial:.2e}, vs emulation {vs_emulation:.2e}")
     assert vs_emulation <= 1e-5
-    assert vs_serial <= 1e-5 if warmup == 3 else 0 < vs_serial < 0.2
+    assert vs_serial <= 1e-5 if warmup == 3 else 0 < vs_serial < 0.5
 
 
 @pytest.mark.parametrize("family", ["pixart", "sd3"])
@@ -150,18 +149,18 @@ def test_cfg_dp_around_the_pipeline(dist_pools, family, mesh, warmup):
     vs_serial, vs_emulation = max(r[0] for r in res), max(r[1] for r in res)
     print(f"\n{family} pp2 {mesh} warmup{warmup}: vs serial {vs_serial:.2e}, vs emulation {vs_emulation:.2e}")
     assert vs_emulation <= 1e-5
-    assert vs_serial <= 1e-5 if warmup == 3 else 0 < vs_serial < 0.2
+    assert vs_serial <= 1e-5 if warmup == 3 else 0 < vs_serial < 0.5
     assert all(torch.equal(torch.tensor(r[0]), torch.tensor(res[0][0])) for r in res)
 
 
 def _cancel_body(at_step, warmup):
     ctx = context_for(ParallelConfig(pp_degree=2, num_pipeline_patch=2, warmup_steps=warmup))
     model = build_deep("pixart")
-    kw, noise, sigmas = problem("pixart", 3, 8, 6, 5)
+    kw, noise, sigmas = problem("pixart", 3, 48, 32, 5)
     seen = []
     try:
-        run_pipefusion_loop(model, ctx, kw, sigmas, noise, convention=CONVENTIONS["pixart"](),
-                            callback=lambda i, n: seen.append(i), cancel=lambda: len(seen) >= at_step)
+        pipefusion(model, ctx, kw, sigmas, noise, convention=CONVENTIONS["pixart"](),
+                   callback=lambda i, n: seen.append(i), cancel=lambda: len(seen) >= at_step)
     except PipelineCancelled:
         return "cancelled", seen
     return "finished", seen
@@ -173,7 +172,7 @@ def test_cancel_stops_every_stage_at_the_same_step(dist_pools, warmup, at_step):
     assert [r[0] for r in res] == ["cancelled", "cancelled"], res
     assert all(r[1] == list(range(at_step)) for r in res), res
     # the pool is still usable afterwards (nothing left in flight)
-    res = dist_pools(2).run(_pp_body, "pixart", 2, 2, 3, 1, 8, 6, 3, "euler")
+    res = dist_pools(2).run(_pp_body, "pixart", 2, 2, 3, 1, 48, 32, 3, "euler")
     assert max(r[0] for r in res) <= 1e-5
 
 
@@ -182,11 +181,10 @@ def test_cancel_stops_every_stage_at_the_same_step(dist_pools, warmup, at_step):
 def test_degree_one_euler_is_the_formula():
     model = build_deep("sd3")
     kw, noise, sigmas = problem("sd3", 11, 6, 8, 4)
-    out = run_pipefusion_loop(model, None, kw, sigmas, noise, convention=flow(1000.0), sampler="euler")
+    out = pipefusion(model, None, kw, sigmas, noise, convention=flow(1000.0), sampler="euler")
     x = noise.clone()
     for i in range(4):
-        with torch.no_grad():
-            v = model(**kw, hidden_states=x, timestep=(sigmas[i] * 1000).reshape(1), return_dict=False)[0]
+        v = tm.forward(model, dict(kw, x=x, timestep=(sigmas[i] * 1000).reshape(1)))
         denoised = x - v * sigmas[i]
         x = x + (sigmas[i + 1] - sigmas[i]) * (x - denoised) / sigmas[i]
     assert tm.rel_err(out, x) <= 1e-6
@@ -222,16 +220,16 @@ def test_samplers_bit_identical_to_comfyui(name):
 
 
 def test_bad_inputs_fail_before_any_work():
-    model = build_deep("pixart")
-    kw, noise, sigmas = problem("pixart", 2, 6, 6, 3)  # 3 token rows
-    conv = CONVENTIONS["pixart"]()
+    model = build_deep("sd3")
+    kw, noise, sigmas = problem("sd3", 2, 6, 6, 3)  # 3 token rows
+    conv = CONVENTIONS["sd3"]()
     kw_probe = dict(kw)
 
     def run(**over):
         args = dict(convention=conv, num_patches=2, warmup_steps=1)
         args.update(over)
         n = args.pop("noise", noise)
-        return run_pipefusion_loop(model, None, kw_probe, args.pop("sigmas", sigmas), n, **args)
+        return pipefusion(model, None, kw_probe, args.pop("sigmas", sigmas), n, **args)
 
     with pytest.raises(ConfigError, match="num_pipeline_patch=4 .* only 3 token rows"):
         run(num_patches=4)
@@ -250,25 +248,21 @@ def test_bad_inputs_fail_before_any_work():
     with pytest.raises(ConfigError, match="sums to 3 .* 4 transformer blocks"):
         stage_ranges(4, 2, (1, 2))
     assert stage_ranges(5, 2) == [(0, 3), (3, 5)] and stage_ranges(4, 2, (1, 3)) == [(0, 1), (1, 4)]
-    wan = tm.build("wan")
-    with pytest.raises(ConfigError, match="not for diffusers' WanTransformer3DModel"):
-        run_pipefusion_loop(wan, None, {}, sigmas, torch.randn(1, 4, 2, 4, 4), convention=conv, num_patches=2,
-                            warmup_steps=1)
     assert "forward" not in model.__dict__, "a refused run left hooks behind"
 
 
 def _refuse_body(degrees, h=8, w=6):
     ctx = context_for(ParallelConfig(pp_degree=2, **degrees))
-    kw, noise, sigmas = problem("pixart", 1, h, w, 2)
+    kw, noise, sigmas = problem("sd3", 1, h, w, 2)
     try:
-        run_pipefusion_loop(build_deep("pixart"), ctx, kw, sigmas, noise, convention=CONVENTIONS["pixart"]())
+        pipefusion(build_deep("sd3"), ctx, kw, sigmas, noise, convention=CONVENTIONS["sd3"]())
     except ConfigError as e:
         return str(e)
     return "no error"
 
 
 def test_refused_before_work(dist_pools):
-    # PixArt 4x4 latent = 2x2 tokens; 2 patches of one 2-token row cannot be split over 4 sp ranks
+    # a 4x4 latent = 2x2 tokens; 2 patches of one 2-token row cannot be split over 4 sp ranks
     msgs = dist_pools(8).run(_refuse_body, dict(ulysses_degree=4, num_pipeline_patch=2), 4, 4)
     assert all("sp_degree=4" in m and "num_pipeline_patch" in m for m in msgs), msgs
     msgs = dist_pools(4).run(_refuse_body, dict(cfg_degree=2))
@@ -278,11 +272,11 @@ def test_refused_before_work(dist_pools):
 def _cancel_one_replica_body():
     """Only global rank 0 (stage 0 of dp replica 0) is asked to cancel: both replicas must stop."""
     ctx = context_for(ParallelConfig(pp_degree=2, num_pipeline_patch=2, warmup_steps=1, dp_degree=2))
-    kw, noise, sigmas = problem("pixart", 3, 8, 6, 5, batch=2)
+    kw, noise, sigmas = problem("pixart", 3, 48, 32, 5, batch=2)
     seen = []
     try:
-        run_pipefusion_loop(build_deep("pixart"), ctx, kw, sigmas, noise, convention=CONVENTIONS["pixart"](),
-                            callback=lambda i, n: seen.append(i), cancel=lambda: ctx.rank == 0 and len(seen) >= 2)
+        pipefusion(build_deep("pixart"), ctx, kw, sigmas, noise, convention=CONVENTIONS["pixart"](),
+                   callback=lambda i, n: seen.append(i), cancel=lambda: ctx.rank == 0 and len(seen) >= 2)
     except PipelineCancelled:
         return "cancelled", seen
     return "finished", seen
@@ -295,7 +289,7 @@ def test_cancel_reaches_every_replica(dist_pools):
 
 # pp x sp (seed 002): pieces = patches x sp ranks, uneven where the sizes say so
 PP_SP = [("sd3", dict(ulysses=2), 2, (10, 6)), ("flux", dict(ring=2), 3, (7, 3)),
-         ("pixart", dict(ulysses=2), 2, (8, 6)), ("sd3", dict(cfg=2, ulysses=2), 2, (10, 6))]
+         ("pixart", dict(ulysses=2), 2, (48, 32)), ("sd3", dict(cfg=2, ulysses=2), 2, (10, 6))]
 
 
 @pytest.mark.parametrize("family,sp,patches,size", PP_SP,
@@ -311,7 +305,7 @@ def test_pipefusion_with_sequence_parallel(dist_pools, family, sp, patches, size
     print(f"\n{family} pp2 {sp} patches {patches}: all-warmup vs serial {max(r[0] for r in exact):.2e}; warmup 1 "
           f"vs serial {max(r[0] for r in stale):.3e}, vs 1-process stale-KV emulation {max(r[1] for r in stale):.2e}")
     assert max(r[0] for r in exact) <= 1e-5
-    assert 0 < max(r[0] for r in stale) < 0.2
+    assert 0 < max(r[0] for r in stale) < 0.5
     assert max(r[1] for r in stale) <= 1e-5  # the same stale-KV schedule as without sp
     assert exact[0][2]["all_gather"]["bytes"] > 0  # the sp group exchanged K/V pieces
 
@@ -325,11 +319,11 @@ def _keep_body(family):
     freed = keep_stage_blocks(model, ctx)
     kw, noise, sigmas = problem(family, 5, *SIZES[family][1], 3)
     conv = CONVENTIONS[family]()
-    out = run_pipefusion_loop(model, ctx, kw, sigmas, noise, convention=conv)
-    serial = run_serial_loop(build_deep(family), kw, sigmas, noise, convention=conv)
+    out = pipefusion(model, ctx, kw, sigmas, noise, convention=conv)
+    serial = serial_loop(build_deep(family), kw, sigmas, noise, convention=conv)
     other = context_for(ParallelConfig(pp_degree=2, num_pipeline_patch=2, warmup_steps=3, attn_layer_num_for_pp=(1, 3)))
     try:
-        run_pipefusion_loop(model, other, kw, sigmas, noise, convention=conv)
+        pipefusion(model, other, kw, sigmas, noise, convention=conv)
         refused = ""
     except ConfigError as e:
         refused = str(e)

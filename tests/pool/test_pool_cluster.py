@@ -11,7 +11,7 @@ from comfyui_hybrid_parallel.parallel import ParallelConfig
 from comfyui_hybrid_parallel.workers import WorkerPool
 from comfyui_hybrid_parallel.workers.cluster import Cluster, ClusterError, read_authkey_file
 from comfyui_hybrid_parallel.workers.launch import StartupError
-from tiny_models import build, forward, inputs, rel_err
+from test_native_pool import comfy, comfy_forward, inputs, load_model, pool_forward, rel  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.dist
 
@@ -28,7 +28,7 @@ def _cluster(tmp_path, **kw) -> Cluster:
 
 
 @pytest.mark.slow  # CI: the Parallel Cluster node's world over two launch groups (server_e2e/test_comfyui_cluster.py)
-def test_two_launch_groups_on_loopback(tmp_path):
+def test_two_launch_groups_on_loopback(comfy, tmp_path):
     cluster = _cluster(tmp_path)
     cluster.authkey()  # made (0600) before the other machine's group starts, as a user would copy it
     log = open(tmp_path / "group1.log", "w")
@@ -36,13 +36,12 @@ def test_two_launch_groups_on_loopback(tmp_path):
     pool = WorkerPool(device="cpu", cluster=cluster, start_timeout_s=120, job_timeout_s=120)
     try:
         cfg = ParallelConfig(ulysses_degree=2)
-        model = build("flux")
+        base = load_model(comfy, "sd3", "fp32").model  # ComfyUI's own SD3, as UNETLoader loads it
         # weights and inputs reach the other group by broadcast from rank 0 (no shared /dev/shm there)
-        assert pool.ensure_model(cfg, "flux", "flux", dict(model.config), state_dict=model.state_dict())["loaded"]
-        for seed, (h, w) in enumerate([(4, 4), (5, 7)]):  # 16 and 35 tokens (uneven over 2 ranks)
-            kw = inputs("flux", 40 + seed, h=h, w=w)
-            out = pool.submit(cfg, "forward", {"key": "flux"}, kw).tensors["out"]
-            assert rel_err(out, forward(model, kw)) <= 1e-5
+        for seed, odd in enumerate((False, True)):  # 8 x 12 and 9 x 13 latents (the odd one uneven over 2 ranks)
+            inp = inputs("sd3", base, seed=40 + seed, odd=odd)
+            out = pool_forward(pool, cfg, "sd3", base, inp)
+            assert rel(out, comfy_forward(base, inp)) <= 1e-5
         health = pool.health()
         assert [x["rank"] for x in health] == [0, 1] and len({x["pid"] for x in health}) == 2
         with pytest.raises(ClusterError, match="nproc_per_node"):
