@@ -9,6 +9,11 @@ scaling question, and on GPU the thread count does not matter.
 
 Every result file carries `machine_info()` so a number is never separated from
 the machine (CPU model, cores, torch, device, backend) that produced it.
+
+The models are ComfyUI's own diffusion-model classes (what the workers run): tests/tiny_models.py builds the
+test sizes; `comfy_model`, `mmdit` and `flux` below build the bigger ones the benches want the same way - on
+"meta" with ComfyUI's ops, then the tiny checkpoints' seeded values (doctor/tiny_weights.py), so every rank of a
+world builds the same weights.
 """
 from __future__ import annotations
 
@@ -49,6 +54,49 @@ def bench_device():
 def context_for(config):
     """The ParallelContext for `config` in this rank, created once per mesh, on bench_device()."""
     return _harness_context_for(config, device=bench_device())
+
+
+def comfy_model(make, seed: int = 0):
+    """`make(ops)` (ComfyUI's class built on device "meta" with those ops) given seeded values (nothing at zero), in
+    eval mode on the CPU; ComfyUI set up first (a rank of a world imports it as a worker does: tests/comfy_env)."""
+    import torch
+    from comfyui_hybrid_parallel.doctor.tiny_weights import _random_state_dict
+    model = make(tiny_models._classes())
+    kept = model.state_dict()  # each entry in the dtype the class gives it
+    values = _random_state_dict(model, seed, torch.float32)
+    model.load_state_dict({k: v.to(kept[k].dtype) for k, v in values.items()}, assign=True)
+    return model.eval()
+
+
+def mmdit(depth: int, blocks: int | None = None, in_channels: int = 16, context: int = 64, pooled: int = 32,
+          pos_embed_max_size: int = 32, seed: int = 0, dtype=None):
+    """ComfyUI's SD3-medium-style MMDiT (OpenAISignatureMMDITWrapper: no qk norm, no image-only attn2): hidden
+    64·depth in `depth` heads of 64 (ComfyUI ties them), `blocks` joint blocks (default depth), patch 2."""
+    def make(ops):
+        from comfy.ldm.modules.diffusionmodules.mmdit import OpenAISignatureMMDITWrapper
+        return OpenAISignatureMMDITWrapper(
+            in_channels=in_channels, patch_size=2, out_channels=in_channels, depth=depth, num_blocks=blocks,
+            input_size=None, adm_in_channels=pooled,
+            context_embedder_config={"target": "torch.nn.Linear",
+                                     "params": {"in_features": context, "out_features": 64 * depth}},
+            num_patches=pos_embed_max_size ** 2, pos_embed_max_size=pos_embed_max_size, operations=ops,
+            device="meta", dtype=dtype)
+    return comfy_model(make, seed)
+
+
+def flux(heads: int, head_dim: int, double: int, single: int, axes_dim, in_channels: int = 16, context: int = 64,
+         pooled: int = 32, guidance: bool = False, seed: int = 0, dtype=None):
+    """ComfyUI's Flux (Flux.1 layout: patch 2 inside the model, so in_channels·4 per token; mlp ratio 4, qkv bias):
+    `heads` x `head_dim` (sum(axes_dim) == head_dim), `double` double-stream and `single` single-stream blocks."""
+    def make(ops):
+        from comfy.ldm.flux.model import Flux, FluxParams
+        from comfyui_hybrid_parallel.doctor.tiny_checkpoints import detected
+        return Flux(image_model="flux", in_channels=in_channels, out_channels=in_channels, vec_in_dim=pooled,
+                    context_in_dim=context, hidden_size=heads * head_dim, mlp_ratio=4.0, num_heads=heads,
+                    depth=double, depth_single_blocks=single, axes_dim=list(axes_dim), theta=10000, patch_size=2,
+                    qkv_bias=True, guidance_embed=guidance, operations=ops, device="meta", dtype=dtype,
+                    **detected(FluxParams, txt_ids_dims=[]))
+    return comfy_model(make, seed)
 
 
 def sync(device) -> None:

@@ -84,7 +84,7 @@ def main() -> None:
         native = native_spec(base)  # the workers: ComfyUI's pytorch attention too, whatever this process picked
         native = dict(native, attention="pytorch", comfy_args={**native["comfy_args"],
                                                                "use_pytorch_cross_attention": True})
-        pool.ensure_model(config, "bench", family_adapter(dm).family, {}, native=native,
+        pool.ensure_model(config, "bench", family_adapter(dm).family, native=native,
                           state_dict=lambda: dict(dm.state_dict()))
 
         def on_pool(compile_spec):

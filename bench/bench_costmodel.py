@@ -32,7 +32,7 @@ from comfyui_hybrid_parallel.parallel.costmodel import (CPU_EPYC_2, H100_EFF, H1
 
 FLUX = ModelShape.dit("flux", blocks=19, single_blocks=38, hidden=3072, heads=24, out_per_token=64)
 WAN = ModelShape.dit("wan", blocks=40, hidden=5120, heads=40, mlp_ratio=13824 / 5120, out_per_token=64)
-# bench_scaling's / bench_overhead's SD3 (ComfyUI MMDiT depth 4 = diffusers hidden 256, 4 x 64 heads, 4 layers)
+# bench_scaling's / bench_overhead's SD3 (ComfyUI's MMDiT depth 4: hidden 256, 4 x 64 heads, 4 joint blocks)
 MEDIUM = ModelShape(family="sd3", blocks=4, text_blocks=4, hidden=256, heads=4, img_params=3145728,
                     txt_params=2555904, out_per_token=64, act_bytes=4)
 TINY = ModelShape(family="sd3", blocks=2, text_blocks=2, hidden=128, heads=2, img_params=2 * 12 * 128 ** 2,
@@ -107,8 +107,8 @@ def _load(name):
 
 def check_cpu() -> list:
     """The CPU preset as degrees auto uses it - moved to this machine by `probe_cpu` - against the steps the other
-    benches measured here. The bench_scaling / bench_overhead cases run torch's SDPA (diffusers, or ComfyUI's
-    pytorch kernel); the auto cases' predictions are the sampler's own (ComfyUI's kernel timed by auto)."""
+    benches measured here. The bench_scaling / bench_overhead cases run torch's SDPA (ComfyUI's pytorch kernel); the
+    auto cases' predictions are the sampler's own (ComfyUI's kernel timed by auto)."""
     probed = scaled_to(CPU_EPYC_2, probe_cpu(reps=5, calls=10))
     inproc = replace(probed, step_s=0.0, rank_s=0.0)
     rows = []
@@ -131,7 +131,7 @@ def check_cpu() -> list:
     if ov:
         for r in ov["rows"]:
             shape, tokens, text = (MEDIUM, 1024, 77) if r["model"] == "medium" else (TINY, 64, 8)
-            if r["comparison"] == "diffusers loop":
+            if r["comparison"] in ("model loop", "diffusers loop"):  # "diffusers loop": results before the port
                 add("overhead", f"{r['model']} degree 1, 2 threads, in-process", shape, tokens, 1, PC(), inproc,
                     r["baseline_ms"], text)
                 add("overhead", f"{r['model']} degree 1, 2 threads, via the pool", shape, tokens, 1, PC(), probed,

@@ -10,7 +10,12 @@ L self-attention layers) is what each rank *receives*; what it sends is its
 own padded patch to n-1 peers: 2·ceil(p/n)·hs·L·(n-1). USP's bytes for one
 forward of the same model are listed for comparison.
 
-Run: /work/venv/bin/python bench/bench_distrifusion.py [--quick]
+Models: ComfyUI's own classes with seeded weights (bench/_worlds.py), hs = 128 each - its SD3 MMDiT
+(OpenAISignatureMMDITWrapper, SD3-medium style: 2 heads x 64, 4 joint blocks) and its Flux (4 heads x 32, 2 double +
+2 single blocks) - called as the workers call them; their latent is ComfyUI's (Flux: h x w is its token grid, the
+latent being twice as tall and wide).
+
+Run: python bench/bench_distrifusion.py [--quick]
 """
 from __future__ import annotations
 
@@ -20,39 +25,26 @@ import sys
 
 import torch
 
-from _worlds import DistPool, context_for, write_results
+from _worlds import DistPool, context_for, flux, mmdit, write_results
 
 
 def _build(family):
-    from diffusers import FluxTransformer2DModel, SD3Transformer2DModel
-
-    torch.manual_seed(0)
-    if family == "sd3":  # hs = 4 heads x 32 = 128, 4 joint layers
-        m = SD3Transformer2DModel(sample_size=32, patch_size=2, in_channels=4, num_layers=4, attention_head_dim=32,
-                                  num_attention_heads=4, joint_attention_dim=32, caption_projection_dim=128,
-                                  pooled_projection_dim=16, out_channels=4, pos_embed_max_size=48)
-    else:  # flux: hs = 4 x 32 = 128, 2 double + 2 single blocks
-        m = FluxTransformer2DModel(patch_size=1, in_channels=8, num_layers=2, num_single_layers=2,
-                                   attention_head_dim=32, num_attention_heads=4, joint_attention_dim=32,
-                                   pooled_projection_dim=16, guidance_embeds=False, axes_dims_rope=(8, 12, 12))
-    return m.eval()
+    if family == "sd3":  # hs = 2 heads x 64 = 128 (ComfyUI's MMDiT: 64 per head), 4 joint blocks
+        return mmdit(2, blocks=4, in_channels=4, context=32, pooled=16, pos_embed_max_size=24)
+    # flux: hs = 4 x 32 = 128, 2 double + 2 single blocks
+    return flux(4, 32, 2, 2, axes_dim=(8, 12, 12), in_channels=4, context=32, pooled=16)
 
 
 def _inputs(family, h, w, text=16):
+    """ComfyUI's inputs (x, timestep, context, y); h, w: SD3's latent, Flux's token grid (latent 2h x 2w)."""
     g = torch.Generator().manual_seed(1)
-    if family == "sd3":
-        return dict(hidden_states=torch.randn(1, 4, h, w, generator=g),
-                    encoder_hidden_states=torch.randn(1, text, 32, generator=g),
-                    pooled_projections=torch.randn(1, 16, generator=g), timestep=torch.tensor([500.0]))
-    ids = torch.zeros(h, w, 3)
-    ids[..., 1], ids[..., 2] = torch.arange(h)[:, None], torch.arange(w)[None, :]
-    return dict(hidden_states=torch.randn(1, h * w, 8, generator=g),
-                encoder_hidden_states=torch.randn(1, text, 32, generator=g),
-                pooled_projections=torch.randn(1, 16, generator=g), timestep=torch.tensor([0.5]),
-                img_ids=ids.reshape(-1, 3), txt_ids=torch.zeros(text, 3))
+    x = torch.randn(1, 4, *((h, w) if family == "sd3" else (2 * h, 2 * w)), generator=g)
+    return dict(x=x, timestep=torch.tensor([500.0 if family == "sd3" else 0.5]),
+                context=torch.randn(1, text, 32, generator=g), y=torch.randn(1, 16, generator=g))
 
 
 def _body(family, n, h, w, steps, warmup, layers_per_comm):
+    import tiny_models as tm
     from comfyui_hybrid_parallel.parallel import ParallelConfig, unparallelize
     from comfyui_hybrid_parallel.parallel.distrifusion import apply_distrifusion, distrifusion_state
 
@@ -62,8 +54,7 @@ def _body(family, n, h, w, steps, warmup, layers_per_comm):
     usp_ctx = context_for(ParallelConfig(ulysses_degree=n))
     from comfyui_hybrid_parallel.parallel import parallelize
     parallelize(model, usp_ctx)
-    with torch.no_grad():
-        model(**kw, return_dict=False)
+    tm.forward(model, kw)
     unparallelize(model)
     usp_bytes = usp_ctx.stats.total_bytes()
 
@@ -71,19 +62,18 @@ def _body(family, n, h, w, steps, warmup, layers_per_comm):
     apply_distrifusion(model, ctx, layers_per_comm=layers_per_comm)
     st = distrifusion_state(model)
     per_step = []
-    x = kw["hidden_states"].clone()
+    x = kw["x"].clone()
     try:
         for i in range(steps):
             ctx.stats.reset()
             st.set_step(i, total_steps=steps)
-            with torch.no_grad():
-                out = model(**{**kw, "hidden_states": x}, return_dict=False)[0]
-            x = x - out[:, : x.shape[1]] / steps
+            out = tm.forward(model, {**kw, "x": x})
+            x = x - out / steps
             per_step.append(ctx.stats.snapshot())
         hist = [dict(r) for r in st.history]
     finally:
         unparallelize(model)
-    return dict(per_step=per_step, history=hist, usp_bytes=usp_bytes)
+    return dict(per_step=per_step, history=hist, usp_bytes=usp_bytes, hs=model.hidden_size)
 
 
 def main(argv=None):
@@ -99,7 +89,7 @@ def main(argv=None):
             pool = pools.setdefault(n, DistPool(n))
             res = pool.run(_body, family, n, h, w, steps, warmup, lpc, timeout=600)
             tokens = h * w if family == "flux" else (h // 2) * (w // 2)
-            hs, layers = 128, res[0]["history"][0]["layers"]
+            hs, layers = res[0]["hs"], res[0]["history"][0]["layers"]
             analytic = 2 * tokens * hs * layers * 4                     # fp32 bytes received per rank per step
             sent_patch = 2 * -(-tokens // n) * hs * layers * 4 * (n - 1)
             for r, out in enumerate(res[:1]):                         # rank 0 is representative (all equal)

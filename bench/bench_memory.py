@@ -9,7 +9,9 @@ at once, counted by live_bytes.LiveBytes (weights and inputs excluded; on CUDA
 this equals what torch.cuda.max_memory_allocated adds). PipeFusion today keeps
 the whole model on every stage; the "own blocks" column is what a stage would
 hold if the other stages' blocks were dropped. Patch VAE decode is bench_vae_native.py.
-Model: medium SD3 of bench_tp_memory (hidden 512, 8 heads, 6 layers), 48x48 latent (576 tokens).
+Model: the medium SD3 of bench_tp_memory - ComfyUI's MMDiT (OpenAISignatureMMDITWrapper) with seeded weights,
+hidden 512, 8 heads, 6 joint blocks - on a 48x48 latent (576 tokens), called as the workers call it; PipeFusion
+runs the workers' native call with fp32 timesteps.
 
     python bench/bench_memory.py [--quick]
 """
@@ -21,24 +23,23 @@ import sys
 import torch
 
 from _worlds import DistPool, bench_device, context_for, write_results
-from bench_tp_memory import CONFIGS
+from bench_tp_memory import CONFIGS, build
 from live_bytes import LiveBytes
 
 
 def _model():
-    from diffusers import SD3Transformer2DModel
-    torch.manual_seed(0)
-    return SD3Transformer2DModel(**CONFIGS["sd3"]).eval().to(bench_device())
+    return build("sd3")
 
 
 def _inputs(h, w, text=77):
+    """ComfyUI's MMDiT's inputs (x, timestep, context, y) on bench_device()."""
     g = torch.Generator().manual_seed(3)
     dev = bench_device()
     c = CONFIGS["sd3"]
-    return dict(hidden_states=torch.randn(1, c["in_channels"], h, w, generator=g).to(dev),
-                encoder_hidden_states=torch.randn(1, text, c["joint_attention_dim"], generator=g).to(dev),
-                pooled_projections=torch.randn(1, c["pooled_projection_dim"], generator=g).to(dev),
-                timestep=torch.tensor([500.0]).to(dev))
+    return dict(x=torch.randn(1, c["in_channels"], h, w, generator=g).to(dev),
+                timestep=torch.tensor([500.0]).to(dev),
+                context=torch.randn(1, text, c["context"], generator=g).to(dev),
+                y=torch.randn(1, c["pooled"], generator=g).to(dev))
 
 
 def _param_bytes(params) -> int:
@@ -55,6 +56,7 @@ def _peak(fn) -> int:
 
 def body(method, degree, h, w, steps):
     """(serial params, serial peak) on rank 0 and this rank's (params held, params of own blocks, peak)."""
+    import tiny_models as tm
     from comfyui_hybrid_parallel.parallel import ParallelConfig, parallelize
     from comfyui_hybrid_parallel.parallel.pipefusion import flow, run_pipefusion_loop
     from comfyui_hybrid_parallel.parallel.models import plan_for
@@ -67,19 +69,20 @@ def body(method, degree, h, w, steps):
 
     def loop(ctx):
         k = dict(kw)
-        noise = k.pop("hidden_states")
+        noise = k.pop("x")
         k.pop("timestep")
-        return run_pipefusion_loop(model, ctx, k, sigmas, noise, convention=flow(1000.0))
+        return run_pipefusion_loop(model, ctx, k, sigmas, noise, convention=flow(1000.0), native_call=tm.call,
+                                   timestep_dtype=torch.float32)
 
     out = {"serial_params": _param_bytes(model.parameters())}
     if torch.distributed.get_rank() == 0:
-        serial = (lambda: loop(None)) if method == "PipeFusion" else (lambda: model(**kw, return_dict=False))
+        serial = (lambda: loop(None)) if method == "PipeFusion" else (lambda: tm.call(model, kw))
         out["serial_peak"] = _peak(serial)
     if method == "TP":
         ctx = context_for(ParallelConfig(tp_degree=degree))
         parallelize(model, ctx)
         out["params"] = out["own_params"] = _param_bytes(model.parameters())
-        out["peak"] = _peak(lambda: model(**kw, return_dict=False))
+        out["peak"] = _peak(lambda: tm.call(model, kw))
     else:
         ctx = context_for(ParallelConfig(pp_degree=degree, num_pipeline_patch=degree, warmup_steps=1))
         blocks = flat_blocks(model, pipeline_plan_for(plan_for(model)))

@@ -1,15 +1,19 @@
 """Degree-1 overhead: the same model and inputs sampled in-process and through the worker pool.
 
-Why two comparisons: the diffusers loop isolates what the pool adds to one
-forward (shared memory, job message, worker dispatch); the ComfyUI pair is
-what a user sees - KSampler against Hybrid Sampler with a degree-1 Parallel
-Config, both running ComfyUI's own sampling, so the difference also includes
-the input/output conversions of the APPLY_MODEL proxy. Target: <= 1.02x.
+Why two comparisons: the model loop isolates what the pool adds to one
+forward (shared memory, job message, worker dispatch): a plain Euler loop
+calling ComfyUI's SD3 diffusion model (MMDiT) in this process, against the
+same loop with each forward sent to the pool, where the workers built the same
+class from the same weights (pool.ensure_model with native=, as the nodes make
+a model resident). The ComfyUI pair is what a user sees - KSampler against
+Hybrid Sampler with a degree-1 Parallel Config, both running ComfyUI's own
+sampling, so the difference also includes the input/output conversions of the
+APPLY_MODEL proxy. Target: <= 1.02x.
 
-Both sides use the same weights: a random SD3 checkpoint in ComfyUI's own
-format (doctor/tiny_checkpoints.py), converted by the pack's converter for the
-diffusers side. "tiny" is the test model; "medium" (hidden 256, 4 layers,
-64x64 latent = 1024 tokens) is chosen so that one step takes >= 100 ms on one
+Every side uses the same weights: a seeded SD3 checkpoint in ComfyUI's own
+format (doctor/tiny_checkpoints.py) loaded with ComfyUI's loader
+(comfy.sd.load_diffusion_model, fp32). "tiny" is the test model; "medium"
+(hidden 256, 4 joint blocks, 64x64 latent = 1024 tokens) is chosen so that one step takes >= 100 ms on one
 CPU thread. The worker of a degree-1 world gets all the machine's threads;
 the in-process side is given the same number. Runs are interleaved (A, B, A,
 B...) so that other load on a shared machine hits both sides alike; per-step
@@ -17,7 +21,7 @@ time = run time / steps (20 steps, as a real run: the per-run costs count as
 they would); the ratio of the medians and of the minima is given, and what the
 pool adds per step in microseconds - the number that carries over to another
 model: the pool costs <= 2 % wherever a step takes >= 50x that.
-The ComfyUI pair is skipped, with a note, where ComfyUI is not installed.
+Both comparisons are skipped, with a note, where ComfyUI is not installed.
 
     python bench/bench_overhead.py [--quick]
 """
@@ -72,42 +76,42 @@ def _row(model, pair, times, a, b, note=""):
                 step_ms_for_2pct=max(0.0, added_us) / 1e3 / 0.02, reps=len(ta), note=note)
 
 
-def _diffusers_model(depth, h, w):
-    """The diffusers twin of ComfyUI's SD3 of this depth (what the converter builds), random weights."""
-    from diffusers import SD3Transformer2DModel
-
-    torch.manual_seed(0)
-    return SD3Transformer2DModel(sample_size=h, patch_size=2, in_channels=16, num_layers=depth, attention_head_dim=64,
-                                 num_attention_heads=depth, joint_attention_dim=32, caption_projection_dim=64 * depth,
-                                 pooled_projection_dim=24, out_channels=16, pos_embed_max_size=max(h, w) // 2).eval()
+def _load(path):
+    import comfy.sd
+    return comfy.sd.load_diffusion_model(path, model_options={"dtype": torch.float32})
 
 
-def diffusers_pair(pool, name, steps, reps, threads):
-    """In-process diffusers forward loop vs the same loop with each forward on the pool (step mode)."""
+def model_pair(pool, name, path, steps, reps, threads):
+    """In-process forward loop of ComfyUI's SD3 vs the same loop with each forward on the pool (step mode)."""
+    import tiny_models as tm
+    from comfyui_hybrid_parallel.doctor import tiny_checkpoints as tc
     from comfyui_hybrid_parallel.parallel import ParallelConfig
+    from comfyui_hybrid_parallel.workers.bridge.loader_types import raw
+    from comfyui_hybrid_parallel.workers.bridge.spec import family_adapter, host_tensors, native_spec
 
     depth, h, w, text = MODELS[name]
-    model = _diffusers_model(depth, h, w)
-    cfg, dsd = dict(model.config), {k: v.detach() for k, v in model.state_dict().items()}
-    pc = ParallelConfig()
-    pool.ensure_model(pc, f"bench-{name}", "sd3", cfg, state_dict=dsd)
+    base = _load(path).model
+    model = base.diffusion_model
+    pc, key = ParallelConfig(), f"bench-{name}"
+    # the weights as Runtime.ensure_native sends them (as the layers hold them)
+    pool.ensure_model(pc, key, family_adapter(model).family, native=native_spec(base),
+                      state_dict=lambda: {k: raw(v) for k, v in host_tensors(model).items()})
     g = torch.Generator().manual_seed(0)
     x0 = torch.randn(1, 16, h, w, generator=g)
-    cond = dict(encoder_hidden_states=torch.randn(1, text, cfg["joint_attention_dim"], generator=g),
-                pooled_projections=torch.randn(1, cfg["pooled_projection_dim"], generator=g))
+    cond = dict(context=torch.randn(1, text, tc.TINY_CONTEXT_DIM, generator=g),
+                y=torch.randn(1, tc.TINY_POOLED_DIM, generator=g))
     sigmas = torch.linspace(1, 0, steps + 1)
 
     def loop(forward):
         x = x0
         for i in range(steps):
-            v = forward(dict(hidden_states=x, timestep=(sigmas[i] * 1000).reshape(1), **cond))
+            v = forward(dict(x=x, timestep=(sigmas[i] * 1000).reshape(1), **cond))
             x = x + (sigmas[i + 1] - sigmas[i]) * v
         return x
 
     def local():
         torch.set_num_threads(threads)
-        with torch.no_grad():
-            return loop(lambda kw: model(**kw, return_dict=False)[0])
+        return loop(lambda kw: tm.forward(model, kw))  # called as the workers call it
 
     def pooled():
         # as the nodes run it (Runtime.quiet_driver): this process computes its small update ops with one thread
@@ -115,13 +119,13 @@ def diffusers_pair(pool, name, steps, reps, threads):
         before = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
-            return loop(lambda kw: pool.forward(pc, f"bench-{name}", kw))
+            return loop(lambda kw: pool.forward(pc, key, kw, {"transformer_options": {}}))
         finally:
             torch.set_num_threads(before)  # what the next in-process run and a Runtime made later start from
 
-    times, err = _interleave({"diffusers in-process": local, "diffusers via pool": pooled}, reps, steps)
-    return _row(name, "diffusers loop", times, "diffusers in-process", "diffusers via pool",
-                f"max |diff| {err:.1e}")
+    times, err = _interleave({"model in-process": local, "model via pool": pooled}, reps, steps)
+    return _row(name, "model loop", times, "model in-process", "model via pool",
+                f"max |diff| {err:.1e}; attention: {attention_kernel()} on both sides")
 
 
 def comfy_pair(runtime, name, path, steps, reps, threads):
@@ -138,7 +142,7 @@ def comfy_pair(runtime, name, path, steps, reps, threads):
     import comfy.utils
     comfy.utils.PROGRESS_BAR_ENABLED = False
     depth, h, w, text = MODELS[name]
-    patcher = comfy.sd.load_diffusion_model(path, model_options={"dtype": torch.float32})
+    patcher = _load(path)
     g = torch.Generator().manual_seed(0)
 
     def c():
@@ -180,11 +184,9 @@ def run(quick: bool = False, pytorch_attention: bool = True):
     threads = os.cpu_count() or 1  # what the pool gives the one worker of a degree-1 world
     steps, reps = (2, 1) if quick else (20, 5)
     rows, notes = [], []
-    with WorkerPool(device="auto") as pool:
-        for name in MODELS:
-            rows.append(diffusers_pair(pool, name, steps, reps, threads))
     if comfy_env.comfyui_dir() is None:
-        notes.append("ComfyUI is not installed here: the KSampler / Hybrid Sampler pair was skipped")
+        notes.append("ComfyUI is not installed here: the model loop and the KSampler / Hybrid Sampler pair were "
+                     "skipped")
         return rows, notes
     if pytorch_attention:  # ComfyUI's --use-pytorch-cross-attention (on --cpu it picks sub-quadratic otherwise)
         sys.path.append(str(comfy_env.comfyui_dir()))
@@ -193,11 +195,14 @@ def run(quick: bool = False, pytorch_attention: bool = True):
     comfy_env.setup_comfy()  # before the tiny checkpoints: it builds from ComfyUI's classes
     from comfyui_hybrid_parallel.nodes import Runtime
     tmp = tempfile.mkdtemp(prefix="hp-bench-")
+    paths = {name: _checkpoint(name, tmp)[0] for name in MODELS}
+    with WorkerPool(device="auto") as pool:
+        for name in MODELS:
+            rows.append(model_pair(pool, name, paths[name], steps, reps, threads))
     runtime = Runtime()  # one pool for both models, as in one ComfyUI process
     try:
         for name in MODELS:
-            path, _ = _checkpoint(name, tmp)
-            rows.extend(comfy_pair(runtime, name, path, steps, reps, threads))
+            rows.extend(comfy_pair(runtime, name, paths[name], steps, reps, threads))
     finally:
         runtime.stop()
     return rows, notes

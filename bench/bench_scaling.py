@@ -5,9 +5,10 @@ own core beats one worker on one core (more threads in one process would be a
 different baseline). Both sides run in the same 2-process world, one thread
 each: the serial baseline runs on rank 0 while rank 1 idles, then the parallel
 run uses both; serial and parallel alternate (S, P, S, P...) so that other load
-on a shared machine hits both alike. The model is a random-init diffusers SD3
-(hidden 256, 4 heads, 4 layers, 64x64 latent = 1024 image tokens, 77 text tokens),
-whose step takes well over 100 ms on one thread. CFG and DP split a batch of 2
+on a shared machine hits both alike. The model is ComfyUI's own SD3 MMDiT
+(OpenAISignatureMMDITWrapper, SD3-medium style) with seeded weights (bench/_worlds.py): hidden 256, 4 heads,
+4 joint blocks, 64x64 latent = 1024 image tokens, 77 text tokens, called as the workers call it (PipeFusion with
+their native call), whose step takes well over 100 ms on one thread. CFG and DP split a batch of 2
 (the serial baseline computes both samples); the sequence methods, TP and
 DistriFusion split one sample; DistriFusion times its stale steps; PipeFusion
 times a whole loop (1 synchronous warm-up step + stale steps, 2 patches) against
@@ -25,7 +26,7 @@ import time
 
 import torch
 
-from _worlds import DistPool, bench_device, context_for, sync, write_results
+from _worlds import DistPool, bench_device, context_for, mmdit, sync, write_results
 
 METHODS = {  # name: (config kwargs, batch)
     "CFG": (dict(cfg_degree=2), 2),
@@ -42,22 +43,23 @@ _cache: dict = {}
 
 
 def build():
-    from diffusers import SD3Transformer2DModel
-
-    torch.manual_seed(0)
-    return SD3Transformer2DModel(sample_size=H, patch_size=2, in_channels=16, num_layers=4, attention_head_dim=64,
-                                 num_attention_heads=4, joint_attention_dim=64, caption_projection_dim=256,
-                                 pooled_projection_dim=32, out_channels=16, pos_embed_max_size=H // 2
-                                 ).eval().to(bench_device())
+    """ComfyUI's MMDiT depth 4 (hidden 256 = 4 heads x 64, 4 joint blocks), text width 64, pooled 32."""
+    return mmdit(4, in_channels=16, context=64, pooled=32, pos_embed_max_size=H // 2).to(bench_device())
 
 
 def _inputs(batch):
     g = torch.Generator().manual_seed(batch)
     dev = bench_device()
-    return dict(hidden_states=torch.randn(batch, 16, H, W, generator=g).to(dev),
-                encoder_hidden_states=torch.randn(batch, TEXT, 64, generator=g).to(dev),
-                pooled_projections=torch.randn(batch, 32, generator=g).to(dev),
-                timestep=torch.full((batch,), 500.0).to(dev))
+    return dict(x=torch.randn(batch, 16, H, W, generator=g).to(dev),
+                timestep=torch.full((batch,), 500.0).to(dev),
+                context=torch.randn(batch, TEXT, 64, generator=g).to(dev),
+                y=torch.randn(batch, 32, generator=g).to(dev))
+
+
+def _forward(model, kw):
+    """One forward as the workers call ComfyUI's model (tests/tiny_models.call)."""
+    import tiny_models as tm
+    return tm.call(model, kw)
 
 
 def _model():
@@ -82,11 +84,13 @@ def _sigmas(n):
 
 def _pipefusion_step_s(model, ctx, kw, forwards):
     """Seconds per step of a PipeFusion loop of `forwards` steps (ctx None: the one-process schedule)."""
+    import tiny_models as tm
     from comfyui_hybrid_parallel.parallel.pipefusion import flow, run_pipefusion_loop
     kw = dict(kw)
-    noise = kw.pop("hidden_states")
+    noise = kw.pop("x")
     kw.pop("timestep")
-    t, _ = _timed(lambda: run_pipefusion_loop(model, ctx, kw, _sigmas(forwards), noise, convention=flow(1000.0)))
+    t, _ = _timed(lambda: run_pipefusion_loop(model, ctx, kw, _sigmas(forwards), noise, convention=flow(1000.0),
+                                              native_call=tm.call, timestep_dtype=torch.float32))
     return t / forwards
 
 
@@ -100,7 +104,7 @@ def serial_body(method, forwards):
     with torch.no_grad():
         if method == "PipeFusion":
             return _pipefusion_step_s(model, None, kw, forwards)
-        times = [_timed(lambda: model(**kw, return_dict=False))[0] for _ in range(forwards)]
+        times = [_timed(lambda: _forward(model, kw))[0] for _ in range(forwards)]
     return statistics.median(times)
 
 
@@ -124,11 +128,11 @@ def parallel_body(method, forwards):
                 times = []
                 for i in range(forwards + 1):  # step 0 is the synchronous warm-up
                     st.set_step(i)
-                    t, _ = _timed(lambda: model(**kw, return_dict=False))
+                    t, _ = _timed(lambda: _forward(model, kw))
                     times.append(t)
                 times = times[1:]
             else:
-                times = [_timed(lambda: model(**kw, return_dict=False))[0] for _ in range(forwards)]
+                times = [_timed(lambda: _forward(model, kw))[0] for _ in range(forwards)]
         finally:
             if method != "TP":
                 unparallelize(model)
@@ -180,7 +184,8 @@ def main(argv=None):
     a = ap.parse_args(argv)
     rows = run(a.quick)
     write_results("scaling_quick" if a.quick else "scaling", rows, markdown(rows),
-                  {"model": "SD3 random init, hidden 256, 4 heads, 4 layers, 64x64 latent, 77 text tokens"})
+                  {"model": "ComfyUI's SD3 MMDiT (OpenAISignatureMMDITWrapper), seeded weights, hidden 256, 4 heads, "
+                           "4 joint blocks, 64x64 latent, 77 text tokens"})
 
 
 if __name__ == "__main__":

@@ -64,7 +64,7 @@ def main():
                 for shard in ("none", axis):
                     config = ParallelConfig(**degrees, shard_weights=shard)
                     key = f"bench-shard:{precision}"
-                    pool.ensure_model(config, key, "sd3", {}, native=native_spec(base),
+                    pool.ensure_model(config, key, "sd3", native=native_spec(base),
                                       state_dict=lambda: {k: v.detach() for k, v in dm.state_dict().items()})
                     values = {"key": key, "structure": {"transformer_options": {}}}
                     out = pool.submit(config, "forward", values, dict(inp)).tensors["out"]  # warm-up and check

@@ -70,7 +70,7 @@ def main():
         for name, degrees in CONFIGS:
             config = ParallelConfig(**degrees)
             key = "bench-stepcache"
-            pool.ensure_model(config, key, "sd3", {}, native=native_spec(base),
+            pool.ensure_model(config, key, "sd3", native=native_spec(base),
                               state_dict=lambda: {k: v.detach() for k, v in dm.state_dict().items()})
             base_values = {"key": key, "structure": {"transformer_options": {}}, "sampler": "euler",
                            "cfg_scale": 4.0, "convention": {"kind": "flow", "timestep_scale": 1000.0}}

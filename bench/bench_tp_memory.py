@@ -1,37 +1,55 @@
-"""Parameter memory per rank under tensor parallel vs degree 1 (Flux, SD3, PixArt; medium-sized configs)."""
-import torch
+"""Parameter memory per rank under tensor parallel vs degree 1 (Flux, SD3, PixArt; medium-sized configs).
 
-from _worlds import DistPool, context_for, write_results
+The models are ComfyUI's own classes (Flux, the SD3 MMDiT OpenAISignatureMMDITWrapper, PixArtMS) built with
+seeded weights (bench/_worlds.py), each 8 heads x 64 (hidden 512): Flux 2 double + 4 single blocks, SD3 6 joint
+blocks, PixArt 6 blocks.
 
-CONFIGS = {  # medium: enough layers/width that the sharded Linears dominate, as in real checkpoints
-    "flux": dict(patch_size=1, in_channels=64, num_layers=2, num_single_layers=4, attention_head_dim=64,
-                 num_attention_heads=8, joint_attention_dim=256, pooled_projection_dim=64, axes_dims_rope=(16, 24, 24)),
-    "sd3": dict(sample_size=32, patch_size=2, in_channels=16, num_layers=6, attention_head_dim=64,
-                num_attention_heads=8, joint_attention_dim=256, caption_projection_dim=512, pooled_projection_dim=64,
-                out_channels=16, pos_embed_max_size=64),
-    "pixart": dict(sample_size=32, patch_size=2, in_channels=4, out_channels=8, num_layers=6, num_attention_heads=8,
-                   attention_head_dim=64, cross_attention_dim=512, caption_channels=256,
-                   use_additional_conditions=False),
+    python bench/bench_tp_memory.py [--quick]      (quick: tp 2 only)
+"""
+import argparse
+
+from _worlds import DistPool, bench_device, comfy_model, context_for, flux, mmdit, write_results
+
+# medium: enough layers/width that the sharded Linears dominate, as in real checkpoints
+CONFIGS = {
+    "flux": dict(heads=8, head_dim=64, double=2, single=4, axes_dim=(16, 24, 24), in_channels=16, context=256,
+                 pooled=64),
+    "sd3": dict(depth=8, blocks=6, in_channels=16, context=256, pooled=64, pos_embed_max_size=64),
+    "pixart": dict(hidden_size=512, num_heads=8, depth=6, in_channels=4, caption_channels=256),
 }
 
 
+def build(family, seed=0):
+    """The family's medium model (ComfyUI's class, seeded weights) on bench_device()."""
+    if family == "flux":
+        model = flux(**CONFIGS["flux"], seed=seed)
+    elif family == "sd3":
+        model = mmdit(**CONFIGS["sd3"], seed=seed)
+    else:
+        def make(ops):
+            from comfy.ldm.pixart.pixartms import PixArtMS
+            return PixArtMS(input_size=None, patch_size=2, model_max_length=120, pe_interpolation=None,
+                            micro_condition=False, operations=ops, device="meta", **CONFIGS["pixart"])
+        model = comfy_model(make, seed)
+    return model.to(bench_device())
+
+
 def _body(family, tp):
-    import diffusers
     from comfyui_hybrid_parallel.parallel import ParallelConfig, parallelize
     from comfyui_hybrid_parallel.parallel.tp import local_param_bytes
 
-    cls = {"flux": diffusers.FluxTransformer2DModel, "sd3": diffusers.SD3Transformer2DModel,
-           "pixart": diffusers.PixArtTransformer2DModel}[family]
-    torch.manual_seed(0)
-    model = cls(**CONFIGS[family]).eval()
+    model = build(family)
     full = local_param_bytes(model)
     parallelize(model, context_for(ParallelConfig(tp_degree=tp)))
     return full, local_param_bytes(model)
 
 
-def main():
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="tp 2 only")
+    a = ap.parse_args(argv)
     rows = []
-    for tp in (2, 4):
+    for tp in ((2,) if a.quick else (2, 4)):
         pool = DistPool(tp)
         try:
             for family in CONFIGS:
@@ -44,7 +62,9 @@ def main():
     for r in rows:
         md.append(f"| {r['family']} | {r['tp']} | {r['full_mb']:.1f} | {r['per_rank_mb']:.1f} | "
                   f"{r['per_rank_mb'] / r['full_mb']:.2f} |")
-    write_results("tp_memory", rows, "\n".join(md))
+    write_results("tp_memory_quick" if a.quick else "tp_memory", rows, "\n".join(md),
+                  {"models": "ComfyUI's Flux / MMDiT / PixArtMS, seeded weights, 8 heads x 64: "
+                             + "; ".join(f"{k} {v}" for k, v in CONFIGS.items())})
 
 
 if __name__ == "__main__":

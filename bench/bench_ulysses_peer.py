@@ -1,15 +1,18 @@
-"""Ulysses side by side with diffusers' own context parallelism, on one Flux-like model, and where the time goes.
+"""Ulysses side by side with diffusers' own context parallelism, on Flux-like models, and where the time goes.
 
 Why this script: "Ulysses at least as fast as diffusers' own" is a claim about a peer implementation that
-lives in the same venv, so it is measured here, in one world, interleaved, rather than quoted. The model is a
-random-init diffusers FluxTransformer2DModel (8 heads x 64 head dim, 4 double-stream + 4 single-stream
-blocks, 1024 image tokens from a 64x64 latent packed 2x2, 64 text tokens), built with the same seed on every
-rank; forward only, fp32, one thread per rank (see _worlds.py: on CPU the question is 2 workers x 1 thread vs
-1 worker x 1 thread). Interleaved per repeat: serial (rank 0, rank 1 idles), diffusers'
-`enable_parallelism(ContextParallelConfig(ulysses_degree=2))` (its `_cp_plan` splits image *and* text tokens),
-ours Ulysses 2 and ours Ring 2 (`parallelize(model, ctx)`: image and text tokens split too). Every
-parallel output is compared with the serial one (max relative error, and how many outputs were wrong: above
-1e-3 - diffusers' functional collectives on gloo have returned garbage now and then in these runs).
+lives in the same venv, so it is measured here, in one world, interleaved, rather than quoted. Each side runs
+its own class of the same dimensions - 8 heads x 64 head dim, 4 double-stream + 4 single-stream blocks, 1024
+image tokens from a 64x64 latent packed 2x2, 64 text tokens, no guidance embedding - with the tiny
+checkpoints' seeded values (doctor/tiny_weights.py: nothing at zero), built identically on every rank; forward
+only, fp32, one thread per rank (see _worlds.py: on CPU the question is 2 workers x 1 thread vs 1 worker x 1
+thread). The peer: diffusers' FluxTransformer2DModel with its
+`enable_parallelism(ContextParallelConfig(ulysses_degree=2))` (its `_cp_plan` splits image *and* text tokens).
+Ours: ComfyUI's own Flux class (what the workers run), called as the workers call it, with Ulysses 2 and Ring 2
+(`parallelize(model, ctx)`: image and text tokens split too). Interleaved per repeat: each side's serial forward
+(rank 0, rank 1 idles), diffusers Ulysses 2, ours Ulysses 2 and Ring 2. Every parallel output is compared with
+its own side's serial one (max relative error, and how many outputs were wrong: above 1e-3 - diffusers'
+functional collectives on gloo have returned garbage now and then in these runs).
 
 Where the time goes: one extra forward per method under torch.profiler (rank 0) counts `aten::cat` calls,
 sums the wall time spent inside the collectives (gloo all-to-all / all-gather / send-recv and the functional
@@ -29,46 +32,60 @@ import time
 
 import torch
 
-from _worlds import DistPool, bench_device, context_for, sync, write_results
+from _worlds import DistPool, bench_device, context_for, flux, sync, write_results
 
 HEADS, HEAD_DIM, DOUBLE, SINGLE = 8, 64, 4, 4
+AXES = (16, 24, 24)  # rope axes (sum: HEAD_DIM)
 LATENT = 32          # packed 2x2 latent side: 32 x 32 = 1024 image tokens
 TEXT, TEXT_DIM, POOLED = 64, 64, 32
 OURS = {"ours Ulysses 2": dict(ulysses_degree=2), "ours Ring 2": dict(ring_degree=2)}
 DIFFUSERS = "diffusers Ulysses 2"
+SERIAL = {"diffusers": "diffusers serial", "comfy": "ComfyUI serial"}  # each side's own reference
 WRONG = 1e-3  # a relative error above this is a wrong output, not rounding
 _cache: dict = {}
 
 
-def build():
-    """The Flux-like model, identical on every rank (same seed)."""
+def build(side):
+    """The Flux-like model of one side ("diffusers": the peer's class, "comfy": ComfyUI's), identical on every rank
+    (the same seeded values)."""
+    if side == "comfy":
+        return flux(HEADS, HEAD_DIM, DOUBLE, SINGLE, AXES, in_channels=16, context=TEXT_DIM, pooled=POOLED
+                    ).to(bench_device())
     from diffusers import FluxTransformer2DModel
+    from comfyui_hybrid_parallel.doctor.tiny_weights import _random_state_dict
 
-    torch.manual_seed(0)
-    return FluxTransformer2DModel(patch_size=1, in_channels=64, num_layers=DOUBLE, num_single_layers=SINGLE,
-                                  attention_head_dim=HEAD_DIM, num_attention_heads=HEADS,
-                                  joint_attention_dim=TEXT_DIM, pooled_projection_dim=POOLED,
-                                  guidance_embeds=False, axes_dims_rope=(16, 24, 24)).eval().to(bench_device())
+    model = FluxTransformer2DModel(patch_size=1, in_channels=64, num_layers=DOUBLE, num_single_layers=SINGLE,
+                                   attention_head_dim=HEAD_DIM, num_attention_heads=HEADS,
+                                   joint_attention_dim=TEXT_DIM, pooled_projection_dim=POOLED,
+                                   guidance_embeds=False, axes_dims_rope=AXES)
+    model.load_state_dict(_random_state_dict(model, 0, torch.float32))
+    return model.eval().to(bench_device())
 
 
-def inputs():
+def inputs(side):
+    """The same latent, text and pooled values for both sides, each in its own layout (diffusers: the latent
+    packed 2x2 into tokens with their position ids; ComfyUI: the latent itself, packed inside the model)."""
     g = torch.Generator().manual_seed(1)
     dev = bench_device()
+    x = torch.randn(1, 16, 2 * LATENT, 2 * LATENT, generator=g)
+    context, pooled = torch.randn(1, TEXT, TEXT_DIM, generator=g), torch.randn(1, POOLED, generator=g)
+    t = torch.full((1,), 0.5)
+    if side == "comfy":
+        return {k: v.to(dev) for k, v in dict(x=x, timestep=t, context=context, y=pooled).items()}
+    packed = x.reshape(1, 16, LATENT, 2, LATENT, 2).permute(0, 2, 4, 1, 3, 5).reshape(1, LATENT * LATENT, 64)
     ys, xs = torch.meshgrid(torch.arange(LATENT), torch.arange(LATENT), indexing="ij")
     img_ids = torch.stack([torch.zeros_like(ys), ys, xs], dim=-1).reshape(-1, 3).float()
-    return dict(hidden_states=torch.randn(1, LATENT * LATENT, 64, generator=g).to(dev),
-                encoder_hidden_states=torch.randn(1, TEXT, TEXT_DIM, generator=g).to(dev),
-                pooled_projections=torch.randn(1, POOLED, generator=g).to(dev),
-                timestep=torch.full((1,), 0.5).to(dev), img_ids=img_ids.to(dev),
-                txt_ids=torch.zeros(TEXT, 3).to(dev))
+    return {k: v.to(dev) for k, v in dict(hidden_states=packed, encoder_hidden_states=context,
+                                          pooled_projections=pooled, timestep=t, img_ids=img_ids,
+                                          txt_ids=torch.zeros(TEXT, 3)).items()}
 
 
-def _model(key="plain"):
-    """One model per use: "plain" serves serial and ours (hooks come and go), "diffusers" keeps diffusers'
-    context-parallel hooks for good (they cannot be removed)."""
+def _model(key):
+    """One model per use: "comfy" serves ComfyUI's serial and ours (hooks come and go), "diffusers" the peer's
+    serial, "diffusers cp" keeps diffusers' context-parallel hooks for good (they cannot be removed)."""
     if key not in _cache:
-        _cache[key] = build()
-        if key == "diffusers":
+        _cache[key] = build("comfy" if key == "comfy" else "diffusers")
+        if key == "diffusers cp":
             _enable_diffusers_cp(_cache[key])
     return _cache[key]
 
@@ -90,7 +107,11 @@ def _enable_diffusers_cp(model):
 
 
 def _forward(model, kw):
+    """One forward: ComfyUI's class as the workers call it (x, timestep by position), diffusers' by its keywords."""
     with torch.no_grad():
+        if "x" in kw:
+            import tiny_models as tm
+            return tm.call(model, kw)
         return model(**kw, return_dict=False)[0]
 
 
@@ -180,19 +201,17 @@ def _profile(model, kw):
         self_ms("aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_scaled_dot_product_attention_math")
 
 
-def serial_body(n):
-    """Rank 0 runs the serial model `n` times (rank 1 idles); returns (times, output) on rank 0."""
+def serial_body(side, n):
+    """Rank 0 runs its side's serial model `n` times (rank 1 idles); returns (times, output) on rank 0."""
     torch.set_num_threads(1)
     if torch.distributed.get_rank() != 0:
         return None
-    times, out = _timed(_model(), inputs(), n)
-    _cache["serial_out"] = out
-    return times, out
+    return _timed(_model(side), inputs(side), n)
 
 
 def diffusers_body(n, profile=False):
     torch.set_num_threads(1)
-    model, kw = _model("diffusers"), inputs()
+    model, kw = _model("diffusers cp"), inputs("diffusers")
     if profile:
         return _profile(model, kw)
     return _timed(model, kw, n)
@@ -203,7 +222,7 @@ def ours_body(method, n, profile=False):
 
     torch.set_num_threads(1)
     ctx = context_for(ParallelConfig(**OURS[method]))
-    model, kw = _model(), inputs()
+    model, kw = _model("comfy"), inputs("comfy")
     parallelize(model, ctx)
     try:
         return _profile(model, kw) if profile else _timed(model, kw, n)
@@ -213,28 +232,30 @@ def ours_body(method, n, profile=False):
 
 def run(quick: bool):
     reps, n = (2, 1) if quick else (5, 2)
-    methods = ["serial", DIFFUSERS] + list(OURS)
+    methods = [SERIAL["diffusers"], DIFFUSERS, SERIAL["comfy"]] + list(OURS)
+    side = {m: "diffusers" if m in (SERIAL["diffusers"], DIFFUSERS) else "comfy" for m in methods}
     times = {m: [] for m in methods}
-    errs = {m: [] for m in methods}  # one per rank and repeat: the last forward's output
+    errs = {m: [] for m in methods}  # one per rank and repeat: the last forward's output, vs its side's serial
     pool = DistPool(2)
     try:
         def once(m, k, profile=False):
-            if m == "serial":
-                return pool.run(serial_body, k, timeout=600)
+            if m in SERIAL.values():
+                return pool.run(serial_body, side[m], k, timeout=600)
             if m == DIFFUSERS:
                 return pool.run(diffusers_body, k, profile, timeout=600)
             return pool.run(ours_body, m, k, profile, timeout=600)
 
         for m in methods:  # warm-up: builds, groups, meshes, kernels
             once(m, 1)
-        ref = once("serial", 1)[0][1]
+        ref = {s: once(SERIAL[s], 1)[0][1] for s in SERIAL}
         for _ in range(reps):
             for m in methods:
                 res = once(m, n)
                 per_rank = [r for r in res if r is not None]
                 times[m].extend(max(r[0][i] for r in per_rank) for i in range(n))
-                errs[m] += [_rel_err(r[1], ref) for r in per_rank]
-        prof = {m: tuple(map(min, zip(*(once(m, 1, True)[0] for _ in range(2))))) for m in methods if m != "serial"}
+                errs[m] += [_rel_err(r[1], ref[side[m]]) for r in per_rank]
+        prof = {m: tuple(map(min, zip(*(once(m, 1, True)[0] for _ in range(2)))))
+                for m in methods if m not in SERIAL.values()}
     finally:
         pool.close()
     d_min, d_med = min(times[DIFFUSERS]), statistics.median(times[DIFFUSERS])
@@ -253,7 +274,7 @@ def run(quick: bool):
 
 
 def markdown(rows):
-    md = ["| method | min ms | median ms | vs diffusers (min / median) | max rel err vs serial (outputs wrong) | "
+    md = ["| method | min ms | median ms | vs diffusers (min / median) | max rel err vs its serial (outputs wrong) | "
           "torch.cat per forward | ms in collectives | ms in matmuls | ms in attention kernel |",
           "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
@@ -270,9 +291,11 @@ def main(argv=None):
     a = ap.parse_args(argv)
     rows = run(a.quick)
     write_results("ulysses_peer_quick" if a.quick else "ulysses_peer", rows, markdown(rows),
-                  {"model": f"diffusers FluxTransformer2DModel random init, {HEADS} heads x {HEAD_DIM}, {DOUBLE} double + "
-                            f"{SINGLE} single blocks, {LATENT * LATENT} image + {TEXT} text tokens, fp32, forward only",
-                   "setup": "2-rank world, 1 thread per rank, interleaved serial / diffusers / ours per repeat"})
+                  {"model": f"diffusers' FluxTransformer2DModel (the peer) and ComfyUI's Flux (ours), seeded values "
+                            f"(doctor/tiny_weights.py), {HEADS} heads x {HEAD_DIM}, {DOUBLE} double + {SINGLE} single blocks, "
+                            f"{LATENT * LATENT} image + {TEXT} text tokens, fp32, forward only",
+                   "setup": "2-rank world, 1 thread per rank, interleaved serials / diffusers / ours per repeat; "
+                            "each output checked against its own side's serial"})
 
 
 if __name__ == "__main__":

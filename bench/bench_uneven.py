@@ -76,7 +76,7 @@ def main(argv=None):
             config = ParallelConfig(**degrees)
             times, errs, speeds = {b: [] for b in pools}, {}, {}
             for b, pool in pools.items():
-                pool.ensure_model(config, "sd3", family_adapter(dm).family, {}, native=native_spec(base),
+                pool.ensure_model(config, "sd3", family_adapter(dm).family, native=native_spec(base),
                                   state_dict=lambda: dict(dm.state_dict()))
                 out = pool.submit(config, "forward", {"key": "sd3", "structure": {"transformer_options": {}}},
                                   dict(inp)).tensors["out"]

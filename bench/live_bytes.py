@@ -1,6 +1,8 @@
 """LiveBytes: the peak bytes of tensor storages allocated inside it and still alive - what a decode or a forward holds
 at once, the weights and inputs (made before) not counted. On CUDA torch.cuda.max_memory_allocated would be used
 instead; this counts the same on the CPU. Used by bench_memory.py and bench_vae_native.py."""
+import weakref
+
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten

@@ -241,7 +241,7 @@ def _vae_row(pool, config, mesh, kind, tmp, progress) -> dict:
         vae = _vae(tmp)
         first = vae.first_stage_model
         t = time.perf_counter()
-        pool.ensure_model(config, "doctor:vae", "vae_comfy", {}, native=native_vae_spec(vae),
+        pool.ensure_model(config, "doctor:vae", "vae_comfy", native=native_vae_spec(vae),
                           state_dict=lambda: {k: v.detach().cpu() for k, v in first.state_dict().items()})
         row["load_s"] = round(time.perf_counter() - t, 2)
         row.update(_run_vae(pool, config, vae), bound=1e-5)
@@ -286,7 +286,7 @@ def check_methods(plan, precisions, tmp, progress=print, share_devices: bool = F
                     check_native_tp(case.dm, config)
                     check_native_pipefusion(case.dm, config, (1, 16, *SIZES[1]))
                     t = time.perf_counter()  # the first precision of a mesh pays the world's start
-                    pool.ensure_model(config, case.key, case.family, {}, native=case.spec(kind),
+                    pool.ensure_model(config, case.key, case.family, native=case.spec(kind),
                                       state_dict=lambda c=case: {k: t.detach() for k, t in c.dm.state_dict().items()})
                     row["load_s"] = round(time.perf_counter() - t, 2)
                     run = _run_loop if mesh.kind == "loop" else _run_forward

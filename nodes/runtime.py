@@ -209,7 +209,7 @@ class Runtime:
         # the weights as the layers hold them, in the dtype ComfyUI computes them in (native.sent_tensors); a
         # loader's tensor subclass (GGUF) as its raw bytes (spec["tensors"] says how the workers rebuild it)
         unhooked = unhooked or {}
-        pool.ensure_model(hp.config, key, family, {}, native=spec, lineage=lineage,
+        pool.ensure_model(hp.config, key, family, native=spec, lineage=lineage,
                           adopt=adopter(diffusion_model, skip=set(unhooked)), patches=patches,
                           state_dict=lambda: {k: raw(v) for k, v in sent_tensors(diffusion_model,
                                                                                   unhooked=unhooked).items()})

@@ -1,4 +1,5 @@
-"""Pure torch + diffusers parallel engine (never imports ComfyUI)."""
+"""The parallel engine: pure torch on ComfyUI's model objects (never imports ComfyUI: the family plans name modules
+and arguments)."""
 from .comm import CommStats, all_gather_uneven, all_reduce, all_to_all, broadcast, split_sizes
 from .config import ConfigError, ParallelConfig
 from .context import AxisGroup, ParallelContext

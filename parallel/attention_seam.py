@@ -7,7 +7,7 @@ Two entry points, one path (`attend`), so every interceptor accepts exactly the 
   `comfy_attention_override` is that override: inside a declared attention module it runs USP
   attention, anywhere else ComfyUI's own kernel unchanged.
 * `SDPAInterceptor`, a TorchFunctionMode that swaps `F.scaled_dot_product_attention` inside the
-  declared module, for diffusers processors and ComfyUI code that calls torch's kernel directly.
+  declared module, for ComfyUI code that calls torch's kernel directly (PixArt's attention).
 
 Kept apart from parallel/plan.py (which decides *where* sequences are split and gathered) because
 DistriFusion and PipeFusion's KV buffer parse the same SDPA calls (`sdpa_arguments`).
@@ -15,7 +15,6 @@ DistriFusion and PipeFusion's KV buffer parse the same SDPA calls (`sdpa_argumen
 from __future__ import annotations
 
 import functools
-import inspect
 
 import torch
 import torch.nn.functional as F
@@ -33,10 +32,9 @@ def attend(applied, q, k, v, scale=None, kernel=None):
     state = applied.state
     if state.seq_sizes is None:
         raise RuntimeError("self-attention ran on a sequence that was never split: plan inconsistent")
-    spec, text_len = state.attention
+    spec = state.attention
     local = state.seq_sizes[applied.ctx.sp.rank]
-    if text_len is None:  # derived: whatever q holds beyond the local image shard is replicated text
-        text_len = q.shape[2] - local
+    text_len = q.shape[2] - local  # whatever q holds beyond the local image shard is text (joint attention)
     if text_len < 0 or k.shape[2] != q.shape[2]:
         raise RuntimeError(f"attention in a declared self-attention module has q length {q.shape[2]} and k length "
                            f"{k.shape[2]} for a local image shard of {local} tokens: the family plan is inconsistent")
@@ -109,7 +107,7 @@ def comfy_attention_override(applied):
         if a.get("mask") is not None:
             raise NotImplementedError("sequence-parallel attention does not support an attention mask; "
                                       "this model passed one to its self-attention")
-        if applied.state.attention[0].gather_kv:  # whole queries, sharded keys: the model's kernel on whole keys
+        if applied.state.attention.gather_kv:  # whole queries, sharded keys: the model's kernel on whole keys
             dim = 2 if a.get("skip_reshape") else 1   # (B, H, L, D) or (B, L, H*D)
             a["k"], a["v"] = (all_gather_uneven(t.contiguous(), dim, applied.ctx.sp, sizes=applied.state.seq_sizes)
                               for t in (k, v))
@@ -119,7 +117,7 @@ def comfy_attention_override(applied):
             q, k, v = (t.view(b, t.shape[1], -1, inner // heads).transpose(1, 2) for t in (q, k, v))
         if a.get("enable_gqa") and k.shape[1] != q.shape[1]:  # grouped K/V heads: each serves q heads // kv heads
             k, v = (t.repeat_interleave(q.shape[1] // t.shape[1], dim=1) for t in (k, v))
-        pad = k.shape[2] - q.shape[2] if applied.state.attention[0].query_tail else 0
+        pad = k.shape[2] - q.shape[2] if applied.state.attention.query_tail else 0
         if pad > 0:  # queries for the keys' last rows only (Attention.query_tail): zero rows for the prefix's
             q = torch.cat([q.new_zeros(q.shape[:2] + (pad, q.shape[3])), q], dim=2)
         base = applied.kernel or func
@@ -140,20 +138,13 @@ def comfy_attention_override(applied):
 
 
 def attention_wrapper(applied, spec):
-    """Wrap a declared attention module's forward: while it runs, `applied.state.attention` says which spec (and
-    how many replicated text rows) the attention call inside belongs to; for the SDPA seam the interceptor is on."""
+    """Wrap a declared attention module's forward: while it runs, `applied.state.attention` says which spec the
+    attention call inside belongs to; for the SDPA seam the interceptor is on."""
     def make(old):
-        sig = inspect.signature(old)
-
         @functools.wraps(old)
         def forward(*args, **kwargs):
-            text_len = None
-            if spec.text_arg is not None:
-                bound = sig.bind_partial(*args, **kwargs).arguments
-                text = bound.get(spec.text_arg)
-                text_len = 0 if text is None else text.shape[1]
             outer = applied.state.attention
-            applied.state.attention = (spec, text_len)
+            applied.state.attention = spec
             try:
                 if spec.seam == "comfy":
                     return old(*args, **kwargs)

@@ -420,7 +420,7 @@ def _block_prefix(pattern: str) -> str:
 
 
 def shape_from_module(model, act_bytes: Optional[int] = None) -> ModelShape:
-    """The ModelShape of a ComfyUI (or diffusers) diffusion model of any family in parallel/models: the blocks are
+    """The ModelShape of a ComfyUI diffusion model of any family in parallel/models: the blocks are
     the modules holding the adapter's self-attention; their Linear weights, read by name, are image-only,
     text-only (txt / context / cross-attention k, v) or both (a single-stream block); modulation Linears (once
     per sample) are left out. hidden = the most common Linear input width in the blocks; heads from the plan."""
@@ -442,7 +442,7 @@ def shape_from_module(model, act_bytes: Optional[int] = None) -> ModelShape:
     blocks = list(dict.fromkeys(blocks))  # a block holding two self-attentions (SD3.5's attn2) is one block
     heads = 0
     for attr in (plan.heads_attr, "num_heads", "n_heads", "heads", "num_attention_heads"):
-        heads = heads or getattr(getattr(model, "config", None), attr, None) or getattr(model, attr, 0)
+        heads = heads or getattr(model, attr, 0)
     if not heads:  # a model that keeps the count on its attention modules only (LTX-Video)
         heads = next((getattr(modules[n], plan.heads_attr, 0) for n in modules for p in plan.attention
                       if _matches(p, n) and getattr(modules[n], plan.heads_attr, 0)), 0)
@@ -472,7 +472,7 @@ def shape_from_module(model, act_bytes: Optional[int] = None) -> ModelShape:
              and n.split(".")[0] in ("final_layer", "head", "proj_out", "norm_out", "final_linear")]
     out_per_token = final[-1].out_features if final else hidden
     patch = (getattr(model, "patch_size", None) or getattr(getattr(model, "patchifier", None), "patch_size", None)
-             or getattr(getattr(model, "config", None), "patch_size", 2))  # LTX-Video's patchifier: (1, 1, 1)
+             or 2)  # LTX-Video's patchifier: (1, 1, 1)
     patch = tuple(patch) if isinstance(patch, (tuple, list)) else (1, int(patch), int(patch))
     patch = (1,) * (3 - len(patch)) + patch
     if act_bytes is None:

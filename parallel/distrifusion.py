@@ -292,14 +292,14 @@ class DistriFusionState:
         """Wraps the plan's root forward: one call = one step of the run."""
         @functools.wraps(old)
         def forward(*args, **kwargs):
-            hs = kwargs.get("hidden_states", args[0] if args else None)
+            hs = args[0] if args else kwargs.get("x")  # ComfyUI's model: forward(x, timestep, ...)
             if isinstance(hs, (list, tuple)) and hs and all(isinstance(t, torch.Tensor) for t in hs):
                 # a multi-stream latent (MiniMax H3: [video, audio] packed into one sequence by the model)
                 self._begin((tuple(tuple(t.shape) for t in hs), hs[0].dtype, hs[0].device))
             elif isinstance(hs, torch.Tensor):
                 self._begin((tuple(hs.shape), hs.dtype, hs.device))
             else:
-                raise TypeError("DistriFusion needs hidden_states as a tensor or a list of stream tensors "
+                raise TypeError("DistriFusion needs the latent x as a tensor or a list of stream tensors "
                                 "(first argument or keyword)")
             try:
                 out = old(*args, **kwargs)

@@ -37,7 +37,7 @@ class Resident:
     family: str
     model: torch.nn.Module
     parallelized: bool = False
-    native_call: Optional[Callable] = None      # (model, inputs) -> output for ComfyUI's own model
+    native_call: Optional[Callable] = None      # (model, inputs) -> output: ComfyUI's diffusion model (None: a VAE)
     compute_dtype: Optional[torch.dtype] = None  # the dtype ComfyUI hands that model its latent in
     source: Optional[dict] = None               # the weights it was built from, where another mesh may reuse them
     lineage: Optional[str] = None               # the driver's model object: other patch versions share it
@@ -300,6 +300,13 @@ class Engine:
         self.loads += 1
         return r
 
+    def _diffusion_model(self, key: str, ctx) -> Resident:
+        """The resident diffusion model `key` (with the call ComfyUI's class takes), not a VAE."""
+        r = self.get(key, ctx)
+        if r.native_call is None:
+            raise ValueError(f"{key!r} is a {r.family} model: it decodes (job 'decode'), it has no forward or loop")
+        return r
+
     def weight_bytes(self, key: str, ctx=None) -> dict:
         """Bytes (total and per dtype) of a resident model's parameters and buffers on this rank."""
         r = self.get(key, ctx)
@@ -315,15 +322,14 @@ class Engine:
             name = str(t.dtype).removeprefix("torch.")
             dtypes[name] = dtypes.get(name, 0) + n
         sharding = getattr(r.model, "_hp_sharding", None)
-        return {"bytes": total, "dtypes": dtypes, "native": r.native_call is not None,
-                "sharding": sharding.stats() if sharding is not None else None}
+        return {"bytes": total, "dtypes": dtypes, "sharding": sharding.stats() if sharding is not None else None}
 
     # ---- compute ----
     def forward(self, key: str, ctx, kwargs: dict, *, call_index=None, conds=None,
                 before: Optional[Callable] = None, compile_spec: Optional[dict] = None) -> torch.Tensor:
         """Step mode: the model on the full inputs; every rank returns the full output. `compile_spec`: ComfyUI's
         TorchCompileModel options (the native model runs compiled: Resident.callable_for)."""
-        r = self.get(key, ctx)
+        r = self._diffusion_model(key, ctx)
         if ctx.config.pp_degree > 1:
             raise ValueError("PipeFusion (pp_degree > 1) runs the whole denoising loop in the workers "
                              "(job 'loop'), not one forward per step")
@@ -335,12 +341,10 @@ class Engine:
         if before is not None:
             before()
         with torch.no_grad():
-            if r.native_call is not None:
-                if compile_spec:
-                    with lenient():  # tests' strict mode: dynamo cannot trace its bookkeeping
-                        return r.native_call(r.callable_for(compile_spec), kwargs)
-                return r.native_call(r.model, kwargs)
-            return r.model(**kwargs, return_dict=False)[0]
+            if compile_spec:
+                with lenient():  # tests' strict mode: dynamo cannot trace its bookkeeping
+                    return r.native_call(r.callable_for(compile_spec), kwargs)
+            return r.native_call(r.model, kwargs)
 
     def loop(self, key: str, ctx, inputs: dict, sigmas, noise, *, convention: dict, sampler: str, cfg_scale=None,
              before_step: Optional[Callable] = None,
@@ -348,25 +352,24 @@ class Engine:
              step_cache: Optional[dict] = None, cache_report: Optional[dict] = None) -> torch.Tensor:
         """Loop mode: the whole denoising loop; every rank returns the final latent.
 
-        pp_degree > 1: PipeFusion's patch pipeline (latent in the model's layout). Otherwise one parallel forward
-        per step: ComfyUI's own model takes ComfyUI's latent as it is, a diffusers model (library API) its own
-        layout (hidden_states). callback(i, n, denoised)
+        pp_degree > 1: PipeFusion's patch pipeline. Otherwise one parallel forward per step. Either way ComfyUI's
+        model takes ComfyUI's latent as it is, in its compute dtype, with an fp32 timestep. callback(i, n, denoised)
         after each step; before_step(i, n) before each forward; cancel() polled by PipeFusion.
         step_cache: ComfyUI's EasyCache rule (StepCacheSpec fields), decided alike on every rank; cache_report
         gets how many steps (PipeFusion: patch steps) it skipped.
         """
         cache_spec = StepCacheSpec.from_json(step_cache)
         cache_kw = {} if cache_spec is None else dict(step_cache=cache_spec, cache_report=cache_report)
-        r = self.get(key, ctx)
+        r = self._diffusion_model(key, ctx)
         sigmas = sigmas.float().cpu()
         conv = _convention(convention, sigmas)
+        call = _joining_concat(r.native_call)
         if ctx.config.pp_degree > 1:
-            native = {} if r.native_call is None else dict(native_call=_joining_concat(r.native_call),
-                                                           dtype=r.compute_dtype, timestep_dtype=torch.float32)
             with torch.no_grad():
                 return run_pipefusion_loop(r.model, ctx, inputs, sigmas, noise, convention=conv, sampler=sampler,
                                            cfg_scale=cfg_scale, callback=lambda i, n: callback(i, n, None),
-                                           cancel=cancel, **native, **cache_kw)
+                                           cancel=cancel, native_call=call, dtype=r.compute_dtype,
+                                           timestep_dtype=torch.float32, **cache_kw)
         distri = None
         if ctx.config.method == "distrifusion" and ctx.world_size > 1:
             distri = distrifusion_state(r.model)
@@ -377,16 +380,13 @@ class Engine:
             if distri is not None:
                 distri.set_step(i, total_steps=n)  # step 0 starts a new run: fresh buffers, synchronous warmup
 
-        loop_kw = {}  # a diffusers model (library API): the latent in its own layout, its weights' dtype
-        if r.native_call is not None:  # ComfyUI's own model: ComfyUI's latent layout in and out, fp32 timestep
-            call = _joining_concat(r.native_call)
-            loop_kw = dict(forward=lambda h, t, kw: call(r.model, {**kw, "x": h, "timestep": t}),
-                           dtype=r.compute_dtype, timestep_dtype=torch.float32)
         if cache_spec is not None:
             cache_kw["agree"] = lambda want: _agree_compute(want, ctx)
         with torch.no_grad():
             return run_loop(r.model, inputs, sigmas, noise, convention=conv, sampler=sampler, cfg_scale=cfg_scale,
-                            before_step=step_start, callback=callback, **loop_kw, **cache_kw)
+                            before_step=step_start, callback=callback,
+                            forward=lambda h, t, kw: call(r.model, {**kw, "x": h, "timestep": t}),
+                            dtype=r.compute_dtype, timestep_dtype=torch.float32, **cache_kw)
 
     def decode(self, key: str, ctx, latent: torch.Tensor, *, axis: str = "world", block_size=None,
                before: Optional[Callable] = None) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""The public entry point: make a diffusers transformer run across the world."""
+"""The engine's entry point: make ComfyUI's diffusion model run across the world."""
 from __future__ import annotations
 
 import torch

@@ -1,4 +1,4 @@
-"""One mechanism that applies a family's parallel plan to a transformer (ComfyUI's own or diffusers').
+"""One mechanism that applies a family's parallel plan to ComfyUI's diffusion model.
 
 A family adapter (parallel/models/<family>.py) only *declares* what is split:
 which forward inputs carry the batch, where the image token sequence is split
@@ -6,8 +6,8 @@ which forward inputs carry the batch, where the image token sequence is split
 contain the self-attention that must become USP attention. This module does
 the *how*, with forward hooks and one attention swap with two entry points (parallel/attention_seam.py):
 ComfyUI's `optimized_attention_override` seam, which the root wrapper sets in `transformer_options`
-for the call, and a TorchFunctionMode swapping `F.scaled_dot_product_attention` for diffusers
-processors and ComfyUI code that calls torch's kernel directly (PixArt). Either way, inside a declared
+for the call, and a TorchFunctionMode swapping `F.scaled_dot_product_attention` for ComfyUI code that calls
+torch's kernel directly (PixArt). Either way, inside a declared
 attention module the attention is USP; anywhere else the model's own kernel runs unchanged.
 
 The model's own code stays untouched either way: projections, norms and RoPE are its own.
@@ -53,17 +53,14 @@ class GatherOutput:
 class Attention:
     """Inside matching modules attention is self-attention over the sharded sequence.
 
-    `text_arg`: the module argument holding the text stream of a joint (MMDiT)
-    attention (whole, or this rank's shard where the plan splits it), whose length
-    tells where text sits in q/k/v. Without it the text length is what q holds beyond
-    the local image shard (0 for image-only self-attention), which is how ComfyUI's
-    joint blocks are read: they concatenate the text with the local image tokens.
+    The text length of a joint (MMDiT) attention is what q holds beyond the local image shard (0 for image-only
+    self-attention): ComfyUI's joint blocks concatenate the text (whole, or this rank's shard where the plan splits
+    it) with the local image tokens.
 
     `text_first`: the text precedes the image in q/k/v. It may be a function of the model instance instead, where
     the order differs between versions of the model's code (ComfyUI's HunyuanVideo): `resolve_plan` decides it
     from the model - by what its classes hold, never by a version number - before anything reads it.
     """
-    text_arg: Optional[str] = None
     text_first: Union[bool, Callable] = True
     seam: str = "sdpa"  # "sdpa": F.scaled_dot_product_attention inside the module; "comfy": ComfyUI's override
     # comfy seam only: the module's attention has its queries from a stream the plan leaves whole on every rank and
@@ -93,9 +90,8 @@ class BlockList:
 @dataclass(frozen=True)
 class PipelinePlan:
     """PipeFusion: the block lists in execution order, and the latent layout the model takes: "image" =
-    (B, C, H, W) patchified by the model (patch size from its config or `patch_size` attribute), "video" =
-    (B, C, T, H, W) patchified (1, ph, pw) into (frame, row, col)-ordered tokens (`patch_size` attribute), "tokens"
-    = (B, N, C) packed tokens with row-major `img_ids`."""
+    (B, C, H, W) patchified by the model (its `patch_size` attribute), "video" = (B, C, T, H, W) patchified
+    (1, ph, pw) into (frame, row, col)-ordered tokens (`patch_size` attribute)."""
     blocks: tuple
     latent: str
 
@@ -112,8 +108,7 @@ class FamilyPlan:
     batch_inputs: tuple
     sequence: dict            # module path ("" = the model itself) -> list of SplitInput/SplitOutput/GatherOutput
     attention: dict           # module path pattern ('*' = one path segment) -> Attention
-    tp: Optional[object] = None  # diffusers `_tp_plan` format: pattern -> "colwise" | "rowwise" | packed
-                                 # (or a function returning it: see tp_layout)
+    tp: Optional[dict] = None  # module path pattern -> parallel/tp.py's style (Colwise, Rowwise, ShardedNorm, Divide)
     tp_refusal: str = ""       # why tensor parallel is refused when `tp` is None
     heads_attr: str = "num_attention_heads"
     comfy: bool = False        # a ComfyUI module: forward(x, timestep, context, ..., transformer_options)
@@ -141,11 +136,6 @@ class FamilyPlan:
     def splits_text(self) -> bool:
         """The plan splits the joint text stream over the sequence ranks (a SplitInput with text=True)."""
         return any(getattr(a, "text", False) for actions in self.sequence.values() for a in actions)
-
-    def tp_layout(self) -> Optional[dict]:
-        """The tensor-parallel layout; `tp` may be a function returning it (read lazily: Flux's comes from
-        diffusers' class, whose import costs seconds at every worker start)."""
-        return self.tp() if callable(self.tp) else self.tp
 
 
 def resolve_plan(plan: FamilyPlan, model: torch.nn.Module) -> FamilyPlan:

@@ -135,7 +135,7 @@ class _RunState:
     """Per-forward facts shared by the hooks: the image sequence split of this call, and the text's."""
     seq_len: Optional[int] = None
     seq_sizes: Optional[list] = None
-    attention: Optional[tuple] = None  # (Attention spec, text_len or None) while a declared module runs
+    attention: Optional[object] = None  # the Attention spec while a declared module runs
     text_len: Optional[int] = None     # the whole text's length, once a declared text split saw it
     text_sizes: Optional[list] = None  # its shards over the sp ranks; None: the text stays whole on every rank
     prefix_len: Optional[int] = None   # the prefix a GatherOutput(after_prefix=True) kept (for PrefixLength)

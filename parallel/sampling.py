@@ -24,7 +24,7 @@ class Convention:
     """How a model's output becomes the sampler's `denoised` (ComfyUI's model_sampling).
 
     kind "flow" (ComfyUI CONST: SD3, Flux): input x, timestep = sigma * timestep_scale
-    (1000 for SD3, 1 for Flux in diffusers), denoised = x - out * sigma.
+    (1000 for SD3, 1 for Flux), denoised = x - out * sigma.
     kind "eps" (ComfyUI EPS: PixArt): input x / sqrt(sigma^2 + sigma_data^2),
     timestep = timestep_fn(sigma) (the discrete schedule's sigma->t), denoised = x - out * sigma.
     Extra output channels (PixArt's learned variance) are dropped, as ComfyUI does.
@@ -121,7 +121,7 @@ def check_cfg_batch(inputs: dict, batch: int, cfg_scale) -> None:
     if cfg_scale is None:
         return
     for k, v in inputs.items():
-        text = k.startswith("encoder_hidden_states") or k == "context"  # diffusers' / ComfyUI's name
+        text = k == "context"  # ComfyUI's name for the text conditioning
         if isinstance(v, torch.Tensor) and text and v.shape[0] != 2 * batch:
             raise ConfigError(f"with cfg_scale the conditioning batch must be [cond, uncond] = 2 x the latent "
                               f"batch ({2 * batch}); {k} has batch {v.shape[0]}")

@@ -2,9 +2,7 @@
 
 A family declares a layout (module-name pattern -> style): Q/K/V and MLP-up projections are column
 sharded (each rank computes its heads / hidden slice, no communication), the attention output and
-MLP-down projections are row sharded (one all-reduce per sub-block: seed 003's placement). diffusers'
-`_tp_plan` strings ("colwise" / "rowwise" / PackedRowwiseParallel) are read as the same styles, so
-Flux's diffusers plan is diffusers' own.
+MLP-down projections are row sharded (one all-reduce per sub-block: seed 003's placement).
 
 Why plain local tensors and not DTensor: ComfyUI's ops (manual cast, fp8 `weight_dtype`, scaled fp8)
 cast the weight a module holds at every call. A plain shard of that weight runs through exactly the
@@ -22,9 +20,8 @@ where DTensor would need every cast in ComfyUI's ops to understand sharding. The
   together): its weight is sharded like the features and its mean of squares is summed over the tp
   group (one small all-reduce of (B, L, 1)) - Megatron's treatment of a norm across a sharded width.
 * `Divide`: attributes that size a per-rank view (ComfyUI's `num_heads`, Flux's `hidden_size` used to
-  split `linear1`'s output) are divided by the degree; diffusers' `Attention.heads` likewise. A module that
-  reads the width from its input instead (ComfyUI's PixArt attention: `B, N, C = x.shape`) is shown its input
-  with the local width (`input_width`: an alias whose `shape` reports C / n; its ops return plain tensors).
+  split `linear1`'s output) are divided by the degree. A module that reads the width from its input instead
+  (ComfyUI's PixArt attention: `B, N, C = x.shape`) is shown its input with the local width (`input_width`: an alias whose `shape` reports C / n; its ops return plain tensors).
 
 Quantized weights (ComfyUI's mixed-precision ops: a comfy-kitchen QuantizedTensor per weight) are split where the
 layout is tensorwise - one stored value per weight in the weight's own shape and a single scale (fp8 e4m3 / e5m2,
@@ -103,16 +100,10 @@ def _local_width(forward, n: int):
     return wrapped
 
 
-def _normalise(value):
-    """Our styles, or diffusers' `_tp_plan` values read as them."""
+def _style(value):
+    """A plan's declared style, checked (a family module's typo fails here, naming it)."""
     if isinstance(value, (Colwise, Rowwise, Divide, ShardedNorm)):
         return value
-    if value == "colwise":
-        return Colwise()
-    if value == "rowwise":
-        return Rowwise()
-    if type(value).__name__ in ("PackedRowwise", "PackedRowwiseParallel"):
-        return Rowwise(getattr(value, "blocks", None) or (lambda lin, parent: lin._tp_packed_row_blocks))
     raise ValueError(f"unsupported tensor-parallel style {value!r}")
 
 
@@ -141,9 +132,7 @@ def _linear(mod) -> bool:
 
 
 def _heads(model, attr: str) -> Optional[int]:
-    config = getattr(model, "config", None)
-    value = getattr(config, attr, None) if config is not None and not isinstance(config, dict) else None
-    return int(value if value is not None else getattr(model, attr, 0)) or None
+    return int(getattr(model, attr, 0) or 0) or None
 
 
 @dataclass
@@ -156,7 +145,7 @@ class _Shard:
 
 def _resolve(model: torch.nn.Module, plan, n: int) -> tuple:
     """([_Shard], [(module, attr)], problems): what the layout shards, and why it cannot (empty if it can)."""
-    layout = plan.tp_layout()
+    layout = plan.tp
     if layout is None:
         return [], [], [f"tensor parallel is not supported for {plan.model_class}: {plan.tp_refusal}"]
     problems, shards, divides = [], [], []
@@ -168,7 +157,7 @@ def _resolve(model: torch.nn.Module, plan, n: int) -> tuple:
     modules = dict(model.named_modules())
     refused_layouts = set()
     for pattern, value in layout.items():
-        style = _normalise(value)
+        style = _style(value)
         for path, mod in modules.items():
             if not path_matches(path, pattern):
                 continue
@@ -288,11 +277,6 @@ def apply_tp(model: torch.nn.Module, plan, ax) -> torch.nn.Module:
             mod.forward = _local_width(mod.forward, n)
         else:
             setattr(mod, a, getattr(mod, a) // n)
-    # diffusers' attention processors derive the head layout from attn.heads: give them the local count.
-    paths = {s.path for s in shards if isinstance(s.style, Colwise)}
-    for path, mod in model.named_modules():
-        if isinstance(getattr(mod, "heads", None), int) and f"{path}.to_q" in paths:
-            mod.heads = mod.heads // n
     model._hp_tp_size = n
     return model
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Create (or reuse) .venv with the pinned CPU torch and the pack installed editable (test extra: diffusers, pytest...).
+# Create (or reuse) .venv with the pinned CPU torch and the pack installed editable (test extra: pytest, selenium, gguf).
 # Works on a fresh machine that has only Python 3.11, pip and gcc.
 set -euo pipefail
 cd "$(dirname "$0")/.."

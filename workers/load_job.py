@@ -1,6 +1,6 @@
 """The load_model job: a rank executes the driver's load decision (workers/residency.py) straight through - touch,
-patch in place, rebuild from kept weights, or build ComfyUI's model (workers/bridge/build.py; a diffusers model for the
-library API) from the weights that travelled - and applies weight patches where its layout keeps the base weights.
+patch in place, rebuild from kept weights, or build ComfyUI's model or VAE (workers/bridge/build.py) from the weights
+that travelled - and applies weight patches where its layout keeps the base weights.
 Its own file because it is the one path that builds models; workers/jobs.py carries every other job."""
 from __future__ import annotations
 
@@ -12,32 +12,6 @@ from .bridge.loader_types import operations
 from .bridge.patches import PREFIX, apply, decode
 from .residency import LoadDecision
 from .transport import WEIGHT_PREFIX
-
-
-def _build_model(family: str, config: dict, weights: dict):
-    """The diffusers path (library API): a DiT family's diffusers class (its adapter), from its config, holding
-    `weights` (assigned, not copied: the mapped pages stay shared between ranks).
-
-    Built on the meta device, so no rank allocates a second, full-size set of parameters before taking the shared
-    ones; a class with a buffer outside its state dict (which would stay on the meta device) is built for real
-    instead, still without random initialisation."""
-    import diffusers
-
-    from comfyui_hybrid_parallel.parallel.models import ADAPTERS
-    name = ADAPTERS[family].diffusers_class if family in ADAPTERS else None
-    if name is None:
-        raise ValueError(f"unknown model family {family!r}; known: {', '.join(ADAPTERS)}")
-    from diffusers.models.modeling_utils import no_init_weights
-    import torch
-    cls = getattr(diffusers, name)
-    with no_init_weights(), torch.device("meta"):
-        model = cls.from_config(config)
-    model.load_state_dict(weights, strict=True, assign=True)
-    if any(t.is_meta for t in (*model.parameters(), *model.buffers())):
-        with no_init_weights():  # the weights are assigned next: no random initialisation (seconds for Flux)
-            model = cls.from_config(config)
-        model.load_state_dict(weights, strict=True, assign=True)
-    return model
 
 
 def _patches(payload: dict):
@@ -122,10 +96,7 @@ def _patch_in_place(state, ctx, payload: dict, patches, slot, r) -> dict:
 
 
 def _sent_weights(payload: dict) -> dict:
-    """The weights that travelled with a build decision: in shared memory, or the file's (mmapped by safetensors)."""
-    if payload.get("path"):
-        from safetensors.torch import load_file
-        return load_file(payload["path"])
+    """The weights that travelled with a build decision, in shared memory."""
     weights = {k[len(WEIGHT_PREFIX):]: v for k, v in payload.items() if k.startswith(WEIGHT_PREFIX)}
     if not weights:
         raise ValueError(f"load_model {payload['key']!r}: the decision was to build, but no weights travelled")
@@ -133,8 +104,7 @@ def _sent_weights(payload: dict) -> dict:
 
 
 def _build_resident(state, ctx, payload: dict, weights: dict, patches) -> dict:
-    """Build the model (ComfyUI's VAE, ComfyUI's own class with its ops, or a diffusers model) from `weights`, make
-    it resident, and apply `patches` to it (the weights are then its base, kept for the next version)."""
+    """Build the model (ComfyUI's VAE, or ComfyUI's own class with its ops) from `weights`, make it resident, and apply `patches` to it (the weights are then its base, kept for the next version)."""
     key, engine, native = payload["key"], state.engine, payload.get("native")
     if native and native.get("vae"):  # ComfyUI's own VAE, for Patch VAE Decode
         model, extra, kernel_name = build_native_vae(native, weights), {}, None
@@ -146,13 +116,11 @@ def _build_resident(state, ctx, payload: dict, weights: dict, patches) -> dict:
         kernel, kernel_name = attention_kernel(native)  # the driver's kernel, for the Ulysses ranks
         extra = dict(native_call=call_native, compute_dtype=compute_dtype(native), attention_kernel=kernel)
     else:
-        # assign=True keeps the (copy-on-write mapped) tensors: ranks share the pages until someone writes.
-        model = _build_model(payload["family"], payload["config"], weights).eval().requires_grad_(False)
-        extra, kernel_name = {}, None
+        raise ValueError(f"load_model {key!r}: no ComfyUI model spec travelled (pool.ensure_model(native=...))")
     # What a later mesh can rebuild from (ComfyUI's model, a layout that leaves the weights whole): the model's own
     # tensors (engine.add keeps them as the model holds them, on its device), so keeping them costs nothing. On an
     # accelerator only unpatched weights: there the patches are applied to the model's own tensors in place
-    keep = native and ctx.config.whole_model and (state.device.type == "cpu" or patches is None)
+    keep = ctx.config.whole_model and (state.device.type == "cpu" or patches is None)
     r = engine.add(key, payload["family"], model, ctx, device=state.device, source=weights if keep else None,
                    lineage=payload.get("lineage"), **extra)
     if patches is not None:  # base weights + patches: kept (host, shared by the local ranks) for the next version
@@ -162,7 +130,7 @@ def _build_resident(state, ctx, payload: dict, weights: dict, patches) -> dict:
         r.base = weights
         try:
             r.patched = frozenset(apply(r.model, weights, patches, set(), state.device, _share(state, ctx, key),
-                                        patcher=native.get("patcher") if native else None, held=r.patch_pages))
+                                        patcher=native.get("patcher"), held=r.patch_pages))
         except BaseException:
             engine.discard(key, ctx, why="patch failed")  # its base with some patches: unusable
             raise

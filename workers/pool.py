@@ -322,17 +322,16 @@ class WorkerPool(JobCollection):
                     world.state = "idle"
 
     # ---- models ----
-    def ensure_model(self, config, key: str, family: str, diffusers_config: dict, state_dict: dict | None = None,
-                     path: str | None = None, timeout_s: float | None = None, native: dict | None = None,
-                     lineage: str | None = None, adopt=None, patches: tuple | None = None) -> dict:
+    def ensure_model(self, config, key: str, family: str, *, state_dict, native: dict | None = None,
+                     timeout_s: float | None = None, lineage: str | None = None, adopt=None,
+                     patches: tuple | None = None) -> dict:
         """Make a model resident on every worker; a key already resident costs one small round trip.
 
-        Weights come from `state_dict` (through shared memory) or `path` (a safetensors file every worker mmaps);
-        they travel only when the ranks' report says they must (workers/residency.py decides: touch, patch in place,
+        Weights come from `state_dict` (through shared memory); they travel only when the ranks' report says they must (workers/residency.py decides: touch, patch in place,
         rebuild from kept weights, build). `state_dict` may be a callable returning the dict, so a caller only
         converts weights when they must travel.
-        `native`: a ComfyUI model spec (workers/bridge/spec.py): the workers build ComfyUI's own class
-        with ComfyUI's ops and these weights (its state dict as ComfyUI holds it), not a diffusers model.
+        `native`: the ComfyUI model spec (workers/bridge/spec.py): the workers build ComfyUI's own class (or VAE)
+        with ComfyUI's ops and these weights (its state dict as ComfyUI holds it); fake workers need none.
         `lineage`: what other keys of the same model (other patch versions) share; the workers drop those first.
         `adopt(name, mapped)`: called with each weight mapped back from the file just written (copy-on-write), so
         the caller can make its own tensor that mapping - one host copy for the caller and every local rank.
@@ -344,16 +343,14 @@ class WorkerPool(JobCollection):
             raise ValueError(f"unknown model family {family!r}; choose one of {', '.join(model_families())}")
         if not isinstance(key, str) or not key:
             raise ValueError("key must be a non-empty string identifying the weights and their patches")
-        if state_dict is None and path is None:
-            raise ValueError("give the weights: state_dict=... or path=<safetensors file>")
-        if path is not None and not os.path.isfile(path):
-            raise FileNotFoundError(f"weights file {path!r} does not exist")
-        base = {"key": key, "family": family, "config": dict(diffusers_config)}
+        if state_dict is None:
+            raise ValueError("give the weights: state_dict=... (a dict, or a callable returning it)")
+        base = {"key": key, "family": family}
         if native is not None:
             base["native"] = native
         if lineage is not None:
             base["lineage"] = lineage
-        return residency.ensure_model(self, config, base, state_dict=state_dict, path=path, timeout_s=timeout_s,
+        return residency.ensure_model(self, config, base, state_dict=state_dict, timeout_s=timeout_s,
                                       lineage=lineage, adopt=adopt, patches=patches)
 
     def _write_weights(self, sd: dict, adopt=None) -> dict:

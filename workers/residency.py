@@ -44,7 +44,7 @@ class LoadDecision:
     """How `key` becomes resident on every rank. `touch`: it is (most recently used now). `patch`: the version in
     `slot` (same lineage, base kept) is re-patched in place with the patches that travel (none: back to its base).
     `rebuild`: built for this layout from the weights `slot` kept (a config change; no weights travel). `build`:
-    from weights that travel (`weights`: "sent" through shared memory, "file" a safetensors path)."""
+    from weights that travel (`weights`: "sent", through shared memory)."""
     action: str
     key: str
     slot: Optional[str] = None
@@ -56,8 +56,8 @@ class LoadDecision:
             raise ValueError(f"load action must be one of {', '.join(ACTIONS)}, got {self.action!r}")
         if self.action in ("patch", "rebuild") and not self.slot:
             raise ValueError(f"a {self.action} decision names the resident slot it works on")
-        if self.action == "build" and self.weights not in ("sent", "file"):
-            raise ValueError("a build decision says where the weights come from: 'sent' or 'file'")
+        if self.action == "build" and self.weights != "sent":
+            raise ValueError("a build decision says where the weights come from: 'sent'")
 
     @property
     def needs_weights(self) -> bool:
@@ -71,30 +71,28 @@ class LoadDecision:
         return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
 
 
-def decide(slots: list, key: str, *, layout: str, lineage: Optional[str], patches: bool, native: bool,
-           whole_model: bool, weights: str) -> LoadDecision:
+def decide(slots: list, key: str, *, layout: str, lineage: Optional[str], patches: bool,
+           whole_model: bool) -> LoadDecision:
     """The load decision for `key` on ranks that report `slots`, for a config of `layout`.
 
     `patches`: the weights are the model's base and its weight patches travel (workers/bridge/patches.py);
-    `native`: ComfyUI's own class (its built weights can be kept for another layout); `whole_model`: the ranks hold
-    whole weights (no tp / pp / sharding - what patches in place need); `weights`: where they come from if they
-    must travel ("sent" or "file")."""
+    `whole_model`: the ranks hold whole weights (no tp / pp / sharding - what patches in place need; what a rank
+    keeps to rebuild another layout from)."""
     here = [s for s in slots if s.layout in (None, layout)]
     if any(s.key == key for s in here):
         return LoadDecision("touch", key)
-    if lineage is not None and (patches or (native and whole_model)):
+    if lineage is not None and (patches or whole_model):
         # another patch version of this model, built for this layout with its base kept: patch it in place (an
         # unpatched version of a model whose patched one is resident undoes its patches the same way)
         relative = next((s for s in here if s.lineage == lineage and s.base), None)
         if relative is not None:
             return LoadDecision("patch", key, slot=relative.slot, undo=not patches)
-    if native:
-        # built for another layout: its kept weights serve, unless they are a patched layout's base and no patches
-        # come to be applied again (that would run the model without its LoRA)
-        kept = next((s for s in slots if s.key == key and s.source and (patches or not s.base)), None)
-        if kept is not None:
-            return LoadDecision("rebuild", key, slot=kept.slot)
-    return LoadDecision("build", key, weights=weights)
+    # built for another layout: its kept weights serve, unless they are a patched layout's base and no patches
+    # come to be applied again (that would run the model without its LoRA)
+    kept = next((s for s in slots if s.key == key and s.source and (patches or not s.base)), None)
+    if kept is not None:
+        return LoadDecision("rebuild", key, slot=kept.slot)
+    return LoadDecision("build", key, weights="sent")
 
 
 def ledger(world) -> list:
@@ -111,15 +109,14 @@ def report(values: dict) -> Optional[list]:
 STALE_RETRIES = 2  # a decision the ranks answer "stale" is made again from their report; more means a bug
 
 
-def ensure_model(pool, config, base: dict, *, state_dict, path, timeout_s, lineage, adopt, patches) -> dict:
+def ensure_model(pool, config, base: dict, *, state_dict, timeout_s, lineage, adopt, patches) -> dict:
     """Make `base["key"]` resident on every rank of `pool` as decided here (see the module's docstring); the job's
     `base` values (key, family, config, native spec) travel with the decision. Weights are written before the pool is
     taken when the ranks' last report says they will travel (the copy overlaps Parallel Config's prestart), and only
     then; patches travel with a build or a patch decision. Returns rank 0's answer."""
     key = base["key"]
     request = dict(layout=config.layout_name(), lineage=lineage, patches=patches is not None,
-                   native="native" in base, whole_model=config.whole_model,
-                   weights="sent" if state_dict is not None else "file")
+                   whole_model=config.whole_model)
     pool.last_load_bytes = 0
     written = {}
 
@@ -141,9 +138,7 @@ def ensure_model(pool, config, base: dict, *, state_dict, path, timeout_s, linea
                     spec, tensors = patches if patches is not None else ({}, {})
                     values["patch_spec"], tensors = spec, dict(tensors)
                     pool.last_load_bytes += nbytes(tensors)
-                if decision.weights == "file":
-                    values["path"] = os.path.abspath(path)
-                elif decision.weights == "sent" and not written:
+                if decision.weights == "sent" and not written:
                     written = write()
                 res = pool.submit(config, "load_model", values, tensors, timeout_s=timeout_s,
                                   written=written if decision.weights == "sent" else None)

@@ -1,9 +1,6 @@
 """One adapter per model family (parallel/models/<family>.py: `ADAPTER`): what is split, not how
-(the how is parallel/plan.py).
-
-Each adapter holds two plans on the same mechanism: `comfy_plan` for ComfyUI's own diffusion-model
-class (what the workers run for the nodes) and `plan` for the diffusers class (the library API and
-the reference in tests).
+(the how is parallel/plan.py). Each adapter's `comfy_plan` is declared for ComfyUI's own diffusion-model class, the
+one the workers run.
 """
 from . import (any_model, auraflow, chroma, cogvideox, cosmos, ernie, flux, hidream_o1, hunyuan_video, kandinsky5,
                krea2, lumina2, ltxav, ltxv, minimax_h3, pixart, qwen_image, sd3, wan)
@@ -13,9 +10,7 @@ from .adapter import FamilyAdapter
 ADAPTERS = {a.family: a for m in (flux, sd3, pixart, wan, qwen_image, chroma, lumina2, hunyuan_video, ltxv, auraflow,
                                    kandinsky5, krea2, cogvideox, ernie, minimax_h3, ltxav, cosmos, hidream_o1)
             for a in (m.ADAPTER, *getattr(m, "VARIANTS", ()))}  # a variant: its own class, its own plan (Wan VACE)
-PLANS = {a.diffusers_class: a.plan for a in ADAPTERS.values() if a.plan is not None}
 COMFY_PLANS = {a.comfy_class: a.comfy_plan for a in ADAPTERS.values()}
-FAMILIES = {f: a.plan for f, a in ADAPTERS.items() if a.plan is not None}
 
 
 ANY = any_model.ADAPTER  # CFG / data parallel for a model no adapter declares (not in ADAPTERS: it matches no class)
@@ -30,7 +25,7 @@ def adapter(family: str) -> FamilyAdapter:
 
 
 def _match(model):
-    """(adapter, plan) for a ComfyUI or diffusers transformer instance, or None.
+    """(adapter, plan) for a ComfyUI diffusion-model instance, or None.
 
     The class itself must be the one an adapter declares (or a subclass it lists as checked): a subclass
     inherits its base's blocks but may change its forward (Wan's VACE adds hint blocks whose inputs the Wan
@@ -39,8 +34,6 @@ def _match(model):
     for a in ADAPTERS.values():
         if a.declares(cls):
             return a, a.comfy_plan
-        if a.plan is not None and cls.__name__ == a.diffusers_class:
-            return a, a.plan
     return None
 
 
@@ -62,13 +55,13 @@ def adapter_for(model) -> FamilyAdapter | None:
 
 
 def plan_for(model):
-    """The plan for a diffusers or ComfyUI transformer instance (decided for it where a declaration depends on the
+    """The plan for a ComfyUI diffusion-model instance (decided for it where a declaration depends on the
     model's code: plan.resolve_plan), or a clear error naming the supported classes."""
     m = _match(model)
     if m is None:
         raise ValueError(f"{type(model).__name__} is not supported for parallel sampling; supported: "
-                         f"{sorted(COMFY_PLANS)} (ComfyUI) and {sorted(PLANS)} (diffusers); any other ComfyUI "
-                         f"model runs CFG / data parallel only; to add a family see {any_model.RECIPE}")
+                         f"{sorted(COMFY_PLANS)} (ComfyUI's classes); any other ComfyUI model runs"
+                         f" CFG / data parallel only; to add a family see {any_model.RECIPE}")
     return resolve_plan(m[1], model)
 
 

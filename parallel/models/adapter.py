@@ -1,15 +1,13 @@
 """FamilyAdapter: everything the pack knows about one model family, in one object.
 
 Why one object: nodes, workers, benches and the mesh routes all ask family questions (which ComfyUI
-class is this, where is its sequence split, does PipeFusion or tensor parallel apply, which diffusers class is
-its library-API twin). Spread over tables in several packages those answers drifted; here each family module
+class is this, where is its sequence split, does PipeFusion or tensor parallel apply). Spread over tables in several packages those answers drifted; here each family module
 (parallel/models/<family>.py) declares one `ADAPTER` and everybody reads it. Names only: nothing
 here imports ComfyUI.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 from ..plan import FamilyPlan
 
@@ -18,8 +16,7 @@ from ..plan import FamilyPlan
 class FamilyAdapter:
     family: str                    # the pack's name: "flux", "sd3", "pixart", "wan"
     title: str                     # what a user calls it, for messages: "Flux.1"
-    comfy_plan: FamilyPlan         # ComfyUI's own class (what the workers run for the nodes)
-    plan: Optional[FamilyPlan]     # the diffusers class (library API and test reference); None: none
+    comfy_plan: FamilyPlan         # ComfyUI's own class (what the workers run)
     # subclasses of comfy_class checked to run under comfy_plan (tests vs KSampler); any other subclass does not
     # inherit the plan (parallel/models/__init__.py: _match)
     comfy_subclasses: tuple = ()
@@ -51,15 +48,6 @@ class FamilyAdapter:
         return self.comfy_plan.model_class
 
     @property
-    def diffusers_class(self) -> Optional[str]:
-        return None if self.plan is None else self.plan.model_class
-
-    @property
-    def pipefusion(self) -> bool:
-        """PipeFusion stages are declared for the diffusers class (library API)."""
-        return self.plan is not None and self.plan.pipeline is not None
-
-    @property
     def pipefusion_nodes(self) -> bool:
-        """... and for ComfyUI's own class: the nodes can run it."""
+        """PipeFusion stages are declared for ComfyUI's class: the nodes can run it."""
         return self.comfy_plan.pipeline is not None

@@ -28,4 +28,4 @@ COMFY_PLAN = FamilyPlan(
     comfy=True,
 )
 
-ADAPTER = FamilyAdapter(family=FAMILY, title="any other model (CFG / data parallel)", comfy_plan=COMFY_PLAN, plan=None)
+ADAPTER = FamilyAdapter(family=FAMILY, title="any other model (CFG / data parallel)", comfy_plan=COMFY_PLAN)

@@ -29,5 +29,5 @@ COMFY_PLAN = FamilyPlan(
     comfy=True,
 )
 
-ADAPTER = FamilyAdapter(family="auraflow", title="AuraFlow", comfy_plan=COMFY_PLAN, plan=None,
+ADAPTER = FamilyAdapter(family="auraflow", title="AuraFlow", comfy_plan=COMFY_PLAN,
                         comfy_module="comfy.ldm.aura.mmdit")

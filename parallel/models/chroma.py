@@ -14,5 +14,5 @@ COMFY_PLAN = replace(flux.COMFY_PLAN, family="chroma", model_class="Chroma",
                      tp=None, tp_refusal="tensor parallel is not declared for Chroma; use ulysses/ring/cfg degrees",
                      pipeline_refusal="PipeFusion on Chroma is not implemented; use ulysses/ring/cfg degrees")
 
-ADAPTER = FamilyAdapter(family="chroma", title="Chroma", comfy_plan=COMFY_PLAN, plan=None,
+ADAPTER = FamilyAdapter(family="chroma", title="Chroma", comfy_plan=COMFY_PLAN,
                         comfy_module="comfy.ldm.chroma.model")

@@ -29,5 +29,5 @@ COMFY_PLAN = FamilyPlan(
 )
 
 # comfy_module: diffusers' class of the same name is another model (its own layout), not this plan's
-ADAPTER = FamilyAdapter(family="cogvideox", title="CogVideoX", comfy_plan=COMFY_PLAN, plan=None,
+ADAPTER = FamilyAdapter(family="cogvideox", title="CogVideoX", comfy_plan=COMFY_PLAN,
                         comfy_module="comfy.ldm.cogvideo.model")

@@ -43,6 +43,6 @@ COMFY_PLAN = FamilyPlan(
     comfy=True,
 )
 
-ADAPTER = FamilyAdapter(family="cosmos_predict2", title="Cosmos Predict2 / Anima", comfy_plan=COMFY_PLAN, plan=None,
+ADAPTER = FamilyAdapter(family="cosmos_predict2", title="Cosmos Predict2 / Anima", comfy_plan=COMFY_PLAN,
                         comfy_subclasses=("Anima",), comfy_module=("comfy.ldm.cosmos.predict2", "comfy.ldm.anima.model"),
                         grid_patch="patch_spatial")

@@ -27,5 +27,5 @@ COMFY_PLAN = FamilyPlan(
     comfy=True,
 )
 
-ADAPTER = FamilyAdapter(family="ernie", title="ERNIE-Image", comfy_plan=COMFY_PLAN, plan=None,
+ADAPTER = FamilyAdapter(family="ernie", title="ERNIE-Image", comfy_plan=COMFY_PLAN,
                         comfy_module="comfy.ldm.ernie.model")

@@ -1,42 +1,7 @@
-"""Flux.1 (`FluxTransformer2DModel`): what is split for sequence parallelism.
-
-Inputs are the 2x2-packed image tokens plus per-token RoPE ids; splitting
-`img_ids` with the tokens makes diffusers' own RoPE module produce the rotary
-embedding of exactly the local tokens. The text stream and its ids are split the
-same way (each rank projects only its share of the text) and join attention at the
-front; the output drops the text, so only the image is gathered.
-"""
+"""Flux.1 / Flux.2 (ComfyUI's `Flux`): what is split for sequence parallelism, tensor parallel and PipeFusion."""
 from .adapter import FamilyAdapter
 from ..plan import Attention, BlockList, FamilyPlan, GatherOutput, PipelinePlan, SplitInput
 from ..tp import Colwise, Divide, Rowwise
-
-def _diffusers_tp_plan():
-    from diffusers import FluxTransformer2DModel
-    return dict(getattr(FluxTransformer2DModel, "_tp_plan", None) or {}) or None
-
-
-PLAN = FamilyPlan(
-    family="flux",
-    model_class="FluxTransformer2DModel",
-    batch_inputs=("hidden_states", "encoder_hidden_states", "pooled_projections", "timestep", "guidance"),
-    sequence={
-        "": [SplitInput("hidden_states", dim=1), SplitInput("img_ids", dim=-2),
-             SplitInput("encoder_hidden_states", dim=1, text=True), SplitInput("txt_ids", dim=-2, text=True)],
-        "proj_out": [GatherOutput(dim=1)],
-    },
-    attention={
-        # double-stream blocks pass the text to attention as encoder_hidden_states
-        "transformer_blocks.*.attn": Attention(text_arg="encoder_hidden_states", text_first=True),
-        # single-stream blocks concatenate [text, image] before attention: read the text length at the block
-        "single_transformer_blocks.*": Attention(text_arg="encoder_hidden_states", text_first=True),
-    },
-    # diffusers ships Flux's tensor-parallel plan; use it rather than restating it (read when TP is applied)
-    tp=_diffusers_tp_plan,
-    tp_refusal="this diffusers version has no _tp_plan for Flux",
-    pipeline=PipelinePlan(tuple(BlockList(p, streams=("hidden_states", "encoder_hidden_states"),
-                                          returns=("encoder_hidden_states", "hidden_states"))
-                                for p in ("transformer_blocks", "single_transformer_blocks")), "tokens"),
-)
 
 
 def _mlp_in_blocks(linear, mlp):
@@ -114,5 +79,5 @@ COMFY_PLAN = FamilyPlan(
 )
 
 ADAPTER = FamilyAdapter(
-    family="flux", title="Flux.1 / Flux.2", comfy_plan=COMFY_PLAN, plan=PLAN, comfy_module="comfy.ldm.flux.model",
+    family="flux", title="Flux.1 / Flux.2", comfy_plan=COMFY_PLAN, comfy_module="comfy.ldm.flux.model",
 )

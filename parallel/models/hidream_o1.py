@@ -56,5 +56,5 @@ COMFY_PLAN = FamilyPlan(
     comfy=True,
 )
 
-ADAPTER = FamilyAdapter(family="hidream_o1", title="HiDream-O1", comfy_plan=COMFY_PLAN, plan=None,
+ADAPTER = FamilyAdapter(family="hidream_o1", title="HiDream-O1", comfy_plan=COMFY_PLAN,
                         comfy_module="comfy.ldm.hidream_o1.model")

@@ -64,5 +64,5 @@ COMFY_PLAN = FamilyPlan(
     comfy=True,
 )
 
-ADAPTER = FamilyAdapter(family="hunyuan_video", title="HunyuanVideo 1.0 / 1.5", comfy_plan=COMFY_PLAN, plan=None,
+ADAPTER = FamilyAdapter(family="hunyuan_video", title="HunyuanVideo 1.0 / 1.5", comfy_plan=COMFY_PLAN,
                         comfy_module="comfy.ldm.hunyuan_video.model")

@@ -31,5 +31,5 @@ COMFY_PLAN = FamilyPlan(
     comfy=True,
 )
 
-ADAPTER = FamilyAdapter(family="kandinsky5", title="Kandinsky 5", comfy_plan=COMFY_PLAN, plan=None,
+ADAPTER = FamilyAdapter(family="kandinsky5", title="Kandinsky 5", comfy_plan=COMFY_PLAN,
                         comfy_module="comfy.ldm.kandinsky5.model")

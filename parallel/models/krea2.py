@@ -31,5 +31,5 @@ COMFY_PLAN = FamilyPlan(
     comfy=True,
 )
 
-ADAPTER = FamilyAdapter(family="krea2", title="Krea 2", comfy_plan=COMFY_PLAN, plan=None,
+ADAPTER = FamilyAdapter(family="krea2", title="Krea 2", comfy_plan=COMFY_PLAN,
                         comfy_module="comfy.ldm.krea2.model")

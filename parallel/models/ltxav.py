@@ -87,5 +87,5 @@ COMFY_PLAN = FamilyPlan(
     comfy=True,
 )
 
-ADAPTER = FamilyAdapter(family="ltxav", title="LTX-2", comfy_plan=COMFY_PLAN, plan=None,
+ADAPTER = FamilyAdapter(family="ltxav", title="LTX-2", comfy_plan=COMFY_PLAN,
                         comfy_module="comfy.ldm.lightricks.av_model")

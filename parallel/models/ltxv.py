@@ -50,5 +50,5 @@ COMFY_PLAN = FamilyPlan(
     comfy=True,
 )
 
-ADAPTER = FamilyAdapter(family="ltxv", title="LTX-Video", comfy_plan=COMFY_PLAN, plan=None,
+ADAPTER = FamilyAdapter(family="ltxv", title="LTX-Video", comfy_plan=COMFY_PLAN,
                         comfy_module="comfy.ldm.lightricks.model")

@@ -53,5 +53,5 @@ COMFY_PLAN = FamilyPlan(
     comfy=True,
 )
 
-ADAPTER = FamilyAdapter(family="lumina2", title="Lumina 2 / Z-Image", comfy_plan=COMFY_PLAN, plan=None,
+ADAPTER = FamilyAdapter(family="lumina2", title="Lumina 2 / Z-Image", comfy_plan=COMFY_PLAN,
                         comfy_module="comfy.ldm.lumina.model")

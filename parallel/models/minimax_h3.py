@@ -40,6 +40,6 @@ COMFY_PLAN = FamilyPlan(
     comfy=True,
 )
 
-ADAPTER = FamilyAdapter(family="minimax_h3", title="MiniMax H3", comfy_plan=COMFY_PLAN, plan=None,
+ADAPTER = FamilyAdapter(family="minimax_h3", title="MiniMax H3", comfy_plan=COMFY_PLAN,
                         comfy_module="comfy.ldm.minimax.model", rebuilt_inputs=("minimax_payload.layout",),
                         carried_options=("minimax_h3_sigma_shift_video", "minimax_h3_sigma_shift_audio"))

@@ -1,33 +1,7 @@
-"""PixArt-alpha / Sigma (`PixArtTransformer2DModel`): what is split for sequence parallelism.
-
-Split after `pos_embed` (it needs the full latent), gather after `proj_out`.
-Only the image self-attention (`attn1`) is distributed; the cross-attention to
-the text (`attn2`) has local image queries and full text K/V already.
-"""
+"""PixArt-α / Σ (ComfyUI's `PixArtMS`): what is split for sequence parallelism, tensor parallel and PipeFusion."""
 from .adapter import FamilyAdapter
-from ..plan import Attention, BlockList, FamilyPlan, GatherOutput, PipelinePlan, SplitInput, SplitOutput
+from ..plan import Attention, BlockList, FamilyPlan, GatherOutput, PipelinePlan, SplitInput
 from ..tp import Colwise, Divide, Rowwise
-
-PLAN = FamilyPlan(
-    family="pixart",
-    model_class="PixArtTransformer2DModel",
-    batch_inputs=("hidden_states", "encoder_hidden_states", "timestep", "added_cond_kwargs",
-                  "attention_mask", "encoder_attention_mask"),
-    sequence={
-        "pos_embed": [SplitOutput(dim=1)],
-        "proj_out": [GatherOutput(dim=1)],
-    },
-    attention={"transformer_blocks.*.attn1": Attention()},
-    tp={
-        **{f"transformer_blocks.*.{a}.{n}": "colwise" for a in ("attn1", "attn2") for n in ("to_q", "to_k", "to_v")},
-        "transformer_blocks.*.attn1.to_out.0": "rowwise",
-        "transformer_blocks.*.attn2.to_out.0": "rowwise",
-        "transformer_blocks.*.ff.net.0.proj": "colwise",
-        "transformer_blocks.*.ff.net.2": "rowwise",
-    },
-    pipeline=PipelinePlan((BlockList("transformer_blocks"),), "image"),
-)
-
 
 # ComfyUI's own PixArtMS (comfy/ldm/pixart/pixartms.py): the position table is computed for the whole
 # latent, so the tokens are split where they enter the first block and gathered after the final
@@ -59,5 +33,5 @@ COMFY_PLAN = FamilyPlan(
 )
 
 ADAPTER = FamilyAdapter(
-    family="pixart", title="PixArt-α/Σ", comfy_plan=COMFY_PLAN, plan=PLAN, comfy_module="comfy.ldm.pixart.pixartms",
+    family="pixart", title="PixArt-α/Σ", comfy_plan=COMFY_PLAN, comfy_module="comfy.ldm.pixart.pixartms",
 )

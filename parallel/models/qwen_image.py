@@ -34,5 +34,5 @@ COMFY_PLAN = FamilyPlan(
     comfy=True,
 )
 
-ADAPTER = FamilyAdapter(family="qwen_image", title="Qwen-Image", comfy_plan=COMFY_PLAN, plan=None,
+ADAPTER = FamilyAdapter(family="qwen_image", title="Qwen-Image", comfy_plan=COMFY_PLAN,
                         comfy_module="comfy.ldm.qwen_image.model")

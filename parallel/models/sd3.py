@@ -1,44 +1,8 @@
-"""SD3 / SD3.5 (`SD3Transformer2DModel`): what is split for sequence parallelism.
-
-The patch embedding needs the whole latent (its positional table is cropped to
-the latent size), so the sequence is split right after `pos_embed` and gathered
-after `proj_out`, before unpatchify. The text is split where it enters and never
-gathered (the last block does not return it). Joint attention puts the text *after*
-the image; SD3.5's extra image-only self-attention (`attn2`) has no text.
-"""
+"""SD3 / SD3.5 (ComfyUI's MMDiT, `OpenAISignatureMMDITWrapper`): what is split for sequence parallelism, tensor
+parallel and PipeFusion."""
 from .adapter import FamilyAdapter
 from ..tp import Colwise, Divide, Rowwise
-from ..plan import Attention, BlockList, FamilyPlan, GatherOutput, PipelinePlan, SplitInput, SplitOutput
-
-PLAN = FamilyPlan(
-    family="sd3",
-    model_class="SD3Transformer2DModel",
-    batch_inputs=("hidden_states", "encoder_hidden_states", "pooled_projections", "timestep"),
-    sequence={
-        "": [SplitInput("encoder_hidden_states", dim=1, text=True)],
-        "pos_embed": [SplitOutput(dim=1)],
-        "proj_out": [GatherOutput(dim=1)],
-    },
-    attention={
-        "transformer_blocks.*.attn": Attention(text_arg="encoder_hidden_states", text_first=False),
-        "transformer_blocks.*.attn2": Attention(),
-    },
-    tp={
-        **{f"transformer_blocks.*.attn.{n}": "colwise"
-           for n in ("to_q", "to_k", "to_v", "add_q_proj", "add_k_proj", "add_v_proj")},
-        "transformer_blocks.*.attn.to_out.0": "rowwise",
-        "transformer_blocks.*.attn.to_add_out": "rowwise",
-        **{f"transformer_blocks.*.attn2.{n}": "colwise" for n in ("to_q", "to_k", "to_v")},
-        "transformer_blocks.*.attn2.to_out.0": "rowwise",
-        "transformer_blocks.*.ff.net.0.proj": "colwise",
-        "transformer_blocks.*.ff.net.2": "rowwise",
-        "transformer_blocks.*.ff_context.net.0.proj": "colwise",
-        "transformer_blocks.*.ff_context.net.2": "rowwise",
-    },
-    pipeline=PipelinePlan((BlockList("transformer_blocks", streams=("hidden_states", "encoder_hidden_states"),
-                                     returns=("encoder_hidden_states", "hidden_states")),), "image"),
-)
-
+from ..plan import Attention, BlockList, FamilyPlan, GatherOutput, PipelinePlan, SplitInput
 
 # ComfyUI's own MMDiT (comfy/ldm/modules/diffusionmodules/mmdit.py). Patch embedding and the cropped
 # position table need the whole latent, so the image tokens are split where they enter the first
@@ -79,6 +43,6 @@ COMFY_PLAN = FamilyPlan(
 )
 
 ADAPTER = FamilyAdapter(
-    family="sd3", title="SD3/3.5", comfy_plan=COMFY_PLAN, plan=PLAN,
+    family="sd3", title="SD3/3.5", comfy_plan=COMFY_PLAN,
     comfy_module="comfy.ldm.modules.diffusionmodules.mmdit",
 )

@@ -1,42 +1,10 @@
-"""Wan 2.1 / 2.2 (`WanTransformer3DModel`): what is split for sequence parallelism.
-
-Tokens are (frame, row, col)-flattened video patches. The RoPE module computes
-the rotary table for the full video, so its outputs are split; the patchified
-tokens are split at the first block's input; per-token timesteps (Wan 2.2
-TI2V, 2-D `timestep`) are split at the model input. Cross-attention to the
-text (`attn2`) needs no communication.
-"""
+"""Wan 2.1 / 2.2 (ComfyUI's `WanModel`, and its VACE and Fun Camera subclasses): what is split for sequence
+parallelism, tensor parallel and PipeFusion."""
 from dataclasses import replace
 
 from .adapter import FamilyAdapter
 from ..tp import Colwise, Divide, Rowwise, ShardedNorm
-from ..plan import Attention, BlockList, FamilyPlan, GatherOutput, PipelinePlan, SplitInput, SplitOutput
-
-PIPELINE_REFUSAL = ("PipeFusion is declared for ComfyUI's Wan (the nodes' path), not for diffusers' "
-                    "WanTransformer3DModel: use ulysses_degree/ring_degree (USP) with it")
-
-PLAN = FamilyPlan(
-    family="wan",
-    model_class="WanTransformer3DModel",
-    batch_inputs=("hidden_states", "encoder_hidden_states", "timestep", "encoder_hidden_states_image"),
-    sequence={
-        "": [SplitInput("timestep", dim=1, only_ndim=2)],
-        "rope": [SplitOutput(dim=1)],
-        "blocks.0": [SplitInput("hidden_states", dim=1, position=0)],
-        "proj_out": [GatherOutput(dim=1)],
-    },
-    attention={"blocks.*.attn1": Attention()},
-    # Wan normalises q and k over all heads together (qk_norm='rms_norm_across_heads'): ShardedNorm
-    tp={
-        **{f"blocks.*.{a}.{n}": Colwise() for a in ("attn1", "attn2")
-           for n in ("to_q", "to_k", "to_v", "add_k_proj", "add_v_proj")},
-        **{f"blocks.*.{a}.to_out.0": Rowwise() for a in ("attn1", "attn2")},
-        **{f"blocks.*.{a}.{n}": ShardedNorm() for a in ("attn1", "attn2") for n in ("norm_q", "norm_k", "norm_added_k")},
-        "blocks.*.ffn.net.0.proj": Colwise(), "blocks.*.ffn.net.2": Rowwise(),
-    },
-    pipeline_refusal=PIPELINE_REFUSAL,
-)
-
+from ..plan import Attention, BlockList, FamilyPlan, GatherOutput, PipelinePlan, SplitInput
 
 # ComfyUI's own WanModel (comfy/ldm/wan/model.py). `forward_orig` computes the patch grid from the
 # whole latent and every block receives the full RoPE table and modulation from its locals, so the
@@ -100,7 +68,7 @@ COMFY_PLAN = FamilyPlan(
 )
 
 ADAPTER = FamilyAdapter(
-    family="wan", title="Wan 2.1/2.2", comfy_plan=COMFY_PLAN, plan=PLAN, comfy_module="comfy.ldm.wan.model",
+    family="wan", title="Wan 2.1/2.2", comfy_plan=COMFY_PLAN, comfy_module="comfy.ldm.wan.model",
 )
 
 
@@ -130,7 +98,7 @@ CAMERA_PLAN = replace(
     pipeline=None, pipeline_refusal="PipeFusion was not checked on Wan Fun Camera; use ulysses/ring/cfg degrees",
 )
 
-VARIANTS = (FamilyAdapter(family="wan_vace", title="Wan 2.1 VACE", comfy_plan=VACE_PLAN, plan=None,
+VARIANTS = (FamilyAdapter(family="wan_vace", title="Wan 2.1 VACE", comfy_plan=VACE_PLAN,
                           comfy_module="comfy.ldm.wan.model"),
-            FamilyAdapter(family="wan_camera", title="Wan Fun Camera", comfy_plan=CAMERA_PLAN, plan=None,
+            FamilyAdapter(family="wan_camera", title="Wan Fun Camera", comfy_plan=CAMERA_PLAN,
                           comfy_module="comfy.ldm.wan.model"))

@@ -29,7 +29,6 @@ import torch
 
 from ..comm import any_rank, broadcast
 from ..config import ConfigError
-from ..loop import run_loop
 from ..models import plan_for
 from ..stepcache import StepCache, StepCacheSpec
 from .batch import gather_cfg, gather_dp, share_batch
@@ -56,16 +55,17 @@ def _agree_last(want: bool, ctx) -> bool:
 
 
 def run_pipefusion_loop(transformer, ctx, inputs: dict, sigmas, noise: torch.Tensor, *,
-                        convention: Convention, sampler: str = "euler", cfg_scale: Optional[float] = None,
+                        convention: Convention, native_call: Callable, sampler: str = "euler",
+                        cfg_scale: Optional[float] = None,
                         callback: Optional[Callable] = None,
                         cancel: Optional[Callable] = None, num_patches: Optional[int] = None,
                         warmup_steps: Optional[int] = None, timeout_s: Optional[float] = None,
-                        native_call: Optional[Callable] = None, dtype: Optional[torch.dtype] = None,
+                        dtype: Optional[torch.dtype] = None,
                         timestep_dtype: Optional[torch.dtype] = None, step_cache: Optional[StepCacheSpec] = None,
                         cache_report: Optional[dict] = None) -> torch.Tensor:
     """Sample with PipeFusion and return the final latent (whole batch) on every rank.
 
-    inputs: the transformer's conditioning kwargs (everything except hidden_states and timestep),
+    inputs: the model's conditioning kwargs (everything except the latent x and the timestep),
     identical on every rank. noise: the sample at sigmas[0] (ComfyUI's noise_scaling already applied).
     convention: how sigma and the model output map to ComfyUI's denoised (sampling.flow / sampling.eps).
     cfg_scale: classifier-free guidance inside the pipeline: `inputs` hold [cond, uncond] (twice the
@@ -78,7 +78,7 @@ def run_pipefusion_loop(transformer, ctx, inputs: dict, sigmas, noise: torch.Ten
     num_patches / warmup_steps / timeout_s default to ctx.config / ctx.timeout_s.
     native_call(model, inputs): ComfyUI's own model, called with its signature (x, timestep, context, ...);
     dtype: the dtype its latent goes in (ComfyUI's compute dtype: fp8 weights compute in another),
-    timestep_dtype: the timestep's (fp32 for ComfyUI's models). Default: a diffusers model, in its weights' dtype.
+    timestep_dtype: the timestep's (ComfyUI passes fp32); both default to the weights' dtype.
     step_cache: ComfyUI's EasyCache rule (parallel/stepcache.py): one cache over the latent in full steps (EasyCache
     itself), one per patch in patch steps. The last stage decides for the next step (or the same patch of the next
     step) as soon as it has updated those rows, agrees with the other last stages, and sends the decision back with
@@ -87,11 +87,11 @@ def run_pipefusion_loop(transformer, ctx, inputs: dict, sigmas, noise: torch.Ten
     the last stage) gets {"skipped": patch steps skipped (a skipped full step counts P), "patches": P, "steps": N}.
     """
     run = _setup(transformer, ctx, inputs, sigmas, noise, sampler=sampler, cfg_scale=cfg_scale,
-                 num_patches=num_patches, warmup_steps=warmup_steps, timeout_s=timeout_s, native_call=native_call,
+                 num_patches=num_patches, warmup_steps=warmup_steps, timeout_s=timeout_s,
                  dtype=dtype, timestep_dtype=timestep_dtype, step_cache=step_cache)  # everything checked first
     loop = _Loop(run, ctx, convention, cfg_scale, step_cache)
     stage = Stage(transformer, run.fplan, run.pplan, run.stage_i, run.S, run.start, run.stop, run.channel,
-                  sp=None if ctx is None else ctx.sp, **({"call": native_call} if native_call is not None else {}))
+                  sp=None if ctx is None else ctx.sp, call=native_call)
     try:
         for i in range(run.N):
             cancelled = run.first and _poll_cancel(cancel, ctx)
@@ -137,7 +137,6 @@ class _Run:
     pplan: object
     start: int             # this stage's blocks [start, stop)
     stop: int
-    latent_key: str        # ComfyUI's model takes the latent as "x", a diffusers one as "hidden_states"
     channel: Optional[Channel]
     dtype: torch.dtype
     timestep_dtype: torch.dtype
@@ -157,7 +156,7 @@ class _Run:
 
 
 def _setup(transformer, ctx, inputs, sigmas, noise, *, sampler, cfg_scale, num_patches, warmup_steps, timeout_s,
-           native_call, dtype, timestep_dtype, step_cache) -> _Run:
+           dtype, timestep_dtype, step_cache) -> _Run:
     """Validate everything before any work; the run's plan for this rank."""
     S = 1 if ctx is None else ctx.pp.size
     stage_i = 0 if ctx is None else ctx.pp.rank
@@ -177,7 +176,7 @@ def _setup(transformer, ctx, inputs, sigmas, noise, *, sampler, cfg_scale, num_p
     share, inputs, noise = share_batch(ctx, tuple(fplan.batch_inputs) + ("c_concat",), inputs, noise, cfg_scale)
     if step_cache is not None and share.cfg_split:  # each pipeline holds one half: its own statistics
         step_cache = dataclasses.replace(step_cache, first=0, chunks=1)
-    layout = latent_layout(transformer, pplan, noise, inputs, P)
+    layout = latent_layout(transformer, pplan, noise, P)
     bands = layout.patch_rows(P)
     layer_counts = None if ctx is None else ctx.config.attn_layer_num_for_pp
     n_blocks = sum(len(dict(transformer.named_modules())[b.path]) for b in pplan.blocks)
@@ -187,8 +186,7 @@ def _setup(transformer, ctx, inputs, sigmas, noise, *, sampler, cfg_scale, num_p
         raise ConfigError(f"this model keeps only the weights of blocks [{kept[0]}, {kept[1]}) (loaded for another "
                           f"pipeline split) but this stage runs blocks [{start}, {stop}); load it again for this "
                           f"config")
-    latent_key = "x" if native_call is not None else "hidden_states"
-    bad = {latent_key, "timestep", "return_dict"} & set(inputs)
+    bad = {"x", "timestep"} & set(inputs)
     if bad:
         raise ConfigError(f"inputs must not contain {sorted(bad)}: the loop supplies the latent and timestep")
     sp = None if ctx is None else ctx.sp
@@ -202,7 +200,7 @@ def _setup(transformer, ctx, inputs, sigmas, noise, *, sampler, cfg_scale, num_p
     dtype = dtype or next(transformer.parameters()).dtype
     return _Run(S=S, stage_i=stage_i, P=P, W=W, N=len(sigmas) - 1, sigmas=sigmas, samp=samp, share=share,
                 inputs=inputs, noise=noise, in_pipeline_cfg=None if share.cfg_split else cfg_scale, layout=layout,
-                bands=bands, fplan=fplan, pplan=pplan, start=start, stop=stop, latent_key=latent_key,
+                bands=bands, fplan=fplan, pplan=pplan, start=start, stop=stop,
                 channel=None if S == 1 else Channel(ctx.pp, timeout_s or ctx.timeout_s), dtype=dtype,
                 timestep_dtype=timestep_dtype or dtype, step_cache=step_cache)
 
@@ -223,7 +221,7 @@ class _Loop:
         self.skip_now = {}  # stage 0: (step, patch or None) -> skip, from the last stage's messages
         self.pending_rows = {}  # stage 0: patch -> the posted receive of its next rows
         self.flag = 0 if cache is None else 1
-        self.channel_dim = 1 if run.layout.kind == "image" else -1
+        self.channel_dim = 1  # ComfyUI's latents: (B, C, ...)
 
     # ---- the last stage's view of the latent ----
     def h_of(self, i, rows=None):
@@ -260,7 +258,7 @@ class _Loop:
     def model_kwargs(self, i):
         r = self.run
         h = model_latent(self.convention, self.x, r.sigmas[i], r.dtype, r.in_pipeline_cfg)
-        return {**r.inputs, r.latent_key: h,
+        return {**r.inputs, "x": h,
                 "timestep": self.convention.timestep(r.sigmas[i], h.shape[0], r.timestep_dtype, h.device)}
 
     def finish(self, i, out_rows, r0, r1):
@@ -331,9 +329,3 @@ class _Loop:
                     self.send_rows(r.layout.latent_rows(self.x, r0, r1).clone(), nxt)
             if r.first and r.S > 1 and i + 1 < r.N:  # post the receive of this patch's next rows early
                 self.pending_rows[p] = self.recv_rows(r.layout.latent_rows(self.x, r0, r1).shape)
-
-
-def run_serial_loop(transformer, inputs: dict, sigmas, noise: torch.Tensor, *, convention: Convention,
-                    sampler: str = "euler", cfg_scale: Optional[float] = None) -> torch.Tensor:
-    """The plain loop on one device (no hooks): what PipeFusion with warmup_steps >= steps must reproduce."""
-    return run_loop(transformer, inputs, sigmas, noise, convention=convention, sampler=sampler, cfg_scale=cfg_scale)

@@ -1,6 +1,6 @@
 """What PipeFusion splits: the stages' blocks and the latent layout, read from the family plan.
 
-Each family plan (parallel/models/<family>.py, diffusers' class and ComfyUI's) declares its
+Each family plan (parallel/models/<family>.py, for ComfyUI's class) declares its
 `pipeline`: which ModuleLists are "the blocks" (the stages split them), what a block carries to the
 next one (`streams`) and in which order it returns them (`returns`). PipeFusion reuses the plan's
 `sequence` entries (where the image token sequence starts and where it is gathered) to cut a patch
@@ -75,16 +75,14 @@ class Layout:
         """The latent rows of token rows [r0, r1): a view of `x` (the loop writes the sampler step through it)."""
         if self.kind == "image":
             return x.narrow(-2, r0 * self.unit, (r1 - r0) * self.unit)
-        if self.kind == "video":  # (B, C, T, H, W) as (B, C, T*H, W): token row t*(H/unit) + i is latent rows unit*i..
-            return x.view(*x.shape[:2], -1, x.shape[-1]).narrow(-2, r0 * self.unit, (r1 - r0) * self.unit)
-        return x.narrow(1, r0 * self.cols, (r1 - r0) * self.cols)
+        # video: (B, C, T, H, W) as (B, C, T*H, W): token row t*(H/unit) + i is latent rows unit*i..
+        return x.view(*x.shape[:2], -1, x.shape[-1]).narrow(-2, r0 * self.unit, (r1 - r0) * self.unit)
 
 
-def latent_layout(model, plan: PipelinePlan, x: torch.Tensor, inputs: dict, num_patches: int) -> Layout:
+def latent_layout(model, plan: PipelinePlan, x: torch.Tensor, num_patches: int) -> Layout:
     """The token grid of `x`, refusing sizes PipeFusion cannot split into `num_patches` bands."""
     if plan.latent == "image":
-        config = getattr(model, "config", None)
-        ps = int(getattr(config, "patch_size", None) or getattr(model, "patch_size"))  # diffusers / ComfyUI
+        ps = int(model.patch_size)
         if x.ndim != 4:
             raise ConfigError(f"{type(model).__name__} expects a (B, C, H, W) latent, got shape {tuple(x.shape)}")
         H, W = x.shape[-2:]
@@ -102,19 +100,7 @@ def latent_layout(model, plan: PipelinePlan, x: torch.Tensor, inputs: dict, num_
                               f"{pt} is not 1); use an image size that is a multiple of {8 * ph}")
         lay = Layout("video", T * H // ph, W // pw, ph)
     else:
-        ids = inputs.get("img_ids")
-        if x.ndim != 3 or ids is None:
-            raise ConfigError(f"{type(model).__name__} expects packed tokens (B, N, C) and img_ids; got shape "
-                              f"{tuple(x.shape)}{' without img_ids' if ids is None else ''}")
-        ids = ids[0] if ids.ndim == 3 else ids
-        row = ids[:, 1]
-        cols = int((row == row[0]).sum())
-        n = x.shape[1]
-        if cols == 0 or n % cols or not torch.equal(row.reshape(n // cols, cols),
-                                                      row.reshape(n // cols, cols)[:, :1].expand(-1, cols)):
-            raise ConfigError("img_ids are not a row-major token grid (row id in column 1, constant along each "
-                              "row); PipeFusion splits the image into bands of token rows and needs that grid")
-        lay = Layout("tokens", n // cols, cols, 1)
+        raise ConfigError(f"unknown PipeFusion latent layout {plan.latent!r} (image or video)")
     if num_patches > lay.rows:
         unit = f"{lay.unit} latent rows" if lay.kind == "image" else "one token row"
         raise ConfigError(f"num_pipeline_patch={num_patches} but the image has only {lay.rows} token rows "
@@ -155,9 +141,7 @@ def pipeline_problems(model, fplan, config, latent_shape) -> list:
         if P > 1 and config.warmup_steps < 1:
             raise ConfigError("PipeFusion needs warmup_steps >= 1: the first step fills the stale KV buffers with "
                               "the whole image; set warmup_steps to 1 or more")
-        if pplan.latent == "tokens":
-            return []  # packed tokens: the layout needs the model's img_ids, checked at run start
-        layout = latent_layout(model, pplan, torch.empty(latent_shape, device="meta"), {}, P)
+        layout = latent_layout(model, pplan, torch.empty(latent_shape, device="meta"), P)
         sp = config.ulysses_degree * config.ring_degree
         small = min(t1 - t0 for t0, t1 in (layout.tokens(r0, r1) for r0, r1 in layout.patch_rows(P)))
         if sp > 1 and small < sp:

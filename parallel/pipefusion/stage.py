@@ -1,4 +1,4 @@
-"""One pipeline stage of PipeFusion: hooks that make a diffusers transformer run only its own blocks.
+"""One pipeline stage of PipeFusion: hooks that make ComfyUI's diffusion model run only its own blocks.
 
 Every stage calls the model's *own* forward with the full inputs; hooks driven
 by the family plans decide what actually happens:
@@ -7,8 +7,8 @@ by the family plans decide what actually happens:
   every stage: they are a few per cent of a block, and recomputing them is
   cheaper than shipping temb, RoPE tables and text embeddings between stages;
 * in patch mode the image sequence is cut to the current band of token rows
-  where the sequence-parallel plan splits it (after `pos_embed`, at the
-  model input with `img_ids` for diffusers' Flux, at `forward_orig` for ComfyUI's); the
+  where the sequence-parallel plan splits it (at the first block's input, at Flux's
+  `forward_orig`); the
   patch is computed on the full latent and sliced, which is exact because patch embedding is per token;
 * blocks before this stage's first block pass their streams through, and the
   one just before it returns what the previous stage's last block computed
@@ -19,7 +19,7 @@ by the family plans decide what actually happens:
   last stage, where the patch output is scattered into a zero full-size
   sequence before unpatchify;
 * inside every self-attention module of its blocks, F.scaled_dot_product_attention
-  is swapped (TorchFunctionMode, diffusers processors untouched) for attention
+  is swapped (TorchFunctionMode, the model's attention code untouched) for attention
   over the layer's KV buffer: full mode stores the fresh image K/V of the whole
   image; patch mode writes the patch's fresh K/V into its rows and attends to
   the buffer, i.e. stale K/V (previous step) for patches not yet recomputed.
@@ -123,9 +123,9 @@ class Channel:
 class _KVAttention(TorchFunctionMode):
     """Self-attention over the layer's KV buffer (see the module docstring)."""
 
-    def __init__(self, stage, key, text_len, text_first):
+    def __init__(self, stage, key, text_first):
         super().__init__()
-        self.stage, self.key, self.text_len, self.text_first = stage, key, text_len, text_first
+        self.stage, self.key, self.text_first = stage, key, text_first
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -133,11 +133,9 @@ class _KVAttention(TorchFunctionMode):
             return func(*args, **kwargs)
         q, k, v, a = sdpa_arguments(args, kwargs, "PipeFusion's KV buffer")
         run, bufs = self.stage.run, self.stage.kv
-        n = self.text_len
-        if n is None:  # derived: what k holds beyond this call's image tokens is the (fresh) text
-            n = k.shape[2] - (run.s1 - run.s0)
-            if n < 0:
-                raise RuntimeError(f"{self.key}: attention over {k.shape[2]} keys for {run.s1 - run.s0} image tokens")
+        n = k.shape[2] - (run.s1 - run.s0)  # what k holds beyond this call's image tokens is the (fresh) text
+        if n < 0:
+            raise RuntimeError(f"{self.key}: attention over {k.shape[2]} keys for {run.s1 - run.s0} image tokens")
 
         def split(x):  # -> text, image
             if n == 0:
@@ -186,15 +184,11 @@ def _locators(fn, streams) -> list:
     return out
 
 
-def diffusers_call(model, kwargs):
-    return model(**kwargs, return_dict=False)[0]
-
-
 class Stage:
     """Installs the hooks of stage `index` of `count` (blocks [start, stop)) on `model`; `remove()` undoes them."""
 
     def __init__(self, model, family_plan, pipe_plan, index: int, count: int, start: int, stop: int,
-                 channel: Optional[Channel], sp=None, call=diffusers_call):
+                 channel: Optional[Channel], call, sp=None):
         self.model, self.fplan, self.pplan, self.call = model, family_plan, pipe_plan, call
         self.sp = sp if sp is not None and sp.size > 1 else None
         self.index, self.count, self.start, self.stop = index, count, start, stop
@@ -421,15 +415,9 @@ class Stage:
     # ---- attention ----
     def _attention(self, path, spec):
         def make(old):
-            bind = _bind(old)
-
             @functools.wraps(old)
             def forward(*args, **kwargs):
-                text_len = None  # derived from the keys (ComfyUI's joint blocks, image-only attention)
-                if spec.text_arg is not None:
-                    t = bind(args, kwargs).arguments.get(spec.text_arg)
-                    text_len = 0 if t is None else t.shape[1]
-                with _KVAttention(self, path, text_len, spec.text_first):
+                with _KVAttention(self, path, spec.text_first):
                     return old(*args, **kwargs)
             return forward
         return make

@@ -73,7 +73,7 @@ def _load(pool, config, key, base, **kw):
     dm = base.diffusion_model
     spec = native_spec(base)
     spec.update(kw.pop("spec", {}))
-    return pool.ensure_model(config, key, family_adapter(dm).family, {}, native=spec,
+    return pool.ensure_model(config, key, family_adapter(dm).family, native=spec,
                              state_dict=lambda: {k: raw(v) for k, v in host_tensors(dm).items()}, **kw)
 
 

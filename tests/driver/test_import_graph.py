@@ -112,7 +112,7 @@ def test_the_circle_finder_finds_a_circle():
 def lazy_without_reason(path: Path) -> list:
     """The pack's own modules imported inside a function of `path` without `# lazy: <why>` on the import's line
     ("line: import"). An import belongs at the top of its file; inside a function only where it is heavy or optional
-    for the importing module (torch in a module that stays free of it, diffusers), said where it is."""
+    for the importing module (torch in a module that stays free of it), said where it is."""
     lines = path.read_text().splitlines()
     out = []
     for fn in ast.walk(ast.parse("\n".join(lines))):

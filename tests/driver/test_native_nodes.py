@@ -418,15 +418,15 @@ def test_a_patch_version_that_fails_is_not_kept(comfy):
     weights = lambda: {k: v.detach() for k, v in dm.state_dict().items()}  # noqa: E731
     pool = WorkerPool(device="cpu")
     try:
-        pool.ensure_model(config, "v1", family, {}, native=spec, lineage="L", patches=encode(v1.patches),
+        pool.ensure_model(config, "v1", family, native=spec, lineage="L", patches=encode(v1.patches),
                           state_dict=weights)
         bad_spec, bad_tensors = encode(v2.patches)
         bad_spec["diffusion_model.no_such.weight"] = next(iter(bad_spec.values()))
         with pytest.raises(WorkerError, match="no such base weight"):
-            pool.ensure_model(config, "v2", family, {}, native=spec, lineage="L", patches=(bad_spec, bad_tensors),
+            pool.ensure_model(config, "v2", family, native=spec, lineage="L", patches=(bad_spec, bad_tensors),
                               state_dict=weights)
         assert all(r["resident"] == [] for r in pool.health()), pool.health()  # v1 was not kept
-        pool.ensure_model(config, "v2", family, {}, native=spec, lineage="L", patches=encode(v2.patches),
+        pool.ensure_model(config, "v2", family, native=spec, lineage="L", patches=encode(v2.patches),
                           state_dict=weights)
         assert pool.last_load_bytes > sum(v.numel() * v.element_size() for v in dm.state_dict().values())
         inp = inputs("sd3", base.model, seed=3)

@@ -289,7 +289,7 @@ def test_pipefusion_stages_hold_their_quantized_blocks(files, cpu_pool):
         ref = _serial_loop("sd3", base, inp, sigmas, noise, cfg_scale=3.0)
         config = ParallelConfig(pp_degree=2, num_pipeline_patch=2, warmup_steps=steps)
         key = f"qpf:{form}"
-        cpu_pool.ensure_model(config, key, family_adapter(dm).family, {}, native=native_spec(base),
+        cpu_pool.ensure_model(config, key, family_adapter(dm).family, native=native_spec(base),
                               state_dict=lambda: {k: raw(v) for k, v in host_tensors(dm).items()})
         cond = {k: v for k, v in inp.items() if k not in ("x", "timestep")}
         values = {"key": key, "structure": {"transformer_options": {}}, "sampler": "euler", "cfg_scale": 3.0,

@@ -18,7 +18,7 @@ def _forward(pool, config, key, base, inp, compile_spec):
     # which dynamo guards on - ComfyUI's own TorchCompileModel recompiles it at every step too
     native = native_spec(base)
     native = dict(native, attention="pytorch", comfy_args={**native["comfy_args"], "use_pytorch_cross_attention": True})
-    pool.ensure_model(config, key, family_adapter(dm).family, {}, native=native,
+    pool.ensure_model(config, key, family_adapter(dm).family, native=native,
                       state_dict=lambda: dict(dm.state_dict()))
     values = {"key": key, "structure": {"transformer_options": {}}}
     if compile_spec:

@@ -25,7 +25,7 @@ def _pool_forward(pool, config, key, base, inp):
     """pool_forward with NextDiT's plain-int `num_tokens` in the JSON part of the call, as the nodes send it."""
     from comfyui_hybrid_parallel.workers.bridge.spec import family_adapter, native_spec
     dm = base.diffusion_model
-    pool.ensure_model(config, key, family_adapter(dm).family, {}, native=native_spec(base),
+    pool.ensure_model(config, key, family_adapter(dm).family, native=native_spec(base),
                       state_dict=lambda: dict(dm.state_dict()))
     tensors = {k: v for k, v in inp.items() if isinstance(v, torch.Tensor)}
     structure = {"transformer_options": {}, **{k: v for k, v in inp.items() if k not in tensors}}

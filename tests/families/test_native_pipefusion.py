@@ -37,7 +37,7 @@ def _serial_loop(family, base, inp: dict, sigmas, noise, cfg_scale):
 def _pool_loop(pool, config, key, base, inp, sigmas, noise, cfg_scale, family="sd3"):
     from comfyui_hybrid_parallel.workers.bridge.spec import family_adapter, native_spec
     dm = base.diffusion_model
-    pool.ensure_model(config, key, family_adapter(dm).family, {}, native=native_spec(base),
+    pool.ensure_model(config, key, family_adapter(dm).family, native=native_spec(base),
                       state_dict=lambda: dict(dm.state_dict()))
     cond = {k: v for k, v in inp.items() if k not in ("x", "timestep")}
     values = {"key": key, "structure": {"transformer_options": {}}, "sampler": "euler", "cfg_scale": cfg_scale,

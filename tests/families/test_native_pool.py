@@ -123,7 +123,7 @@ def pool_forward(pool, config, key: str, base, inp: dict) -> torch.Tensor:
     dm = base.diffusion_model
     # the weights as Runtime.ensure_native sends them: as the layers hold them (not state_dict(), which ComfyUI's
     # mixed-precision ops write in their file form); a quantized weight as its inner tensors
-    pool.ensure_model(config, key, family_adapter(dm).family, {}, native=native_spec(base),
+    pool.ensure_model(config, key, family_adapter(dm).family, native=native_spec(base),
                       state_dict=lambda: {k: raw(v) for k, v in host_tensors(dm).items()})
     res = pool.submit(config, "forward", {"key": key, "structure": {"transformer_options": {}}}, dict(inp))
     return res.tensors["out"]
@@ -252,7 +252,7 @@ def test_ulysses_ranks_run_the_drivers_kernel(comfy, pool):
     config = ParallelConfig(ulysses_degree=2)
     base = load_model(comfy, "sd3", "fp32").model
     dm = base.diffusion_model
-    loaded = pool.ensure_model(config, "kernel:sd3", family_adapter(dm).family, {}, native=native_spec(base),
+    loaded = pool.ensure_model(config, "kernel:sd3", family_adapter(dm).family, native=native_spec(base),
                                state_dict=lambda: dict(dm.state_dict()))
     assert loaded["attention"] == name, (loaded, name)
     inp = inputs("sd3", base, seed=9, odd=True)
@@ -452,7 +452,7 @@ def test_a_method_change_on_the_same_ranks_gets_its_own_model(comfy, pool):
                           ({"ulysses_degree": 2}, "loop"),
                           ({"ulysses_degree": 2, "method": "distrifusion", "warmup_steps": 1}, "stale")):
         config = ParallelConfig(**degrees)
-        loads.append(pool.ensure_model(config, case.key, case.family, {}, native=case.spec("cpu"),
+        loads.append(pool.ensure_model(config, case.key, case.family, native=case.spec("cpu"),
                                        state_dict=lambda: dict(case.dm.state_dict()))["loaded"])
         run = m._run_loop if kind == "loop" else m._run_forward
         assert run(pool, config, case, m.Mesh("x", degrees, kind), "cpu")["rel"] <= 1e-5, degrees
@@ -502,12 +502,12 @@ def test_two_experts_and_a_vae_stay_resident_and_a_new_patch_version_replaces_th
         def load(key, base, lineage):
             from comfyui_hybrid_parallel.workers.bridge.spec import family_adapter, native_spec
             dm = base.diffusion_model
-            return pool.ensure_model(config, key, family_adapter(dm).family, {}, native=native_spec(base),
+            return pool.ensure_model(config, key, family_adapter(dm).family, native=native_spec(base),
                                      lineage=lineage, state_dict=lambda: dict(dm.state_dict()))["loaded"]
         loaded = []
         for _ in range(3):  # three prompts: high expert, low expert, decode
             loaded += [load("high:p0", high, "high"), load("low:p0", low, "low")]
-            loaded.append(pool.ensure_model(config, "vae", "vae_comfy", {}, native=native_vae_spec(vae),
+            loaded.append(pool.ensure_model(config, "vae", "vae_comfy", native=native_vae_spec(vae),
                                             state_dict=lambda: dict(vae.first_stage_model.state_dict()))["loaded"])
         assert loaded == [True] * 3 + [False] * 6
         assert load("high:p1", high, "high")  # the high expert with another LoRA strength

@@ -29,7 +29,7 @@ def _send(pool, config, key, base, inp):
     from comfyui_hybrid_parallel.workers.bridge.carry import call_options
     from comfyui_hybrid_parallel.workers.bridge.proxy import call_payload
     dm = base.diffusion_model
-    pool.ensure_model(config, key, family_adapter(dm).family, {}, native=native_spec(base),
+    pool.ensure_model(config, key, family_adapter(dm).family, native=native_spec(base),
                       state_dict=lambda: dict(dm.state_dict()))
     tensors, structure = call_payload(inp["context"], {k: v for k, v in inp.items()
                                                        if k not in ("x", "timestep", "context")})

@@ -60,7 +60,7 @@ def _pool(pool, config, key, base, inp, sigmas, noise, spec):  # noqa: F811
     from dataclasses import asdict
     from comfyui_hybrid_parallel.workers.bridge.spec import native_spec
     dm = base.diffusion_model
-    pool.ensure_model(config, key, "sd3", {}, native=native_spec(base), state_dict=lambda: dict(dm.state_dict()))
+    pool.ensure_model(config, key, "sd3", native=native_spec(base), state_dict=lambda: dict(dm.state_dict()))
     cond = {k: v for k, v in inp.items() if k not in ("x", "timestep")}
     values = {"key": key, "structure": {"transformer_options": {}}, "sampler": "euler", "cfg_scale": 3.0,
               "convention": _convention("sd3", sigmas)[1], "step_cache": asdict(spec)}

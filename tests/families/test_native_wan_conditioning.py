@@ -59,7 +59,7 @@ def _forward(pool, config, key, base, inp):
     from comfyui_hybrid_parallel.workers.bridge.proxy import call_payload
     from comfyui_hybrid_parallel.workers.bridge.loader_types import raw
     dm = base.diffusion_model
-    pool.ensure_model(config, key, family_adapter(dm).family, {}, native=native_spec(base),
+    pool.ensure_model(config, key, family_adapter(dm).family, native=native_spec(base),
                       state_dict=lambda: {k: raw(v) for k, v in host_tensors(dm).items()})
     tensors, structure = call_payload(None, {k: v for k, v in inp.items() if k not in ("x", "timestep")})
     tensors.update(x=inp["x"], timestep=inp["timestep"])

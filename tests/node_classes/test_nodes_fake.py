@@ -58,7 +58,7 @@ def test_idle_workers_exit_after_the_idle_timeout(monkeypatch):
     hp = _build(ulysses_degree=2)["result"][0]
     try:
         with rt.track("sample"):
-            rt.pool(hp).ensure_model(hp.config, "m|usp", "sd3", {}, state_dict={"w": torch.ones(2)})
+            rt.pool(hp).ensure_model(hp.config, "m|usp", "sd3", state_dict={"w": torch.ones(2)})
             pids = [h["pid"] for h in rt.pool(hp).health()]
             time.sleep(1.0)  # longer than the timeout, but a job runs: nothing stops
             assert rt._pool is not None and rt._pool.world is not None
@@ -76,7 +76,7 @@ def test_idle_workers_exit_after_the_idle_timeout(monkeypatch):
             else:
                 raise AssertionError(f"worker {pid} still runs after the idle timeout")
         with rt.track("sample"):
-            rt.pool(hp).ensure_model(hp.config, "m|usp", "sd3", {}, state_dict={"w": torch.ones(2)})
+            rt.pool(hp).ensure_model(hp.config, "m|usp", "sd3", state_dict={"w": torch.ones(2)})
         assert rt._pool is not None
     finally:
         monkeypatch.delenv("HP_IDLE_TIMEOUT_S")

@@ -164,7 +164,7 @@ def test_comfyuis_copy_and_the_workers_are_one_host_copy(tmp_path, ranks):
         ref = comfy_forward(base, inp)
         from comfyui_hybrid_parallel.workers.bridge.spec import family_adapter, native_spec
         with _Peak(files_prefix=pool.shm_prefix) as writing:  # ComfyUI's copy + the files, while they are written
-            pool.ensure_model(config, "medium", family_adapter(dm).family, {}, native=native_spec(base),
+            pool.ensure_model(config, "medium", family_adapter(dm).family, native=native_spec(base),
                               adopt=adopter(dm), state_dict=lambda: {k: v.detach() for k, v in dm.state_dict().items()})
         out = pool.submit(config, "forward", {"key": "medium", "structure": {"transformer_options": {}}},
                           dict(inp)).tensors["out"]

@@ -142,7 +142,7 @@ def test_bad_input_refused_before_work(pool):
     with pytest.raises(TypeError, match="torch.Tensor"):
         pool.submit(SP2, "echo", {}, {"x": [1, 2]})
     with pytest.raises(ValueError, match="unknown model family"):
-        pool.ensure_model(SP2, "k", "sdxl", {}, state_dict={})
+        pool.ensure_model(SP2, "k", "sdxl", state_dict={})
     with pytest.raises(ValueError, match="fake behaviour"):
         WorkerPool(fake="explode")
     assert pool.generation == gen and pool.submit(SP2, "steps", {"n": 1}).values["steps"] == 1
@@ -150,8 +150,8 @@ def test_bad_input_refused_before_work(pool):
 
 def test_residency_counter(pool):
     sd = {"w": torch.ones(3)}
-    first = pool.ensure_model(SP2, "m1", "flux", {}, state_dict=sd)
-    again = pool.ensure_model(SP2, "m1", "flux", {}, state_dict=sd)
+    first = pool.ensure_model(SP2, "m1", "flux", state_dict=sd)
+    again = pool.ensure_model(SP2, "m1", "flux", state_dict=sd)
     assert first["loaded"] and not again["loaded"] and again["loads"] == first["loads"]
 
 
@@ -230,7 +230,7 @@ def test_release_waits_for_a_health_query_holding_the_pool(pool):
     """ComfyUI's /free arriving while the panel's health query holds the pool still releases the models (it was
     lost when the unload gave up on a held lock at once: the CI's /free test, polled every 0.2 s, met it)."""
     pool.release_models()  # the module's pool: what earlier tests left resident
-    pool.ensure_model(SP2, "held", "flux", {}, state_dict={"w": torch.zeros(3)})
+    pool.ensure_model(SP2, "held", "flux", state_dict={"w": torch.zeros(3)})
     assert all("held" in h["resident"] for h in pool.health())
     holding = threading.Event()
 
@@ -494,6 +494,6 @@ def test_weights_written_ahead_survive_a_world_restart(pool, monkeypatch):
         kept.append((len(names), all(os.path.exists(os.path.join(shm_dir(), n)) for n in names)))
     monkeypatch.setattr(World, "teardown", checked)
     sd = {f"w{i}": torch.full((1000,), float(i)) for i in range(20)}
-    res = pool.ensure_model(ParallelConfig(ulysses_degree=2, cfg_degree=2), "ahead", "sd3", {}, state_dict=sd)
+    res = pool.ensure_model(ParallelConfig(ulysses_degree=2, cfg_degree=2), "ahead", "sd3", state_dict=sd)
     assert res["loaded"] and kept and kept[0] == (20, True), kept
     assert not pool._written and set(list_prefix(pool.shm_prefix)) <= pool.arena_files()

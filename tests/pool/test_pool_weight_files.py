@@ -36,7 +36,7 @@ def _load(pool, config, key, base, adopt=None):
     from comfyui_hybrid_parallel.workers.bridge.spec import family_adapter, host_tensors, native_spec
     from comfyui_hybrid_parallel.workers.bridge.loader_types import raw
     dm = base.diffusion_model
-    return pool.ensure_model(config, key, family_adapter(dm).family, {}, native=native_spec(base), adopt=adopt,
+    return pool.ensure_model(config, key, family_adapter(dm).family, native=native_spec(base), adopt=adopt,
                              state_dict=lambda: {k: raw(v) for k, v in host_tensors(dm).items()})
 
 

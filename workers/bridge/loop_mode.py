@@ -8,7 +8,7 @@ ComfyUI still does everything around the loop: noise,
 sigmas (scheduler, denoise), noise scaling, CFG setup and the final latent
 format. The loop itself is a ComfyUI *sampler object* (KSAMPLER) whose function
 (1) lets ComfyUI run its conditioning pipeline for one model call and captures
-the converted diffusers inputs at the diffusion model (instead of computing), then
+ComfyUI's own conditioning at the diffusion model (instead of computing), then
 (2) ships noise, sigmas and those inputs to the workers' `loop` job.
 """
 from __future__ import annotations
@@ -130,7 +130,7 @@ def make_loop_sampler(runtime, hp, state, sampler_name: str, cfg: float, patcher
         cap = _capture(model_k, x, sigmas, extra_args, state)
         if hp.config.pp_degree > 1:
             _check_pipefusion(hp, family_of_state(), cap, x)
-        inputs = {k: v for k, v in cap.inputs.items() if k not in ("hidden_states", "timestep", "return_dict")}
+        inputs = dict(cap.inputs)  # the call's conditioning (the loop supplies the latent and timestep)
         if cap.x_shape[1] > x.shape[1]:  # ComfyUI joined its concat conditioning (Wan image to video) to the latent:
             # the same every step, so it travels once and the workers join it to theirs before each model call
             inputs["c_concat"] = cap.x[:, x.shape[1]:].contiguous()

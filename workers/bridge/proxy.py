@@ -22,7 +22,7 @@ from .spec import NotCarried, check_diffusion_wrappers, diffusion_wrappers, runs
 
 
 class Captured(Exception):
-    """Raised by the proxy in capture mode: carries one call's diffusers inputs; nothing was computed."""
+    """Raised by the proxy in capture mode: carries one call's conditioning inputs; nothing was computed."""
 
     def __init__(self, inputs: dict, cond_or_uncond: list, x: torch.Tensor):
         super().__init__("captured")
@@ -252,7 +252,7 @@ def submit_once(pool, config, values: dict, tensors: dict, state: RunRecord, cha
 
 
 def _flatten(inputs: dict) -> dict:
-    """Tensors of the diffusers kwargs, nested dicts flattened as 'outer.inner'."""
+    """Tensors of the call's kwargs, nested dicts flattened as 'outer.inner'."""
     out = {}
     for k, v in inputs.items():
         if isinstance(v, dict):

@@ -50,9 +50,7 @@ def family_adapter(diffusion_model):
     """The family adapter of this ComfyUI diffusion model; `ANY` (CFG / data parallel only) where no adapter declares
     its class (check_any_model refuses the other methods for it)."""
     a = adapter_for(diffusion_model)
-    if a is None or not a.declares(type(diffusion_model)):  # (a diffusers class: not what the workers run)
-        return ANY
-    return a
+    return ANY if a is None else a
 
 
 def check_any_model(diffusion_model, hp) -> None:
