@@ -6,7 +6,8 @@ depth, PixArt's to 16, Flux's to 24). Each model is built on "meta" from the cla
 checkpoints' seeded values (doctor/tiny_weights.py: nothing left at zero), so every rank of a test world builds
 the same weights, and the inputs come from a generator seeded by the test: fresh, and the same on every rank.
 
-SD3's MMDiT ties heads to depth (hidden 64 per head): `heads` sets its depth. The others keep 16 per head.
+SD3's MMDiT ties its width to its heads (64 per head, `depth` in ComfyUI's terms; its block count is apart). The
+others keep 16 per head.
 """
 from __future__ import annotations
 
@@ -34,12 +35,11 @@ def _make(family: str, heads: int, ops, dtype, blocks: int):
                     depth_single_blocks=blocks - blocks // 2,
                     axes_dim=[4, 6, 6], theta=10000, patch_size=2, qkv_bias=True, guidance_embed=True,
                     operations=ops, device="meta", dtype=dtype, **detected(FluxParams, txt_ids_dims=[]))
-    if family == "sd3":  # SD3.5-style: qk norm and the image-only attn2 of every other block (heads = depth)
+    if family == "sd3":  # SD3.5-style: qk norm and the image-only attn2 of every other block
         from comfy.ldm.modules.diffusionmodules.mmdit import OpenAISignatureMMDITWrapper
-        if blocks != heads:
-            raise ValueError(f"ComfyUI's MMDiT has as many heads as blocks: asked {heads} heads, {blocks} blocks")
-        return OpenAISignatureMMDITWrapper(
-            in_channels=4, patch_size=2, out_channels=4, depth=heads, input_size=None, adm_in_channels=POOLED,
+        return OpenAISignatureMMDITWrapper(  # `depth` sets its heads and width (64 a head), num_blocks its blocks
+            in_channels=4, patch_size=2, out_channels=4, depth=heads, num_blocks=blocks, input_size=None,
+            adm_in_channels=POOLED,
             context_embedder_config={"target": "torch.nn.Linear",
                                      "params": {"in_features": CONTEXT, "out_features": 64 * heads}},
             num_patches=24 ** 2, pos_embed_max_size=24, qk_norm="rms",
@@ -59,10 +59,9 @@ def _make(family: str, heads: int, ops, dtype, blocks: int):
 
 
 def build(family: str, heads: int = HEADS, seed: int = 0, dtype=torch.float32, blocks: int | None = None):
-    """blocks: transformer blocks (Flux: half double, half single stream; SD3: must equal heads); default 2 (SD3:
-    heads)."""
+    """blocks: transformer blocks (Flux: half double, half single stream), 2 by default."""
     from comfyui_hybrid_parallel.doctor.tiny_weights import _random_state_dict
-    blocks = blocks or (heads if family == "sd3" else 2)
+    blocks = blocks or 2
     model = _make(family, heads, _classes(), dtype, blocks)
     kept = model.state_dict()  # each entry in the dtype the class gives it (Wan keeps its patch embedding fp32)
     values = _random_state_dict(model, seed, torch.float32)

@@ -1,4 +1,5 @@
-"""DistriFusion on ComfyUI's Flux, SD3, PixArt and Wan classes (tests/tiny_models.py): exact while synchronous, measurably stale afterwards, reset per run.
+"""DistriFusion on ComfyUI's Flux, SD3, PixArt and Wan classes (tests/tiny_models.py): exact while synchronous,
+measurably stale afterwards, reset per run.
 
 Every body runs a short Euler-like loop x <- x - dt * model(x, t) serially and
 in parallel on the same fresh random inputs, so staleness (which only exists

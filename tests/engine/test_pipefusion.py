@@ -1,6 +1,7 @@
-"""PipeFusion loop mode (gloo, CPU) on ComfyUI's own classes (tests/tiny_models.py, called as the workers call them): exact when every step is a warmup step, the exact stale-KV schedule
-otherwise (equal to its one-process emulation, measurably different from serial), samplers bit-identical
-to ComfyUI, clear errors for what cannot run, and a cancel that stops every stage at the same step."""
+"""PipeFusion loop mode (gloo, CPU) on ComfyUI's own classes (tests/tiny_models.py, called as the workers call
+them): exact when every step is a warmup step, the exact stale-KV schedule otherwise (equal to its one-process
+emulation, measurably different from serial), samplers bit-identical to ComfyUI, clear errors for what cannot run,
+and a cancel that stops every stage at the same step."""
 import copy
 
 import pytest
@@ -19,11 +20,11 @@ _models = {}
 
 
 def build_deep(family: str, dtype=torch.float32):
-    """Tiny ComfyUI models with 4 blocks (Flux: 2 double + 2 single; SD3: 4 heads, the image-only attn2 in blocks 0
+    """Tiny ComfyUI models with 4 blocks (Flux: 2 double + 2 single; SD3: the image-only attn2 in blocks 0
     and 2) so that pp=4 has a block per stage."""
     key = (family, dtype)
     if key not in _models:
-        _models[key] = tm.build(family, heads=4 if family == "sd3" else 2, seed=1, dtype=dtype, blocks=4)
+        _models[key] = tm.build(family, heads=2, seed=1, dtype=dtype, blocks=4)
     return _models[key]
 
 

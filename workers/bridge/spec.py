@@ -303,7 +303,7 @@ def check_declared(diffusion_model, config) -> None:
                a.comfy_plan.pipeline_refusal or "no pipeline stages are declared for it")
     if config.method == "distrifusion" and config.sp_degree > 1 and a.comfy_plan.distrifusion_refusal:
         refuse("DistriFusion (method distrifusion)", a.comfy_plan.distrifusion_refusal)
-    if config.tp_degree > 1 and a.comfy_plan.tp_layout() is None:
+    if config.tp_degree > 1 and a.comfy_plan.tp is None:
         refuse(f"tensor parallel (tp_degree={config.tp_degree})", a.comfy_plan.tp_refusal or
                "no shard layout is declared for it")
 
