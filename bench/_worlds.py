@@ -59,13 +59,7 @@ def context_for(config):
 def comfy_model(make, seed: int = 0):
     """`make(ops)` (ComfyUI's class built on device "meta" with those ops) given seeded values (nothing at zero), in
     eval mode on the CPU; ComfyUI set up first (a rank of a world imports it as a worker does: tests/comfy_env)."""
-    import torch
-    from comfyui_hybrid_parallel.doctor.tiny_weights import _random_state_dict
-    model = make(tiny_models._classes())
-    kept = model.state_dict()  # each entry in the dtype the class gives it
-    values = _random_state_dict(model, seed, torch.float32)
-    model.load_state_dict({k: v.to(kept[k].dtype) for k, v in values.items()}, assign=True)
-    return model.eval()
+    return tiny_models.seeded(make, seed)
 
 
 def mmdit(depth: int, blocks: int | None = None, in_channels: int = 16, context: int = 64, pooled: int = 32,

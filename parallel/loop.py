@@ -26,7 +26,8 @@ from .stepcache import StepCache, StepCacheSpec, cached_step
 
 def run_loop(model, inputs: dict, sigmas, noise: torch.Tensor, *, convention: Convention, sampler: str = "euler",
              forward: Callable, cfg_scale: Optional[float] = None, before_step: Optional[Callable] = None,
-             callback: Optional[Callable] = None, dtype: Optional[torch.dtype] = None, timestep_dtype: Optional[torch.dtype] = None,
+             callback: Optional[Callable] = None, dtype: Optional[torch.dtype] = None,
+             timestep_dtype: Optional[torch.dtype] = None,
              step_cache: Optional[StepCacheSpec] = None, agree: Optional[Callable] = None,
              cache_report: Optional[dict] = None) -> torch.Tensor:
     """Sample `noise` (the latent at sigmas[0]) down the sigmas; returns the final latent.

@@ -21,7 +21,8 @@ where DTensor would need every cast in ComfyUI's ops to understand sharding. The
   group (one small all-reduce of (B, L, 1)) - Megatron's treatment of a norm across a sharded width.
 * `Divide`: attributes that size a per-rank view (ComfyUI's `num_heads`, Flux's `hidden_size` used to
   split `linear1`'s output) are divided by the degree. A module that reads the width from its input instead
-  (ComfyUI's PixArt attention: `B, N, C = x.shape`) is shown its input with the local width (`input_width`: an alias whose `shape` reports C / n; its ops return plain tensors).
+  (ComfyUI's PixArt attention: `B, N, C = x.shape`) is shown its input with the local width (`input_width`: an
+  alias whose `shape` reports C / n; its ops return plain tensors).
 
 Quantized weights (ComfyUI's mixed-precision ops: a comfy-kitchen QuantizedTensor per weight) are split where the
 layout is tensorwise - one stored value per weight in the weight's own shape and a single scale (fp8 e4m3 / e5m2,

@@ -73,9 +73,9 @@ def setup_comfy() -> Path:
             # a rank of a gloo test world (tests/dist_harness.py) imports ComfyUI as a sequence-parallel worker does
             # (workers/bridge/build.import_comfy): its pytorch kernel, so that attention calls bypassing ComfyUI's
             # seam (PixArt's) are the F.scaled_dot_product_attention calls the plans intercept
+            from comfyui_hybrid_parallel.workers.bridge.build import _ATTENTION_FLAGS
             args.use_pytorch_cross_attention = True
-            for name in ("use_split_cross_attention", "use_quad_cross_attention", "use_sage_attention",
-                         "use_flash_attention"):
+            for name in _ATTENTION_FLAGS:
                 setattr(args, name, False)
     else:
         import comfy.model_management as mm

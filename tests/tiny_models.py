@@ -58,21 +58,27 @@ def _make(family: str, heads: int, ops, dtype, blocks: int):
     raise ValueError(family)
 
 
-def build(family: str, heads: int = HEADS, seed: int = 0, dtype=torch.float32, blocks: int | None = None):
-    """blocks: transformer blocks (Flux: half double, half single stream), 2 by default."""
+def seeded(make, seed: int = 0):
+    """`make(ops)` - ComfyUI's class built on "meta" with ComfyUI's ops - given the tiny checkpoints' seeded values,
+    each entry in the dtype the class gives it (Wan keeps its patch embedding fp32); in eval mode. The benches build
+    their bigger models through it too (bench/_worlds.py)."""
     from comfyui_hybrid_parallel.doctor.tiny_weights import _random_state_dict
-    blocks = blocks or 2
-    model = _make(family, heads, _classes(), dtype, blocks)
-    kept = model.state_dict()  # each entry in the dtype the class gives it (Wan keeps its patch embedding fp32)
+    model = make(_classes())
+    kept = model.state_dict()
     values = _random_state_dict(model, seed, torch.float32)
     model.load_state_dict({k: v.to(kept[k].dtype) for k, v in values.items()}, assign=True)
     return model.eval()
 
 
+def build(family: str, heads: int = HEADS, seed: int = 0, dtype=torch.float32, blocks: int | None = None):
+    """blocks: transformer blocks (Flux: half double, half single stream), 2 by default."""
+    return seeded(lambda ops: _make(family, heads, ops, dtype, blocks or 2), seed)
+
+
 def inputs(family: str, seed: int, batch: int = 1, h: int = 6, w: int = 5, text: int = 7, frames: int = 3,
            dtype=torch.float32) -> dict:
-    """The inputs of one forward of ComfyUI's class (x, timestep, the rest by its keyword). h, w: the latent's size (Flux: its token grid, the
-    latent being twice as tall and wide - Flux patches 2 x 2 inside the model; PixArt: even sides, their mean at
+    """The inputs of one forward of ComfyUI's class (x, timestep, the rest by its keyword). h, w: the latent's size
+    (Flux: its token grid, the latent being twice as tall and wide - Flux patches 2 x 2 inside the model; PixArt: even sides, their mean at
     least 33); frames: Wan's latent frames."""
     g = torch.Generator().manual_seed(seed)
 
@@ -96,12 +102,10 @@ def inputs(family: str, seed: int, batch: int = 1, h: int = 6, w: int = 5, text:
 
 
 def call(model, kw: dict) -> torch.Tensor:
-    """The model called as ComfyUI's BaseModel calls it, and the workers do (workers/bridge/build.call_native):
-    the latent and the timestep by position, the rest by name. The loops' `native_call`."""
-    rest = dict(kw)
-    x, t = rest.pop("x"), rest.pop("timestep")
-    rest.setdefault("transformer_options", {})
-    return model(x, t, **rest)
+    """The model called as the workers call it (workers/bridge/build.call_native: the latent and the timestep by
+    position, the rest by name), with ComfyUI's empty transformer_options. The loops' `native_call`."""
+    from comfyui_hybrid_parallel.workers.bridge.build import call_native
+    return call_native(model, {"transformer_options": {}, **kw})
 
 
 def forward(model, kw: dict) -> torch.Tensor:

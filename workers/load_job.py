@@ -104,7 +104,8 @@ def _sent_weights(payload: dict) -> dict:
 
 
 def _build_resident(state, ctx, payload: dict, weights: dict, patches) -> dict:
-    """Build the model (ComfyUI's VAE, or ComfyUI's own class with its ops) from `weights`, make it resident, and apply `patches` to it (the weights are then its base, kept for the next version)."""
+    """Build the model (ComfyUI's VAE, or ComfyUI's own class with its ops) from `weights`, make it resident, and
+    apply `patches` to it (the weights are then its base, kept for the next version)."""
     key, engine, native = payload["key"], state.engine, payload.get("native")
     if native and native.get("vae"):  # ComfyUI's own VAE, for Patch VAE Decode
         model, extra, kernel_name = build_native_vae(native, weights), {}, None

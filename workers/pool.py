@@ -327,8 +327,8 @@ class WorkerPool(JobCollection):
                      patches: tuple | None = None) -> dict:
         """Make a model resident on every worker; a key already resident costs one small round trip.
 
-        Weights come from `state_dict` (through shared memory); they travel only when the ranks' report says they must (workers/residency.py decides: touch, patch in place,
-        rebuild from kept weights, build). `state_dict` may be a callable returning the dict, so a caller only
+        Weights come from `state_dict` (through shared memory); they travel only when the ranks' report says they
+        must (workers/residency.py decides: touch, patch in place, rebuild from kept weights, build). `state_dict` may be a callable returning the dict, so a caller only
         converts weights when they must travel.
         `native`: the ComfyUI model spec (workers/bridge/spec.py): the workers build ComfyUI's own class (or VAE)
         with ComfyUI's ops and these weights (its state dict as ComfyUI holds it); fake workers need none.

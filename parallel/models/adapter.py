@@ -1,7 +1,8 @@
 """FamilyAdapter: everything the pack knows about one model family, in one object.
 
 Why one object: nodes, workers, benches and the mesh routes all ask family questions (which ComfyUI
-class is this, where is its sequence split, does PipeFusion or tensor parallel apply). Spread over tables in several packages those answers drifted; here each family module
+class is this, where is its sequence split, does PipeFusion or tensor parallel apply). Spread over tables in several
+packages those answers drifted; here each family module
 (parallel/models/<family>.py) declares one `ADAPTER` and everybody reads it. Names only: nothing
 here imports ComfyUI.
 """
