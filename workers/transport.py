@@ -163,8 +163,25 @@ def nbytes(tensors: dict) -> int:
     return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
-def write_tensor(t, prefix: str, name: str | None = None) -> dict:
-    """Copy `t` into a new shared-memory file; returns its descriptor (the caller owns the file).
+def lead_of(t) -> int:
+    """Where `t`'s bytes start within a 64-byte line (0 where that is no whole number of its elements, or off the
+    host): the bytes of padding its file starts with, so that a mapping of it starts where `t` does.
+
+    Why: a CPU matmul's rounding depends on where its operands start - MKL / oneDNN peel the elements before the
+    first aligned vector. ComfyUI's loader computes with tensors mapped from the checkpoint at the file's offsets
+    (an fp32 bias behind fp8 bytes starts 4 or 48 bytes into a line), so a page-aligned copy of them computed
+    KSampler's latent 2.8e-7 apart at cfg 1 on the tiny scaled-fp8 SD3 (int8 tensorwise 8.4e-4: a flipped int8
+    step). Mapped at the same offset within the line, the workers (and the driver's copy it adopts) compute
+    ComfyUI's bits."""
+    if t.device.type != "cpu" or t.numel() == 0:
+        return 0
+    lead = t.data_ptr() % ARENA_ALIGN
+    return lead if lead % t.element_size() == 0 else 0
+
+
+def write_tensor(t, prefix: str, name: str | None = None, lead: int = 0) -> dict:
+    """Copy `t` into a new shared-memory file; returns its descriptor (the caller owns the file). `lead`: bytes of
+    padding before the tensor's (`lead_of`), named in the descriptor where not 0.
 
     os.write rather than writing through a mapping: the kernel copies straight
     into the file's pages, without one page fault per 4 KiB in this process
@@ -180,9 +197,12 @@ def write_tensor(t, prefix: str, name: str | None = None) -> dict:
         return desc
     nbytes = t.numel() * t.element_size()
     view = _bytes_view(t.contiguous())
+    if lead:
+        desc["lead"] = lead
     for start in range(len(_dirs())):
-        name, fd = _create(prefix, nbytes, start=start, name=name)
+        name, fd = _create(prefix, lead + nbytes, start=start, name=name)
         try:
+            os.lseek(fd, lead, os.SEEK_SET)
             done = 0
             while done < len(view):
                 done += os.write(fd, view[done:])
@@ -326,12 +346,17 @@ def read_tensor(desc: dict, prefix: str, mapped: bool = False, unlink: bool = Fa
         _copy_bytes(_tensor_bytes(out), _np_bytes(buf, off, nbytes))
         return out
     path = _path(desc["name"], prefix)
-    if mapped:
+    lead = int(desc.get("lead", 0))
+    if mapped and lead:  # the file's first `lead` bytes are padding (write_tensor): the tensor starts as its source did
+        nbytes = numel * dtype.itemsize
+        t = torch.from_file(path, shared=shared, size=lead + nbytes, dtype=torch.uint8)[lead:].view(dtype).view(shape)
+    elif mapped:
         t = torch.from_file(path, shared=shared, size=numel, dtype=dtype).view(shape)
     else:
         t = torch.empty(shape, dtype=dtype)
         view, done = _bytes_view(t), 0
         with open(path, "rb", buffering=0) as f:
+            f.seek(lead)
             while done < len(view):
                 got = f.readinto(view[done:])
                 if not got:
@@ -378,7 +403,9 @@ def write_weights(sd: dict, prefix: str, written: set, adopt=None) -> dict:
     def write(k, box):
         name = new_name(prefix)
         written.add(name)
-        desc = write_tensor(box.pop(), prefix, name=name)  # the only reference, gone once written
+        t = box.pop()
+        desc = write_tensor(t, prefix, name=name, lead=lead_of(t))  # where ComfyUI's tensor starts in its line
+        del t  # the only reference, gone once written
         if adopt is not None and desc.get("name"):
             adopt(k, read_tensor(desc, prefix, mapped=True))
         return desc

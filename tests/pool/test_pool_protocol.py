@@ -154,3 +154,35 @@ def test_worker_with_another_protocol_version_is_named_at_startup(tmp_path):
         w.start(timeout_s=30)
     assert time.monotonic() - t0 < 20 and not w.alive()
     assert all(p.poll() is not None for p in w.procs)  # torn down, nothing left running
+
+
+def test_weights_are_mapped_where_their_source_starts_in_its_line():
+    """A weight's file keeps where its tensor starts within a 64-byte line (ComfyUI's loader maps a checkpoint's
+    tensors at the file's offsets, and a CPU matmul rounds by that start): mapped, copied or adopted, the bytes are
+    the tensor's, starting as it did; a start that is no whole number of elements is written from the line's start."""
+    from comfyui_hybrid_parallel.workers.transport import lead_of, write_weights
+    prefix = new_prefix()
+    line = torch.empty(4096, dtype=torch.uint8)
+    base = (-line.data_ptr()) % 64  # the first line's start in this buffer
+    g = torch.Generator().manual_seed(7)
+    sources = {}
+    for name, start, dtype in (("bias", 4, torch.float32), ("w", 48, torch.float32), ("h", 2, torch.bfloat16),
+                               ("aligned", 0, torch.float32), ("odd", 5, torch.float16), ("q", 3, torch.uint8)):
+        t = torch.frombuffer(line.numpy(), dtype=dtype, count=40, offset=base + 64 + start)
+        t.copy_(torch.randn(40, generator=g).to(dtype) if dtype.is_floating_point else torch.arange(40, dtype=dtype))
+        sources[name] = t.view(5, 8)
+    assert [lead_of(t) for t in sources.values()] == [4, 48, 2, 0, 0, 3]  # "odd": 5 bytes is no whole fp16
+    want = {k: v.clone() for k, v in sources.items()}
+    adopted, written = {}, set()
+    descs = write_weights(dict(sources), prefix, written, adopt=lambda k, t: adopted.__setitem__(k, t))
+    try:
+        for k, t in want.items():
+            d = descs[f"sd.{k}"]
+            mapped, copy = read_tensor(d, prefix, mapped=True), read_tensor(d, prefix)
+            start = {"odd": 0}.get(k, sources[k].data_ptr() % 64)
+            assert mapped.data_ptr() % 64 == start and adopted[k].data_ptr() % 64 == start, k
+            assert mapped.dtype == copy.dtype == t.dtype and mapped.shape == copy.shape == t.shape
+            assert torch.equal(mapped, t) and torch.equal(copy, t) and torch.equal(adopted[k], t), k
+    finally:
+        for d in descs.values():
+            unlink(d, prefix)
