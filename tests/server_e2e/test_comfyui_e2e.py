@@ -337,9 +337,11 @@ def test_bad_config_is_a_clear_error_and_the_next_prompt_works(server, reference
     _ok(server, server.run(_graph({"cfg_degree": 2}, "after_bad", steps=2)))
 
 
-# the 4-rank world (cfg 2 x ulysses 2) from here on: PipeFusion x ulysses and the noise mask follow on it
+# the 4-rank world (cfg 2 x ulysses 2) from here on: PipeFusion x ulysses and the noise mask follow on it. A multistep
+# sampler and a 2-evaluation one with img2img in CI; UniPC (multistep too) with the slow set
 @pytest.mark.parametrize("sampler, scheduler, denoise", [("dpmpp_2m", "karras", 1.0), ("heun", "simple", 0.6),
-                                                         ("uni_pc", "sgm_uniform", 1.0)])
+                                                         pytest.param("uni_pc", "sgm_uniform", 1.0,
+                                                                      marks=pytest.mark.slow)])
 def test_any_comfyui_sampler_in_step_mode(server, sampler, scheduler, denoise):
     """Step mode runs ComfyUI's own sampler: multistep, 2-evaluation and img2img (denoise < 1) included."""
     kw = dict(sampler=sampler, scheduler=scheduler, denoise=denoise, batch=2)
