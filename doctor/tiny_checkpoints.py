@@ -369,16 +369,30 @@ def write_cogvideox(path: Path, *, v15: bool = False, seed: int = 0,
     return _save(make, path, seed, dtype)
 
 
-def write_ernie(path: Path, *, num_layers: int = 1, seed: int = 0,
+# ERNIE-Image's sizes: ComfyUI 0.33's detection reads none (it returns {"image_model": "ernie"}, so the class's
+# defaults - width 4096, 36 layers, ~8B parameters - are built, and the layers a smaller file lacks stay uninitialised);
+# the tiny checkpoint carries them in its metadata under this key, which the tests' size shim (tests/hp_tiny_sizes)
+# hands to the class
+ERNIE_META = "hp_ernie_config"
+
+
+def write_ernie(path: Path, *, num_layers: int = 2, seed: int = 0,
                 dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
-    """ERNIE-Image: detection reads nothing but its presence, so the sizes are the class's (width 4096, 32 heads,
-    a 12288-wide feed-forward, 3072-wide text, 128-channel Flux.2 latents): one layer is ~0.35B parameters."""
+    """ERNIE-Image: width 256 in 2 heads of 128 (the class's head width: its RoPE axes are 32 + 48 + 48), a 512-wide
+    feed-forward, `num_layers` shared-AdaLN layers; the class's 3072-wide text input and 128-channel Flux.2 latents.
+    The sizes go in the metadata (ERNIE_META), which detection does not read."""
+    import json
+
     from comfy.ldm.ernie.model import ErnieImageModel
+    sizes = dict(hidden_size=256, num_attention_heads=2, num_layers=num_layers, ffn_hidden_size=512)
 
     def make():
-        return ErnieImageModel(num_layers=num_layers, operations=_ops(), device="meta")
+        return ErnieImageModel(**sizes, operations=_ops(), device="meta")
 
-    return _save(make, path, seed, dtype)
+    sd = _random_state_dict(make(), seed, dtype)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    save_file(sd, str(path), metadata={"format": "pt", ERNIE_META: json.dumps(sizes)})
+    return sd
 
 
 def write_lumina2(path: Path, *, z_image: bool = False, num_layers: int = 1, seed: int = 0,
@@ -436,7 +450,7 @@ def write_hunyuan_video(path: Path, *, version: str = "1.5", hidden: int = 256, 
 
 # HiDream-O1's sizes: ComfyUI 0.33's detection reads none (it returns {"image_model": "hidream_o1"}, so the class's
 # defaults - the Qwen3-VL-8B decoder and its vision tower, ~8.7B parameters - are built); the tiny checkpoint carries
-# the overrides in its metadata under this key, which the tests' size shim (tests/server_e2e/test_comfyui_hidream_o1.py) hands
+# the overrides in its metadata under this key, which the tests' size shim (tests/hp_tiny_sizes) hands
 # to the class as `text_config_overrides` / `vision_config_overrides`
 HIDREAM_O1_META = "hp_hidream_o1_config"
 

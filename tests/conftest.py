@@ -69,7 +69,7 @@ def server(tmp_path_factory):
     # the tests' GGUF loader node (ComfyUI-GGUF's contract; tests/server_e2e/test_comfyui_gguf.py)
     shutil.copytree(Path(__file__).parent / "hp_gguf_loader", base / "custom_nodes" / "hp_gguf_loader")
     # HiDream-O1's sizes from a tiny checkpoint's metadata (tests/server_e2e/test_comfyui_hidream_o1.py; inert else)
-    shutil.copytree(Path(__file__).parent / "hp_hidream_o1_sizes", base / "custom_nodes" / "hp_hidream_o1_sizes")
+    shutil.copytree(Path(__file__).parent / "hp_tiny_sizes", base / "custom_nodes" / "hp_tiny_sizes")
     for pack in third_party():  # the packs users chain (ComfyUI-GGUF, KJNodes), installed as users install them
         shutil.copytree(pack, base / "custom_nodes" / pack.name)
     write_checkpoints(base, ("sd3", "pixart", "wan"))

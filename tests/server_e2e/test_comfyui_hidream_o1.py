@@ -2,9 +2,9 @@
 
 ComfyUI's detection reads no HiDream-O1 sizes ({"image_model": "hidream_o1"}: the class's defaults, the 8.7B Qwen3-VL
 decoder and vision tower, which this CPU machine cannot hold four times). So the ComfyUI server carries a
-size shim (a custom node, tests/hp_hidream_o1_sizes): where detection says HiDream-O1 and the checkpoint's metadata holds the tiny
+size shim (a custom node, tests/hp_tiny_sizes): where detection says HiDream-O1 and the checkpoint's metadata holds the tiny
 sizes (doctor/tiny_checkpoints.write_hidream_o1), they go to the class as its `*_config_overrides`. The session's
-server carries it (tests/hp_hidream_o1_sizes, installed by conftest.server; inert for every other checkpoint). Everything else
+server carries it (tests/hp_tiny_sizes, installed by conftest.server; inert for every other checkpoint). Everything else
 is ComfyUI's own: CheckpointLoaderSimple (the tokenizer-only text encoder, the pixel-space "VAE"), CLIPTextEncode's
 token ids, `extra_conds` (position ids, `ar_len`, `vinput_mask`), the two-pass attention and its AR K/V cache (step 1
 fills it, step 2 reads it). The workers build the class from the driver's unet_config, sizes included.
