@@ -15,9 +15,10 @@ ever randomly initialised.
   into to_q/to_k/to_v), so what ComfyUI loads is bit for bit the state dict we drew. Its width is the main
   model's (64 * depth); it may have fewer joint blocks than the main model (ComfyUI repeats their outputs).
   The hint is VAE-encoded by ComfyUI (latent format SD3): apply it with a VAE.
-- Flux (`write_flux_controlnet`): the XLabs format, the one ComfyUI reads with no key conversion and no VAE
-  (detected by `controlnet_blocks.0.weight` + `double_blocks.0.img_attn.norm.key_norm.scale`): ComfyUI's
-  ControlNetFlux state dict as is. Flux detection forces hidden 3072 (24 heads, RoPE axes 16/56/56), so even
+- Flux (`write_flux_controlnet`): the XLabs format, the one ComfyUI reads with no VAE (detected by
+  `controlnet_blocks.0.weight` + `double_blocks.0.img_attn.norm.key_norm.scale`): ComfyUI's ControlNetFlux state
+  dict with the q / k norms under the file's `scale` (ComfyUI 0.33's module calls them `weight`, and renames them
+  back as it loads). Flux detection forces hidden 3072 (24 heads, RoPE axes 16/56/56), so even
   one double block is ~0.37B parameters (bf16 by default). Its pixel-space hint goes through three stride-2
   convs and the 2x2 patchify, so it needs an even latent (the InstantX format pads, but needs VAE encoding).
 
@@ -91,7 +92,9 @@ def write_flux_controlnet(path: Path, *, guidance: bool = True, depth: int = 1, 
     """An XLabs-format Flux.1 ControlNet (ComfyUI's ControlNetFlux keys) for the tiny Flux of
     tiny_checkpoints.write_flux (same text / pooled widths; `guidance` as the main model's dev/schnell).
     At least one double block: ComfyUI repeats the double-block outputs over Flux's 19 and divides by their
-    count."""
+    count. The q / k norms are written as XLabs' files hold them (`*_norm.scale`): ComfyUI detects the format by
+    that key and renames it to the module's `weight` as it loads (its Flux config's process_unet_state_dict);
+    returns the state dict as the module holds it."""
     from comfy.ldm.flux.controlnet import ControlNetFlux
     from comfy.ldm.flux.model import FluxParams
 
@@ -106,7 +109,11 @@ def write_flux_controlnet(path: Path, *, guidance: bool = True, depth: int = 1, 
                               guidance_embed=guidance, operations=_ops(), device="meta",
                               **detected(FluxParams, txt_ids_dims=[]))
 
-    return _save(make, path, seed, dtype)
+    sd = _random_state_dict(make(), seed, dtype)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    save_file({k[:-len(".weight")] + ".scale" if k.endswith("_norm.weight") else k: v for k, v in sd.items()},
+              str(path), metadata={"format": "pt"})
+    return sd
 
 
 def write_sd15_controlnet(path: Path, *, seed: int = 0, dtype: torch.dtype = torch.float16) -> dict[str, torch.Tensor]:
