@@ -389,10 +389,7 @@ def write_ernie(path: Path, *, num_layers: int = 2, seed: int = 0,
     def make():
         return ErnieImageModel(**sizes, operations=_ops(), device="meta")
 
-    sd = _random_state_dict(make(), seed, dtype)
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    save_file(sd, str(path), metadata={"format": "pt", ERNIE_META: json.dumps(sizes)})
-    return sd
+    return _save(make, path, seed, dtype, metadata={ERNIE_META: json.dumps(sizes)})
 
 
 def write_lumina2(path: Path, *, z_image: bool = False, num_layers: int = 1, seed: int = 0,
@@ -473,11 +470,8 @@ def write_hidream_o1(path: Path, *, layers: int = 2, seed: int = 0, dtype: torch
         return HiDreamO1Transformer(text_config_overrides=text, vision_config_overrides=vision,
                                     operations=_ops(), device="meta")
 
-    sd = _random_state_dict(make(), seed, dtype)
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    save_file({prefix + k: v for k, v in sd.items()}, str(path),
-              metadata={"format": "pt", HIDREAM_O1_META: json.dumps({"text": text, "vision": vision})})
-    return sd
+    return _save(make, path, seed, dtype, metadata={HIDREAM_O1_META: json.dumps({"text": text, "vision": vision})},
+                 file_key=lambda k: prefix + k)
 
 
 def _cosmos_predict2(cls, channels: int, blocks: int):

@@ -109,11 +109,8 @@ def write_flux_controlnet(path: Path, *, guidance: bool = True, depth: int = 1, 
                               guidance_embed=guidance, operations=_ops(), device="meta",
                               **detected(FluxParams, txt_ids_dims=[]))
 
-    sd = _random_state_dict(make(), seed, dtype)
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    save_file({k[:-len(".weight")] + ".scale" if k.endswith("_norm.weight") else k: v for k, v in sd.items()},
-              str(path), metadata={"format": "pt"})
-    return sd
+    return _save(make, path, seed, dtype,
+                 file_key=lambda k: k[:-len(".weight")] + ".scale" if k.endswith("_norm.weight") else k)
 
 
 def write_sd15_controlnet(path: Path, *, seed: int = 0, dtype: torch.dtype = torch.float16) -> dict[str, torch.Tensor]:

@@ -38,9 +38,12 @@ def _random_state_dict(module: torch.nn.Module, seed: int, dtype: torch.dtype,
 
 
 def _save(module_factory, path: Path, seed: int, dtype: torch.dtype,
-          meta_context: bool = False, device: str = "cpu") -> dict[str, torch.Tensor]:
+          meta_context: bool = False, device: str = "cpu", metadata: dict | None = None,
+          file_key=None) -> dict[str, torch.Tensor]:
     """Build on the meta device: DiT classes take device= (a global meta context would break their
-    `.item()` calls at init); the VAE classes take no device argument, so they need the context."""
+    `.item()` calls at init); the VAE classes take no device argument, so they need the context.
+    `metadata`: more of the file's metadata (sizes its detection does not read); `file_key(name)`: a tensor's name in
+    the file where the file form differs from the module's. Returns the state dict as the module holds it."""
     if meta_context:
         with torch.device("meta"):
             module = module_factory()
@@ -48,5 +51,6 @@ def _save(module_factory, path: Path, seed: int, dtype: torch.dtype,
         module = module_factory()
     sd = _random_state_dict(module, seed, dtype, device)
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    save_file(sd, str(path), metadata={"format": "pt"})
+    save_file(sd if file_key is None else {file_key(k): v for k, v in sd.items()}, str(path),
+              metadata={"format": "pt", **(metadata or {})})
     return sd
