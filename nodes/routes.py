@@ -18,6 +18,7 @@ import time
 
 from ..parallel.mesh import AXES, rank_coords, rank_groups
 from ..workers.bridge.classified import refused_in
+from ..workers.bridge.graph import on_each_prompt, server_routes
 from ..workers.forkserver import default_count
 from .config_node import MAX_LISTED_RANKS, ParallelConfigNode, check_hp_placement, check_placement, summary
 from .simple_node import ParallelGPUsNode
@@ -198,9 +199,8 @@ def register(server, runtime) -> None:
 
     from aiohttp import web
 
-    routes = server.routes
-    if hasattr(server, "add_on_prompt_handler"):
-        server.add_on_prompt_handler(warm_on_prompt(runtime))
+    routes = server_routes(server)
+    on_each_prompt(server, warm_on_prompt(runtime))
 
     @routes.get("/hybrid_parallel/mesh")
     async def mesh(request):

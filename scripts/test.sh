@@ -5,7 +5,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh || exit 1
 bash scripts/setup_comfyui.sh .venv >/dev/null || exit 1
-bash scripts/setup_thirdparty.sh .venv || exit 1  # ComfyUI-GGUF, KJNodes from ../shared/thirdparty (CI's)
+bash scripts/setup_thirdparty.sh .venv || exit 1  # real packs only with HP_THIRDPARTY_DIR (by hand)
 bash scripts/setup_browser.sh .venv || exit 1; export HP_REQUIRE_BROWSER=1  # browser tests fail, never skip, here
 MARK=()
 [ "${HP_FULL:-0}" = "1" ] || MARK=(-m "not slow")

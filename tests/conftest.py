@@ -11,7 +11,7 @@ for _folder in sorted(Path(__file__).resolve().parent.iterdir()):
     if _folder.is_dir() and any(_folder.glob("test_*.py")) and str(_folder) not in sys.path:
         sys.path.append(str(_folder))
 
-from comfy_server import ComfyServer, write_checkpoints
+from comfy_server import CountingServer, third_party, write_checkpoints  # noqa: F401 (third_party: the tests import it here)
 from dist_harness import DistPool
 
 # Every core, as users run ComfyUI: this process (ComfyUI's own forwards and KSampler runs here are the in-process
@@ -63,14 +63,14 @@ def server(tmp_path_factory):
     from comfy_env import setup_comfy
     comfy_dir = setup_comfy()
     base = tmp_path_factory.mktemp("comfy_base")
-    srv = ComfyServer(comfy_dir, base)  # on every core (OMP_NUM_THREADS above): KSampler's references ~1.6x faster
+    srv = CountingServer(comfy_dir, base)  # on every core (OMP_NUM_THREADS above): KSampler's references ~1.6x faster
     import shutil
     from pathlib import Path
     # the tests' GGUF loader node (ComfyUI-GGUF's contract; tests/server_e2e/test_comfyui_gguf.py)
     shutil.copytree(Path(__file__).parent / "hp_gguf_loader", base / "custom_nodes" / "hp_gguf_loader")
     # HiDream-O1's sizes from a tiny checkpoint's metadata (tests/server_e2e/test_comfyui_hidream_o1.py; inert else)
     shutil.copytree(Path(__file__).parent / "hp_tiny_sizes", base / "custom_nodes" / "hp_tiny_sizes")
-    for pack in third_party():  # the packs users chain (ComfyUI-GGUF, KJNodes), installed as users install them
+    for pack in third_party():  # the packs users chain (real ones by hand, else the tests' stand-ins of them)
         shutil.copytree(pack, base / "custom_nodes" / pack.name)
     write_checkpoints(base, ("sd3", "pixart", "wan"))
     from demo_model.workflow import install  # examples/ is on sys.path (comfy_server)
@@ -79,18 +79,6 @@ def server(tmp_path_factory):
     srv.start()
     yield srv
     srv.stop()
-
-
-def third_party() -> list:
-    """The third-party node packs the session's server loads: what scripts/setup_thirdparty.sh unpacked into the
-    venv from ../shared/thirdparty (CI), and a ComfyUI-GGUF checkout named by HP_COMFYUI_GGUF; none on a machine
-    without them (the tests' stand-ins cover those paths there)."""
-    import sys
-    from pathlib import Path
-    found = {p.name: p for p in sorted((Path(sys.prefix) / "thirdparty").glob("*")) if (p / "__init__.py").is_file()}
-    if os.environ.get("HP_COMFYUI_GGUF"):
-        found["ComfyUI-GGUF"] = Path(os.environ["HP_COMFYUI_GGUF"])
-    return list(found.values())
 
 
 def _write_tiny_lora(path):

@@ -33,7 +33,7 @@ def test_inventory_complete_on_this_comfyui():
     assert comfy_seams.missing() == []
     assert comfy_seams.problem_line() is None
     version = comfy_seams.comfyui_version()
-    assert version in comfy_seams.TESTED, f"ComfyUI {version} under test is not listed in comfy_seams.TESTED"
+    assert version in comfy_seams.TESTED + comfy_seams.EARLIER, f"ComfyUI {version} under test is not listed in comfy_seams.TESTED"
 
 
 def _module_and_path(dotted: str):
@@ -206,8 +206,8 @@ def test_the_object_protocol_and_markers_are_on_this_comfyui(monkeypatch):
     """Every attribute of ComfyUI's objects the bridge reads, and every private marker, is in the manifest and present
     (on the primary ComfyUI the optional ones too); one renamed is one line of the load check."""
     from comfyui_hybrid_parallel.workers.bridge import seams
-    gone = [p for a in seams.PROTOCOL for p in [seams._attr_problem(a)] if p and
-            (not a.optional or seams.comfyui_version() == seams.TESTED[0])]
+    gone = [p for a in seams.PROTOCOL if not a.server for p in [seams._attr_problem(a)] if p and
+            (not a.optional or seams.comfyui_version() == seams.TESTED[0])]  # (server ones: the server seams test)
     assert not gone, gone
     renamed = seams.Attr("comfy.model_patcher:ModelPatcher", "patches_uuid_v2", "a test")
     monkeypatch.setattr(seams, "PROTOCOL", seams.PROTOCOL + (renamed,))
@@ -258,3 +258,51 @@ def test_only_the_bridge_reads_comfyuis_objects():
     assert not outside, f"ComfyUI's objects read outside workers/bridge/: {outside}"
     inside = [r for f in sorted(BRIDGE.glob("*.py")) for r in _protocol_reads(f, names)]
     assert len(inside) > 30 and any(r.startswith("diffusion_model") for r in inside), inside
+
+
+SERVER_PROBE = r'''
+import json, re, sys
+sys.path.insert(0, sys.argv[1])
+from comfy_env import comfy_nodes, setup_comfy
+comfy_dir = setup_comfy()
+comfy_nodes(comfy_dir)
+import execution, server  # ComfyUI's own server side, as a running ComfyUI has it loaded
+from comfy_execution.utils import CurrentNodeContext
+from comfyui_hybrid_parallel.workers.bridge import graph, seams
+out = {"loaded": seams.server_loaded(), "missing": seams.missing()}
+# the running item as ComfyUI's server queues it (its post_prompt), read back by the pack's graph.executing()
+text = open(server.__file__, encoding="utf-8").read()
+put = re.search(r"prompt_queue\.put\(\((.*?)\)\)", text)
+out["put"] = put.group(1) if put else None
+class Stub:
+    def queue_updated(self): pass
+queue = execution.PromptQueue(Stub())
+prompt = {"7": {"class_type": "KSampler", "inputs": {"model": ["3", 0]}}, "3": {"class_type": "UNETLoader", "inputs": {}}}
+queue.put((0, "p1", prompt, {}, ["7"], {}))
+queue.get()
+server.PromptServer.instance = type("S", (), {"prompt_queue": queue})()
+with CurrentNodeContext("p1", "7"):
+    g = graph.executing()
+out["graph"] = [g.node_id, g.upstream()]
+print(json.dumps(out))
+'''
+
+
+def test_the_server_seams_and_the_running_prompt_layout():
+    """ComfyUI's server side (PromptServer's routes and prompt handler, the prompt queue's running items) is checked
+    where a server is loaded - here in a process that loads ComfyUI's server module, as a running ComfyUI has it - and
+    the layout the pack reads a running prompt in, (number, prompt_id, prompt, ...), is the one ComfyUI queues."""
+    import json
+    import subprocess
+    import sys
+    tests = str(Path(__file__).resolve().parents[1])
+    run = subprocess.run([sys.executable, "-c", SERVER_PROBE, tests], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    assert out["loaded"] and out["missing"] == [], out
+    assert out["put"] is not None and out["put"].split(",")[1].strip() == "prompt_id" and \
+        out["put"].split(",")[2].strip() == "prompt", out["put"]
+    assert out["graph"] == ["7", ["3"]], out
+    from comfyui_hybrid_parallel.workers.bridge import seams
+    assert {s.where for s in seams.SEAMS if s.server} >= {"server:PromptServer", "execution:PromptQueue",
+                                                           "server:PromptServer.add_on_prompt_handler"}

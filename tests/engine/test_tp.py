@@ -59,22 +59,44 @@ def _half_body(family, dtype_name, seed):
     ctx = context_for(ParallelConfig(tp_degree=2))
     model = tm.build(family, dtype=dtype)  # computes in bf16 / fp16 itself, as a GPU model does
     kw = tm.inputs(family, seed, batch=2, h=6, w=10, text=9, dtype=dtype)
+    seen = {}
+
+    def record(tag):  # the first row-sharded layer's input and output (the attention's output projection)
+        def hook(m, args, out):
+            seen.setdefault(tag, (args[0].detach().clone(), out.detach().clone()))
+        return hook
+    o = model.blocks[0].self_attn.o
+    handle = o.register_forward_hook(record("serial"))
     serial = tm.forward(model, kw)
+    handle.remove()
     parallelize(model, ctx)
+    handle = model.blocks[0].self_attn.o.register_forward_hook(record("tp"))
     par = tm.forward(model, kw)
+    handle.remove()
     assert par.dtype == serial.dtype == dtype
-    differ = (par != serial).float().mean().item()
-    return tm.rel_err(par.float(), serial.float()), differ
+    (x1, y1), (x2, y2) = seen["serial"], seen["tp"]
+    half = x1.shape[-1] // 2
+    same_input = torch.equal(x1[..., ctx.tp.rank * half:(ctx.tp.rank + 1) * half], x2)
+    layer = (y1 != y2).float().mean().item()
+    ulps = ((y1.float() - y2.float()).abs() / torch.finfo(dtype).eps / y1.float().abs().clamp_min(1e-3)).max().item()
+    return same_input, layer, ulps, tm.rel_err(par.float(), serial.float())
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_tp_sums_half_precision_partials_in_fp32(dist_pools, dtype):
     """A model computing in bf16 / fp16 (on a GPU): each rank's partial product keeps its fp32 accumulator and the
-    ranks' partials are summed in fp32, rounded once - as one device's GEMM rounds once, so TP 2 equals one device
-    bitwise here. Summing rounded partials in the model's dtype (an all-reduce of bf16 tensors) was 2.8e-3 (bf16)
-    / 4.1e-4 (fp16) away, with 46-51 % of the output elements different (measured on diffusers' Wan class)."""
+    ranks' partials are summed in fp32, rounded once - as one device's GEMM rounds its fp32 accumulator once. On the
+    first row-sharded layer (its input the same shard of one device's input) the output then differs from one
+    device's only where the two fp32 summation orders round apart: a rare element, by one unit in the last place.
+    Summing rounded partials in the model's dtype (an all-reduce of bf16 tensors) put 46-51 % of the output elements
+    2.8e-3 (bf16) / 4.1e-4 (fp16) away (measured on diffusers' Wan class). End to end the rare differences then
+    spread through the blocks (printed; bitwise on ComfyUI 0.33's tiny Wan, 2.6e-4 on 0.30's in fp16)."""
     res = dist_pools(2).run(_half_body, "wan", dtype, 5)
-    assert res[0] == (0.0, 0.0), res
+    same_input, layer, ulps, end = res[0]
+    print(f"TP 2 {dtype}: the first row-sharded layer differs in {layer:.2%} of its elements (at most {ulps:.1f} "
+          f"ulp); the whole forward {end:.2e} from one device")
+    assert same_input
+    assert layer <= 0.002 and ulps <= 1.01, (layer, ulps)
 
 
 def test_a_tp_slice_on_a_device_owns_its_storage():

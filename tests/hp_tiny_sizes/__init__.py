@@ -4,7 +4,9 @@ HiDream-O1 and ERNIE-Image: ComfyUI 0.33's detection returns only {"image_model"
 defaults (~8.7B and ~8B parameters) whatever the file holds - and its load is not strict: the layers a small file
 lacks stay uninitialised memory, which KSampler and the workers then compute with alike (NaN, or a result that
 depends on what the allocator reused). The tiny writers (doctor/tiny_checkpoints.py) put the sizes in the metadata;
-this shim hands them to the class, as the real checkpoints' sizes are the class's. Inert for every other checkpoint.
+this shim hands them to the class, as the real checkpoints' sizes are the class's. Cosmos Predict2 and Anima:
+ComfyUI 0.30's detection sets the block count only for the real widths (2048, 5120), so a tiny one gets the class's
+default ten blocks; the shim counts the file's, as 0.33's detection does. Inert for every other checkpoint.
 """
 import json
 
@@ -23,6 +25,8 @@ def detect_unet_config(state_dict, key_prefix, metadata=None):
         config = dict(config, text_config_overrides=sizes["text"], vision_config_overrides=sizes["vision"])
     elif config.get("image_model") == "ernie" and meta.get("hp_ernie_config"):
         config = dict(config, **json.loads(meta["hp_ernie_config"]))  # ErnieImageModel's own keyword arguments
+    elif config.get("image_model") in ("cosmos_predict2", "anima") and "num_blocks" not in config:
+        config = dict(config, num_blocks=md.count_blocks(state_dict, key_prefix + "blocks.{}."))
     return config
 
 

@@ -90,6 +90,13 @@ def class_of_origin(origin: str) -> str | None:
     return None
 
 
+def classes_of_module(origin: str) -> tuple:
+    """The node class types defined in the module of `origin` ("module:qualname"): where a replacement is a module's
+    own function (PuLID-Flux's `forward_orig`), not a node class's, the module's nodes are the ones that install it."""
+    module = origin.partition(":")[0]
+    return tuple(t for t, cls in node_classes().items() if module_name(getattr(cls, "__module__", "")) == module)
+
+
 def executing() -> Graph:
     """The prompt ComfyUI is executing in this thread and the node running now (ComfyUI's execution context and its
     queue's running items); an empty Graph outside a running ComfyUI server."""
@@ -114,3 +121,18 @@ def given(prompt, unique_id) -> Graph:
 def prompt_server():
     """ComfyUI's running PromptServer, or None outside a running server (pytest, a plain import of the pack)."""
     return getattr(getattr(sys.modules.get("server"), "PromptServer", None), "instance", None)
+
+
+def server_routes(server):
+    """PromptServer's aiohttp route table, which the pack's routes join (workers/bridge/seams.py: `routes`)."""
+    return server.routes
+
+
+def on_each_prompt(server, handler) -> bool:
+    """Have ComfyUI's server call `handler(json_data)` for each prompt queued (its on-prompt handlers); False where
+    this ComfyUI has none."""
+    add = getattr(server, "add_on_prompt_handler", None)
+    if add is None:
+        return False
+    add(handler)
+    return True

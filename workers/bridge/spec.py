@@ -38,6 +38,7 @@ from .host import comfy_gpus
 from .loader_types import (NotCarriable, describe, describe_operations, host_tensors as held, is_plain, nbytes,
                            quantized_tensors, raw, tensor_packages)
 from .sampling import DIFFUSION_MODEL, wrappers_of
+from .seams import has, import_class
 
 
 def diffusion_model_of(patcher):
@@ -73,6 +74,28 @@ def check_any_model(diffusion_model, hp) -> None:
                      f"{asked} cannot. Set ulysses/ring/tp/pp degrees to 1, shard_weights none and sampling_mode "
                      f"auto, and use cfg_degree 2 (cfg > 1 with a negative prompt) or dp_degree (batch > 1). "
                      f"Every method runs {supported_titles()}; to add an adapter for {name} see {RECIPE}")
+
+
+def check_attention_requests(diffusion_model) -> None:
+    """Refuse, before any worker starts, a checkpoint whose layers ask for an attention kernel of their own.
+
+    Why: newer ComfyUI (read in its 0.38-era attention.py, not run here) lets a checkpoint ask for comfy-kitchen's int8
+    attention per layer (`*.comfy_attention.config` tensors, loaded into a `ComfyAttention` module whose `function` is
+    the kernel where the device runs it), and drops that kernel whenever an attention override is set - the pack's
+    sequence-parallel seam. The request is no weight, so it does not travel either: KSampler would run the asked
+    kernel and the workers the default one. Where the driver's device cannot run it (`function` None) ComfyUI runs the
+    default kernel too, and so do the workers: nothing to refuse."""
+    where = "comfy.ldm.modules.attention:ComfyAttention"
+    if not has(where):
+        return
+    cls = import_class(where)  # (workers/bridge/seams.py lists it: optional, ComfyUI after 0.33)
+    asking = [n for n, m in diffusion_model.named_modules() if isinstance(m, cls) and getattr(m, "function", None)]
+    if asking:
+        kind = (getattr(dict(diffusion_model.named_modules())[asking[0]], "config", None) or {}).get("attention", "?")
+        raise NotCarried(f"this checkpoint asks for its own attention kernel ({kind!r}) in {len(asking)} layers "
+                         f"(e.g. {asking[0]}); the workers run ComfyUI's default kernel there, so the picture would "
+                         f"differ from KSampler's. Use a checkpoint without the attention request, or sample this "
+                         f"MODEL with KSampler on one device")
 
 
 def check_weights(diffusion_model) -> int:
