@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from .auto import guider_inputs, resolve_auto, warn_idle_cfg
 from ..workers.bridge.host import take_over_from_dynamic_vram
+from ..workers.bridge.fbcache import without_fbcache_wrapper
 from ..workers.bridge.sampling import APPLY_MODEL, OUTER_SAMPLE, add_wrapper
 from ..workers.bridge.graph import executing, given
 from ..workers.bridge.prepare import (WRAPPER_KEY, capture_run, check_latent, check_not_multigpu, check_not_on_pool, guider_run,
@@ -75,6 +76,7 @@ class ParallelModel:
                               model_options=model_options)
             chosen["run"] = pool_state(patcher, run_hp, cap)  # this run's record, from the guider's whole graph
             without_compile_wrapper(model_options=model_options)  # this run's
+            without_fbcache_wrapper(model_options=model_options)  # First Block Cache's rule runs on the workers
             take_over_from_dynamic_vram(patcher)  # before ComfyUI loads it: its DynamicVRAM copy leaves the GPU
             with runtime.track("sample"), runtime.quiet_driver(run_hp), patches_on_workers(patcher, chosen["run"]):
                 return executor(*args, **kwargs)

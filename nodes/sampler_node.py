@@ -10,6 +10,7 @@ from ..workers.bridge.graph import given
 from ..workers.bridge.host import take_over_from_dynamic_vram
 from ..workers.bridge.loop_mode import (check_loop_mode, check_loop_sampling, ksampler_latent, make_loop_sampler,
                                         uses_loop_mode)
+from ..workers.bridge.fbcache import without_fbcache_wrapper
 from ..workers.bridge.prepare import (WRAPPER_KEY, capture_run, check_latent, check_not_multigpu, check_not_on_pool,
                                       host_clone, patches_on_workers, pool_state, without_compile_wrapper)
 from ..workers.bridge.proxy import make_apply_model_wrapper
@@ -69,6 +70,7 @@ class HybridSampler:
                           conds={"positive": positive, "negative": negative})
         m = host_clone(model)  # ComfyUI's copy of the diffusion model stays on the host (see host_clone)
         without_compile_wrapper(m)  # the workers compile their own model (compile_spec)
+        without_fbcache_wrapper(m)  # the workers apply First Block Cache's rule (workers/bridge/fbcache.py)
         state = pool_state(model, hp, cap)
         check_latent(model, hp.config, tuple(latent_image["samples"].shape))
         # fits the devices? (the plan it checked is what the mesh picture shows: nodes/routes.py)

@@ -16,11 +16,13 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import torch
+import torch.distributed as dist
 
 from . import parallelize
 from .comm import any_rank
 from .context import world_axis
 from .distrifusion import distrifusion_state
+from .fbcache import FirstBlockRule, FirstBlockState, first_block_cache
 from .loop import run_loop
 from .models import ADAPTERS, ANY, plan_for
 from .pipefusion import eps, flow, run_pipefusion_loop
@@ -46,6 +48,13 @@ class Resident:
     compiled: dict = field(default_factory=dict)  # torch.compile options (JSON) -> the compiled model, built once
     patch_pages: dict = field(default_factory=dict)  # workers/bridge/patches.apply's record: keys the ranks map shared
     hooks: Optional[object] = None              # the per-call hook weights the worker applies (workers/bridge/carry.py)
+    first_block: Optional[tuple] = None         # (run, FirstBlockState): First Block Cache's state of the running run
+
+    def first_block_state(self, run) -> FirstBlockState:
+        """This run's First Block Cache state (a new run starts a new one: nothing of another prompt's cache)."""
+        if self.first_block is None or self.first_block[0] != run:
+            self.first_block = (run, FirstBlockState())
+        return self.first_block[1]
 
     def callable_for(self, compile_spec: Optional[dict]):
         """The model to call: itself, or - with ComfyUI's TorchCompileModel options - its torch.compile'd module,
@@ -175,6 +184,10 @@ class Engine:
         if ctx is not None and self._scoped(key, ctx) in self.models:
             return self._scoped(key, ctx)
         return key
+
+    def first_block_hits(self) -> int:
+        """Model calls whose other blocks First Block Cache skipped, over the resident models' running runs."""
+        return sum(r.first_block[1].skipped for r in self.models.values() if r.first_block is not None)
 
     def resident(self) -> list:
         """The keys of the resident models (as the driver named them, whatever mesh they were built for)."""
@@ -326,9 +339,11 @@ class Engine:
 
     # ---- compute ----
     def forward(self, key: str, ctx, kwargs: dict, *, call_index=None, conds=None,
-                before: Optional[Callable] = None, compile_spec: Optional[dict] = None) -> torch.Tensor:
+                before: Optional[Callable] = None, compile_spec: Optional[dict] = None,
+                first_block: Optional[dict] = None) -> torch.Tensor:
         """Step mode: the model on the full inputs; every rank returns the full output. `compile_spec`: ComfyUI's
-        TorchCompileModel options (the native model runs compiled: Resident.callable_for)."""
+        TorchCompileModel options (the native model runs compiled: Resident.callable_for). `first_block`: First
+        Block Cache's rule, the call's sigma and its run ({"rule", "sigma", "run"}: parallel/fbcache.py)."""
         r = self._diffusion_model(key, ctx)
         if ctx.config.pp_degree > 1:
             raise ValueError("PipeFusion (pp_degree > 1) runs the whole denoising loop in the workers "
@@ -340,11 +355,21 @@ class Engine:
             distrifusion_state(r.model).start_call(int(call_index), lane=tuple(conds or ()))
         if before is not None:
             before()
-        with torch.no_grad():
+        rule, state, sigma = None, None, None
+        if first_block:
+            rule, sigma = FirstBlockRule.from_message(first_block["rule"]), float(first_block["sigma"])
+            state = r.first_block_state(first_block.get("run"))
+            state.begin(kwargs["x"], sigma)
+        reduce = (lambda t: dist.all_reduce(t)) if ctx.world_size > 1 else None
+        with torch.no_grad(), first_block_cache(r.model, rule, state, reduce):
             if compile_spec:
                 with lenient():  # tests' strict mode: dynamo cannot trace its bookkeeping
-                    return r.native_call(r.callable_for(compile_spec), kwargs)
-            return r.native_call(r.model, kwargs)
+                    out = r.native_call(r.callable_for(compile_spec), kwargs)
+            else:
+                out = r.native_call(r.model, kwargs)
+        if state is not None:
+            state.end(kwargs["x"], sigma)
+        return out
 
     def loop(self, key: str, ctx, inputs: dict, sigmas, noise, *, convention: dict, sampler: str, cfg_scale=None,
              before_step: Optional[Callable] = None,

@@ -2,6 +2,7 @@
 family's workflow loads and the API prompts the end-to-end tests post."""
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -143,9 +144,75 @@ def on_pool(g: dict, degrees: dict, node: str = "model") -> dict:
     return g
 
 
+POOL_NODES = ("HybridSampler", "HybridParallelModel")
+SAMPLERS = ("KSampler", "KSamplerAdvanced", "SamplerCustom", "SamplerCustomAdvanced", "HybridSampler",
+            "HPTestTiledSampler")
+
+
+class CountingServer(ComfyServer):
+    """The test server, counting the diffusion-model calls the pool's workers served during each prompt (rank 0's
+    count, /hybrid_parallel/pool): `run` puts it in the history entry as "_hp_model_calls" (None where no pool
+    answered), and `assert_ok` checks it - a prompt through the pack's nodes whose sampler ran must have been served
+    by the workers (an equality test would otherwise also pass if the MODEL silently ran in ComfyUI's process), and
+    a prompt without them by none (KSampler's reference ran in ComfyUI's process)."""
+
+    def served(self):
+        """(rank 0's pid, its model calls so far), or None when no world is up."""
+        try:
+            workers = self.get("/hybrid_parallel/pool").get("workers") or []
+        except Exception:  # noqa: BLE001 - a server without the pack's routes
+            return None
+        w0 = next((w for w in workers if w.get("rank") == 0 and "model_calls" in w), None)
+        return None if w0 is None else (w0.get("pid"), int(w0["model_calls"]))
+
+    def run(self, graph: dict, timeout_s: float = 600.0) -> dict:
+        before = self.served()
+        entry = super().run(graph, timeout_s)
+        after = self.served()
+        if after is None:
+            calls = 0 if before is None else None  # no world now: none served (or it went down: unknown)
+        else:
+            calls = after[1] - before[1] if before is not None and before[0] == after[0] else after[1]
+        entry["_hp_model_calls"] = calls
+        entry["_hp_prompt"] = graph
+        return entry
+
+
+def _pool_sampling(entry) -> bool | None:
+    """Whether the prompt sampled through the pack's nodes: a Hybrid Sampler, or a sampler node downstream of a
+    Parallel Model, that ComfyUI executed (not served from its cache). None: the prompt is not known."""
+    prompt = entry.get("_hp_prompt")
+    if prompt is None:
+        return None
+    cached = set()
+    for kind, data in entry.get("status", {}).get("messages", []):
+        if kind == "execution_cached":
+            cached |= {str(n) for n in data.get("nodes", [])}
+
+    def upstream(nid, seen):
+        for v in (prompt.get(nid) or {}).get("inputs", {}).values():
+            if isinstance(v, list) and len(v) == 2 and str(v[0]) not in seen:
+                seen.add(str(v[0]))
+                upstream(str(v[0]), seen)
+        return seen
+    for nid, node in prompt.items():
+        if str(nid) in cached or node.get("class_type") not in SAMPLERS:
+            continue
+        if node["class_type"] == "HybridSampler" or any(
+                (prompt.get(u) or {}).get("class_type") == "HybridParallelModel" for u in upstream(str(nid), set())):
+            return True
+    return False
+
+
 def assert_ok(server, entry) -> None:
     assert "rejected" not in entry, entry
     assert entry["status"]["status_str"] == "success", (entry["status"], server.tail())
+    sampled, calls = _pool_sampling(entry), entry.get("_hp_model_calls")
+    if sampled and calls is not None:
+        assert calls > 0, "the prompt sampled through the pack's nodes, but the workers served no model call"
+    elif sampled is False and not any((n or {}).get("class_type") in POOL_NODES
+                                      for n in (entry.get("_hp_prompt") or {}).values()):
+        assert not calls, f"a prompt without the pack's nodes had the workers serve {calls} model calls"
 
 
 def error_text(entry) -> str:
@@ -306,3 +373,18 @@ def workflow(degrees, tag: str, width: int, height: int, steps: int = 3, cfg: fl
               "scheduler": scheduler, "positive": ["2", 0], "negative": ["3", 0], "latent_image": latent_image,
               "denoise": denoise}
     return sample_decode_save(g, common, degrees, tag, png)
+
+
+def third_party() -> list:
+    """The other packs' folders the session's server loads: real packs given by hand (what scripts/setup_thirdparty.sh
+    unpacked into the venv from HP_THIRDPARTY_DIR, a ComfyUI-GGUF checkout named by HP_COMFYUI_GGUF), and the tests'
+    stand-ins of the packs' mechanisms (tests/standins: CI's) for every pack not given for real."""
+    from comfyui_hybrid_parallel.workers.bridge.origin import pack_name
+    found = {p.name: p for p in sorted((Path(sys.prefix) / "thirdparty").glob("*")) if (p / "__init__.py").is_file()}
+    if os.environ.get("HP_COMFYUI_GGUF"):
+        found["ComfyUI-GGUF"] = Path(os.environ["HP_COMFYUI_GGUF"])
+    real = {pack_name(name) for name in found}
+    for stand_in in sorted((Path(__file__).parent / "standins").glob("*")):
+        if (stand_in / "__init__.py").is_file() and pack_name(stand_in.name) not in real:
+            found[stand_in.name] = stand_in
+    return list(found.values())

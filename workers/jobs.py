@@ -44,6 +44,7 @@ class WorkerState:
         self.run: JobRun | None = None
         self.call_inputs: dict | None = None  # the latest step-mode call's inputs that a run may reuse
         self.bypass = None  # ComfyUI's LoRA-bypass sets of the running run (workers/bridge/carry.py Bypass)
+        self.model_calls = 0  # diffusion-model calls this worker served (step-mode forwards, loop-mode steps)
 
     def stop_point(self, ctx) -> None:
         """Agree over the whole world whether the job was cancelled; raise Cancelled on every rank if so.
@@ -71,7 +72,8 @@ def job_health(state: WorkerState, ctx, payload: dict) -> dict:
             "resident": state.engine.resident(),
             "layouts": len(state.engine.models),  # resident models counting each mesh's layout of one key
             "evicted": list(state.engine.evicted),
-            "loads": state.engine.loads, "rss_bytes": _rss_bytes(), "comfy_imported": "comfy.model_management" in sys.modules,
+            "loads": state.engine.loads, "model_calls": state.model_calls,
+            "first_block_hits": state.engine.first_block_hits(), "rss_bytes": _rss_bytes(), "comfy_imported": "comfy.model_management" in sys.modules,
             "staged": _staged(), "speeds": ctx.speeds,
             # what this rank's allocator holds on its GPU (the session's "memory returned" reads it); None on a CPU
             "device_reserved_bytes": torch.cuda.memory_reserved(state.device) if state.device.type == "cuda" else None}
@@ -188,7 +190,10 @@ def job_forward(state: WorkerState, ctx, payload: dict) -> dict:
     with ObjectValues(r.model, payload.get("object_values")), _bypass(state, r.model, payload):
         out = state.engine.forward(key, ctx, kwargs, call_index=payload.get("call_index"), conds=payload.get("conds"),
                                    before=lambda: state.stop_point(ctx),
-                                   compile_spec=payload.get("compile"))
+                                   compile_spec=payload.get("compile"),
+                                   first_block=dict(payload["fbcache"], run=payload.get("run"))
+                                   if payload.get("fbcache") else None)
+    state.model_calls += 1
     if isinstance(out, (list, tuple)):  # a multi-stream model (MiniMax H3, LTX-2: video + audio): a tensor per stream
         reply = {**{f"out.{i}": t for i, t in enumerate(out)}, "out_streams": len(out), "parallelized": r.parallelized}
     else:
@@ -223,6 +228,7 @@ def job_loop(state: WorkerState, ctx, payload: dict) -> dict:
     inputs = {k: v for k, v in _inputs(state, payload).items() if k not in ("noise", "sigmas")}
 
     def progress(i, n, denoised):
+        state.model_calls += 1  # (a step of the workers' loop: one call per step, PipeFusion's patches counted once)
         desc = None
         if denoised is not None and payload.get("previews") and state.rank == 0:
             if state.preview_arenas is None:

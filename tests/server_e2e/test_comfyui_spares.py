@@ -8,7 +8,7 @@ import time
 import pytest
 from safetensors.torch import load_file
 
-from comfy_server import ComfyServer, workflow, write_checkpoints
+from comfy_server import CountingServer, workflow, write_checkpoints
 from comfyui_hybrid_parallel.workers.pool import WorkerPool
 from test_pool_orphans import _parent, _survivors
 
@@ -31,7 +31,7 @@ def test_the_first_world_forks_from_the_head_start_and_a_headless_prompt_starts_
     frontend, no /warm; the pool stopped meanwhile): ComfyUI's on-prompt handler starts the prompt's world the moment
     it is queued - before ComfyUI executes any node. Both results equal KSampler's."""
     from comfy_env import setup_comfy
-    srv = ComfyServer(setup_comfy(), tmp_path, spares=2)
+    srv = CountingServer(setup_comfy(), tmp_path, spares=2)
     write_checkpoints(tmp_path, ("sd3",))
     srv.start()
     try:
@@ -103,7 +103,7 @@ def test_a_headless_server_prestarts_the_world_of_its_prompt_file(tmp_path):
     prompt = workflow({"ulysses_degree": 2}, "u2", 104, 72)
     path = tmp_path / "my_prompt_api.json"
     path.write_text(json.dumps({"prompt": prompt}))  # the body the script posts
-    srv = ComfyServer(setup_comfy(), tmp_path / "base", spares=2, env={"HP_PRESTART": str(path)})
+    srv = CountingServer(setup_comfy(), tmp_path / "base", spares=2, env={"HP_PRESTART": str(path)})
     write_checkpoints(srv.base, ("sd3",))
     srv.start()
     try:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from . import known
 from .classified import unclassified
-from .graph import Graph, class_of_origin
+from .graph import Graph, class_of_origin, classes_of_module
 from .known import CARRIED, DRIVER, IGNORED, REFUSED, Rule
 from .origin import NotCarried, bypass_adapters, function_rule, origin_of  # noqa: F401 (NotCarried: re-exported)
 
@@ -72,6 +72,8 @@ def _creator(f: Found, graph: Graph) -> str:
     """The node(s) that added `f`: by the class whose code defined its function, else the classes known to add it,
     else every upstream node of an unclassified class."""
     classes = tuple(c for c in (class_of_origin(f.origin) if f.origin else None,) if c) + tuple(f.rule.nodes)
+    if not classes and f.origin:
+        classes = classes_of_module(f.origin)
     named = graph.name(classes) if classes else None
     if named:
         return named

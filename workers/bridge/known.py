@@ -102,12 +102,24 @@ FUNCTIONS = {
                                                 nodes=("FreeU",)),
     "comfy_extras.nodes_freelunch:FreeU_V2.": Rule(CARRIED, REFUSED, why=INSIDE_LOOP, fix=STEP_FIX, carry="closure",
                                                    nodes=("FreeU_V2",)),
+    # Comfy-WaveSpeed's First Block Cache: its model function wrapper runs in the driver around each pool call (its
+    # swap of ComfyUI's block list there is inert: that model does not run); the workers apply the node's rule to their
+    # model, decided alike on every rank (workers/bridge/fbcache.py, parallel/fbcache.py)
+    "custom_nodes.comfy-wavespeed.fbcache_nodes:ApplyFBCacheOnModel.": Rule(
+        CARRIED, REFUSED, why="the workers' own loop makes no model call through the node's wrapper", fix=STEP_FIX,
+        carry="fbcache", nodes=("ApplyFBCacheOnModel",)),
     "custom_nodes.kjnodes.nodes.model_optimization_nodes:ModelMemoryUseReportPatch.": Rule(
         DRIVER, DRIVER, nodes=("ModelMemoryUseReportPatch",)),  # logs the driver's memory use
     "custom_nodes.kjnodes.nodes.model_optimization_nodes:ModelPatchTorchSettings.": _refused(
         "it sets torch's matmul settings (fp16 accumulation) in ComfyUI's process only; the workers would compute "
         "without them", "ModelPatchTorchSettings"),
 }
+
+CACHE_DIT = ("it replaces the diffusion model's forward on ComfyUI's model object when sampling starts (cache-dit's "
+             "block adapter, or its own cache of whole calls), which the workers - who build their own model - never "
+             "run")
+CACHE_FIX = ("use Parallel Config's step_cache (EasyCache's rule on the workers), ComfyUI's EasyCache node or "
+             "Comfy-WaveSpeed's Apply First Block Cache (SD3/3.5), which the pack carries, and remove that node")
 
 # Wrappers by (ComfyUI's WrappersMP type, key); the pack's own key is never listed here (capture skips it).
 WRAPPERS = {
@@ -134,6 +146,13 @@ WRAPPERS = {
     ("outer_sample", "sampling_preview"): Rule(DRIVER, DRIVER, nodes=("LTX2SamplingPreviewOverride",)),
     ("prepare_sampling", "memory_usage_factor_adjust_prepare_sampling"): Rule(
         DRIVER, DRIVER, nodes=("ModelMemoryUsageFactorOverride",)),
+    # ComfyUI-CacheDiT: its OUTER_SAMPLE wrapper replaces the diffusion model's forward (cache-dit's BlockAdapter or
+    # its own whole-call cache) on ComfyUI's model object when sampling starts - which the workers never see - and its
+    # DIFFUSION_MODEL wrapper may add unseeded noise to cached outputs
+    ("outer_sample", "cache_dit_turbo"): _refused(CACHE_DIT, "CacheDiT_Model_Optimizer",
+                                                  fix=CACHE_FIX),
+    ("diffusion_model", "cache_dit_turbo"): _refused(CACHE_DIT, "CacheDiT_Model_Optimizer",
+                                                     fix=CACHE_FIX),
 }
 # where a wrapper's function must come from for its WRAPPERS rule to hold (else: refused)
 WRAPPER_ORIGINS = {("apply_model", "torch.compile"): "comfy_api.torch_helpers.torch_compile:"}
@@ -196,6 +215,7 @@ TRANSFORMER_OPTIONS = {
                              "would sample it as plain Wan 2.1, another algorithm"),
     # ComfyUI's per-run / per-call bookkeeping, read in the driver
     "sample_sigmas": Rule(IGNORED, IGNORED),
+    "cache_dit_turbo": _refused(CACHE_DIT, "CacheDiT_Model_Optimizer", fix=CACHE_FIX),
     "optimized_attention_override": _refused(
         "it swaps the attention function inside the model call in ComfyUI's process; the workers pick their kernel "
         "themselves", "ModelAttentionBackend", "NABLA_AttentionKJ", "PathchSageAttentionKJ",
@@ -249,3 +269,17 @@ COND_NODES = {  # the nodes known to set each cond entry (names the node of a re
 }
 GLIGEN = _refused("GLIGEN's position patch runs a model in ComfyUI's process inside the diffusion model",
                   "GLIGENTextBoxApply")
+
+# A model changed in place, outside ModelPatcher (workers/bridge/inplace.py): the workers build their own model from
+# ComfyUI's class and the weights, so a change made on ComfyUI's model object or code never reaches them
+IN_PLACE_MODEL = _refused("it changes ComfyUI's diffusion model in ComfyUI's process, outside ModelPatcher (a method "
+                          "or hook on the model, or ComfyUI's model code replaced); the workers build their own model "
+                          "from ComfyUI's class and the weights, without the change")
+IN_PLACE_STRUCTURE = _refused("it adds modules or weights to ComfyUI's diffusion model (or removes them) in ComfyUI's "
+                              "process; the workers build ComfyUI's class from the model's config, without them")
+IN_PLACE_ATTENTION = _refused("it swaps ComfyUI's attention function in ComfyUI's process; the workers pick their "
+                              "kernel themselves",
+                              fix="choose the kernel with ComfyUI's own --use-... flag (the workers run the kernel "
+                                  "ComfyUI picked), and remove that node")
+IN_PLACE_SAMPLER = Rule(DRIVER, REFUSED, why="it replaces ComfyUI's sampling code, which the workers' own loop stands "
+                                             "in for", fix=STEP_FIX)

@@ -11,13 +11,15 @@ from contextlib import contextmanager
 from ...parallel.models import adapter_for
 from .capture import capture
 from .carry import object_values
+from .fbcache import first_block_rule
+from .inplace import build_key, in_place_findings
 from .loader_types import NotCarriable, describe_patcher
 from .patches import NotPortable, encode
 from .residency import weights_key
 from .run_record import RunRecord
 from .sampling import APPLY_MODEL, wrappers_of
-from .spec import (NotCarried, check_any_model, check_declared, check_loader_methods, check_native_grid,
-                   check_native_pipefusion, check_native_tp, check_weights, native_spec)
+from .spec import (NotCarried, check_any_model, check_attention_requests, check_declared, check_loader_methods,
+                   check_native_grid, check_native_pipefusion, check_native_tp, check_weights, native_spec)
 
 WRAPPER_KEY = "comfyui_hybrid_parallel"  # the pack's own wrappers on a MODEL (capture.OWN_KEY says the same)
 
@@ -47,6 +49,7 @@ def host_clone(model):
     weights by that object - a LoRA strength change then moves only the patch. ComfyUI treats the two patchers as
     clones of one model (ModelPatcher.is_clone): loading either unloads the other, and they share the weights'
     backups, so each puts back what the other patched."""
+    check_clonable(model)
     if not is_dynamic(model):
         m = model.clone()
     else:
@@ -63,6 +66,31 @@ def host_clone(model):
         m = model.clone(disable_dynamic=True, model_override=model.get_clone_model_override())
     m.load_device = m.offload_device
     return m
+
+
+def check_clonable(model, base=None) -> None:
+    """Refuse, before any work, a loader's patcher that this ComfyUI cannot clone: ComfyUI after 0.33 builds the
+    clone as `type(model)(..., fast_disk=...)` (read in its model_patcher.py), which a subclass keeping the older
+    `__init__` (ComfyUI-GGUF's patcher, before it followed) rejects with a TypeError mid-prompt. `base`: ComfyUI's
+    ModelPatcher (a test's stand-in of the newer one)."""
+    import inspect
+    if base is None:
+        import comfy.model_patcher as mp
+        base = mp.ModelPatcher
+    cls = type(model)
+    if base not in cls.__mro__ or not any("__init__" in vars(c) for c in cls.__mro__[:cls.__mro__.index(base)]):
+        return  # ComfyUI's own patcher, or a subclass that keeps ComfyUI's __init__
+
+    def takes(fn) -> bool:
+        try:
+            params = inspect.signature(fn).parameters
+        except (TypeError, ValueError):
+            return True
+        return "fast_disk" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+    if takes(base.__init__) and not takes(cls.__init__):
+        raise NotCarried(f"this MODEL's patcher {cls.__name__} (from {cls.__module__}) cannot be cloned on this ComfyUI: "
+                         f"ComfyUI's clone() builds it with fast_disk=, which its __init__ does not take. Update the "
+                         f"pack of the loader that made it (ComfyUI itself fails to clone it in any node)")
 
 
 def check_not_on_pool(model, who: str) -> None:
@@ -143,6 +171,7 @@ def capture_run(model, hp, who: str, graph, mode: str | None = None, conds=None,
     mode = mode or ("loop" if hp.config.pp_degree > 1 or hp.mode == "loop" else "step")
     cap = capture(model, mode, model_options=model_options, conds=conds,
                   carried_options=adapter.carried_options if adapter is not None else ())
+    cap.found += in_place_findings(model.model, build_key(model.model))  # changed outside ModelPatcher
     cap.check(who, graph)
     return cap
 
@@ -162,6 +191,7 @@ def pool_state(model, hp, cap) -> RunRecord:
     # ComfyUI's own model on the workers; refused here, before any worker starts, if it cannot travel
     native = native_spec(model.model, compute_dtype=cast[-1] if cast else None)
     check_weights(model.model.diffusion_model)
+    check_attention_requests(model.model.diffusion_model)  # a checkpoint asking for its own kernel (newer ComfyUI)
     check_native_tp(model.model.diffusion_model, hp.config)
     check_loader_methods(model.model.diffusion_model, hp.config, patched=bool(model.patches))  # GGUF
     patches = portable_patches(model, hp.config)  # LoRA & co travel as patches where they can
@@ -170,9 +200,23 @@ def pool_state(model, hp, cap) -> RunRecord:
     record = RunRecord(key=f"native:{weights_key(model.model, model.patches, extra)}|{method}",
                        lineage=f"{model.model._hp_uid}|{method}", native=native, patches=patches, compile=compiled,
                        object_values=object_values(cap.carried("object_values")), hooks=bool(cap.carried("hooks")),
-                       bypass={k: v for f in cap.carried("bypass") for k, v in f.detail["adapters"].items()})
+                       bypass={k: v for f in cap.carried("bypass") for k, v in f.detail["adapters"].items()},
+                       fbcache=first_block(model, hp, cap, compiled))
     check_carried_calls(model, hp, cap, record)
     return record
+
+
+def first_block(model, hp, cap, compiled) -> dict | None:
+    """First Block Cache's rule for the workers (workers/bridge/fbcache.py), refused before any worker starts where
+    they cannot apply it exactly; None without the node."""
+    found = cap.carried("fbcache")
+    if not found:
+        return None
+    try:
+        return first_block_rule(found[-1].detail["function"], model.model.diffusion_model, hp.config,
+                                compiled=bool(compiled)).message()
+    except NotCarried as e:
+        raise NotCarried(f"{cap.creator(found[-1])}: {e}") from None
 
 
 def check_carried_calls(model, hp, cap, state) -> None:

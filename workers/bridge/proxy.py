@@ -14,6 +14,7 @@ import torch
 from ...parallel.models import adapter_for
 from ..pool import JobCancelled
 from .carry import bypass_call, call_options, hook_call, skipped_blocks
+from .fbcache import call_sigma
 from .prepare import split_blocks
 from .residency import unhooked
 from .run_record import RunRecord
@@ -106,6 +107,11 @@ class PoolDiffusionModel(torch.nn.Module):
             values["conds"] = list(which)  # which conditionings this call holds: DistriFusion's lane
         if st.compile:
             values["compile"] = st.compile
+        if st.fbcache:  # First Block Cache: its rule and this call's sigma (what the node compares)
+            sigma = call_sigma(transformer_options)
+            if sigma is None:
+                raise NotCarried("First Block Cache needs the call's sigma, which ComfyUI did not hand this model call")
+            values["fbcache"] = {"rule": st.fbcache, "sigma": sigma}
         self._ensure_resident()
         st.calls += 1
         res = submit_once(self.runtime.pool(self.hp), self.hp.config, values, tensors, st, tuple(changing))

@@ -22,6 +22,7 @@ class RunRecord:
     object_values: dict | None = None  # plain object patches that travel with each call
     hooks: bool = False            # hook LoRAs: each call's hook group travels (carry.hook_call)
     bypass: dict = field(default_factory=dict)  # LoRA bypass adapters, injected around each call on the ranks
+    fbcache: dict | None = None    # First Block Cache's rule (parallel/fbcache.FirstBlockRule), applied by the ranks
     # what the run does as it goes
     calls: int = 0                 # model calls so far (the workers' call index)
     resident: bool = False         # the weights are on the workers for this run
