@@ -27,6 +27,8 @@ OUTPUTS = ("MODEL", "GUIDER", "CONDITIONING")
 FIRST_FAMILY = {"UNetCrossAttentionMultiply": "sd15", "UNetSelfAttentionMultiply": "sd15",
                 "UNetTemporalAttentionMultiply": "sd15", "FreeU": "sd15", "FreeU_V2": "sd15",
                 "PerturbedAttentionGuidance": "sd15", "SelfAttentionGuidance": "sd15"}
+# widgets whose default leaves the node a no-op (it returns its MODEL as it came): the value the probe runs it with
+NOT_DEFAULT = {"ApplyFBCacheOnModel": {"residual_diff_threshold": 0.12}}
 CTX = {"sd3": 32, "wan": 4096, "sd15": 768, "ltxv": 4096}
 LATENT = {"sd3": (1, 16, 8, 8), "wan": (1, 16, 2, 8, 8), "sd15": (1, 4, 8, 8), "ltxv": (1, 128, 2, 2, 2)}
 
@@ -222,6 +224,9 @@ def build(cls, inputs: Inputs, family: str):
         d, _, _ = _io.get_finalized_class_inputs(d, live)
     for name, spec in (d.get("required") or {}).items():
         if name in live:
+            continue
+        if name in NOT_DEFAULT.get(cls.__name__, {}):
+            live[name] = NOT_DEFAULT[cls.__name__][name]
             continue
         t = spec[0] if isinstance(spec, (list, tuple)) and spec else spec
         opts = spec[1] if isinstance(spec, (list, tuple)) and len(spec) > 1 and isinstance(spec[1], dict) else {}

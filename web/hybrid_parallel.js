@@ -92,17 +92,27 @@ function attachMesh(node) {
   });
   widget.serialize = false; // a picture, not an input: keep it out of widgets_values and the prompt
 
+  // Where the picture shows. Frontend 1.47's Vue nodes (ComfyUI 0.30), loading an API workflow, build the node twice
+  // and keep showing the first node's picture element in the component of the second, whose widgets are the live
+  // ones: that element (this node's id, not ours) is drawn into as well, so the picture follows the widgets there too.
+  const shown = () => {
+    if (root.isConnected) return root;
+    const twin = document.querySelector(`[data-node-id="${node.id}"] .hp-mesh`);
+    return twin && twin !== root ? twin : root;
+  };
+
   // Grow the node to the picture: measured, since the layout depends on degrees, fonts and wrapping.
   // A ResizeObserver also catches the first layout of a node that was off screen when it was drawn.
   function fit() {
-    const inner = root.firstElementChild;
+    const el = shown();
+    const inner = el.firstElementChild;
     if (!inner || !inner.offsetHeight) return; // hidden (off screen, collapsed): keep the last size
     const h = inner.offsetHeight + 2 * MARGIN + 2;
     let w = inner.scrollWidth + 2 * MARGIN + 4;
     // Vue nodes (the frontend's "Nodes 2.0") pad their body: the picture gets less than the node's width minus the
     // margins, so the node grows by what the picture still lacks (the observer sees the picture's box resized)
-    if (root.clientWidth && inner.scrollWidth > root.clientWidth) {
-      w = Math.max(w, node.size[0] + inner.scrollWidth - root.clientWidth + 2);
+    if (el.clientWidth && inner.scrollWidth > el.clientWidth) {
+      w = Math.max(w, node.size[0] + inner.scrollWidth - el.clientWidth + 2);
     }
     if (h === height && w <= node.size[0]) return;
     height = h;
@@ -113,19 +123,21 @@ function attachMesh(node) {
   const observer = new ResizeObserver(() => fit());
   mesh.observe = () => {
     observer.disconnect();
-    observer.observe(root);
-    if (root.firstElementChild) observer.observe(root.firstElementChild);
+    const el = shown();
+    observer.observe(el);
+    if (el.firstElementChild) observer.observe(el.firstElementChild);
   };
   mesh.disconnect = () => observer.disconnect();
 
   function draw() {
     // mesh.colorBy is the user's pick only: the default follows the degrees (innermost split axis)
-    renderMesh(root, mesh.payload, mesh.colorBy, (axis) => {
+    const pick = (axis) => {
       mesh.colorBy = axis;
       node.properties = node.properties || {};
       node.properties.hp_color_by = axis;
       draw();
-    });
+    };
+    for (const el of new Set([root, shown()])) renderMesh(el, mesh.payload, mesh.colorBy, pick);
     mesh.observe();
     requestAnimationFrame(fit);
   }

@@ -50,8 +50,12 @@ for (const [name, value] of Object.entries(arguments[0])) {
   w.setValue(value, { node, canvas: app.canvas });  // what a click or a typed value does
 }"""
 SETTLED = APP + "return !!node?.hpMesh && !node.hpMesh.pending && node.hpMesh.payload !== null;"
-READ = APP + """
-const root = node.widgets.find((w) => w.name === 'mesh_picture').element;
+# the picture shown in the node's Vue component: the widget's element, or (frontend 1.47, an API workflow loaded: the
+# node built twice) the first build's element in the same component, drawn alike (web/hybrid_parallel.js `shown`)
+SHOWN = """const el = node.widgets.find((w) => w.name === 'mesh_picture').element;
+const shown = el.isConnected ? el : document.querySelector(`[data-node-id="${node.id}"] .hp-mesh`);"""
+READ = APP + SHOWN + """
+const root = shown || el;
 const cells = [...root.querySelectorAll('.hp-cell')].map((c) => {
   const group = {};
   for (const [k, v] of Object.entries(c.dataset)) if (k.startsWith('group')) group[k.slice(5).toLowerCase()] = +v;
@@ -357,10 +361,11 @@ SETTING = """const [id, value, done] = arguments;
 window.comfyAPI.app.app.extensionManager.setting.set(id, value).then(() => done(true), (e) => done(String(e)));"""
 LOAD_API = """const [api, name, done] = arguments;
 Promise.resolve(window.comfyAPI.app.app.loadApiJson(api, name)).then(() => done(true), (e) => done(String(e)));"""
-IN_VUE_NODE = APP + """const el = node.widgets.find((w) => w.name === 'mesh_picture').element;
-return el.closest('[data-node-id]')?.dataset.nodeId === String(node.id) && el.offsetParent !== null;"""
-FITS = APP + """const root = node.widgets.find((w) => w.name === 'mesh_picture').element;
-return [root.firstElementChild.scrollWidth, root.clientWidth];"""
+IN_VUE_NODE = APP + SHOWN + """
+return !!shown && shown.closest('[data-node-id]')?.dataset.nodeId === String(node.id) && shown.offsetParent !== null
+  && shown.innerHTML === el.innerHTML;"""
+FITS = APP + SHOWN + """
+return [shown.firstElementChild.scrollWidth, shown.clientWidth];"""
 
 
 def _setting(page, key, value, mode=None):
