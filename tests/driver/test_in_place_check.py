@@ -81,6 +81,10 @@ def test_each_in_place_change_is_found(sd3, monkeypatch):
         found = _findings(sd3)
         assert any("attention.optimized_attention replaced" in f for f in found), found
         assert any("comfy.samplers.sample replaced" in f for f in found), found
+    qkv = dm.joint_blocks[0].x_block.attn.qkv  # ComfyUI's own code on a layer (its LoRA bypass injection does this)
+    qkv.forward = types.MethodType(type(qkv).forward_comfy_cast_weights, qkv)
+    assert _findings(sd3) == []
+    del qkv.forward
     handle = dm.register_forward_hook(_replacement)
     assert any("a torch hook" in f for f in _findings(sd3))
     handle.remove()

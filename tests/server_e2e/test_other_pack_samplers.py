@@ -44,3 +44,25 @@ def test_tiled_samplings_through_parallel_model_equal_the_graph_without_it(serve
         if mesh == "d1":
             assert torch.equal(got, ref), err
         assert err <= 1e-5, (mesh, err)
+
+
+def test_a_device_choosing_loader_in_front_of_parallel_model(server):
+    """ComfyUI-MultiGPU's kind of loader (tests/standins/ComfyUI-MultiGPU: a device chosen for ComfyUI's copy, and
+    ComfyUI's device function wrapped at import) in front of Parallel Model: the model it loads runs on the pool and
+    equals KSampler on the same loader - a loader placing weights and this pack splitting the work combine."""
+    def graph(tag, degrees=None):
+        g = workflow(None, tag, W, H, steps=STEPS)
+        for k in ("7", "8", "11"):
+            g.pop(k, None)
+        g["1"] = {"class_type": "UNETLoaderMultiGPU", "inputs": {**g["1"]["inputs"], "device": "cpu"}}
+        if degrees is not None:
+            g["5"]["inputs"]["model"] = parallel_model(g, degrees)
+        return g
+    assert_ok(server, server.run(graph("multigpu_ref")))
+    ref = latent(server, "multigpu_ref")
+    for mesh, degrees in (("u2", {"ulysses_degree": 2}), ("cfg2", {"cfg_degree": 2})):
+        entry = server.run(graph(f"multigpu_{mesh}", degrees))
+        assert_ok(server, entry)
+        err = rel(latent(server, f"multigpu_{mesh}"), ref)
+        print(f"UNETLoaderMultiGPU -> Parallel Model {mesh}: {err:.2e} from KSampler, {entry['_hp_model_calls']} calls")
+        assert err <= 1e-5, (mesh, err)

@@ -138,6 +138,7 @@ NODES: dict = {
     # packs the tests stand in for (tests/standins; their mechanisms read in the real packs' code)
     "ApplyFBCacheOnModel": CARRIED,       # Comfy-WaveSpeed: the workers apply First Block Cache's rule (SD3/3.5)
     "CacheDiT_Model_Optimizer": REFUSED,  # ComfyUI-CacheDiT: replaces the model's forward when sampling starts
+    "UNETLoaderMultiGPU": PLAIN,          # ComfyUI-MultiGPU: ComfyUI's loader on a chosen device
     **{k: CARRIED for k in BY_FAMILY},
     # not probed (UNPROBED says why): classified from their code
     **{k: v for k, (v, _) in UNPROBED.items()},

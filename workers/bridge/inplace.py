@@ -7,8 +7,8 @@ code module-wide, other packs replace a method on ComfyUI's class. Under KSample
 were silently absent (2.6e-2 from KSampler, the node's whole effect). ModelPatcher's channels are the capture's
 (capture.py); this module reads the model object and ComfyUI's code:
 
-- instance: a module of the diffusion model (or the BaseModel) holding a callable in its own `__dict__` - one that
-  shadows its class, or code from outside ComfyUI - or a torch forward / pre-forward hook from outside ComfyUI;
+- instance: a module of the diffusion model (or the BaseModel) holding a callable from outside ComfyUI in its own
+  `__dict__` (a method replaced on the instance, a function put there), or such a torch forward / pre-forward hook;
 - structure: the submodules (and, where the layer class is the one the workers build, the parameters and buffers)
   differ from those of ComfyUI's class built from the model's config, as the workers build it (an added `pulid_ca`
   is a refusal, not a silently dropped key);
@@ -146,26 +146,22 @@ def _found(what: str, org: str, rule):
 
 
 # ---- instance ----
-def instance_findings(base_model, reader: Reader, built: dict | None = None) -> list:
-    """Callables and torch hooks a node put on the modules of `base_model` (the BaseModel and its diffusion model).
-    `built`: the structure of the workers' model (`_built_structure`): a callable ComfyUI's own class puts on its
-    instance there too is not a change."""
+def instance_findings(base_model, reader: Reader) -> list:
+    """Callables and torch hooks from outside ComfyUI that a node put on the modules of `base_model` (the BaseModel
+    and its diffusion model). ComfyUI's own code on an instance is ModelPatcher's doing (its LoRA bypass injection
+    replaces a layer's `forward` with its own hook while it is injected): a channel the capture reads, not a change
+    made in place."""
     out = []
     for path, m in base_model.named_modules():
         where = f"{type(m).__name__}" + (f" '{path}'" if path else "")
         cls = type(m)
-        inner = path.partition("diffusion_model.")[2] if path.startswith("diffusion_model.") else \
-            ("" if path == "diffusion_model" else None)
-        own = (built or {}).get(inner, (None, (), ()))[2] if inner is not None else ()
         for name, value in vars(m).items():
             if name.startswith("_") or not callable(value) or isinstance(value, type) or _module_or_tensor(value):
                 continue
-            shadow = getattr(cls, name, None)
             bad = reader.foreign(value)
-            replaced = callable(shadow) and getattr(value, "__func__", None) is not shadow and name not in own
-            if bad is not None or replaced:
-                fn = bad or value
-                out.append(_found(f"'{name}' replaced on the model's {where} ({origin(fn)})", origin(fn),
+            if bad is not None:
+                what = "replaced" if callable(getattr(cls, name, None)) else "put"
+                out.append(_found(f"'{name}' {what} on the model's {where} ({origin(bad)})", origin(bad),
                                   IN_PLACE_MODEL))
         for slot in HOOK_SLOTS:
             for hook in (getattr(m, slot, None) or {}).values():
@@ -189,9 +185,8 @@ def _module_or_tensor(value) -> bool:
 # ---- structure ----
 @functools.lru_cache(maxsize=32)
 def _built_structure(module: str, cls_name: str, config_json: str) -> dict:
-    """{submodule path: (class, sorted tensor names, callables on the instance)} of ComfyUI's class built on the meta
-    device from its config, with ComfyUI's plain operations: what the workers' model holds (cached per class and
-    config)."""
+    """{submodule path: (class, sorted tensor names)} of ComfyUI's class built on the meta device from its config,
+    with ComfyUI's plain operations: what the workers' model holds (cached per class and config)."""
     import importlib
 
     import comfy.ops  # lazy: ComfyUI (the pack loads without it)
@@ -200,9 +195,7 @@ def _built_structure(module: str, cls_name: str, config_json: str) -> dict:
         cls = getattr(cls, part)
     model = cls(**decode_value(json.loads(config_json)), device=torch.device("meta"),
                 operations=comfy.ops.disable_weight_init)
-    return {p: (type(m), tuple(sorted(set(m._parameters) | set(m._buffers))),
-                tuple(sorted(k for k, v in vars(m).items() if not k.startswith("_") and callable(v))))
-            for p, m in model.named_modules()}
+    return {p: (type(m), tuple(sorted(set(m._parameters) | set(m._buffers)))) for p, m in model.named_modules()}
 
 
 def built_structure(spec: dict | None) -> dict | None:
@@ -312,7 +305,7 @@ def in_place_findings(base_model, spec: dict | None = None, reader: Reader | Non
         return []
     dm = base_model.diffusion_model
     built = built_structure(spec)
-    out = instance_findings(base_model, reader, built) + class_findings(dm, reader)
+    out = instance_findings(base_model, reader) + class_findings(dm, reader)
     out += module_findings(model_code_modules(dm, reader), reader, IN_PLACE_MODEL, IN_PLACE_ATTENTION)
     out += module_findings([n for n in SAMPLER_MODULES if n in sys.modules], reader, IN_PLACE_SAMPLER)
     if built is not None:
