@@ -1,7 +1,8 @@
 """The pack's ComfyUI templates: example_workflows/<name>.json (what ComfyUI's Templates browser lists for a custom
 node pack) and their API form examples/template_prompts/<name>.json.
 
-One template per common case of a GPU owner, on ComfyUI's own loaders and file names (those of ComfyUI's official
+One template per common case of a GPU owner, on the simple path README starts a user on - Parallel GPUs (the GPUs
+and a preset) -> Parallel Model in front of ComfyUI's own sampler nodes - and on ComfyUI's own loaders and file names (those of ComfyUI's official
 templates, package comfyui_workflow_templates 0.7.25, whose `properties.models` download links are copied here).
 `python examples/make_templates.py` writes the API prompts; the drag-and-drop UI files are made from them by the
 real frontend (tests/web/test_web_browser_templates.py with HP_UPDATE_TEMPLATES=1: loadApiJson, then the Note node and
@@ -13,12 +14,10 @@ import json
 from pathlib import Path
 
 try:
-    from make_api_prompts import PARALLEL
     from template_models import (GEMMA3, LTX23, LTX23_LORA, MMH3_AUDIO_VAE, MMH3_DIT, MMH3_TE, MMH3_VAE,  # noqa: F401
                                  QWEN_VL, model_links)  # (model_links: re-exported for the frontend's UI files)
     from template_notes import NOTES
 except ImportError:  # imported as examples.make_templates
-    from .make_api_prompts import PARALLEL
     from .template_models import (GEMMA3, LTX23, LTX23_LORA, MMH3_AUDIO_VAE, MMH3_DIT, MMH3_TE, MMH3_VAE,  # noqa: F401
                                   QWEN_VL, model_links)
     from .template_notes import NOTES
@@ -36,18 +35,23 @@ def node(cls, **inputs):
     return {"class_type": cls, "inputs": inputs}
 
 
-def parallel(**degrees):
-    return node("HybridParallelConfig", **dict(PARALLEL, **degrees))
+def gpus(devices="all", preset="split the image"):
+    """Parallel GPUs, the simple node: which GPUs and how they split the work (the Note says when to change it)."""
+    return node("HybridParallelGPUs", devices=devices, preset=preset)
+
+
+def on_gpus(model, config):
+    """Parallel Model: the MODEL on the pool, for ComfyUI's own sampler nodes."""
+    return node("HybridParallelModel", model=model, parallel_config=config)
 
 
 def text(clip, prompt):
     return node("CLIPTextEncode", text=prompt, clip=clip)
 
 
-def hybrid_sampler(model, positive, negative, latent, config, steps, cfg, sampler="euler", scheduler="simple"):
-    return node("HybridSampler", model=model, seed=42, steps=steps, cfg=cfg, sampler_name=sampler,
-                scheduler=scheduler, positive=positive, negative=negative, latent_image=latent,
-                parallel_config=config, denoise=1.0)
+def ksampler(model, positive, negative, latent, steps, cfg, sampler="euler", scheduler="simple"):
+    return node("KSampler", model=model, seed=42, steps=steps, cfg=cfg, sampler_name=sampler, scheduler=scheduler,
+                positive=positive, negative=negative, latent_image=latent, denoise=1.0)
 
 
 def patch_decode(samples, vae, config):
@@ -62,31 +66,35 @@ def flux_dev(ulysses):
         "3": node("FluxGuidance", conditioning=["2", 0], guidance=3.5),
         "4": node("ConditioningZeroOut", conditioning=["2", 0]),
         "5": node("EmptySD3LatentImage", width=1024, height=1024, batch_size=1),
-        "6": parallel(cfg_degree=1, ulysses_degree=ulysses),
-        "7": hybrid_sampler(["1", 0], ["3", 0], ["4", 0], ["5", 0], ["6", 0], 20, 1.0),
+        "6": gpus(devices=str(ulysses), preset="split the image"),
+        "10": on_gpus(["1", 0], ["6", 0]),
+        "7": ksampler(["10", 0], ["3", 0], ["4", 0], ["5", 0], 20, 1.0),
         "8": patch_decode(["7", 0], ["1", 2], ["6", 0]),
         "9": node("SaveImage", images=["8", 0], filename_prefix="hybrid/flux_dev"),
     }
 
 
 def sd35_large():
-    """SD3.5 Large fp8 (ComfyUI's sd3.5_simple_example): CFG 4 split over 2 ranks x Ulysses 2."""
+    """SD3.5 Large fp8 (ComfyUI's sd3.5_simple_example): CFG 4, 'cfg + split the image' on 4 GPUs (cfg 2 x
+    ulysses 2)."""
     return {
         "1": node("CheckpointLoaderSimple", ckpt_name="sd3.5_large_fp8_scaled.safetensors"),
         "2": text(["1", 1], "a bottle with a pink and red galaxy inside it on a wooden table in a modern kitchen, "
                             "window to a mountain range, bright sun"),
         "3": text(["1", 1], "blurry, low quality"),
         "4": node("EmptySD3LatentImage", width=1024, height=1024, batch_size=1),
-        "5": parallel(cfg_degree=2, ulysses_degree=2),
-        "6": hybrid_sampler(["1", 0], ["2", 0], ["3", 0], ["4", 0], ["5", 0], 20, 4.0, scheduler="sgm_uniform"),
+        "5": gpus(devices="4", preset="cfg + split the image"),
+        "9": on_gpus(["1", 0], ["5", 0]),
+        "6": ksampler(["9", 0], ["2", 0], ["3", 0], ["4", 0], 20, 4.0, scheduler="sgm_uniform"),
         "7": patch_decode(["6", 0], ["1", 2], ["5", 0]),
         "8": node("SaveImage", images=["7", 0], filename_prefix="hybrid/sd35_large"),
     }
 
 
 def qwen_image():
-    """Qwen-Image fp8 (ComfyUI's image_qwen_image, without the Lightning LoRA): CFG 2.5 over 2 x Ulysses 2, the
-    20 GB of fp8 weights sharded over the Ulysses pair (10 GB per GPU)."""
+    """Qwen-Image fp8 (ComfyUI's image_qwen_image, without the Lightning LoRA): cfg 2.5; 'large model (shard weights)'
+    on every GPU: the image tokens split over all of them and the 20 GB of fp8 weights too (5 GB per GPU on 4), so
+    24 GB cards have room for the 1328x1328 activations."""
     return {
         "1": node("UNETLoader", unet_name="qwen_image_fp8_e4m3fn.safetensors", weight_dtype="default"),
         "2": node("CLIPLoader", clip_name=QWEN_VL, type="qwen_image", device="default"),
@@ -95,8 +103,9 @@ def qwen_image():
         "5": text(["2", 0], ""),
         "6": node("ModelSamplingAuraFlow", model=["1", 0], shift=3.1),
         "7": node("EmptySD3LatentImage", width=1328, height=1328, batch_size=1),
-        "8": parallel(cfg_degree=2, ulysses_degree=2, shard_weights="sequence"),
-        "9": hybrid_sampler(["6", 0], ["4", 0], ["5", 0], ["7", 0], ["8", 0], 20, 2.5),
+        "8": gpus(devices="all", preset="large model (shard weights)"),
+        "12": on_gpus(["6", 0], ["8", 0]),
+        "9": ksampler(["12", 0], ["4", 0], ["5", 0], ["7", 0], 20, 2.5),
         "10": patch_decode(["9", 0], ["3", 0], ["8", 0]),
         "11": node("SaveImage", images=["10", 0], filename_prefix="hybrid/qwen_image"),
     }
@@ -104,8 +113,8 @@ def qwen_image():
 
 def wan22_i2v_14b():
     """Wan 2.2 14B image-to-video (ComfyUI's video_wan2_2_14B_i2v, its 20-step pair): high-noise expert for steps
-    0-10, low-noise expert for 10-20, both on one pool through Parallel Model; shard_weights 'all' keeps 1/4 of
-    each expert per GPU (2 x 14.3 GB fp8 / 4 = 7.2 GB), so both fit a 24 GB card with the activations."""
+    0-10, low-noise expert for 10-20, both on one pool through Parallel Model; 'large model (shard weights)' keeps 1/N
+    of each expert per GPU (2 x 14.3 GB fp8 / 4 = 7.2 GB on 4), so both fit a 24 GB card with the activations."""
     adv = dict(noise_seed=42, steps=20, cfg=3.5, sampler_name="euler", scheduler="simple", positive=["9", 0],
                negative=["9", 1])
     return {
@@ -116,13 +125,13 @@ def wan22_i2v_14b():
         "5": node("LoadImage", image="example.png"),
         "6": text(["3", 0], "the camera slowly circles the subject, soft wind moves the hair, cinematic light"),
         "7": text(["3", 0], WAN_NEGATIVE),
-        "8": parallel(cfg_degree=2, ulysses_degree=2, shard_weights="all"),
+        "8": gpus(devices="all", preset="large model (shard weights)"),
         "9": node("WanImageToVideo", positive=["6", 0], negative=["7", 0], vae=["4", 0], width=640, height=640,
                   length=81, batch_size=1, start_image=["5", 0]),
         "10": node("ModelSamplingSD3", model=["1", 0], shift=8.0),
         "11": node("ModelSamplingSD3", model=["2", 0], shift=8.0),
-        "12": node("HybridParallelModel", model=["10", 0], parallel_config=["8", 0]),
-        "13": node("HybridParallelModel", model=["11", 0], parallel_config=["8", 0]),
+        "12": on_gpus(["10", 0], ["8", 0]),
+        "13": on_gpus(["11", 0], ["8", 0]),
         "14": node("KSamplerAdvanced", model=["12", 0], add_noise="enable", **adv, latent_image=["9", 2],
                    start_at_step=0, end_at_step=10, return_with_leftover_noise="enable"),
         "15": node("KSamplerAdvanced", model=["13", 0], add_noise="disable", **adv, latent_image=["14", 0],
@@ -134,7 +143,8 @@ def wan22_i2v_14b():
 
 
 def wan22_ti2v_5b():
-    """Wan 2.2 TI2V 5B (ComfyUI's video_wan2_2_5B_ti2v): 1280x704, 121 frames, CFG 5 over 2 x Ulysses 2."""
+    """Wan 2.2 TI2V 5B (ComfyUI's video_wan2_2_5B_ti2v): 1280x704, 121 frames, CFG 5: 'cfg + split
+    the image' on 4 GPUs (cfg 2 x ulysses 2)."""
     return {
         "1": node("UNETLoader", unet_name="wan2.2_ti2v_5B_fp16.safetensors", weight_dtype="default"),
         "2": node("CLIPLoader", clip_name="umt5_xxl_fp8_e4m3fn_scaled.safetensors", type="wan", device="default"),
@@ -146,8 +156,9 @@ def wan22_ti2v_5b():
         "7": node("Wan22ImageToVideoLatent", vae=["3", 0], width=1280, height=704, length=121, batch_size=1,
                   start_image=["4", 0]),
         "8": node("ModelSamplingSD3", model=["1", 0], shift=8.0),
-        "9": parallel(cfg_degree=2, ulysses_degree=2),
-        "10": hybrid_sampler(["8", 0], ["5", 0], ["6", 0], ["7", 0], ["9", 0], 20, 5.0, sampler="uni_pc"),
+        "9": gpus(devices="4", preset="cfg + split the image"),
+        "14": on_gpus(["8", 0], ["9", 0]),
+        "10": ksampler(["14", 0], ["5", 0], ["6", 0], ["7", 0], 20, 5.0, sampler="uni_pc"),
         "11": patch_decode(["10", 0], ["3", 0], ["9", 0]),
         "12": node("CreateVideo", images=["11", 0], fps=24.0),
         "13": node("SaveVideo", video=["12", 0], filename_prefix="hybrid/wan22_ti2v", format="auto", codec="auto"),
@@ -155,8 +166,8 @@ def wan22_ti2v_5b():
 
 
 def hunyuan_video15():
-    """HunyuanVideo 1.5 720p text-to-video (ComfyUI's video_hunyuan_video_1.5_720p_t2v, base pass): CFG 6 over
-    2 x Ulysses 2, the 16.7 GB fp16 model sharded over the Ulysses pair. Its VAE is not one Patch VAE Decode
+    """HunyuanVideo 1.5 720p text-to-video (ComfyUI's video_hunyuan_video_1.5_720p_t2v, base pass): cfg 6;
+    'large model (shard weights)' on every GPU (the 16.7 GB fp16 model: 4.2 GB per GPU on 4). Its VAE is not one Patch VAE Decode
     splits: VAE Decode, as in the official template."""
     return {
         "1": node("UNETLoader", unet_name="hunyuanvideo1.5_720p_t2v_fp16.safetensors", weight_dtype="default"),
@@ -168,8 +179,9 @@ def hunyuan_video15():
         "5": text(["2", 0], ""),
         "6": node("ModelSamplingSD3", model=["1", 0], shift=7.0),
         "7": node("EmptyHunyuanVideo15Latent", width=1280, height=720, length=121, batch_size=1),
-        "8": parallel(cfg_degree=2, ulysses_degree=2, shard_weights="sequence"),
-        "9": hybrid_sampler(["6", 0], ["4", 0], ["5", 0], ["7", 0], ["8", 0], 20, 6.0),
+        "8": gpus(devices="all", preset="large model (shard weights)"),
+        "13": on_gpus(["6", 0], ["8", 0]),
+        "9": ksampler(["13", 0], ["4", 0], ["5", 0], ["7", 0], 20, 6.0),
         "10": node("VAEDecode", samples=["9", 0], vae=["3", 0]),
         "11": node("CreateVideo", images=["10", 0], fps=24.0),
         "12": node("SaveVideo", video=["11", 0], filename_prefix="hybrid/hunyuan_video15", format="auto",
@@ -179,7 +191,8 @@ def hunyuan_video15():
 
 def flux_kontext():
     """Flux.1 Kontext dev fp8 image edit (ComfyUI's flux_kontext_dev_basic, one input image): the scaled input is
-    the reference latent and the start latent; guidance 2.5, no CFG; Ulysses 2."""
+    the reference latent and the start latent; guidance 2.5, no CFG; 'split the image' on
+    2 GPUs."""
     return {
         "1": node("UNETLoader", unet_name="flux1-dev-kontext_fp8_scaled.safetensors", weight_dtype="default"),
         "2": node("DualCLIPLoader", clip_name1="clip_l.safetensors", clip_name2="t5xxl_fp8_e4m3fn_scaled.safetensors",
@@ -192,8 +205,9 @@ def flux_kontext():
         "8": node("ReferenceLatent", conditioning=["7", 0], latent=["6", 0]),
         "9": node("FluxGuidance", conditioning=["8", 0], guidance=2.5),
         "10": node("ConditioningZeroOut", conditioning=["7", 0]),
-        "11": parallel(cfg_degree=1, ulysses_degree=2),
-        "12": hybrid_sampler(["1", 0], ["9", 0], ["10", 0], ["6", 0], ["11", 0], 20, 1.0),
+        "11": gpus(devices="2", preset="split the image"),
+        "15": on_gpus(["1", 0], ["11", 0]),
+        "12": ksampler(["15", 0], ["9", 0], ["10", 0], ["6", 0], 20, 1.0),
         "13": patch_decode(["12", 0], ["3", 0], ["11", 0]),
         "14": node("SaveImage", images=["13", 0], filename_prefix="hybrid/flux_kontext"),
     }
@@ -201,7 +215,7 @@ def flux_kontext():
 
 def z_image():
     """Z-Image base bf16 (ComfyUI's image_z_image): 1024x1024, 25 steps, cfg 4 res_multistep, shift 3; the CFG
-    halves on 2 GPUs (cfg_degree 2), Patch VAE Decode splits the Flux `ae` decode over them."""
+    halves on 2 GPUs ('cfg + split the image' on 2: cfg 2), Parallel VAE Decode splits the Flux `ae` decode over them."""
     return {
         "1": node("UNETLoader", unet_name="z_image_bf16.safetensors", weight_dtype="default"),
         "2": node("CLIPLoader", clip_name="qwen_3_4b.safetensors", type="lumina2", device="default"),
@@ -211,8 +225,9 @@ def z_image():
         "5": text(["2", 0], ""),
         "6": node("ModelSamplingAuraFlow", model=["1", 0], shift=3.0),
         "7": node("EmptySD3LatentImage", width=1024, height=1024, batch_size=1),
-        "8": parallel(cfg_degree=2, ulysses_degree=1),
-        "9": hybrid_sampler(["6", 0], ["4", 0], ["5", 0], ["7", 0], ["8", 0], 25, 4.0, sampler="res_multistep"),
+        "8": gpus(devices="2", preset="cfg + split the image"),
+        "12": on_gpus(["6", 0], ["8", 0]),
+        "9": ksampler(["12", 0], ["4", 0], ["5", 0], ["7", 0], 25, 4.0, sampler="res_multistep"),
         "10": patch_decode(["9", 0], ["3", 0], ["8", 0]),
         "11": node("SaveImage", images=["10", 0], filename_prefix="hybrid/z_image"),
     }
@@ -238,8 +253,8 @@ def ltx23_t2v():
         "8": node("EmptyLTXVLatentVideo", width=1280, height=704, length=121, batch_size=1),
         "9": node("LTXVEmptyLatentAudio", frames_number=121, frame_rate=25, batch_size=1, audio_vae=["3", 0]),
         "10": node("LTXVConcatAVLatent", video_latent=["8", 0], audio_latent=["9", 0]),
-        "11": parallel(cfg_degree=1, ulysses_degree=4),
-        "12": node("HybridParallelModel", model=["4", 0], parallel_config=["11", 0]),
+        "11": gpus(devices="4", preset="split the image"),
+        "12": on_gpus(["4", 0], ["11", 0]),
         "13": node("CFGGuider", model=["12", 0], positive=["7", 0], negative=["7", 1], cfg=1.0),
         "14": node("RandomNoise", noise_seed=42),
         "15": node("KSamplerSelect", sampler_name="euler"),
@@ -274,8 +289,8 @@ def minimax_h3_t2v():
             "leaps the gap to the next building, flying-car light trails behind him.\n[4s-5s] He lands, rolls and "
             "keeps running, low angle.\n\nAudio: wind, rapid footsteps, city ambience, a low score with an accent "
             "hit on the leap.\n\nNo text, subtitles or watermarks."), width=864, height=480, length=124),
-        "6": parallel(cfg_degree=1, ulysses_degree=4),
-        "7": node("HybridParallelModel", model=["1", 0], parallel_config=["6", 0]),
+        "6": gpus(devices="4", preset="split the image"),
+        "7": on_gpus(["1", 0], ["6", 0]),
         "8": node("BasicGuider", model=["7", 0], conditioning=["5", 0]),
         "9": node("RandomNoise", noise_seed=42),
         "10": node("KSamplerSelect", sampler_name="res_multistep"),
@@ -297,10 +312,10 @@ def templates():
         "flux1_dev_fp8_2gpu_ulysses2": (flux_dev(2), None),
         "flux1_dev_fp8_4gpu_ulysses4": (flux_dev(4), None),
         "sd35_large_fp8_cfg2_ulysses2": (sd35_large(), None),
-        "qwen_image_cfg2_ulysses2": (qwen_image(), "qwen_image"),
+        "qwen_image_shard_weights": (qwen_image(), "qwen_image"),
         "wan22_i2v_14b_two_experts_24gb": (wan22_i2v_14b(), None),
         "wan22_ti2v_5b_cfg2_ulysses2": (wan22_ti2v_5b(), None),
-        "hunyuan_video15_720p_t2v_cfg2_ulysses2": (hunyuan_video15(), "hunyuan"),
+        "hunyuan_video15_720p_t2v_shard_weights": (hunyuan_video15(), "hunyuan"),
         "flux1_kontext_dev_edit_ulysses2": (flux_kontext(), None),
         "z_image_cfg2_2gpu": (z_image(), "z_image"),
         "ltx23_t2v_audio_ulysses4": (ltx23_t2v(), None),

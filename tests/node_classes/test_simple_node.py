@@ -130,3 +130,40 @@ def test_the_config_nodes_say_what_this_system_cannot_run_before_anything_starts
         ParallelConfigNode().build(device="cuda", **widgets)
     monkeypatch.setattr(ParallelGPUsNode, "runtime", None)  # CPU ranks do run on macOS: nothing refused
     assert ParallelGPUsNode().build("cpu,cpu", "split the image")["result"][0].config.ulysses_degree == 2
+
+
+# each template's split on a 4-GPU machine (what its name and its Note say): (cfg, ulysses, shard_weights)
+TEMPLATE_SPLITS = {
+    "flux1_dev_fp8_2gpu_ulysses2": (1, 2, "none"), "flux1_dev_fp8_4gpu_ulysses4": (1, 4, "none"),
+    "sd35_large_fp8_cfg2_ulysses2": (2, 2, "none"), "qwen_image_shard_weights": (1, 4, "sequence"),
+    "wan22_i2v_14b_two_experts_24gb": (1, 4, "sequence"), "wan22_ti2v_5b_cfg2_ulysses2": (2, 2, "none"),
+    "hunyuan_video15_720p_t2v_shard_weights": (1, 4, "sequence"), "flux1_kontext_dev_edit_ulysses2": (1, 2, "none"),
+    "z_image_cfg2_2gpu": (2, 1, "none"), "ltx23_t2v_audio_ulysses4": (1, 4, "none"),
+    "minimax_h3_t2v_audio_ulysses4": (1, 4, "none"),
+}
+
+
+def test_every_template_is_on_the_simple_path_and_splits_as_its_name_says(monkeypatch):
+    """The templates (examples/make_templates.py) use Parallel GPUs -> Parallel Model in front of ComfyUI's own
+    samplers, as README starts a user; on a 4-GPU machine each one's Parallel GPUs builds the split its name and
+    Note say. (Each runs as an API prompt against its plain twin: tests/server_e2e/test_comfyui_workflow_templates.)"""
+    import sys
+    from pathlib import Path
+    from comfyui_hybrid_parallel.nodes import simple_node
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+    import make_templates
+    monkeypatch.setattr(simple_node, "auto_device_count", lambda device: 4)
+    templates = make_templates.templates()
+    assert sorted(templates) == sorted(TEMPLATE_SPLITS)
+    for name, (g, note, _) in templates.items():
+        classes = [n["class_type"] for n in g.values()]
+        assert "HybridParallelConfig" not in classes and "HybridSampler" not in classes, name
+        gpus = [n["inputs"] for n in g.values() if n["class_type"] == "HybridParallelGPUs"]
+        models = [n for n in g.values() if n["class_type"] == "HybridParallelModel"]
+        assert len(gpus) == 1 and models, name
+        for m in models:  # every Parallel Model feeds a sampler or guider of ComfyUI's own
+            assert g[m["inputs"]["parallel_config"][0]]["class_type"] == "HybridParallelGPUs", name
+        hp = configure(gpus[0]["devices"], gpus[0]["preset"])
+        got = (hp.config.cfg_degree, hp.config.ulysses_degree, hp.config.shard_weights)
+        assert got == TEMPLATE_SPLITS[name], (name, got)
+        assert gpus[0]["preset"] in note and "Parallel GPUs" in note, name

@@ -59,6 +59,19 @@ ds.offset[1] = r.height / 2 - node.pos[1] - (node.size[1] - title) / 2;
 c.setDirty(true, true);
 return [r.left + r.width / 2, r.top + r.height / 2, node.size[0], node.size[1] + title, window.devicePixelRatio];"""
 
+# the templates on the simple path (no Parallel Config): the thumbnail is their Parallel GPUs node (devices, preset),
+# enlarged in the middle of the canvas, with the toasts of the missing-models check out of the way
+FOCUS_SIMPLE = """const app = window.comfyAPI.app.app, c = app.canvas, ds = c.ds, LG = window.LiteGraph;
+const node = app.graph.nodes.find((n) => n.comfyClass === 'HybridParallelGPUs');
+document.querySelectorAll('.p-toast, .p-toast-message').forEach((e) => e.remove());
+const r = c.canvas.getBoundingClientRect(), title = LG.NODE_TITLE_HEIGHT;
+ds.scale = 1.6;
+ds.offset[0] = r.width / ds.scale / 2 - node.pos[0] - node.size[0] / 2;
+ds.offset[1] = r.height / ds.scale / 2 - node.pos[1] - (node.size[1] - title) / 2;
+c.setDirty(true, true);
+return [r.left + r.width / 2, r.top + r.height / 2, node.size[0] * ds.scale * 1.4, (node.size[1] + title) * ds.scale * 1.4,
+        window.devicePixelRatio];"""
+
 
 def _template_names():
     import make_templates  # examples/ (comfy_server put it on sys.path)
@@ -79,8 +92,11 @@ def _regenerate_template(page, name):
     (TEMPLATE_UI / f"{name}.json").write_text(json.dumps(ui, indent=1, ensure_ascii=False) + "\n")
     page.execute_script("return window.comfyAPI.app.app.loadGraphData(arguments[0], true, true, arguments[1], "
                         "{showMissingModelsDialog: false, showMissingNodesDialog: false});", ui, name)
-    _until(lambda: page.execute_script(SETTLED), 30, f"the mesh picture of {name}")
-    cx, cy, w, h, dpr = page.execute_script(FOCUS_CONFIG)
+    if any(n["class_type"] == "HybridParallelConfig" for n in api.values()):
+        _until(lambda: page.execute_script(SETTLED), 30, f"the mesh picture of {name}")
+        cx, cy, w, h, dpr = page.execute_script(FOCUS_CONFIG)
+    else:
+        cx, cy, w, h, dpr = page.execute_script(FOCUS_SIMPLE)
     time.sleep(0.5)  # a frame for the canvas and the DOM widgets
     shot = ARTIFACTS / f"template_{name}.png"
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
