@@ -18,7 +18,7 @@ import time
 
 from ..parallel.mesh import AXES, rank_coords, rank_groups
 from ..workers.bridge.classified import refused_in
-from ..workers.bridge.graph import on_each_prompt, server_routes
+from ..workers.bridge.graph import on_each_prompt, server_routes, user_directory
 from ..workers.forkserver import default_count
 from .config_node import MAX_LISTED_RANKS, ParallelConfigNode, check_hp_placement, check_placement, summary
 from .simple_node import ParallelGPUsNode
@@ -129,6 +129,8 @@ def warm_on_prompt(runtime, start=None):
 
             def run():
                 try:
+                    if hp is not None:
+                        remember_world(config_node(prompt))
                     runtime.warm_for_prompt(default_count(), hp, queued=seen)
                 except Exception as e:  # noqa: BLE001 - a head start only: the prompt's own run reports errors
                     import logging
@@ -277,22 +279,65 @@ def prestart_config(value: str):
     return (hp, "") if hp is not None else (None, f"{why}: the fork server only")
 
 
-def prestart_from_env(runtime, value: str | None = None, start=None) -> str:
+LAST_WORLD = "hybrid_parallel_last_world.json"  # in ComfyUI's user directory
+OFF = ("0", "off", "no", "false", "none")
+
+
+def last_world_path(directory: str | None = None) -> str | None:
+    directory = user_directory() if directory is None else directory
+    return None if not directory else os.path.join(directory, LAST_WORLD)
+
+
+def remember_world(found, directory: str | None = None) -> None:
+    """Keep the config node (class_type, widgets) of the latest queued prompt whose world is fixed, as a one-node API
+    prompt in ComfyUI's user directory: the next start of this ComfyUI starts that world (prestart_from_env), so a
+    script's or a Docker service's first prompt after a restart finds it up. Only the widget values (no prompt
+    text, no file names); written owner-only; never raises (a head start only)."""
+    path = last_world_path(directory)
+    if found is None or path is None:
+        return
+    kind, widgets = found
+    body = json.dumps({"hp": {"class_type": kind, "inputs": widgets}}, sort_keys=True)
+    try:
+        with open(path, encoding="utf-8") as f:
+            if f.read() == body:
+                return
+    except OSError:
+        pass
+    try:
+        tmp = f"{path}.{os.getpid()}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(body)
+        os.replace(tmp, path)
+    except OSError as e:
+        logging.getLogger(__name__).info("hybrid parallel: could not keep the last world in %s: %s", path, e)
+
+
+def prestart_from_env(runtime, value: str | None = None, start=None, directory: str | None = None) -> str:
     """A headless server's head start (HP_PRESTART; no frontend opens its workflow, so no /warm comes): the spare
     interpreters, and the world of the prompt the scripts will post, start with ComfyUI - a first prompt on a
-    model ComfyUI already holds then pays only for its weights. Off unless set: nothing starts before use. A bad
-    value is one log line naming the fix, never an error in ComfyUI's start. Returns that line ("" when unset)."""
+    model ComfyUI already holds then pays only for its weights. Unset: the world of the last prompt queued on this
+    ComfyUI that fixed one (remember_world, in its user directory), if any - a ComfyUI that never ran the pack's
+    nodes starts nothing; HP_PRESTART=0 starts nothing either. A bad value is one log line naming the fix, never an
+    error in ComfyUI's start. Returns that line ("" when nothing starts)."""
     value = os.environ.get("HP_PRESTART", "") if value is None else value
-    if not value.strip():
-        return ""
     log = logging.getLogger(__name__)
+    source = "HP_PRESTART"
+    if value.strip().lower() in OFF:
+        return ""
+    if not value.strip():  # unset: the world this ComfyUI's last queued prompt asked for, if it ever had one
+        path = last_world_path(directory)
+        if path is None or not os.path.isfile(path) or default_count() <= 0:
+            return ""
+        value, source = path, f"the last world a prompt asked for ({path}; HP_PRESTART=0: off)"
     try:
         hp, why = prestart_config(value)
     except ValueError as e:
         log.error("hybrid parallel: %s", e)
         return str(e)
-    line = (f"hybrid parallel: HP_PRESTART starts {hp.describe()} with ComfyUI" if hp is not None else
-            f"hybrid parallel: HP_PRESTART: {why}")
+    line = (f"hybrid parallel: {source} starts {hp.describe()} with ComfyUI" if hp is not None else
+            f"hybrid parallel: {source}: {why}")
     log.info("%s", line)
 
     def run():

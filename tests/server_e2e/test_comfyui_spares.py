@@ -91,6 +91,20 @@ def test_the_first_world_forks_from_the_head_start_and_a_headless_prompt_starts_
     finally:
         srv.stop()
     assert _survivors(workers + headless + servers) == []  # they went with the server
+    # the same ComfyUI restarted (its user directory kept: a Docker volume, a service restart): the world its last
+    # queued prompt asked for starts with it, before any prompt - the script's first prompt finds it up
+    kept = tmp_path / "user" / "hybrid_parallel_last_world.json"
+    assert kept.is_file() and kept.stat().st_mode & 0o077 == 0, kept
+    srv = CountingServer(setup_comfy(), tmp_path, spares=2)
+    srv.start()
+    try:
+        status = _ready_world(srv, 2)
+        assert status["state"] == "ready" and status["mesh"] == "ulysses2" and status["prompt_warms"] == 0, status
+        assert "the last world a prompt asked for" in srv.tail(200), srv.tail()
+        restarted = sorted(w["pid"] for w in status["workers"])
+    finally:
+        srv.stop()
+    assert _survivors(restarted) == []
 
 
 def test_a_headless_server_prestarts_the_world_of_its_prompt_file(tmp_path):
@@ -148,6 +162,16 @@ def test_prestart_values_start_what_they_name_or_say_the_fix(tmp_path):
     line = prestart_from_env(object(), "{not json", start=started.append)  # one line naming the fix, nothing started
     assert "HP_PRESTART" in line and "Export (API)" in line and started == []
     assert prestart_from_env(object(), "", start=started.append) == "" and started == []  # unset: nothing
+    # unset, in a ComfyUI whose queued prompt fixed a world: that world, at the next start; HP_PRESTART=0: nothing
+    from comfyui_hybrid_parallel.nodes.routes import LAST_WORLD, remember_world
+    user = tmp_path / "user"
+    user.mkdir()
+    assert prestart_from_env(object(), "", start=started.append, directory=str(user)) == "" and started == []
+    remember_world(("HybridParallelGPUs", {"devices": "2", "preset": "split the image"}), directory=str(user))
+    assert (user / LAST_WORLD).stat().st_mode & 0o777 == 0o600
+    line = prestart_from_env(object(), "", start=started.append, directory=str(user))
+    assert "the last world a prompt asked for" in line and "ulysses2" in line and len(started) == 1, line
+    assert prestart_from_env(object(), "0", start=started.append, directory=str(user)) == "" and len(started) == 1
 
 
 def test_prompt_config_reads_the_api_prompts_config_node():

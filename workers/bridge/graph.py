@@ -128,6 +128,19 @@ def server_routes(server):
     return server.routes
 
 
+def user_directory() -> str | None:
+    """ComfyUI's user directory (folder_paths; `--user-directory` / `--base-directory` move it), or None outside a
+    running ComfyUI server: where the pack keeps what must outlive a restart (nodes/routes.py: the last world).
+    Not in a plain import of ComfyUI (pytest, scripts): its user folder is no server's."""
+    if prompt_server() is None:
+        return None
+    get = getattr(sys.modules.get("folder_paths"), "get_user_directory", None)
+    try:
+        return get() if callable(get) else None
+    except Exception:  # noqa: BLE001 - a ComfyUI that cannot say: nothing is kept
+        return None
+
+
 def on_each_prompt(server, handler) -> bool:
     """Have ComfyUI's server call `handler(json_data)` for each prompt queued (its on-prompt handlers); False where
     this ComfyUI has none."""

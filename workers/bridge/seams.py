@@ -131,6 +131,8 @@ SEAMS = (
          optional=True, server=True),
     Seam("execution:PromptQueue", "workers/bridge/graph: the running prompt a refusal names its node from",
          server=True),
+    Seam("folder_paths:get_user_directory", "nodes/routes: the last world a queued prompt asked for, started at the "
+         "next start", optional=True, server=True),
     # model configs the spec carries (workers/bridge/spec.py)
     Seam("comfy.supported_models_base:BASE.unet_config", "workers/bridge/spec: the spec's unet_config"),
     Seam("comfy.supported_models_base:BASE.quant_config", "workers/bridge/spec: mixed-precision (quantized) checkpoints",
