@@ -8,6 +8,8 @@ graph through Parallel Config (ulysses 2) -> Hybrid Sampler - the pool's first p
 Client-side wall time from the post to /history's completion. Modes:
 
 - queued:   the default (nothing before use): the prompt's world starts when it is queued (on-prompt handler).
+- restarted: nothing set, a ComfyUI restarted after it ran the pool's prompt once (its user directory kept, as a
+             Docker volume or a service restart keeps it): the world that prompt asked for starts with ComfyUI.
 - prestart: HP_PRESTART names the API prompt file: the spares and its world start with ComfyUI.
 
 Flux.1 in ComfyUI's format (hidden 3072: 1 double + 1 single block, 531M, bf16 file computed in fp32 on the CPU),
@@ -29,7 +31,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 sys.path.insert(0, str(HERE))
 
-MODES = ("queued", "prestart")
+MODES = ("queued", "restarted", "prestart")
 
 
 def _graph(degrees, tag: str, seed: int = 42) -> dict:
@@ -51,9 +53,16 @@ def one_run(mode: str, comfy_dir) -> dict:
         path = base / "prompt_api.json"
         path.write_text(json.dumps({"prompt": _graph({"ulysses_degree": 2}, "u2")}))
         env["HP_PRESTART"] = str(path)
-    server = ComfyServer(comfy_dir, base, spares=default_count(), env=env)
     write_checkpoints(base, ("sd3",))  # its VAE file is the graph's (not decoded)
     write_flux_checkpoint(base)
+    if mode == "restarted":  # the life before the restart: the pool's prompt once
+        before = ComfyServer(comfy_dir, base, spares=default_count(), env=env)
+        before.start()
+        try:
+            timed_prompt(before, _graph({"ulysses_degree": 2}, "u2_before", seed=41))
+        finally:
+            before.stop()
+    server = ComfyServer(comfy_dir, base, spares=default_count(), env=env)
     server.start()
     try:
         row = {"mode": mode, "ksampler_first_s": round(timed_prompt(server, _graph(None, "ks1")), 3),
@@ -98,9 +107,10 @@ def main(argv=None):
         lines.append(f"| {mode} | {med('ksampler_first_s')} | {med('ksampler_warm_s')} | {med('pool_u2_first_s')} | "
                      f"{med('pool_u2_warm_s')} | {statistics.median(ratios):.2f}x ({min(ratios):.2f} - "
                      f"{max(ratios):.2f}) | **{med('pool_u2_first_s') / undisturbed:.2f}x** |")
-    lines += ["", "queued: the default - the world starts when the prompt is queued. prestart: HP_PRESTART=<the API "
-              "prompt file>, the spares and that world start with ComfyUI. Each run a fresh server, the modes "
-              "interleaved."]
+    lines += ["", "queued: nothing set, a ComfyUI that never ran the pack - the world starts when the prompt is queued. "
+              "restarted: nothing set, the same ComfyUI restarted after one pool prompt - the world its last prompt "
+              "asked for starts with it. prestart: HP_PRESTART=<the API prompt file>, the spares and that world start "
+              "with ComfyUI. Each run a fresh server (restarted: its second life), the modes interleaved."]
     print("\n".join(lines))
     write_results("headless_quick" if args.quick else "headless", rows, "\n".join(lines))
 

@@ -19,6 +19,7 @@ from ..workers.bridge.graph import executing, given
 from ..workers.bridge.prepare import (WRAPPER_KEY, capture_run, check_latent, check_not_multigpu, check_not_on_pool, guider_run,
                                       host_clone, patches_on_workers, pool_state, without_compile_wrapper)
 from ..workers.bridge.proxy import make_apply_model_wrapper
+from ..workers.bridge.spec import check_memory
 
 
 class ParallelModel:
@@ -71,6 +72,8 @@ class ParallelModel:
                 runtime.last_auto = report  # the mesh picture shows it (nodes/routes.py)
             warn_idle_cfg(run_hp, cfg, negative, "Parallel Model")
             check_latent(patcher, run_hp.config, tuple(shape))  # what this latent's shape decides, before any work
+            # fits the devices? Before any load, in Hybrid Sampler's words (the plan: what the mesh picture shows)
+            runtime.last_memory = check_memory(patcher, run_hp, tuple(shape), positive, cfg)
             chosen["hp"] = run_hp
             cap = capture_run(patcher, run_hp, "Parallel Model", executing(), mode="step", conds=conds,
                               model_options=model_options)

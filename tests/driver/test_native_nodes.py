@@ -237,6 +237,38 @@ def test_a_config_the_devices_cannot_hold_is_refused_before_workers(comfy, monke
     native.check_memory(model, _hp(ulysses_degree=2), latent, _conds(1), 2.0)  # USP: fits, no error
 
 
+def test_parallel_model_refuses_what_the_devices_cannot_hold_before_any_load_in_hybrid_samplers_words(comfy,
+                                                                                                   monkeypatch):
+    """Parallel Model checks the memory plan when its sampler starts (the latent and the cfg known), as Hybrid
+    Sampler does before its run: a model the ranks cannot hold is refused with the same message, no pool made."""
+    import nodes as comfy_nodes
+    from comfyui_hybrid_parallel.workers.bridge import spec as native
+    from comfyui_hybrid_parallel.workers.bridge.spec import NotCarried
+    from comfyui_hybrid_parallel.nodes.model_node import ParallelModel
+    from comfyui_hybrid_parallel.nodes.runtime import Runtime
+    from comfyui_hybrid_parallel.parallel import ParallelConfig
+    from comfyui_hybrid_parallel.parallel.costmodel import shape_from_module
+    from comfyui_hybrid_parallel.parallel.memory import rank_memory
+    model, latent = comfy(), (1, 16, 40, 24)
+    shape = shape_from_module(model.model.diffusion_model)
+    weights = sum(t.numel() * t.element_size() for t in model.model.diffusion_model.state_dict().values())
+    need = rank_memory(shape, weights, ParallelConfig(ulysses_degree=2), latent, 7, 2, 4).total
+    monkeypatch.setattr(native, "device_capacity", lambda hp: (int(need * 0.5), "cuda:0 (test device)", 1))
+    from comfyui_hybrid_parallel.nodes.sampler_node import HybridSampler
+    HybridSampler.runtime = ParallelModel.runtime = Runtime(make_pool=_NoPool())
+    try:
+        with pytest.raises(NotCarried, match=r"ulysses2 needs about .* for each rank on cuda:0 \(test device\)") as e:
+            HybridSampler().sample(model, 0, 1, 2.0, "euler", "normal", _conds(1), _conds(2),
+                                   {"samples": torch.zeros(latent)}, _hp(ulysses_degree=2))
+        (patched,) = ParallelModel().patch(model, _hp(ulysses_degree=2))
+        with pytest.raises(NotCarried) as refused:
+            comfy_nodes.common_ksampler(patched, 0, 1, 2.0, "euler", "normal", _conds(1), _conds(2),
+                                        {"samples": torch.zeros(latent)})
+    finally:
+        HybridSampler.runtime = ParallelModel.runtime = None
+    assert str(refused.value) == str(e.value), (refused.value, e.value)
+
+
 @pytest.mark.parametrize("mode", ["step", "loop"])
 def test_previews_render_on_the_models_own_device(comfy, monkeypatch, mode):
     """ComfyUI's copy of the weights stays on the host (its load device set to the offload device), but the latent
