@@ -24,7 +24,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 sys.path.insert(0, str(HERE))
 
-THRESHOLD = 0.2
+THRESHOLD = 0.8  # random weights: the first block's residual changes by most of itself per step; 0.2 (a real model's setting) never hits
 
 
 def _graph(tag: str, cached: bool, degrees: dict | None, steps: int, size: int, seed: int):
