@@ -49,6 +49,7 @@ def models() -> dict:
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=20)
+    ap.add_argument("--quick", action="store_true", help="(run_all's flag) the same run: it takes seconds")
     args = ap.parse_args()
     from comfy_env import setup_comfy
     setup_comfy()

@@ -44,6 +44,8 @@ SECTIONS = {
     "session": ("bench_session.py", ["session"], [], 1800),
     "headless": ("bench_headless.py", ["headless"], [], 1200),
     "uneven": ("bench_uneven.py", ["uneven"], [], 600),
+    "fbcache": ("bench_fbcache.py", ["fbcache"], [], 900),
+    "in_place": ("bench_in_place.py", ["in_place"], [], 300),
 }
 TITLES = {
     "comm": "Communication volume per diffusion step (counters vs analytic)",
@@ -61,8 +63,11 @@ TITLES = {
     "auto": "Parallel Config degrees auto vs degree 1 through the nodes and pool: never slower?",
     "quality": "Stale methods and step caching on the trained demo model: PSNR / SSIM / latent error vs serial",
     "session": "A real session vs KSampler: LoRA switch, KSampler -> pool, two experts, host memory vs N",
-    "headless": "Headless API prompts in a real server: the pool's first prompt vs KSampler's, default and HP_PRESTART",
+    "headless": "Headless API prompts in a real server: the pool's first prompt vs KSampler's: never used, restarted, "
+                "HP_PRESTART",
     "uneven": "Ranks of different speeds: even split vs split by probed speed",
+    "fbcache": "First Block Cache (Comfy-WaveSpeed's rule) on the pool vs on one device: speed-up and exactness",
+    "in_place": "The in-place check per prompt at 12-14B (ComfyUI's classes on the meta device)",
 }
 
 
