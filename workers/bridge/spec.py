@@ -396,6 +396,10 @@ def check_memory(model, hp, latent_shape, positive, cfg: float) -> dict | None:
     for a model no adapter describes."""
     import torch
     dm = model.model.diffusion_model
+    if len(latent_shape) not in (4, 5):
+        # the planner reads (B, C, H, W) / (B, C, T, H, W); a multi-stream latent reaches a guider packed into one
+        # (B, C, L) tensor (LTX-2's video + audio, through Parallel Model): no plan for it
+        return None
     try:
         shape = shape_from_module(dm)
     except ValueError:
@@ -409,10 +413,7 @@ def check_memory(model, hp, latent_shape, positive, cfg: float) -> dict | None:
     act_bytes = 4 if compute == torch.float32 else 2
     text = max((int(c[0].shape[1]) for c in positive or [] if hasattr(c[0], "shape") and c[0].dim() == 3), default=0)
     batch = int(latent_shape[0]) * (2 if cfg != 1.0 else 1)
-    try:
-        mem = rank_memory(shape, weights, hp.config, latent_shape, text, batch, act_bytes, cpu=ranks > 1)
-    except (IndexError, ValueError, TypeError):
-        return None  # a latent the planner does not read (a multi-stream one: LTX-2's video + audio): no plan
+    mem = rank_memory(shape, weights, hp.config, latent_shape, text, batch, act_bytes, cpu=ranks > 1)
     try:
         check_fits(mem, capacity, where, hp.config, ranks_on_host=ranks, weight_bytes=weights)
     except ConfigError as e:
