@@ -100,6 +100,10 @@ def comfy_nodes(comfy_dir: Path):
     would find the pack's own subpackage of that name on this path."""
     module = sys.modules.get("nodes")
     if getattr(module, "common_ksampler", None) is None:
+        # ComfyUI's own top-level `utils` package first, as its main.py imports it: 0.3.75's nodes.py puts comfy/ at
+        # sys.path[0] on import, where comfy/utils.py would shadow it for the server's `utils.install_util`
+        if (comfy_dir / "utils" / "__init__.py").is_file():
+            importlib.import_module("utils")
         spec = importlib.util.spec_from_file_location("nodes", comfy_dir / "nodes.py")
         module = importlib.util.module_from_spec(spec)
         sys.modules["nodes"] = module
