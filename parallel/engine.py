@@ -49,6 +49,7 @@ class Resident:
     patch_pages: dict = field(default_factory=dict)  # workers/bridge/patches.apply's record: keys the ranks map shared
     hooks: Optional[object] = None              # the per-call hook weights the worker applies (workers/bridge/carry.py)
     first_block: Optional[tuple] = None         # (run, FirstBlockState): First Block Cache's state of the running run
+    bytes: int = 0                              # what it took of the device's memory when it moved there (its report)
 
     def first_block_state(self, run) -> FirstBlockState:
         """This run's First Block Cache state (a new run starts a new one: nothing of another prompt's cache)."""
@@ -146,6 +147,15 @@ def _tensor_bytes(model: torch.nn.Module, on_device: bool = False) -> int:
     return total
 
 
+class RoomShort(Exception):
+    """Some rank has no room for the model the driver decided to build (Engine.check_room): every rank raises it, with
+    its own numbers, and answers "short" (workers/load_job.py) - nothing is built, no rank evicts on its own."""
+
+    def __init__(self, key: str, need: int, free: int):
+        super().__init__(f"{key}: {need / 2**30:.2f} GiB needed, {free / 2**30:.2f} GiB free on this rank")
+        self.key, self.need, self.free = key, need, free
+
+
 def _free_device_memory(device: torch.device) -> int:
     """Free bytes on `device` after the caching allocator has given back what it holds unused."""
     torch.cuda.empty_cache()
@@ -156,13 +166,13 @@ def _free_device_memory(device: torch.device) -> int:
 class Engine:
     """One rank's resident models and the operations on them.
 
-    Residency: the diffusion models are kept least-recently-used, at most `max_models` of them - VAEs are not
-    counted (a Wan 2.2 workflow holds two experts and a VAE) - and on an accelerator by bytes as well: before a
-    model is built, the least recently used are evicted until the device has room for it (`free_memory`:
-    device -> free bytes, measured after the allocator's cache is emptied), never after. A model evicted is
-    released at once (gc: a parallelized model is a reference cycle through its hooks; the allocator's cache
-    emptied). A new patch version of a model (a LoRA strength change: same `lineage`, new key) replaces the old
-    one first."""
+    Residency: the models are kept least-recently-used (the ledger's order), and which of them go before a model
+    is built is the driver's decision from every rank's report (workers/residency.room: older patch versions, the
+    count, and on an accelerator the bytes - `free_memory`: device -> free bytes, measured after the allocator's
+    cache is emptied); this rank executes it and, before moving a model to its device, checks with every other rank
+    that there is room (check_room). A model evicted is released at once (gc: a parallelized model is a reference
+    cycle through its hooks; the allocator's cache emptied). `max_models` is the driver's count, kept for the
+    health job."""
 
     def __init__(self, max_models: int = 2, free_memory=None):
         self.max_models = max(1, int(max_models))
@@ -200,7 +210,7 @@ class Engine:
         for slot, r in self.models.items():
             key, _, layout = slot.partition(MESH_SEP)
             out.append({"slot": slot, "key": key, "family": r.family, "layout": layout or None, "lineage": r.lineage,
-                        "base": r.base is not None, "source": r.source is not None})
+                        "base": r.base is not None, "source": r.source is not None, "bytes": r.bytes})
         return out
 
     def touch(self, key: str, ctx=None) -> bool:
@@ -255,25 +265,34 @@ class Engine:
         if on_device or (device is not None and device.type == "cuda"):
             torch.cuda.empty_cache()
 
-    def make_room(self, key: str, incoming_bytes: int, device: Optional[torch.device], lineage: Optional[str] = None,
-                  is_vae: bool = False) -> None:
-        """Before building `key`: drop older patch versions of its lineage, keep the diffusion models within
-        max_models counting it, and on an accelerator evict least-recently-used models until `incoming_bytes`
-        fit the device's free memory. Raises MemoryError naming the bytes when even an empty device cannot."""
-        if lineage is not None:
-            self._evict([k for k, r in self.models.items() if r.lineage == lineage
-                         and k.partition(MESH_SEP)[0] != key], why="patch version", device=device)
-        if not is_vae:
-            dits = [k for k, r in self.models.items() if not r.is_vae and k.partition(MESH_SEP)[0] != key]
-            self._evict(dits[: max(0, len(dits) - (self.max_models - 1))], device=device)
-        if device is None or device.type != "cuda" or incoming_bytes <= 0:
+    def measured(self, device: Optional[torch.device]) -> bool:
+        """Whether this rank's device memory is a budget the driver makes room in: an accelerator (or a reader of
+        free bytes given to the engine: tests); a host rank's models are counted, not measured."""
+        return device is not None and (device.type == "cuda" or self.free_memory is not _free_device_memory)
+
+    def report(self, device: Optional[torch.device], *, measure: bool = False, need: Optional[int] = None) -> dict:
+        """This rank's Report (workers/residency.py) as a message: its ledger, and where measured its free device
+        bytes (`measure`: after a load - reading them empties the allocator's cache) and a short build's need."""
+        free = self.free_memory(device) if measure and self.measured(device) else None
+        return {"slots": self.ledger(), "free": free, "need": need}
+
+    def evict(self, slots, device: Optional[torch.device] = None) -> None:
+        """Drop the slots the driver decided (workers/residency.room) - this rank never picks its own: ranks that
+        evicted by their own free memory diverged (one dropped what rank 0 kept)."""
+        self._evict([k for k in slots if k in self.models], device=device)
+
+    def check_room(self, key: str, incoming_bytes: int, device: Optional[torch.device], ctx) -> None:
+        """Before `key`'s `incoming_bytes` move to `device`: does every rank have room? One all-reduce over the world,
+        so that all ranks agree (never one building while another cannot); any short, each raises RoomShort with its
+        own numbers and the driver decides the room again from them."""
+        if not self.measured(device):
             return
-        while self.free_memory(device) < incoming_bytes:
-            others = [k for k in self.models if k.partition(MESH_SEP)[0] != key]
-            if not others:
-                raise MemoryError(f"{key}: {incoming_bytes / 2**30:.2f} GiB of weights do not fit {device}, which "
-                                  f"has {self.free_memory(device) / 2**30:.2f} GiB free with nothing else resident")
-            self._evict(others[:1], device=device)
+        free = self.free_memory(device)
+        short = free < incoming_bytes
+        if ctx is not None and ctx.world_size > 1:
+            short = any_rank(short, (world_axis(ctx),), ctx.device)
+        if short:
+            raise RoomShort(key, incoming_bytes, free)
 
     def get(self, key: str, ctx=None, rank: int = 0) -> Resident:
         slot = self._slot(key, ctx)
@@ -285,11 +304,13 @@ class Engine:
 
     def add(self, key: str, family: str, model: torch.nn.Module, ctx, *, native_call=None,
             compute_dtype=None, device: Optional[torch.device] = None, source: Optional[dict] = None,
-            attention_kernel=None, lineage: Optional[str] = None) -> Resident:
-        """Make a built host model resident: parallelize it for ctx (DiT families), keep a PipeFusion stage's
-        own blocks only, then move what this rank holds to `device` (room made first: make_room)."""
+            attention_kernel=None, lineage: Optional[str] = None, evict=()) -> Resident:
+        """Make a built host model resident: drop the slots the driver decided (`evict`), parallelize it for ctx
+        (DiT families), keep a PipeFusion stage's own blocks only, then - every rank having room (check_room) - move
+        what this rank holds to `device`."""
         parallelized = family in ADAPTERS or family == ANY.family
         base_key = key
+        self.evict(evict, torch.device(device) if device is not None else None)
         self.drop_other_meshes(key)
         if parallelized:
             key = self._scoped(key, ctx)
@@ -299,16 +320,14 @@ class Engine:
                 keep_stage_blocks(model, ctx)  # a stage holds only its own blocks' weights
             apply_weight_sharding(model, ctx)  # a rank keeps 1/N of every weight (shard_weights)
         device = torch.device(device) if device is not None else None
+        # (a model rebuilt for another mesh from the tensors this rank already holds brings nothing new)
+        incoming = _tensor_bytes(model) - _tensor_bytes(model, on_device=True) if self.measured(device) else 0
+        self.check_room(base_key, incoming, device, ctx)
         if device is not None and device.type != "cpu":
-            # (a model rebuilt for another mesh from the tensors this rank already holds brings nothing new)
-            incoming = _tensor_bytes(model) - _tensor_bytes(model, on_device=True)
-            self.make_room(base_key, incoming, device, lineage, family.startswith("vae"))
             to_device(model, device)
-        else:
-            self.make_room(base_key, 0, device, lineage, family.startswith("vae"))
         if source is not None:
             source = held_tensors(model, source)
-        r = Resident(family, model, parallelized, native_call, compute_dtype, source, lineage)
+        r = Resident(family, model, parallelized, native_call, compute_dtype, source, lineage, bytes=incoming)
         self.models[key] = r
         self.loads += 1
         return r

@@ -188,9 +188,12 @@ class JobCollection:
         descs = results[0].get("tensors") or {}
         tensors = {k: read_tensor(d, self.shm_prefix, unlink=True, maps=self._arena_maps) for k, d in descs.items()}
         values = results[0].get("values") or {}
-        slots = residency.report(values)
-        if slots is not None:
-            world.slots = slots
         per_rank = [results[r].get("values") or {} for r in sorted(results)]
+        reports = [residency.report(v) for v in per_rank]
+        if all(r is not None for r in reports):
+            world.reports = reports
+            world.slots = list(reports[0].slots)
+            if any(r.need is not None for r in reports):  # a rank found no room: all of them answered "short"
+                values["short"] = True
         return JobResult(values=values, tensors=tensors, per_rank=per_rank, job_id=job_id,
                          elapsed_s=time.monotonic() - start)

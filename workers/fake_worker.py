@@ -84,8 +84,9 @@ class FakeState:
             if tensors and self.rank == 0:
                 first = sorted(tensors)[0]
                 out_tensors = {"out" if kind == "forward" else "image": copy_blob(tensors[first], self.prefix)}
-        elif kind == "load_model":  # the driver's decision (residency.py): touch what is held, else build
+        elif kind == "load_model":  # the driver's decision (residency.py): touch what is held, else evict and build
             key, action = values["key"], values["decision"]["action"]
+            evict = values["decision"].get("evict") or ()
             if action == "touch" and key in self.models:
                 self.models.remove(key)
                 self.models.append(key)
@@ -94,9 +95,8 @@ class FakeState:
                 out_values = {"stale": f"{action} {key}: not what this fake rank holds"}
             else:
                 self.fault(mode, "while loading")
-                self.models.append(key)
+                self.models = [k for k in self.models if k not in evict and k != key] + [key]  # as the driver decided
                 self.loads += 1
-                self.models = self.models[-self.max_models:]
                 out_values = {"loaded": True}
             out_values.update(loads=self.loads, resident=list(self.models),
                               residency=[{"slot": k, "key": k, "family": "fake"} for k in self.models])

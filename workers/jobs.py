@@ -28,6 +28,22 @@ from .transport import WEIGHT_PREFIX, Arena, read_tensor, tensor_dtype
 
 
 
+def _test_budget(rank: int):
+    """The tests' stand-in for an accelerator's memory on a CPU rank (HP_TEST_DEVICE_BYTES: one byte count per rank,
+    comma separated): free = that budget - what this rank's resident models took. None (the device's own reading)
+    when unset - the room the driver makes (workers/residency.room) is then tested on CPU with uneven ranks."""
+    spec = os.environ.get("HP_TEST_DEVICE_BYTES")
+    if not spec:
+        return None
+    budget = int(spec.split(",")[rank])
+    holder = {}
+
+    def free(device) -> int:
+        return budget - sum(r.bytes for r in holder["engine"].models.values())
+    free.holder = holder
+    return free
+
+
 class WorkerState:
     """Everything one worker keeps between jobs: its resident models (LRU) and counters."""
 
@@ -40,7 +56,10 @@ class WorkerState:
         self.preview_arenas = None      # rank 0's loop-mode previews: two, alternating, so the driver reads
                                         # one while the next step fills the other
         from comfyui_hybrid_parallel.parallel.engine import Engine
-        self.engine = Engine(max_models)  # the resident models and what computes with them
+        budget = _test_budget(rank)
+        self.engine = Engine(max_models, free_memory=budget)  # the resident models and what computes with them
+        if budget is not None:
+            budget.holder["engine"] = self.engine
         self.run: JobRun | None = None
         self.call_inputs: dict | None = None  # the latest step-mode call's inputs that a run may reuse
         self.bypass = None  # ComfyUI's LoRA-bypass sets of the running run (workers/bridge/carry.py Bypass)
@@ -392,8 +411,10 @@ def make_executor(state: WorkerState, ctx, contexts: dict | None = None):
             payload.clear()
         values = {k: v for k, v in out.items() if not isinstance(v, torch.Tensor)}
         tensors = {}
+        # every rank's report: the driver decides the next load and the room it makes from all of them (residency.py)
+        values["residency"] = state.engine.report(state.device, measure=kind in ("load_model", "release"),
+                                                  need=values.pop("need", None))
         if state.rank == 0:
-            values["residency"] = state.engine.ledger()  # the driver decides the next load from this (residency.py)
             tensors = state.arena.write({k: v.cpu() for k, v in out.items() if isinstance(v, torch.Tensor)})
         return {"ok": True, "values": values, "tensors": tensors}
 

@@ -171,7 +171,9 @@ class World:
         self.state = "starting"
         self.pending = None  # a job answered as cancelled whose ranks have not all finished (pool._drain)
         self.seen: dict = {}  # rank -> monotonic time of its last message during the latest job
-        self.slots: list = []  # what rank 0 holds, slot by slot (workers/residency.Slot): loads are decided on it
+        self.slots: list = []  # what rank 0 holds, slot by slot (workers/residency.Slot)
+        self.reports: list = []  # every rank's latest Report (workers/residency.py): loads and room are decided on them
+        self.needs: dict = {}  # key -> {rank: device bytes it needed there} (from "short" answers)
         self.cluster = cluster  # a Cluster (cluster.py): workers started by torchrun, maybe on other machines
         self.agent = None       # then: the torchrun agent of this machine's launch group
 

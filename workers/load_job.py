@@ -10,6 +10,7 @@ from .bridge.build import (attention_kernel, build_native, build_native_vae, cal
                            loader_weights)
 from .bridge.loader_types import operations
 from .bridge.patches import PREFIX, apply, decode
+from ..parallel.engine import RoomShort
 from .residency import LoadDecision
 from .transport import WEIGHT_PREFIX
 
@@ -62,7 +63,10 @@ def job_load_model(state, ctx, payload: dict) -> dict:
             raise ValueError(f"load_model {decision.key!r}: a patch decision without its patches (an empty set undoes)")
         return _patch_in_place(state, ctx, payload, patches, decision.slot, kept)
     weights = kept.source if decision.action == "rebuild" else _sent_weights(payload)
-    return _build_resident(state, ctx, payload, weights, patches)
+    try:
+        return _build_resident(state, ctx, payload, weights, patches, decision.evict)
+    except RoomShort as short:  # every rank agreed some rank has no room: nothing built, the driver decides again
+        return _loaded(engine, need=short.need)
 
 
 def _loaded(engine, **values) -> dict:
@@ -103,7 +107,7 @@ def _sent_weights(payload: dict) -> dict:
     return weights
 
 
-def _build_resident(state, ctx, payload: dict, weights: dict, patches) -> dict:
+def _build_resident(state, ctx, payload: dict, weights: dict, patches, evict=()) -> dict:
     """Build the model (ComfyUI's VAE, or ComfyUI's own class with its ops) from `weights`, make it resident, and
     apply `patches` to it (the weights are then its base, kept for the next version)."""
     key, engine, native = payload["key"], state.engine, payload.get("native")
@@ -123,7 +127,7 @@ def _build_resident(state, ctx, payload: dict, weights: dict, patches) -> dict:
     # accelerator only unpatched weights: there the patches are applied to the model's own tensors in place
     keep = ctx.config.whole_model and (state.device.type == "cpu" or patches is None)
     r = engine.add(key, payload["family"], model, ctx, device=state.device, source=weights if keep else None,
-                   lineage=payload.get("lineage"), **extra)
+                   lineage=payload.get("lineage"), evict=evict, **extra)
     if patches is not None:  # base weights + patches: kept (host, shared by the local ranks) for the next version
         if not ctx.config.whole_model:
             raise ValueError("weight patches travel only to ranks that hold the whole model (no tp / pp / "

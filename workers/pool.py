@@ -383,7 +383,7 @@ class WorkerPool(JobCollection):
             if w is None or not w.alive() or w.state != "idle":
                 return 0
             res = self.submit(w.config, "release", timeout_s=60.0)
-            w.slots = []
+            w.slots, w.reports = [], []
             return int(res.values.get("released", 0))
         except PoolError:
             return 0

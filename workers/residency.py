@@ -11,10 +11,17 @@ lineage, whether its unpatched base and its source weights are kept), the driver
 (`decide`), and sends the decision as one typed message (`LoadDecision`). A worker executes it straight through; if
 its state is not what the report said (a job failed after the report), it answers "stale" with its own report and
 the driver decides again - never a guess.
+
+Eviction has the same one owner (`room`): every rank reports (`Report`: its slots with their device bytes, its
+free device bytes after a load), the driver picks the slots to evict from all the reports and every rank drops
+exactly those. Why: each rank used to evict by its own free memory; the rank beside ComfyUI's own models, shorter
+of memory, dropped a model rank 0 kept, and the next "touch" of it failed a forward with a KeyError. A rank that
+finds, building, that the decided room is not enough does not evict on its own either: all the ranks agree on it
+(one all-reduce, parallel/engine.Engine.add) and answer "short" with their numbers, and the driver decides again.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 import os
 from typing import Optional
 
@@ -33,6 +40,11 @@ class Slot:
     lineage: Optional[str] = None  # the driver's model object: other patch versions share it
     base: bool = False            # its unpatched weights are kept: a new patch version is applied to it in place
     source: bool = False          # the weights it was built from are kept: another layout rebuilds from them
+    bytes: int = 0                # its parameters and buffers on the rank's accelerator (0: a host rank)
+
+    @property
+    def is_vae(self) -> bool:
+        return self.family.startswith("vae")
 
     @classmethod
     def from_report(cls, d: dict) -> "Slot":
@@ -50,21 +62,26 @@ class LoadDecision:
     slot: Optional[str] = None
     weights: Optional[str] = None
     undo: bool = False  # patch: the model's unpatched version (an empty patch set travels)
+    evict: tuple = ()   # build / rebuild: the slots every rank drops first (`room`), least recently used first
 
     def __post_init__(self):
+        object.__setattr__(self, "evict", tuple(self.evict))
         if self.action not in ACTIONS:
             raise ValueError(f"load action must be one of {', '.join(ACTIONS)}, got {self.action!r}")
         if self.action in ("patch", "rebuild") and not self.slot:
             raise ValueError(f"a {self.action} decision names the resident slot it works on")
         if self.action == "build" and self.weights != "sent":
             raise ValueError("a build decision says where the weights come from: 'sent'")
+        if self.evict and self.action not in ("build", "rebuild"):
+            raise ValueError(f"only a build or a rebuild makes room; a {self.action} decision evicts nothing")
 
     @property
     def needs_weights(self) -> bool:
         return self.action == "build"
 
     def message(self) -> dict:
-        return {k: v for k, v in asdict(self).items() if v is not None}
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()
+                if v is not None and v != ()}
 
     @classmethod
     def from_message(cls, d: dict) -> "LoadDecision":
@@ -95,15 +112,67 @@ def decide(slots: list, key: str, *, layout: str, lineage: Optional[str], patche
     return LoadDecision("build", key, weights="sent")
 
 
+@dataclass(frozen=True)
+class Report:
+    """One rank's answer about what it holds: its slots (least recently used first), and on an accelerator the
+    bytes free there (measured after a load, the allocator's cache emptied; None: a host rank, models counted only)
+    and, in a "short" answer, the bytes the decided model needed on this rank."""
+    slots: tuple = ()
+    free: Optional[int] = None
+    need: Optional[int] = None
+
+    def message(self) -> dict:
+        return {"slots": [asdict(s) for s in self.slots], "free": self.free, "need": self.need}
+
+    @classmethod
+    def from_message(cls, d) -> "Report":
+        if isinstance(d, list):  # slots only (a fake rank's or an older reply's)
+            d = {"slots": d}
+        return cls(tuple(Slot.from_report(s) for s in d.get("slots") or ()), d.get("free"), d.get("need"))
+
+
 def ledger(world) -> list:
-    """The slots rank 0 of `world` reported last ([] for no world: nothing is resident)."""
-    return [] if world is None else list(world.slots)
+    """The slots every rank of `world` reported holding last, in rank 0's order ([] for no world: nothing is
+    resident). A slot one rank lacks (a job that failed on some ranks) counts as not resident: it is built again."""
+    if world is None:
+        return []
+    reports = getattr(world, "reports", None) or []
+    held = [{s.slot for s in r.slots} for r in reports[1:]]
+    return [s for s in world.slots if all(s.slot in h for h in held)]
 
 
-def report(values: dict) -> Optional[list]:
-    """The Slots of a job's reply, or None when it carries no report (workers/jobs.make_executor adds it)."""
-    slots = values.get("residency")
-    return None if slots is None else [Slot.from_report(d) for d in slots]
+def report(values: dict) -> Optional[Report]:
+    """The Report of a job's reply, or None when it carries none (workers/jobs.make_executor adds it)."""
+    d = values.get("residency")
+    return None if d is None else Report.from_message(d)
+
+
+def room(reports: list, key: str, *, lineage: Optional[str], is_vae: bool, max_models: int) -> tuple:
+    """The slots every rank drops before `key` is built, least recently used first: older patch versions of its
+    lineage (a LoRA strength change replaces the old one), the diffusion models beyond `max_models` counting it (VAEs
+    are not counted: a Wan 2.2 workflow holds two experts and a VAE), and on an accelerator, where a rank's report
+    says what `key` needs there (a "short" answer), models until every rank has room. Raises MemoryError, before
+    anything is evicted, when a rank could not hold `key` with nothing else resident."""
+    order = list(dict.fromkeys(s.slot for r in reports for s in r.slots))  # rank 0's order first, then others'
+    info = {s.slot: s for r in reversed(reports) for s in r.slots}
+    others = [n for n in order if info[n].key != key]
+    evict = [n for n in others if lineage is not None and info[n].lineage == lineage]
+    if not is_vae:
+        dits = [n for n in others if not info[n].is_vae and n not in evict]
+        evict += dits[: max(0, len(dits) - (max_models - 1))]
+    for rank, r in enumerate(reports):
+        if r.need is None or r.free is None:
+            continue
+        held = {s.slot: s.bytes for s in r.slots}
+        freed = lambda: sum(held.get(n, 0) for n in evict)  # noqa: E731
+        for n in (n for n in others if n not in evict):
+            if r.free + freed() >= r.need:
+                break
+            evict.append(n)
+        if r.free + freed() < r.need:
+            raise MemoryError(f"{key}: {r.need / 2**30:.2f} GiB of weights do not fit rank {rank}'s device, which "
+                              f"has {(r.free + freed()) / 2**30:.2f} GiB free with nothing else resident")
+    return tuple(evict)
 
 
 STALE_RETRIES = 2  # a decision the ranks answer "stale" is made again from their report; more means a bug
@@ -126,12 +195,19 @@ def ensure_model(pool, config, base: dict, *, state_dict, timeout_s, lineage, ad
         # a dict made for this call (a callable's) is emptied as it is written: each tensor is let go at once
         return pool._write_weights(sd if callable(state_dict) else dict(sd), adopt)
 
+    def let_go(written: dict) -> None:
+        for d in written.values():  # normally removed by the job that carried them; not if it never started
+            unlink(d, pool.shm_prefix)
+        pool._written.difference_update(d["name"] for d in written.values())
+
     if decide(ledger(pool.world), key, **request).weights == "sent":
         written = write()
     try:
         with pool._lock:
             for _ in range(STALE_RETRIES + 1):
-                decision = decide(ledger(pool.ensure_world(config)), key, **request)
+                world = pool.ensure_world(config)
+                decision = _with_room(decide(ledger(world), key, **request), world, key, lineage,
+                                      str(base.get("family", "")).startswith("vae"), pool.max_models)
                 values = {**base, "decision": decision.message()}
                 tensors = {}
                 if decision.action in ("build", "rebuild", "patch") and (patches is not None or decision.undo):
@@ -142,12 +218,29 @@ def ensure_model(pool, config, base: dict, *, state_dict, timeout_s, lineage, ad
                     written = write()
                 res = pool.submit(config, "load_model", values, tensors, timeout_s=timeout_s,
                                   written=written if decision.weights == "sent" else None)
+                if res.values.get("short"):  # every rank answered with its numbers: decide the room again
+                    let_go(written)
+                    written = {}
+                    continue
                 if not res.values.get("stale"):
                     pool.last_load = dict(res.values)
                     return pool.last_load
-            raise RuntimeError(f"load_model {key!r}: the ranks answered {res.values['stale']!r} to a decision made from "
+            why = res.values.get("stale") or res.values.get("short")
+            raise RuntimeError(f"load_model {key!r}: the ranks answered {why!r} to a decision made from "
                                f"their own report {STALE_RETRIES + 1} times")
     finally:
-        for d in written.values():  # normally removed by the job that carried them; not if it never started
-            unlink(d, pool.shm_prefix)
-        pool._written.difference_update(d["name"] for d in written.values())
+        let_go(written)
+
+
+def _with_room(decision: LoadDecision, world, key: str, lineage, is_vae: bool, max_models: int) -> LoadDecision:
+    """A build or a rebuild with the room every rank makes first (`room`), from every rank's last report; what `key`
+    needed on a rank is remembered from its "short" answer (the next load of it on a full device goes straight)."""
+    if decision.action not in ("build", "rebuild") or world is None:
+        return decision
+    reports = list(getattr(world, "reports", None) or [Report(tuple(world.slots))])
+    needs = world.needs.setdefault(key, {}) if hasattr(world, "needs") else {}
+    for rank, r in enumerate(reports):
+        if r.need is not None:
+            needs[rank] = r.need
+    reports = [Report(r.slots, r.free, needs.get(rank)) for rank, r in enumerate(reports)]
+    return replace(decision, evict=room(reports, key, lineage=lineage, is_vae=is_vae, max_models=max_models))

@@ -1,13 +1,14 @@
-"""What a rank keeps resident (parallel/engine.py): diffusion models counted apart from VAEs, room made before a
-model is built (never after), on an accelerator by bytes, older patch versions of the same model dropped first,
-memory given back at once. The accelerator's memory is stubbed here (a fake free-bytes reader and a recording
+"""What a rank keeps resident: the room made before a model is built, decided by the driver from every rank's report
+(workers/residency.room: diffusion models counted apart from VAEs, on an accelerator by bytes, older patch versions
+of the same model dropped first) and executed by each rank's engine (parallel/engine.py), memory given back at once. The accelerator's memory is stubbed here (a fake free-bytes reader and a recording
 empty_cache): the calls and their order are what is checked; the GPU suite measures it on a GPU."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from comfyui_hybrid_parallel.parallel.engine import MESH_SEP, Engine, Resident
+from comfyui_hybrid_parallel.parallel.engine import MESH_SEP, Engine, Resident, RoomShort
+from comfyui_hybrid_parallel.workers.residency import Report, Slot, room
 
 GIB = 2**30
 
@@ -45,43 +46,64 @@ def gpu(monkeypatch):
     return engine, dev, emptied
 
 
-def test_vaes_are_not_counted_and_two_experts_stay(gpu):
-    """Wan 2.2: a high- and a low-noise expert and a VAE, max_models=2: nothing is evicted."""
-    engine, dev, _ = gpu
-    for key, family in (("high", "wan"), ("low", "wan"), ("vae", "vae_comfy")):
-        engine.make_room(key, 6 * GIB, torch.device("cuda", 0), is_vae=family.startswith("vae"))
-        engine.models[key] = _resident(family, 6 * GIB)
-    engine.make_room("high", 6 * GIB, torch.device("cuda", 0))  # its turn again: already resident, room is there
-    assert list(engine.models) == ["high", "low", "vae"] and engine.evicted == []
+def _slot(name, nbytes=0, family="flux", lineage=None):
+    return Slot(slot=name, key=name.partition(MESH_SEP)[0], family=family, lineage=lineage, bytes=nbytes)
 
 
-def test_room_is_made_by_bytes_before_loading_least_recent_first(gpu):
-    engine, dev, emptied = gpu
-    for key in ("a", "b"):
-        engine.models[key] = _resident("flux", 10 * GIB)
-    engine.max_models = 4
-    engine.make_room("c", 12 * GIB, torch.device("cuda", 0))  # 4 GiB free: one of 10 GiB must go
-    assert engine.evicted == ["a"] and list(engine.models) == ["b"]
-    assert emptied == [1]  # released right after the eviction, before the free memory is read again
-    with pytest.raises(MemoryError, match=r"30.00 GiB of weights do not fit cuda:0, which has 24.00 GiB free"):
-        engine.make_room("d", 30 * GIB, torch.device("cuda", 0))
+def test_vaes_are_not_counted_and_two_experts_stay():
+    """Wan 2.2: a high- and a low-noise expert and a VAE, max_models=2: nothing is evicted for either expert; a third
+    diffusion model evicts the least recently used expert, never the VAE."""
+    held = Report((_slot("high", 6 * GIB, "wan"), _slot("low", 6 * GIB, "wan"), _slot("vae", GIB, "vae_comfy")))
+    assert room([held], "high", lineage=None, is_vae=False, max_models=2) == ()
+    assert room([held], "vae2", lineage=None, is_vae=True, max_models=2) == ()
+    assert room([held], "third", lineage=None, is_vae=False, max_models=2) == ("high",)
 
 
-def test_an_older_patch_version_is_dropped_first(gpu):
+def test_room_is_made_by_bytes_least_recent_first_or_refused_before_any_eviction():
+    a, b = _slot("a", 10 * GIB), _slot("b", 10 * GIB)
+    short = Report((a, b), free=4 * GIB, need=12 * GIB)  # 4 GiB free: one of 10 GiB must go
+    assert room([short], "c", lineage=None, is_vae=False, max_models=4) == ("a",)
+    with pytest.raises(MemoryError, match=r"30.00 GiB of weights do not fit rank 0's device, which has 24.00 GiB"):
+        room([Report((a, b), free=4 * GIB, need=30 * GIB)], "d", lineage=None, is_vae=False, max_models=4)
+
+
+def test_every_rank_evicts_what_the_shortest_needs():
+    """The rank beside ComfyUI's own models has less free memory: the room is made on every rank alike (the ranks
+    used to evict by their own free memory and diverge - a touch then failed a forward with a KeyError)."""
+    a, b = _slot("a", 8 * GIB), _slot("b", 8 * GIB)
+    roomy, beside_comfy = Report((a, b), free=20 * GIB, need=10 * GIB), Report((a, b), free=4 * GIB, need=10 * GIB)
+    assert room([roomy, beside_comfy], "c", lineage=None, is_vae=False, max_models=4) == ("a",)
+    assert room([roomy, Report((a, b), free=12 * GIB, need=10 * GIB)], "c", lineage=None, is_vae=False,
+                max_models=4) == ()
+
+
+def test_an_older_patch_version_is_dropped_first():
     """A LoRA strength change: the same model object (lineage) under a new key replaces the old version."""
-    engine, dev, _ = gpu
-    engine.models["m:lora0.5"] = _resident("flux", 8 * GIB, lineage="m")
-    engine.models["other"] = _resident("flux", 8 * GIB, lineage="o")
-    engine.make_room("m:lora0.8", 8 * GIB, torch.device("cuda", 0), lineage="m")
-    assert engine.evicted == ["m:lora0.5"] and list(engine.models) == ["other"]
+    held = Report((_slot("m:lora0.5", 8 * GIB, lineage="m"), _slot("other", 8 * GIB, lineage="o")))
+    assert room([held], "m:lora0.8", lineage="m", is_vae=False, max_models=2) == ("m:lora0.5",)
 
 
 def test_host_models_are_counted_not_measured():
-    engine = Engine(max_models=2, free_memory=lambda d: pytest.fail("a host rank reads no device memory"))
-    for key in ("a", "b", "vae"):
-        engine.models[key + MESH_SEP + "1-1"] = Resident("vae_comfy" if key == "vae" else "sd3", _Model(0))
-    engine.make_room("c", 0, torch.device("cpu"))
-    assert engine.evicted == ["a" + MESH_SEP + "1-1"]
+    held = Report(tuple(_slot(k + MESH_SEP + "1-1", family="vae_comfy" if k == "vae" else "sd3")
+                        for k in ("a", "b", "vae")))
+    assert room([held], "c", lineage=None, is_vae=False, max_models=2) == ("a" + MESH_SEP + "1-1",)
+    engine = Engine(max_models=2)
+    assert not engine.measured(torch.device("cpu")) and engine.report(torch.device("cpu"), measure=True)["free"] is None
+
+
+def test_the_engine_executes_the_decided_room_and_checks_it(gpu):
+    """A rank drops exactly the slots decided, released at once; if the decided room is not enough it raises
+    RoomShort with its numbers (every rank does, agreed by an all-reduce: workers/load_job answers "short")."""
+    engine, dev, emptied = gpu
+    for key in ("a", "b"):
+        engine.models[key] = _resident("flux", 10 * GIB)
+    engine.evict(["a", "not-held"], torch.device("cuda", 0))
+    assert engine.evicted == ["a"] and list(engine.models) == ["b"] and emptied == [1]
+    engine.check_room("c", 12 * GIB, torch.device("cuda", 0), None)  # 14 GiB free
+    with pytest.raises(RoomShort) as short:
+        engine.check_room("c", 16 * GIB, torch.device("cuda", 0), None)
+    assert (short.value.need, short.value.free) == (16 * GIB, 14 * GIB)
+    assert engine.report(torch.device("cuda", 0), measure=True)["free"] == 14 * GIB
 
 
 def test_a_mesh_change_rebuilds_from_the_tensors_the_rank_holds():
