@@ -153,7 +153,7 @@ class ComfyServer:
     def fork_server_pids(self, procs: list | None = None) -> list:
         """The pack's fork servers (workers/forkserver.py) this server started (sorted)."""
         return sorted(pid for pid, ppid, cmd in (procs or self._processes())
-                      if ppid == self.proc.pid and "worker_main --forkserver" in cmd)
+                      if ppid == self.proc.pid and "workers.forkserver_main --driver-pid" in cmd)
 
     def worker_pids(self) -> list:
         """Our pool's worker processes (sorted): forks of this server's fork server, or its children running the

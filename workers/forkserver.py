@@ -165,8 +165,8 @@ class ForkServer:
             self.env = import_time_env(env)
             try:
                 self.proc = subprocess.Popen(
-                    [sys.executable, "-c", BOOTSTRAP, str(pack_root()), f"{PACKAGE}.workers.worker_main",
-                     "--forkserver", "--driver-pid", str(os.getpid()), "--reply-fd", str(write_fd)],
+                    [sys.executable, "-c", BOOTSTRAP, str(pack_root()), f"{PACKAGE}.workers.forkserver_main",
+                     "--driver-pid", str(os.getpid()), "--reply-fd", str(write_fd)],
                     stdin=subprocess.PIPE, pass_fds=(write_fd,), close_fds=True, cwd=self.cwd, env=env)
             finally:
                 os.close(write_fd)
@@ -352,11 +352,10 @@ def serve(driver_pid: int, reply_fd: int) -> int:
 
 
 def main(argv=None) -> int:
-    """`worker_main --forkserver --driver-pid P --reply-fd F` (the worker module's entry, never imported by the
-    package's __init__, so runpy runs one copy of it)."""
+    """`workers.forkserver_main --driver-pid P --reply-fd F`: the server's entry module runs this (it is its own
+    module so that runpy runs a module nothing imports; its forks run worker_main.main)."""
     p = argparse.ArgumentParser(description="the pack's fork server (started by the driver)")
     p.add_argument("--driver-pid", type=int, required=True)
     p.add_argument("--reply-fd", type=int, required=True)
     args = p.parse_args(argv)
     return serve(args.driver_pid, args.reply_fd)
-

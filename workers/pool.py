@@ -32,8 +32,9 @@ from .fake_worker import parse_behaviour
 from .launch import World, balance_spec
 from .platform_support import check_os, check_pool
 from .protocol import model_families
-from .transport import (WEIGHT_PREFIX, Arena, cleanup_prefix, new_prefix, shm_dir, sweep_stale,
-                        unlink, write_tensor, write_weights)
+from .sweep import sweep_stale
+from .transport import (WEIGHT_PREFIX, Arena, cleanup_prefix, new_prefix, shm_dir, unlink, write_tensor,
+                        write_weights)
 
 JOB_KINDS = ("health", "release", "echo", "model_bytes", "prepare", "steps", "load_model", "forward", "vae_decode", "loop",
              "pipefusion_loop")

@@ -38,7 +38,6 @@ import glob
 import logging
 import mmap
 import os
-import re
 import shutil
 import tempfile
 import uuid
@@ -46,7 +45,7 @@ import uuid
 # float8_e8m0fnu: the per-block scales of ComfyUI's mxfp8 quantized weights (a power of two per byte)
 _ITEMSIZE = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4, "int16": 2, "int8": 1,
              "uint8": 1, "bool": 1, "complex64": 8, "float8_e4m3fn": 1, "float8_e5m2": 1, "float8_e8m0fnu": 1}
-_DTYPES = tuple(_ITEMSIZE)
+TRAVEL_DTYPES = tuple(_ITEMSIZE)
 
 
 class SharedMemoryFull(OSError):
@@ -64,7 +63,7 @@ def fallback_dir() -> str:
     return os.environ.get("HP_SHM_FALLBACK_DIR") or tempfile.gettempdir()
 
 
-def _dirs() -> list:
+def file_dirs() -> list:
     first, second = shm_dir(), fallback_dir()
     return [first] if os.path.realpath(first) == os.path.realpath(second) else [first, second]
 
@@ -102,7 +101,7 @@ def _path(name: str, prefix: str) -> str:
     """Where the pool's file `name` is: the shared-memory directory, else the fallback (see the module doc)."""
     if not name.startswith(prefix) or "/" in name or "\0" in name or name in (".", ".."):
         raise ValueError(f"shared-memory name {name!r} does not belong to this pool (prefix {prefix!r})")
-    dirs = _dirs()
+    dirs = file_dirs()
     primary = os.path.join(dirs[0], name)
     if len(dirs) > 1 and not os.path.exists(primary):
         fallback = os.path.join(dirs[1], name)
@@ -113,8 +112,8 @@ def _path(name: str, prefix: str) -> str:
 
 def tensor_dtype(name: str):
     import torch
-    if name not in _DTYPES:
-        raise ValueError(f"dtype {name!r} cannot travel through the pool; supported: {', '.join(_DTYPES)}")
+    if name not in TRAVEL_DTYPES:
+        raise ValueError(f"dtype {name!r} cannot travel through the pool; supported: {', '.join(TRAVEL_DTYPES)}")
     return getattr(torch, name)
 
 
@@ -127,7 +126,7 @@ def _create(prefix: str, nbytes: int, reserve: bool = False, start: int = 0, nam
     through a mapping must be, or a full tmpfs kills the writer with SIGBUS). `start`: the first directory to try.
     `name`: chosen by the caller (new_name), e.g. to protect it from a concurrent cleanup before it exists."""
     name = name or new_name(prefix)
-    dirs = _dirs()
+    dirs = file_dirs()
     for i in range(start, len(dirs)):
         path = os.path.join(dirs[i], name)
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
@@ -199,7 +198,7 @@ def write_tensor(t, prefix: str, name: str | None = None, lead: int = 0) -> dict
     view = _bytes_view(t.contiguous())
     if lead:
         desc["lead"] = lead
-    for start in range(len(_dirs())):
+    for start in range(len(file_dirs())):
         name, fd = _create(prefix, lead + nbytes, start=start, name=name)
         try:
             os.lseek(fd, lead, os.SEEK_SET)
@@ -211,7 +210,7 @@ def write_tensor(t, prefix: str, name: str | None = None, lead: int = 0) -> dict
             os.unlink(_path(name, prefix))
             if e.errno not in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
                 raise
-            _full(_dirs()[start], nbytes, last=start == len(_dirs()) - 1)
+            _full(file_dirs()[start], nbytes, last=start == len(file_dirs()) - 1)
             continue
         os.close(fd)
         desc["name"] = name
@@ -449,7 +448,7 @@ def copy_blob(desc: dict, prefix: str) -> dict:
 def list_prefix(prefix: str) -> list:
     if not prefix or "/" in prefix:
         raise ValueError(f"bad prefix {prefix!r}")
-    return sorted(p for d in _dirs() for p in glob.glob(os.path.join(glob.escape(d), glob.escape(prefix) + "*")))
+    return sorted(p for d in file_dirs() for p in glob.glob(os.path.join(glob.escape(d), glob.escape(prefix) + "*")))
 
 
 def cleanup_prefix(prefix: str, keep=()) -> int:
@@ -473,46 +472,4 @@ def cleanup_prefix(prefix: str, keep=()) -> int:
             n += 1
         except FileNotFoundError:
             pass
-    return n
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # someone else's live process
-    return True
-
-
-def sweep_stale(tmp_root: str | None = None) -> int:
-    """Remove what dead pools left behind: shared-memory files `chp-<pid>-...`, pool folders `chp-pool-<pid>-...`
-    and the fork servers' working folders `chp-forks-<pid>-...` (nodes/runtime.py; `chp-spares-` of older versions) whose creating process
-    is gone, owned by this user (a ComfyUI killed together with its rank 0 cannot clean up after itself). Live
-    pools and other users' files are never touched; returns how many entries were removed."""
-    uid, n = os.getuid() if hasattr(os, "getuid") else None, 0
-    files = r"chp-(\d+)-[0-9a-f]{8}-"
-    folders = r"chp-(?:pool|forks|spares)-(\d+)-"
-    for root, pattern in [*((d, files) for d in _dirs()), (tmp_root or tempfile.gettempdir(), folders)]:
-        try:
-            names = os.listdir(root)
-        except OSError:
-            continue
-        for name in names:
-            m = re.match(pattern, name)
-            if not m or _pid_alive(int(m.group(1))):
-                continue
-            path = os.path.join(root, name)
-            try:
-                st = os.lstat(path)
-                if uid is not None and st.st_uid != uid:
-                    continue
-                if os.path.isdir(path) and not os.path.islink(path):
-                    shutil.rmtree(path, ignore_errors=True)
-                else:
-                    os.unlink(path)
-                n += 1
-            except OSError:
-                pass
     return n

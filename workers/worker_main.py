@@ -156,11 +156,7 @@ def release(state, contexts: dict, channel) -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--forkserver"]:  # the driver's fork server (forkserver.py): forks the workers of its worlds
-        from comfyui_hybrid_parallel.workers.forkserver import main as forkserver_main
-        code = forkserver_main(sys.argv[2:])
-    else:
-        code = main()
+    code = main()
     # Everything this worker owns is released; skip the interpreter's finalisation (torch and ComfyUI
     # modules tearing down, OpenMP pools joining), which took seconds and ended in the pool's SIGKILL.
     sys.stdout.flush()

@@ -23,6 +23,22 @@ def _modules() -> dict:
     return out
 
 
+PACKAGE = "comfyui_hybrid_parallel"
+
+
+def _absolute(node):
+    """[(target module, imported name)] of an absolute import of the pack's own modules (the pack imports itself by
+    its package name inside functions: a circle closed that way is one as well), else None."""
+    if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and \
+            (node.module == PACKAGE or node.module.startswith(PACKAGE + ".")):
+        target = node.module[len(PACKAGE) + 1:]
+        return [(target, a.name) for a in node.names]
+    if isinstance(node, ast.Import):
+        found = [(a.name[len(PACKAGE) + 1:], "") for a in node.names if a.name.startswith(PACKAGE + ".")]
+        return [(t, "") for t, _ in found] or None
+    return None
+
+
 def import_graph(mods: dict) -> dict:
     """{module: the pack's modules it imports}. `from . import x` depends on the submodule x (not on the package's
     __init__, which Python has already begun); `from .m import name` on m (and on m.name where that is a module)."""
@@ -31,6 +47,11 @@ def import_graph(mods: dict) -> dict:
         base = name.split(".") if name else []
         deps = set()
         for node in ast.walk(ast.parse(path.read_text())):
+            absolute = _absolute(node)  # `from comfyui_hybrid_parallel.x import y` / `import comfyui_hybrid_parallel.x`
+            if absolute is not None:
+                subs = {f"{t}.{a}".lstrip(".") for t, a in absolute} & mods.keys()
+                deps |= subs | ({t for t, _ in absolute} & mods.keys())
+                continue
             if not (isinstance(node, ast.ImportFrom) and node.level > 0):
                 continue
             here = base if is_pkg else base[:-1]
@@ -101,6 +122,13 @@ def test_a_circle_through_a_package_init_is_found(tmp_path):
     mods = {"p": (tmp_path / "p/__init__.py", True), "p.loop": (tmp_path / "p/loop.py", False),
             "p.sampling": (tmp_path / "p/sampling.py", False), "q": (tmp_path / "q.py", False)}
     assert circles(import_graph(mods)) == [["p", "p.loop", "q"]]
+
+
+def test_an_absolute_self_import_inside_a_function_closes_a_circle(tmp_path):
+    (tmp_path / "a.py").write_text("from .b import f\n")
+    (tmp_path / "b.py").write_text(f"def f():\n    from {PACKAGE}.a import g\n")
+    mods = {"a": (tmp_path / "a.py", False), "b": (tmp_path / "b.py", False)}
+    assert circles(import_graph(mods)) == [["a", "b"]]
 
 
 def test_the_circle_finder_finds_a_circle():

@@ -23,7 +23,7 @@ import torch
 
 from ...parallel.models import ANY, adapter_for, supported_titles, unchecked_base
 from ...parallel.models.any_model import RECIPE
-from ..transport import _DTYPES
+from ..transport import TRAVEL_DTYPES
 from .build import comfy_runtime  # (re-exported: the VAE node and the runtime send it)
 
 from ...parallel.config import ConfigError
@@ -116,9 +116,9 @@ def check_weights(diffusion_model) -> int:
                              f"weight_dtype, fp8 included) or a GGUF loader") from None
         r = raw(t)
         dtype = str(r.dtype).removeprefix("torch.")
-        if dtype not in _DTYPES:
+        if dtype not in TRAVEL_DTYPES:
             raise NotCarried(f"weight {name!r} has dtype {dtype}, which the workers cannot carry; supported: "
-                             f"{', '.join(_DTYPES)}")
+                             f"{', '.join(TRAVEL_DTYPES)}")
         total += r.numel() * r.element_size()
     return total
 
