@@ -40,22 +40,6 @@ def warn_idle_cfg(hp, cfg: float, negative, who: str) -> bool:
     return True
 
 
-def guider_inputs(guider, args: tuple, kwargs: dict):
-    """(latent shape, cfg, negative, positive) of a CFGGuider about to run outer_sample(noise, latent_image, ...):
-    what degrees "auto" needs, read where a model patch sees them (Parallel Model). The conds are ComfyUI's
-    converted lists of dicts; they go back to CONDITIONING form ([tensor, dict]) for text_tokens. DualCFGGuider
-    keeps cfg1 / cfg2; BasicGuider has no negative."""
-    latent = args[1] if len(args) > 1 else kwargs.get("latent_image")
-    conds = getattr(guider, "conds", None) or getattr(guider, "original_conds", {}) or {}
-
-    def as_conditioning(k):
-        return [[c["cross_attn"], c] for c in conds.get(k) or [] if "cross_attn" in c] or None
-    scales = [getattr(guider, n) for n in ("cfg", "cfg1", "cfg2") if isinstance(getattr(guider, n, None), (int, float))]
-    cfg = next((c for c in scales if not math.isclose(float(c), 1.0)), 1.0)
-    negative = as_conditioning("negative") or (conds.get("negative") and [[None, {}]]) or None
-    return tuple(latent.shape), float(cfg), negative, as_conditioning("positive")
-
-
 def text_tokens(*conditionings, default: int = 77) -> int:
     """The longest text context among ComfyUI CONDITIONING lists ([[tensor (B, T, C), {...}], ...])."""
     lengths = [c[0].shape[1] for cond in conditionings if cond for c in cond

@@ -11,12 +11,13 @@ latent and the cfg are known only to the guider, at the run.
 """
 from __future__ import annotations
 
-from .auto import guider_inputs, resolve_auto, warn_idle_cfg
+from .auto import resolve_auto, warn_idle_cfg
 from ..workers.bridge.host import take_over_from_dynamic_vram
 from ..workers.bridge.fbcache import without_fbcache_wrapper
 from ..workers.bridge.sampling import APPLY_MODEL, OUTER_SAMPLE, add_wrapper
 from ..workers.bridge.graph import executing, given
-from ..workers.bridge.prepare import (WRAPPER_KEY, capture_run, check_latent, check_not_multigpu, check_not_on_pool, guider_run,
+from ..workers.bridge.prepare import (WRAPPER_KEY, capture_run, check_latent, check_not_multigpu, check_not_on_pool, guider_inputs,
+                                      guider_of, guider_run,
                                       host_clone, patches_on_workers, pool_state, without_compile_wrapper)
 from ..workers.bridge.proxy import make_apply_model_wrapper
 from ..workers.bridge.spec import check_memory
@@ -61,7 +62,7 @@ class ParallelModel:
         chosen = {"hp": hp, "run": first}
 
         def outer_sample(executor, *args, **kwargs):
-            guider = executor.class_obj
+            guider = guider_of(executor)
             patcher, conds, model_options = guider_run(guider)  # the patcher sampling now (maybe LoRA'd after this)
             check_not_multigpu(patcher, "Parallel Model")  # MultiGPU CFG Split placed after this node
             shape, cfg, negative, positive = guider_inputs(guider, args, kwargs)

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from comfyui_hybrid_parallel.nodes import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS
-from comfyui_hybrid_parallel.nodes.auto import guider_inputs, warn_idle_cfg
+from comfyui_hybrid_parallel.nodes.auto import warn_idle_cfg
+from comfyui_hybrid_parallel.workers.bridge.prepare import guider_inputs
 from comfyui_hybrid_parallel.nodes.config_node import HybridParallelConfig, auto_device_count
 from comfyui_hybrid_parallel.nodes.simple_node import PRESETS, ParallelGPUsNode
 from comfyui_hybrid_parallel.parallel import ParallelConfig

@@ -5,6 +5,7 @@ Also the MODEL the pool's runs sample (`host_clone`: ComfyUI's copy stays on the
 travel as patches (`portable_patches`, `patches_on_workers`)."""
 from __future__ import annotations
 
+import math
 import uuid
 from contextlib import contextmanager
 
@@ -151,10 +152,31 @@ def without_compile_wrapper(patcher=None, model_options: dict | None = None) -> 
     wrappers_of(wrappers, APPLY_MODEL).pop(COMPILE_KEY, None)
 
 
+def guider_of(executor):
+    """ComfyUI's guider (CFGGuider and its kin) an OUTER_SAMPLE wrapper's executor runs."""
+    return executor.class_obj
+
+
 def guider_run(guider) -> tuple:
     """(the patcher sampling now, its conds, the run's model options) of ComfyUI's guider in an OUTER_SAMPLE wrapper:
     maybe LoRA'd or patched after Parallel Model, so the run's capture is made from these."""
     return guider.model_patcher, guider.conds, guider.model_options
+
+
+def guider_inputs(guider, args: tuple, kwargs: dict):
+    """(latent shape, cfg, negative, positive) of a CFGGuider about to run outer_sample(noise, latent_image, ...):
+    what degrees "auto" needs, read where a model patch sees them (Parallel Model). The conds are ComfyUI's
+    converted lists of dicts; they go back to CONDITIONING form ([tensor, dict]) for text_tokens. DualCFGGuider
+    keeps cfg1 / cfg2; BasicGuider has no negative."""
+    latent = args[1] if len(args) > 1 else kwargs.get("latent_image")
+    conds = getattr(guider, "conds", None) or getattr(guider, "original_conds", {}) or {}
+
+    def as_conditioning(k):
+        return [[c["cross_attn"], c] for c in conds.get(k) or [] if "cross_attn" in c] or None
+    scales = [getattr(guider, n) for n in ("cfg", "cfg1", "cfg2") if isinstance(getattr(guider, n, None), (int, float))]
+    cfg = next((c for c in scales if not math.isclose(float(c), 1.0)), 1.0)
+    negative = as_conditioning("negative") or (conds.get("negative") and [[None, {}]]) or None
+    return tuple(latent.shape), float(cfg), negative, as_conditioning("positive")
 
 
 def check_latent(patcher, config, latent_shape) -> None:

@@ -192,6 +192,16 @@ PROTOCOL = (
     Attr("comfy.model_patcher", "comfy_patched_weights", "bridge/host: a layer ComfyUI patched", optional=True),
     Attr("comfy.utils", "_comfy_tensor_file_slice", "bridge/host: a tensor mapped from its file (ComfyUI 0.33)",
          optional=True),
+    # the guider a sampler runs (Parallel Model's OUTER_SAMPLE wrapper: bridge/prepare guider_of, guider_run,
+    # guider_inputs) and the wrapper executor that hands it over
+    Attr("comfy.patcher_extension:WrapperExecutor", "class_obj", "bridge/prepare, bridge/proxy: the guider / model a "
+         "wrapper runs"),
+    Attr("comfy.samplers:CFGGuider", "model_patcher", "bridge/prepare: the patcher sampling now"),
+    Attr("comfy.samplers:CFGGuider", "conds", "bridge/prepare: this run's conditioning"),
+    Attr("comfy.samplers:CFGGuider", "original_conds", "bridge/prepare: the conditioning before the run converts it"),
+    Attr("comfy.samplers:CFGGuider", "cfg", "bridge/prepare: the scale degrees 'auto' weighs"),
+    Attr("comfy_extras.nodes_custom_sampler:Guider_DualCFG", "cfg1", "bridge/prepare: DualCFGGuider's scales"),
+    Attr("comfy_extras.nodes_custom_sampler:Guider_DualCFG", "cfg2", "bridge/prepare: DualCFGGuider's scales"),
     # ComfyUI's server: its routes, its queue, and the layout of a running item - (number, prompt_id, prompt, ...) -
     # which bridge/graph.executing reads (tests/driver/test_comfy_seams.py checks the layout on a real queue)
     Attr("server:PromptServer", "routes", "nodes/routes: the pack's HTTP routes", server=True),
