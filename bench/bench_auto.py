@@ -48,9 +48,9 @@ def run(quick: bool = False):
     import comfy.utils
     from comfyui_hybrid_parallel.doctor import tiny_checkpoints as tc
     from comfyui_hybrid_parallel.nodes import HybridSampler, Runtime
-    from comfyui_hybrid_parallel.nodes.auto import resolve_auto
+    from comfyui_hybrid_parallel.workers.driver.auto import resolve_auto
     from comfyui_hybrid_parallel.parallel.costmodel import format_table
-    import comfyui_hybrid_parallel.nodes.auto as auto_mod
+    import comfyui_hybrid_parallel.workers.driver.auto as auto_mod
 
     comfy.utils.PROGRESS_BAR_ENABLED = False
     reps = 1 if quick else 5

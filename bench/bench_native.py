@@ -76,7 +76,7 @@ def child(args) -> dict:
     workers, prefix, runtime = [], None, None
     ready = None
     if args.spares:  # ComfyUI's start-up: the pack starts spare interpreters (torch imported) before any prompt
-        from comfyui_hybrid_parallel.nodes.runtime import Runtime
+        from comfyui_hybrid_parallel.workers.driver.runtime import Runtime
         ready = Runtime()
         ready.keep_spares(args.ranks)
         time.sleep(SPARES_HEAD_START_S)
@@ -89,7 +89,7 @@ def child(args) -> dict:
         out = comfy_nodes.common_ksampler(model, 1, 2, 1.0, "euler", "simple", cond, cond, latent)[0]
     else:
         from comfyui_hybrid_parallel.nodes.config_node import ParallelConfigNode
-        from comfyui_hybrid_parallel.nodes.runtime import Runtime
+        from comfyui_hybrid_parallel.workers.driver.runtime import Runtime
         from comfyui_hybrid_parallel.nodes.sampler_node import HybridSampler
         runtime = ready or Runtime()
         HybridSampler.runtime = runtime
@@ -178,7 +178,7 @@ import bench_native as b
 nodes = b._comfy_nodes()
 import comfy.sd
 from comfyui_hybrid_parallel.nodes.config_node import ParallelConfigNode
-from comfyui_hybrid_parallel.nodes.runtime import Runtime
+from comfyui_hybrid_parallel.workers.driver.runtime import Runtime
 from comfyui_hybrid_parallel.nodes.sampler_node import HybridSampler
 m = comfy.sd.load_diffusion_model({path!r})
 w = sum(v.numel() * v.element_size() for v in m.model.diffusion_model.state_dict().values())

@@ -89,7 +89,7 @@ def child(args) -> dict:
     import torch
     comfy_nodes = _comfy()
     import comfy.sd
-    from comfyui_hybrid_parallel.nodes.runtime import Runtime
+    from comfyui_hybrid_parallel.workers.driver.runtime import Runtime
     from comfyui_hybrid_parallel.nodes.sampler_node import HybridSampler
     cond, latent = _inputs()
     from comfyui_hybrid_parallel.nodes.config_node import ParallelConfigNode

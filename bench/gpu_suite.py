@@ -173,7 +173,7 @@ def pool_nodes(cuda: bool, **widgets) -> tuple:
     value for `widgets` over degree 1 on this device - what each section's process samples the pool with."""
     from comfyui_hybrid_parallel.nodes.config_node import ParallelConfigNode
     from comfyui_hybrid_parallel.nodes.model_node import ParallelModel
-    from comfyui_hybrid_parallel.nodes.runtime import Runtime
+    from comfyui_hybrid_parallel.workers.driver.runtime import Runtime
     from comfyui_hybrid_parallel.nodes.sampler_node import HybridSampler
     runtime = HybridSampler.runtime = ParallelConfigNode.runtime = ParallelModel.runtime = Runtime()
     degrees = dict(dp_degree=1, cfg_degree=1, ulysses_degree=1, ring_degree=1, pp_degree=1, num_pipeline_patch=0,

@@ -4,7 +4,7 @@ from ..workers.bridge.graph import prompt_server
 from .cluster_node import ClusterNode
 from .config_node import ParallelConfigNode
 from .model_node import ParallelModel
-from .runtime import Runtime
+from ..workers.driver.runtime import Runtime
 from .sampler_node import HybridSampler
 from .simple_node import ParallelGPUsNode
 from .vae_node import PatchVAEDecode

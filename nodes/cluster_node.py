@@ -8,9 +8,8 @@ are fixed here (not "any free port") so that command stays valid across pool res
 from __future__ import annotations
 
 import os
-import shlex
 
-from ..workers.cluster import Cluster, ClusterError
+from ..workers.cluster import Cluster, ClusterError, join_commands
 
 
 def default_key_file() -> str:
@@ -18,12 +17,6 @@ def default_key_file() -> str:
     folder = os.path.join(os.path.expanduser("~"), ".hybrid_parallel")
     os.makedirs(folder, mode=0o700, exist_ok=True)
     return os.path.join(folder, "cluster.key")
-
-
-def join_commands(cluster: Cluster) -> list:
-    """One shell line per other machine: copy the key there first (mode 600), then run it."""
-    control = cluster.control
-    return [shlex.join(cluster.join_command(n, control=control)) for n in range(1, cluster.nnodes)]
 
 
 class ClusterNode:

@@ -26,7 +26,7 @@ class HybridParallelConfig:
     cluster: object = None        # a NodeCluster (cluster_node.py): the world spans machines
     step_cache: float = 0.0       # EasyCache's threshold for the workers' loop (loop mode, PipeFusion); 0 = off
     # degrees "auto": how many devices Hybrid Sampler may use (0 = off: the config's degrees are the user's), and
-    # the listed devices it places the chosen ranks on (empty: the first world_size); nodes/auto.py resolves it
+    # the listed devices it places the chosen ranks on (empty: the first world_size); workers/driver/auto.py resolves it
     auto_devices: int = 0
     device_list: tuple = ()
 

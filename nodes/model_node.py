@@ -11,16 +11,13 @@ latent and the cfg are known only to the guider, at the run.
 """
 from __future__ import annotations
 
-from .auto import resolve_auto, warn_idle_cfg
-from ..workers.bridge.host import take_over_from_dynamic_vram
 from ..workers.bridge.fbcache import without_fbcache_wrapper
-from ..workers.bridge.sampling import APPLY_MODEL, OUTER_SAMPLE, add_wrapper
 from ..workers.bridge.graph import executing, given
-from ..workers.bridge.prepare import (WRAPPER_KEY, capture_run, check_latent, check_not_multigpu, check_not_on_pool, guider_inputs,
-                                      guider_of, guider_run,
-                                      host_clone, patches_on_workers, pool_state, without_compile_wrapper)
+from ..workers.bridge.prepare import (WRAPPER_KEY, capture_run, check_not_multigpu, check_not_on_pool, guider_inputs,
+                                      guider_of, guider_run, host_clone, pool_state, without_compile_wrapper)
 from ..workers.bridge.proxy import make_apply_model_wrapper
-from ..workers.bridge.spec import check_memory
+from ..workers.bridge.sampling import APPLY_MODEL, OUTER_SAMPLE, add_wrapper
+from ..workers.driver.run import prepare_run, running
 
 
 class ParallelModel:
@@ -64,25 +61,15 @@ class ParallelModel:
         def outer_sample(executor, *args, **kwargs):
             guider = guider_of(executor)
             patcher, conds, model_options = guider_run(guider)  # the patcher sampling now (maybe LoRA'd after this)
-            check_not_multigpu(patcher, "Parallel Model")  # MultiGPU CFG Split placed after this node
             shape, cfg, negative, positive = guider_inputs(guider, args, kwargs)
-            report = {}
-            run_hp = resolve_auto(hp, patcher, shape, cfg, negative, positive, report=report,
-                                  probes=getattr(runtime, "cost_probes", None))
-            if report:
-                runtime.last_auto = report  # the mesh picture shows it (nodes/routes.py)
-            warn_idle_cfg(run_hp, cfg, negative, "Parallel Model")
-            check_latent(patcher, run_hp.config, tuple(shape))  # what this latent's shape decides, before any work
-            # fits the devices? Before any load, in Hybrid Sampler's words (the plan: what the mesh picture shows)
-            runtime.last_memory = check_memory(patcher, run_hp, tuple(shape), positive, cfg)
-            chosen["hp"] = run_hp
-            cap = capture_run(patcher, run_hp, "Parallel Model", executing(), mode="step", conds=conds,
-                              model_options=model_options)
-            chosen["run"] = pool_state(patcher, run_hp, cap)  # this run's record, from the guider's whole graph
+            # the run pipeline Hybrid Sampler goes through: degrees, refusals, the memory check (before any load, in
+            # Hybrid Sampler's words), the run record from the guider's whole graph (what nodes after this one added)
+            chosen["hp"], chosen["run"] = prepare_run(runtime, hp, patcher, "Parallel Model", executing(), shape=shape,
+                                                      cfg=cfg, positive=positive, negative=negative, mode="step",
+                                                      conds=conds, model_options=model_options)
             without_compile_wrapper(model_options=model_options)  # this run's
             without_fbcache_wrapper(model_options=model_options)  # First Block Cache's rule runs on the workers
-            take_over_from_dynamic_vram(patcher)  # before ComfyUI loads it: its DynamicVRAM copy leaves the GPU
-            with runtime.track("sample"), runtime.quiet_driver(run_hp), patches_on_workers(patcher, chosen["run"]):
+            with running(runtime, chosen["hp"], patcher, chosen["run"]):
                 return executor(*args, **kwargs)
 
         add_wrapper(m, OUTER_SAMPLE, WRAPPER_KEY, outer_sample)

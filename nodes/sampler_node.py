@@ -2,21 +2,18 @@
 
 Step mode: ComfyUI runs the sampler exactly as KSampler does, each model call on the workers (workers/bridge/proxy.py); loop
 mode and PipeFusion run the whole loop in the workers (workers/bridge/loop_mode.py). Everything is prepared and refused before
-any worker starts (workers/bridge/prepare.py).
+any worker starts, by the run pipeline both samplers share (workers/driver/run.py).
 """
 from __future__ import annotations
 
 from ..workers.bridge.graph import given
-from ..workers.bridge.host import take_over_from_dynamic_vram
 from ..workers.bridge.loop_mode import (check_loop_mode, check_loop_sampling, ksampler_latent, make_loop_sampler,
                                         uses_loop_mode)
 from ..workers.bridge.fbcache import without_fbcache_wrapper
-from ..workers.bridge.prepare import (WRAPPER_KEY, capture_run, check_latent, check_not_multigpu, check_not_on_pool,
-                                      host_clone, patches_on_workers, pool_state, without_compile_wrapper)
+from ..workers.bridge.prepare import WRAPPER_KEY, check_not_on_pool, host_clone, without_compile_wrapper
 from ..workers.bridge.proxy import make_apply_model_wrapper
 from ..workers.bridge.sampling import APPLY_MODEL, add_wrapper, ksample, ksample_with, samplers_and_schedulers
-from ..workers.bridge.spec import check_memory
-from .auto import resolve_auto, warn_idle_cfg
+from ..workers.driver.run import prepare_run, running
 
 
 class HybridSampler:
@@ -52,32 +49,21 @@ class HybridSampler:
 
     def sample(self, model, seed, steps, cfg, sampler_name, scheduler, positive, negative, latent_image,
                parallel_config, denoise=1.0, prompt=None, unique_id=None):
-        report = {}
         latent_image = ksampler_latent(model, latent_image)  # KSampler's empty latent, before its shape is read
-        hp = resolve_auto(parallel_config, model, tuple(latent_image["samples"].shape), cfg, negative, positive,
-                          report=report, probes=getattr(self.runtime, "cost_probes", None))
-        if report:
-            self.runtime.last_auto = report  # the mesh picture shows it (nodes/routes.py)
-        warn_idle_cfg(hp, cfg, negative, "Hybrid Sampler")
+        check_not_on_pool(model, "Hybrid Sampler")
+        # the degrees, the refusals, the memory check and the run record: everything before any worker starts
+        hp, state = prepare_run(self.runtime, parallel_config, model, "Hybrid Sampler", given(prompt, unique_id),
+                                shape=tuple(latent_image["samples"].shape), cfg=cfg, positive=positive,
+                                negative=negative, conds={"positive": positive, "negative": negative})
         loop = uses_loop_mode(hp)
         if loop:
             check_loop_mode(sampler_name)  # before any work
             check_loop_sampling(model)  # a sampling the workers' loop computes
-        check_not_on_pool(model, "Hybrid Sampler")
-        check_not_multigpu(model, "Hybrid Sampler")
-        # everything the graph put on the MODEL and the conditioning: carried exactly, or refused here
-        cap = capture_run(model, hp, "Hybrid Sampler", given(prompt, unique_id),
-                          conds={"positive": positive, "negative": negative})
         m = host_clone(model)  # ComfyUI's copy of the diffusion model stays on the host (see host_clone)
         without_compile_wrapper(m)  # the workers compile their own model (compile_spec)
         without_fbcache_wrapper(m)  # the workers apply First Block Cache's rule (workers/bridge/fbcache.py)
-        state = pool_state(model, hp, cap)
-        check_latent(model, hp.config, tuple(latent_image["samples"].shape))
-        # fits the devices? (the plan it checked is what the mesh picture shows: nodes/routes.py)
-        self.runtime.last_memory = check_memory(model, hp, tuple(latent_image["samples"].shape), positive, cfg)
         add_wrapper(m, APPLY_MODEL, WRAPPER_KEY, make_apply_model_wrapper(self.runtime, hp, state))
-        take_over_from_dynamic_vram(m)  # ComfyUI's DynamicVRAM copy (a KSampler before) leaves the GPU
-        with self.runtime.track("sample", total=steps), self.runtime.quiet_driver(hp), patches_on_workers(m, state):
+        with running(self.runtime, hp, m, state, total=steps):
             return self._run(m, hp, state, loop, seed, steps, cfg, sampler_name, scheduler, positive, negative,
                              latent_image, denoise, preview_from=model)
 

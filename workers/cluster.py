@@ -23,6 +23,7 @@ once per model. Results come back from rank 0, on the driver's machine, as usual
 from __future__ import annotations
 
 import os
+import shlex
 import socket
 import stat
 import sys
@@ -131,3 +132,9 @@ class PeerHandle:
                 os.kill(self.pid, 9)
             except ProcessLookupError:
                 pass
+
+
+def join_commands(cluster: Cluster) -> list:
+    """One shell line per other machine: copy the key there first (mode 600), then run it."""
+    control = cluster.control
+    return [shlex.join(cluster.join_command(n, control=control)) for n in range(1, cluster.nnodes)]

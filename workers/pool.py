@@ -114,7 +114,7 @@ class WorkerPool(JobCollection):
         self._next_job = 0
         self.generation = 0  # worlds started so far
         # ParallelConfig.world_key: False where the driver's ComfyUI uses the pytorch attention kernel anyway, so a
-        # sequence-parallel and a cfg/dp config can share the workers (nodes/runtime.py sets it)
+        # sequence-parallel and a cfg/dp config can share the workers (workers/driver/runtime.py sets it)
         self.split_kernel_worlds = True
         self.lone_worker_threads = None  # a degree-1 CPU worker's threads (launch.worker_threads); runtime sets it
         self._written: set = set()  # names of weight files written ahead of their load_model job (ensure_model)

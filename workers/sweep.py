@@ -22,7 +22,7 @@ def _pid_alive(pid: int) -> bool:
 
 def sweep_stale(tmp_root: str | None = None) -> int:
     """Remove what dead pools left behind: shared-memory files `chp-<pid>-...`, pool folders `chp-pool-<pid>-...`
-    and the fork servers' working folders `chp-forks-<pid>-...` (nodes/runtime.py; `chp-spares-` of older versions) whose creating process
+    and the fork servers' working folders `chp-forks-<pid>-...` (workers/driver/runtime.py; `chp-spares-` of older versions) whose creating process
     is gone, owned by this user (a ComfyUI killed together with its rank 0 cannot clean up after itself). Live
     pools and other users' files are never touched; returns how many entries were removed."""
     uid, n = os.getuid() if hasattr(os, "getuid") else None, 0

@@ -85,7 +85,7 @@ class _Pool:
 @pytest.mark.parametrize("devices,frees", [(["cuda:1", "cuda:0"], True), (["cuda:1"], False)],
                          ids=["a-rank-on-comfyuis-gpu", "comfyuis-gpu-left-alone"])
 def test_comfyuis_models_make_room_before_weights_travel_to_its_gpu(stub_comfy, devices, frees):
-    from comfyui_hybrid_parallel.nodes.runtime import Runtime
+    from comfyui_hybrid_parallel.workers.driver.runtime import Runtime
     from comfyui_hybrid_parallel.parallel import ParallelConfig
     from comfyui_hybrid_parallel.nodes.config_node import HybridParallelConfig
     calls, _ = stub_comfy

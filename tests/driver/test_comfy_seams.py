@@ -140,7 +140,7 @@ def test_every_comfy_symbol_the_bridge_uses_is_in_the_inventory():
 def test_missing_seam_refused_before_any_worker(monkeypatch):
     """A ComfyUI without a seam: the node's pool request fails with one line naming it and the tested versions,
     and no pool (no worker) is made."""
-    from comfyui_hybrid_parallel.nodes.runtime import Runtime
+    from comfyui_hybrid_parallel.workers.driver.runtime import Runtime
     from comfyui_hybrid_parallel.parallel.config import ParallelConfig
     from comfyui_hybrid_parallel.workers.bridge import seams as comfy_seams
     monkeypatch.setattr(comfy_seams, "SEAMS", comfy_seams.SEAMS + (

@@ -89,7 +89,7 @@ def aimdo(monkeypatch):
 @pytest.fixture(scope="module")
 def runtime():
     from comfyui_hybrid_parallel.nodes.model_node import ParallelModel
-    from comfyui_hybrid_parallel.nodes.runtime import Runtime
+    from comfyui_hybrid_parallel.workers.driver.runtime import Runtime
     from comfyui_hybrid_parallel.nodes.sampler_node import HybridSampler
     from comfyui_hybrid_parallel.nodes.vae_node import PatchVAEDecode
     rt = Runtime()

@@ -159,3 +159,17 @@ def test_the_lazy_import_check_finds_one(tmp_path):
     f = tmp_path / "m.py"
     f.write_text("from .x import y\n\n\ndef f():\n    from .a import b\n    from .c import d  # lazy: torch\n")
     assert lazy_without_reason(f) == ["5: from .a import b"]
+
+
+def test_the_path_of_a_prompt_goes_one_way():
+    """nodes -> workers/driver -> workers/bridge -> ... -> parallel: the bridge (ComfyUI's surface) is called, never
+    calls up into the driver room or the nodes; the driver room never imports a node; the engine imports neither."""
+    graph = import_graph(_modules())
+    up = {m: sorted(d for d in deps if d.startswith(above))
+          for m, deps in graph.items()
+          for above in [("nodes", "workers.driver") if m.startswith("workers.bridge") else
+                        ("nodes",) if m.startswith("workers.driver") else
+                        ("nodes", "workers") if m.startswith("parallel") else ()]
+          if above and any(d.startswith(above) for d in deps)}
+    assert any(m.startswith("workers.driver.") for m in graph) and graph["nodes.model_node"] & {"workers.driver.run"}
+    assert not up, up

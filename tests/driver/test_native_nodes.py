@@ -52,7 +52,7 @@ def test_comfyui_copy_stays_off_its_load_device(comfy, monkeypatch):
     import comfy.model_management as mm
     import nodes as comfy_nodes  # ComfyUI's top-level module
 
-    from comfyui_hybrid_parallel.nodes.runtime import Runtime
+    from comfyui_hybrid_parallel.workers.driver.runtime import Runtime
     from comfyui_hybrid_parallel.nodes.sampler_node import HybridSampler
 
     latent = {"samples": torch.zeros(1, 16, 9, 13)}
@@ -88,7 +88,7 @@ class _Wrapped(torch.Tensor):
 def _refused(model, match: str, latent=(1, 16, 8, 8), **degrees) -> None:
     """Hybrid Sampler refuses `model` with NotCarried matching `match`, and no worker pool is ever created."""
     from comfyui_hybrid_parallel.workers.bridge.spec import NotCarried
-    from comfyui_hybrid_parallel.nodes.runtime import Runtime
+    from comfyui_hybrid_parallel.workers.driver.runtime import Runtime
     from comfyui_hybrid_parallel.nodes.sampler_node import HybridSampler
 
     HybridSampler.runtime = Runtime(make_pool=_NoPool())
@@ -245,7 +245,7 @@ def test_parallel_model_refuses_what_the_devices_cannot_hold_before_any_load_in_
     from comfyui_hybrid_parallel.workers.bridge import spec as native
     from comfyui_hybrid_parallel.workers.bridge.spec import NotCarried
     from comfyui_hybrid_parallel.nodes.model_node import ParallelModel
-    from comfyui_hybrid_parallel.nodes.runtime import Runtime
+    from comfyui_hybrid_parallel.workers.driver.runtime import Runtime
     from comfyui_hybrid_parallel.parallel import ParallelConfig
     from comfyui_hybrid_parallel.parallel.costmodel import shape_from_module
     from comfyui_hybrid_parallel.parallel.memory import rank_memory
@@ -276,7 +276,7 @@ def test_previews_render_on_the_models_own_device(comfy, monkeypatch, mode):
     not on the CPU, where a Wan step gained seconds. Recorded here from ComfyUI's own previewer lookup."""
     import latent_preview
 
-    from comfyui_hybrid_parallel.nodes.runtime import Runtime
+    from comfyui_hybrid_parallel.workers.driver.runtime import Runtime
     from comfyui_hybrid_parallel.nodes.sampler_node import HybridSampler
     asked = []
     monkeypatch.setattr(latent_preview, "get_previewer", lambda device, fmt: asked.append(str(device)))
@@ -317,7 +317,7 @@ def test_a_lora_strength_change_moves_only_the_patch_and_equals_ksampler(comfy, 
     import comfy.sd as comfy_sd
     import nodes as comfy_nodes
 
-    from comfyui_hybrid_parallel.nodes.runtime import Runtime
+    from comfyui_hybrid_parallel.workers.driver.runtime import Runtime
     from comfyui_hybrid_parallel.nodes.sampler_node import HybridSampler
     from comfyui_hybrid_parallel.workers.transport import nbytes
     opts = {"fp32": {}, "fp8_e4m3fn": {"dtype": torch.float8_e4m3fn}, "scaled_fp8": {"scaled_fp8": True}}[precision]

@@ -1,4 +1,4 @@
-"""The cost model (parallel/costmodel.py) and Parallel Config's degrees "auto" (nodes/auto.py).
+"""The cost model (parallel/costmodel.py) and Parallel Config's degrees "auto" (workers/driver/auto.py).
 
 Why these checks: auto's promise is "never slower than degree 1", so the model must at least be sane (more work
 costs more, more ranks split the compute), its communication must be the bytes this implementation really sends
@@ -234,7 +234,7 @@ def test_config_node_auto_widget_and_refusals():
 
 @pytest.mark.comfy
 def test_resolve_auto(comfy_models, monkeypatch):
-    from comfyui_hybrid_parallel.nodes import auto
+    from comfyui_hybrid_parallel.workers.driver import auto
     from comfyui_hybrid_parallel.nodes.config_node import HybridParallelConfig
     model = comfy_models["sd3"]
     manual = HybridParallelConfig(ParallelConfig(ulysses_degree=2), device="cpu")
@@ -284,7 +284,7 @@ def test_hybrid_sampler_auto_end_to_end(comfy_models):
     rank."""
     from comfy_env import comfy_nodes as load_comfy_nodes, setup_comfy
     comfy_nodes = load_comfy_nodes(setup_comfy())
-    from comfyui_hybrid_parallel.nodes.runtime import Runtime
+    from comfyui_hybrid_parallel.workers.driver.runtime import Runtime
     from comfyui_hybrid_parallel.nodes.sampler_node import HybridSampler
 
     g = torch.Generator().manual_seed(3)

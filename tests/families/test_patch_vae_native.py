@@ -190,7 +190,7 @@ def test_hunyuan_video_15_vae_prepadded_convs(comfy, runtime):
 
 @pytest.fixture(scope="module")
 def runtime():
-    from comfyui_hybrid_parallel.nodes.runtime import Runtime
+    from comfyui_hybrid_parallel.workers.driver.runtime import Runtime
     rt = Runtime()
     yield rt
     rt.stop()
@@ -306,7 +306,7 @@ def _assert_decode_equals(runtime, vae, latent, n, name, block_size=0):
 
 def _refuse(first_stage_model, latent, ranks=2, **vae_attrs):
     """Patch VAE Decode's error for what it must refuse, with a pool that fails the test if anything started."""
-    from comfyui_hybrid_parallel.nodes.runtime import Runtime
+    from comfyui_hybrid_parallel.workers.driver.runtime import Runtime
 
     def no_pool(device):
         raise AssertionError("a worker pool was started for a decode that must be refused first")

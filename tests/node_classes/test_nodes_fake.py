@@ -7,7 +7,7 @@ import torch
 
 from comfyui_hybrid_parallel.nodes.config_node import ParallelConfigNode
 from comfyui_hybrid_parallel.workers.bridge.loop_mode import check_loop_mode, uses_loop_mode
-from comfyui_hybrid_parallel.nodes.runtime import Runtime
+from comfyui_hybrid_parallel.workers.driver.runtime import Runtime
 from comfyui_hybrid_parallel.workers import WorkerPool
 
 DEFAULTS = dict(dp_degree=1, cfg_degree=1, ulysses_degree=1, ring_degree=1, pp_degree=1, num_pipeline_patch=0,

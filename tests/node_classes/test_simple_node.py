@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from comfyui_hybrid_parallel.nodes import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS
-from comfyui_hybrid_parallel.nodes.auto import warn_idle_cfg
+from comfyui_hybrid_parallel.workers.driver.auto import warn_idle_cfg
 from comfyui_hybrid_parallel.workers.bridge.prepare import guider_inputs
 from comfyui_hybrid_parallel.nodes.config_node import HybridParallelConfig, auto_device_count
 from comfyui_hybrid_parallel.nodes.simple_node import PRESETS, ParallelGPUsNode

@@ -223,7 +223,7 @@ def test_a_prompt_whose_cpu_world_is_up_starts_nothing():
     from types import SimpleNamespace
 
     from comfyui_hybrid_parallel.nodes.routes import node_config
-    from comfyui_hybrid_parallel.nodes.runtime import Runtime
+    from comfyui_hybrid_parallel.workers.driver.runtime import Runtime
     rt = Runtime()
     filled = []
     rt.keep_spares = filled.append
@@ -247,8 +247,8 @@ def test_a_prestart_leaves_a_running_world_of_another_shape_to_the_sampler(monke
     from types import SimpleNamespace
 
     from comfyui_hybrid_parallel.nodes.routes import node_config
-    from comfyui_hybrid_parallel.nodes import runtime as runtime_module
-    from comfyui_hybrid_parallel.nodes.runtime import Runtime
+    from comfyui_hybrid_parallel.workers.driver import runtime as runtime_module
+    from comfyui_hybrid_parallel.workers.driver.runtime import Runtime
     monkeypatch.setattr(runtime_module, "comfy_runtime", lambda: {})
     submitted = []
     rt = Runtime()

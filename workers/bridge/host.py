@@ -2,7 +2,7 @@
 
 Why here (the bridge): every function below reads or changes ComfyUI's own state - the storages of the tensors it
 holds, its list of loaded models, DynamicVRAM's patcher, its `--cuda-device` flag, its interrupt and unload - and
-breaks first when ComfyUI moves; the pool's runtime (nodes/runtime.py) only calls them.
+breaks first when ComfyUI moves; the pool's runtime (workers/driver/runtime.py) only calls them.
 """
 from __future__ import annotations
 

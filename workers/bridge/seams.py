@@ -4,7 +4,7 @@ Why: ComfyUI releases every week or two and moves things under the pack (0.33 dr
 `scaled_fp8`, renamed `layer_quant_config`, moved `string_to_seed`). A missing symbol found mid-prompt is a worker
 traceback; found here, when the pack loads, it is one line naming the symbol, the ComfyUI that is running and the
 ComfyUI versions the tests ran (`TESTED`). The nodes refuse with that line before any worker starts
-(nodes/runtime.py `check_comfyui`), and tests/driver/test_comfy_seams.py checks the inventory against the ComfyUI under
+(workers/driver/runtime.py `check_comfyui`), and tests/driver/test_comfy_seams.py checks the inventory against the ComfyUI under
 test, so the next release that removes one is caught by one test.
 
 A seam is `module:attribute.path`, the parameters its signature must accept, and whether the pack adapts when it
@@ -50,13 +50,13 @@ SEAMS = (
     Seam("comfy.ops:disable_weight_init", "doctor/tiny_checkpoints: tiny models in ComfyUI's layout"),
     Seam("comfy.cli_args:args", "workers/bridge/spec, workers/bridge/build: the flags that pick kernels"),
     Seam("comfy.cli_args:PerformanceFeature", "workers/bridge/spec: --fast flags forwarded", optional=True),
-    Seam("comfy.model_management:get_torch_device", "nodes/runtime: where ComfyUI computes"),
-    Seam("comfy.model_management:unload_all_models", "nodes/runtime: KSampler -> pool switch, Unload models"),
-    Seam("comfy.model_management:free_memory", "nodes/runtime: room for the ranks beside ComfyUI"),
-    Seam("comfy.model_management:soft_empty_cache", "nodes/runtime"),
+    Seam("comfy.model_management:get_torch_device", "workers/driver/runtime: where ComfyUI computes"),
+    Seam("comfy.model_management:unload_all_models", "workers/driver/runtime: KSampler -> pool switch, Unload models"),
+    Seam("comfy.model_management:free_memory", "workers/driver/runtime: room for the ranks beside ComfyUI"),
+    Seam("comfy.model_management:soft_empty_cache", "workers/driver/runtime"),
     Seam("comfy.model_management:throw_exception_if_processing_interrupted", "nodes: Cancel reaches the pool"),
-    Seam("comfy.model_management:processing_interrupted", "nodes/runtime: Cancel reaches the pool"),
-    Seam("comfy.model_management:interrupt_current_processing", "nodes/runtime"),
+    Seam("comfy.model_management:processing_interrupted", "workers/driver/runtime: Cancel reaches the pool"),
+    Seam("comfy.model_management:interrupt_current_processing", "workers/driver/runtime"),
     Seam("comfy.ldm.modules.attention:optimized_attention", "workers/bridge/build: the kernel ComfyUI picked"),
     Seam("comfy.ldm.modules.attention:wrap_attn", "parallel/attention_seam: optimized_attention_override"),
     Seam("comfy.ldm.modules.attention:get_attention_function", "workers/bridge/build: a kernel by name",
@@ -109,11 +109,11 @@ SEAMS = (
          optional=True),
     Seam("comfy.model_patcher:ModelPatcher.get_clone_model_override", "workers/bridge/prepare: the same model object",
          optional=True),
-    Seam("comfy.model_patcher:ModelPatcher.unpatch_model", "nodes/runtime: the host copy re-patched after a dynamic "
+    Seam("comfy.model_patcher:ModelPatcher.unpatch_model", "workers/driver/runtime: the host copy re-patched after a dynamic "
          "load", ("device_to", "unpatch_weights")),
-    Seam("comfy.model_management:current_loaded_models", "nodes/runtime: ComfyUI's DynamicVRAM copy unloaded before "
+    Seam("comfy.model_management:current_loaded_models", "workers/driver/runtime: ComfyUI's DynamicVRAM copy unloaded before "
          "a pool run"),
-    Seam("comfy.model_management:LoadedModel.model_unload", "nodes/runtime: ComfyUI's own unload of a loaded copy"),
+    Seam("comfy.model_management:LoadedModel.model_unload", "workers/driver/runtime: ComfyUI's own unload of a loaded copy"),
     Seam("comfy.model_management:lora_compute_dtype", "workers/bridge/patches: the dtype ComfyUI patches weights in "
          "(0.33; float32 before)", optional=True),
     # what a MODEL and its conds carry besides the weights (workers/bridge: the capture, per-call carry, residency)

@@ -13,11 +13,11 @@ import os
 import time
 from dataclasses import replace
 
-from ..parallel.config import ParallelConfig
-from ..parallel.costmodel import (CPU_EPYC_2, H100_NVLINK, H100_PCIE, DeviceCost, choose, format_table, probe_cpu,
+from ...parallel.config import ParallelConfig
+from ...parallel.costmodel import (CPU_EPYC_2, H100_NVLINK, H100_PCIE, DeviceCost, choose, format_table, probe_cpu,
                                    scaled_to, shape_from_module)
-from ..workers.bridge.build import attention_function, picked_attention
-from ..workers.bridge.spec import ANY, diffusion_model_of, family_adapter
+from ..bridge.build import attention_function, picked_attention
+from ..bridge.spec import ANY, diffusion_model_of, family_adapter
 
 log = logging.getLogger("comfyui_hybrid_parallel.auto")
 

@@ -17,15 +17,15 @@ from contextlib import contextmanager
 
 import torch
 
-from ..workers import forkserver
-from ..workers.bridge.build import comfy_runtime, driver_attention_is_pytorch
-from ..workers.bridge.host import adopter, comfy_gpus, free_beside_comfy, interrupt_comfy, on_comfy_unload
-from ..workers.bridge.loader_types import raw
-from ..workers.bridge.seams import comfy_loaded, problem_line
-from ..workers.bridge.spec import family_adapter, sent_tensors, weight_bytes
-from ..workers.launch import local_env
-from ..workers.pool import JobCancelled, PoolError, WorkerPool
-from .cluster_node import join_commands
+from .. import forkserver
+from ..bridge.build import comfy_runtime, driver_attention_is_pytorch
+from ..bridge.host import adopter, comfy_gpus, free_beside_comfy, interrupt_comfy, on_comfy_unload
+from ..bridge.loader_types import raw
+from ..bridge.seams import comfy_loaded, problem_line
+from ..bridge.spec import family_adapter, sent_tensors, weight_bytes
+from ..launch import local_env
+from ..pool import JobCancelled, PoolError, WorkerPool
+from ..cluster import join_commands
 
 
 
