@@ -161,7 +161,7 @@ def speed_line(base: tuple, other: tuple, others: float = 0.0) -> str:
     return line
 
 
-def pool_wins_case(srv, base: Path, comfy: Path, steps: int, seed: int) -> None:
+def pool_wins_case(srv, base: Path, comfy: Path, steps: int, seed: int, runs: int = WARM_RUNS) -> None:
     """The other side of the demo, measured in the same run: a model with enough tokens per matmul (1024 image
     tokens, cfg 4 so a batch of 2) where splitting pays on two CPU cores. Random weights (no picture to look at):
     what counts is the time and that the latents agree."""
@@ -175,7 +175,7 @@ def pool_wins_case(srv, base: Path, comfy: Path, steps: int, seed: int) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         tc.write_sd3(path, depth=MEDIUM["depth"], pos_embed_max_size=MEDIUM["size"] // 16, seed=7)
     times = timed_sides(srv, lambda side, tag, s: medium_prompt(f"medium_{tag}", None if side == "ksampler" else "auto",
-                                                                 s, steps, 4.0), ("ksampler", "auto"), seed)
+                                                                 s, steps, 4.0), ("ksampler", "auto"), seed, runs)
     ref = load_file(str(srv.output("lat_medium_ksampler_warm0.safetensors")))["images"]
     par = load_file(str(srv.output("lat_medium_auto_warm0.safetensors")))["images"]
     rel = ((par.double() - ref.double()).norm() / ref.double().norm()).item()
@@ -200,6 +200,8 @@ def main():
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--base", default=None, help="ComfyUI base directory (default: a temp dir)")
     ap.add_argument("--save", default=None, help="where to write the side-by-side PNG (default: <base>/output)")
+    ap.add_argument("--warm-runs", type=int, default=WARM_RUNS,
+                    help="warm prompts per side, interleaved (the speed-up reads the fastest of each side)")
     ap.add_argument("--medium-steps", type=int, default=6,
                     help="steps of the second case, where splitting pays (the medium model); 0 skips it")
     args = ap.parse_args()
@@ -228,7 +230,8 @@ def main():
     try:
         side_degrees = {"ksampler": None, "hybrid": degrees}
         timings = timed_sides(srv, lambda side, tag, s: prompt(args.caption, tag, side_degrees[side], seed=s,
-                                                               steps=args.steps), ("ksampler", "hybrid"), args.seed)
+                                                               steps=args.steps), ("ksampler", "hybrid"), args.seed,
+                              args.warm_runs)
         results = {}
         for tag in ("ksampler", "hybrid"):
             image = load_file(str(srv.output(f"img_{tag}_warm0.safetensors")))["images"]
@@ -258,7 +261,7 @@ def main():
         if rel > 1e-4:
             sys.exit("the parallel image differs from the KSampler reference")
         if args.medium_steps > 0:
-            pool_wins_case(srv, base, comfy, args.medium_steps, args.seed)
+            pool_wins_case(srv, base, comfy, args.medium_steps, args.seed, args.warm_runs)
     finally:
         srv.stop()
 

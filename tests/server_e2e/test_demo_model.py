@@ -61,19 +61,23 @@ def test_demo_text_encoder_is_deterministic_and_pads():
 
 def test_demo_model_draws_the_eight_captions_under_ksampler_and_ulysses2(server):
     """Eight captions (every shape, colour and background): the classifier trained with the model must name the
-    asked shape, colour and background in >= 7 of the 8 pictures from KSampler and in >= 7 from Hybrid Sampler
-    ulysses 2 + Parallel VAE Decode (whose latent must also equal KSampler's to 1e-5)."""
+    asked shape, colour and background in >= 7 of the 8 pictures from KSampler; Hybrid Sampler ulysses 2 + Parallel
+    VAE Decode draws the first four (every shape and background once), its latent equal to KSampler's to 1e-5 and its
+    picture named as KSampler's is (the same latent decodes to the same picture: the other four would repeat it)."""
     from safetensors.torch import load_file
 
     checker = Checker()
     right = {"ksampler": 0, "ulysses2": 0}
     seen = {"ksampler": [], "ulysses2": []}
     for i, scene in enumerate(shapes.TEST_SCENES):
-        for tag, degrees in (("ksampler", None), ("ulysses2", {"ulysses_degree": 2})):
+        sides = (("ksampler", None),) + ((("ulysses2", {"ulysses_degree": 2}),) if i < 4 else ())
+        for tag, degrees in sides:
             name = f"demo{i}_{tag}"
             assert_ok(server, server.run(prompt(scene.caption, name, degrees, seed=100 + i)))
             image = load_file(str(server.output(f"img_{name}.safetensors")))["images"]
             right[tag] += checker.right(scene.caption, image)
             seen[tag].append(checker.scenes(image)[0].caption)
-        assert rel(latent(server, f"demo{i}_ulysses2"), latent(server, f"demo{i}_ksampler")) < 1e-5
-    assert right["ksampler"] >= 7 and right["ulysses2"] >= 7, (right, seen)
+        if len(sides) == 2:
+            assert rel(latent(server, f"demo{i}_ulysses2"), latent(server, f"demo{i}_ksampler")) < 1e-5
+            assert seen["ulysses2"][-1] == seen["ksampler"][-1], seen
+    assert right["ksampler"] >= 7 and len(seen["ulysses2"]) == 4, (right, seen)

@@ -17,12 +17,13 @@ def test_run_workflow_prints_the_report_and_saves_the_side_by_side_picture(tmp_p
     png = tmp_path / "side.png"
     proc = subprocess.run([sys.executable, str(REPO / "examples" / "run_workflow.py"), "--steps", "3",
                            "--medium-steps", "2",  # the report and the agreement, not the picture, are checked here
+                           "--warm-runs", "2",  # interleaved all the same; README's command runs 5 a side
                            "--caption", "a blue square on a white background", "--base", str(tmp_path / "base"),
                            "--save", str(png)], capture_output=True, text=True, timeout=600)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert "caption: 'a blue square on a white background'" in out
-    for line in ("ksampler : first prompt", "hybrid   : first prompt", "warm speedup", "checker sees in ksampler",
+    for line in ("ksampler : first prompt", "hybrid   : first prompt", "warm speedup", "fastest of 2 interleaved", "checker sees in ksampler",
                  "checker sees in hybrid", "medium model (ComfyUI's MMDiT", "  ksampler                : first prompt",
                  "  parallel gpus auto (", "-> Parallel Model -> KSampler vs KSampler: latent relative"):
         assert line in out, out[-4000:]
