@@ -15,7 +15,7 @@ def _ops():
     return comfy.ops.disable_weight_init
 
 
-def _cosmos_predict2(cls, channels: int, blocks: int):
+def cosmos_predict2_dit(cls, channels: int, blocks: int):
     """ComfyUI's detection of a Cosmos Predict2 / Anima checkpoint (model_detection.py, "Cosmos predict2"): it
     reads the width (x_embedder) and the blocks; heads are 16 below widths 2048 / 5120, the text 1024 wide."""
     return cls(max_img_h=240, max_img_w=240, max_frames=128, in_channels=16, out_channels=16, patch_spatial=2,
@@ -30,7 +30,7 @@ def write_cosmos_predict2(path: Path, *, blocks: int = 2, seed: int = 0,
                           dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
     """Cosmos Predict2 text-to-image (MiniTrainDIT): width 256 (16 heads of 16, as detection fixes), two blocks."""
     from comfy.ldm.cosmos.predict2 import MiniTrainDIT
-    return _save(lambda: _cosmos_predict2(MiniTrainDIT, 256, blocks), path, seed, dtype)
+    return _save(lambda: cosmos_predict2_dit(MiniTrainDIT, 256, blocks), path, seed, dtype)
 
 
 def write_anima(path: Path, *, blocks: int = 2, seed: int = 0,
@@ -38,4 +38,4 @@ def write_anima(path: Path, *, blocks: int = 2, seed: int = 0,
     """Anima: Cosmos Predict2's DiT (width 256, two blocks) with its LLM adapter, whose sizes are fixed (1024 wide,
     six layers, a 32128-entry embedding: 0.13B parameters; detection only asks for its first block)."""
     from comfy.ldm.anima.model import Anima
-    return _save(lambda: _cosmos_predict2(Anima, 256, blocks), path, seed, dtype)
+    return _save(lambda: cosmos_predict2_dit(Anima, 256, blocks), path, seed, dtype)

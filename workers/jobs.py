@@ -23,6 +23,7 @@ import torch.distributed as dist
 from .bridge.build import prepare_comfy
 from .bridge.carry import Bypass, HookWeights, ObjectValues, rebuild_call
 from .load_job import job_load_model, unhook_all
+from .messages import ForwardJob
 from .serve import Cancelled, JobRun
 from .transport import WEIGHT_PREFIX, Arena, read_tensor, tensor_dtype
 
@@ -139,11 +140,13 @@ def job_steps(state: WorkerState, ctx, payload: dict) -> dict:
 HOOK_PREFIX = "hook."  # the tensors of a hook group's weight patches (workers/bridge/carry.py hook_call)
 
 
-def _inputs(state: WorkerState, payload: dict) -> dict:
-    """The forward's kwargs: the JSON part (`kwargs`, or `structure` as the nodes send it, nested
-    dicts and lists allowed) with every tensor put in place; a tensor named "a.b.2" goes to kwargs[a][b][2]
-    (a list slot comes from the structure's placeholder)."""
-    kwargs = json_copy(payload.get("kwargs") or payload.get("structure") or {})
+def _inputs(state: WorkerState, payload: dict, skeleton: dict | None = None) -> dict:
+    """The forward's kwargs: the JSON part (`skeleton`, else the payload's `kwargs`, or `structure` as the nodes send
+    it, nested dicts and lists allowed) with every tensor put in place; a tensor named "a.b.2" goes to
+    kwargs[a][b][2] (a list slot comes from the structure's placeholder)."""
+    if skeleton is None:
+        skeleton = payload.get("kwargs") or payload.get("structure")
+    kwargs = json_copy(skeleton or {})
     for name, v in payload.items():
         if not isinstance(v, torch.Tensor) or name.startswith(HOOK_PREFIX):  # a hook group's patches: not an input
             continue
@@ -172,64 +175,65 @@ def json_copy(value):
     return [json_copy(v) for v in value] if isinstance(value, list) else value
 
 
-def _reuse_inputs(state: WorkerState, key: str, payload: dict) -> None:
+def _reuse_inputs(state: WorkerState, job: ForwardJob, payload: dict) -> None:
     """Step mode sends a run's unchanged inputs (its conditioning) once (workers/bridge/proxy.py submit_once): put
     back the tensors the previous call of the same run had, then remember this call's. Only the latest call is
     kept (one run's conditioning per worker); a gap in the run's calls is an error, never a stale input."""
-    run, reuse = payload.get("run"), payload.get("reuse") or []
     held = state.call_inputs
-    if reuse:
-        if held is None or held["key"] != key or held["run"] != run or held["call"] != payload.get("previous_call"):
-            raise RuntimeError(f"forward {payload.get('call_index')} reuses {reuse} from call "
-                               f"{payload.get('previous_call')} of its run, which this worker does not hold")
-        payload.update({n: held["tensors"][n] for n in reuse})
+    if job.reuse:
+        if held is None or held["key"] != job.key or held["run"] != job.run or held["call"] != job.previous_call:
+            raise RuntimeError(f"forward {job.call_index} reuses {list(job.reuse)} from call {job.previous_call} of "
+                               f"its run, which this worker does not hold")
+        payload.update({n: held["tensors"][n] for n in job.reuse})
     state.call_inputs = None
-    if run is not None:
-        changing = set(payload.get("changing") or ())  # the latent and timestep: new at every call
+    if job.run is not None:
+        changing = set(job.changing)  # the latent and timestep: new at every call
         kept = {n: v.to(state.device) for n, v in payload.items() if isinstance(v, torch.Tensor) and n not in changing}
         payload.update(kept)  # on the device once per run
-        state.call_inputs = {"key": key, "run": run, "call": payload.get("call_index"), "tensors": kept}
+        state.call_inputs = {"key": job.key, "run": job.run, "call": job.call_index, "tensors": kept}
 
 
 def job_forward(state: WorkerState, ctx, payload: dict) -> dict:
-    """Step mode: the resident model on the full inputs; every rank returns the full output.
+    """Step mode: the resident model on the full inputs; every rank returns the full output. The job is a
+    ForwardJob (workers/messages.py): a field this rank does not know fails here, before the model is called;
+    the payload's tensors are the call's inputs by name.
 
     `call_index` is the sampler's model call (DistriFusion's warmup / stale decision).
     """
-    key = payload["key"]
-    _reuse_inputs(state, key, payload)
-    kwargs = rebuild_call(_inputs(state, payload))  # block replacements made functions again (Skip Layer Guidance)
-    r = state.engine.get(key, ctx)
-    hook = payload.get("hooks") or {"id": None}
+    job = ForwardJob.from_message({k: v for k, v in payload.items() if not isinstance(v, torch.Tensor)})
+    _reuse_inputs(state, job, payload)
+    kwargs = rebuild_call(_inputs(state, payload, job.kwargs or job.structure))  # Skip Layer Guidance's blocks
+    r = state.engine.get(job.key, ctx)
+    hook = job.hooks or {"id": None}
     if hook["id"] is not None or r.hooks is not None:  # this call's hook group on the weights (ComfyUI's per cond)
         if r.hooks is None:
             r.hooks = HookWeights()
-        r.hooks.remember(payload.get("run"), hook, payload)
-        r.hooks.switch(r.model, payload.get("run"), hook["id"], state.device)
-    with ObjectValues(r.model, payload.get("object_values")), _bypass(state, r.model, payload):
-        out = state.engine.forward(key, ctx, kwargs, call_index=payload.get("call_index"), conds=payload.get("conds"),
-                                   before=lambda: state.stop_point(ctx),
-                                   compile_spec=payload.get("compile"),
-                                   first_block=dict(payload["fbcache"], run=payload.get("run"))
-                                   if payload.get("fbcache") else None)
+        r.hooks.remember(job.run, hook, payload)
+        r.hooks.switch(r.model, job.run, hook["id"], state.device)
+    with ObjectValues(r.model, job.object_values), _bypass(state, r.model, job.run, job.bypass, payload):
+        out = state.engine.forward(job.key, ctx, kwargs, call_index=job.call_index,
+                                   conds=list(job.conds) if job.conds is not None else None,
+                                   before=lambda: state.stop_point(ctx), compile_spec=job.compile,
+                                   first_block=dict(job.fbcache, run=job.run) if job.fbcache else None)
     state.model_calls += 1
     if isinstance(out, (list, tuple)):  # a multi-stream model (MiniMax H3, LTX-2: video + audio): a tensor per stream
         reply = {**{f"out.{i}": t for i, t in enumerate(out)}, "out_streams": len(out), "parallelized": r.parallelized}
     else:
         reply = {"out": out, "parallelized": r.parallelized}
-    if payload.get("compile"):  # how often dynamo compiled a graph in this process (a second prompt adds none)
+    if job.compile:  # how often dynamo compiled a graph in this process (a second prompt adds none)
         from torch._dynamo.utils import counters
         reply["compiled_graphs"] = int(counters["stats"]["unique_graphs"])
     return reply
 
 
-def _bypass(state: WorkerState, model, payload: dict):
-    """ComfyUI's LoRA-bypass injections of the job (workers/bridge/carry.py Bypass) around its model calls."""
-    call = payload.get("bypass") or {"id": None}
+def _bypass(state: WorkerState, model, run, call, payload: dict):
+    """ComfyUI's LoRA-bypass injections of the job (workers/bridge/carry.py Bypass) around its model calls: `call`
+    the job's bypass field (None: none), `payload` holding its tensors."""
+    call = call or {"id": None}
     if state.bypass is None:
         state.bypass = Bypass()
-    state.bypass.remember(payload.get("run"), call, payload)
-    return state.bypass.active(model, payload.get("run"), call["id"], state.device)
+    state.bypass.remember(run, call, payload)
+    return state.bypass.active(model, run, call["id"], state.device)
 
 
 def job_loop(state: WorkerState, ctx, payload: dict) -> dict:
@@ -258,7 +262,8 @@ def job_loop(state: WorkerState, ctx, payload: dict) -> dict:
     report = {}
     try:
         model = state.engine.get(payload["key"], ctx).model
-        with ObjectValues(model, payload.get("object_values")), _bypass(state, model, payload):
+        with ObjectValues(model, payload.get("object_values")), _bypass(state, model, payload.get("run"),
+                                                                       payload.get("bypass"), payload):
             out = state.engine.loop(payload["key"], ctx, inputs, sigmas, payload["noise"].to(state.device),
                                     convention=payload["convention"], sampler=payload["sampler"],
                                     cfg_scale=payload.get("cfg_scale"),

@@ -378,6 +378,7 @@ def test_step_inputs_cross_once_per_run(comfy, pool, monkeypatch):
     protocol is the family's business not at all: the tiny SD3, not the 531M Flux - 2 min on 2 cores.) On the module's
     pool: its run and its key ("once") are this test's own."""
     from comfyui_hybrid_parallel.workers.bridge.proxy import submit_once
+    from comfyui_hybrid_parallel.workers.messages import ForwardJob
     from comfyui_hybrid_parallel.workers.bridge.run_record import RunRecord
     from comfyui_hybrid_parallel.parallel import ParallelConfig
     from comfyui_hybrid_parallel.workers.pool import WorkerError
@@ -399,12 +400,12 @@ def test_step_inputs_cross_once_per_run(comfy, pool, monkeypatch):
         inp = inputs("sd3", base, seed=410 + call)  # a new latent and timestep every step
         cond = {k: (v if call < 3 else v + 1).clone() for k, v in first.items() if k not in ("x", "timestep")}
         inp.update(cond)  # the same conditioning in new tensors (as ComfyUI hands it), changed at call 3
-        values = {"key": "once", "call_index": call, "structure": {"transformer_options": {}}}
+        values = ForwardJob(key="once", call_index=call, structure={"transformer_options": {}})
         outs.append(submit_once(pool, config, values, dict(inp), state, ("x", "timestep")).tensors["out"])
         calls.append((values, inp))
     once = list(sent)
     for out, (values, inp) in zip(outs, calls):  # every tensor sent, after the run
-        assert torch.equal(out, pool.submit(config, "forward", values, dict(inp)).tensors["out"])
+        assert torch.equal(out, pool.submit(config, "forward", values.message(), dict(inp)).tensors["out"])
         assert rel(out, comfy_forward(base, inp)) <= 1e-5
     print("sent per call:", once)
     assert once[0] == sorted(first) and once[1] == once[2] == ["timestep", "x"], once

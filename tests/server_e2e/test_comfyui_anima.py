@@ -75,10 +75,10 @@ def test_detection_builds_the_intended_classes(server):
 
 def test_cost_model_reads_the_shape(server):
     """degrees auto: the blocks are the self-attention's, the text enters by cross-attention (CROSS_TEXT)."""
-    from comfyui_hybrid_parallel.doctor.tiny_checkpoints import _cosmos_predict2
+    from comfyui_hybrid_parallel.doctor.tiny_cosmos import cosmos_predict2_dit
     from comfyui_hybrid_parallel.parallel.costmodel import shape_from_module
     from comfy.ldm.anima.model import Anima
-    shape = shape_from_module(_cosmos_predict2(Anima, 256, 2))
+    shape = shape_from_module(cosmos_predict2_dit(Anima, 256, 2))
     print("Anima shape:", shape)
     assert shape.heads == 16 and shape.hidden == 256 and shape.blocks == 2 and shape.cross_text, shape
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from ...parallel.models import adapter_for
+from ..messages import ForwardJob
 from ..pool import JobCancelled
 from .carry import bypass_call, call_options, hook_call, skipped_blocks
 from .fbcache import call_sigma
@@ -87,34 +88,32 @@ class PoolDiffusionModel(torch.nn.Module):
         structure["transformer_options"] = options
         self._check_skips(adapter, options)
         st = self.state
-        values = {"key": st.key, "call_index": st.calls, "structure": structure}
-        if st.object_values:
-            values["object_values"] = st.object_values
+        call = dict(key=st.key, call_index=st.calls, structure=structure, object_values=st.object_values or None,
+                    compile=st.compile or None)
         hooks = getattr(self.patcher, "current_hooks", None)
         if hooks is not None or st.hooks:  # the call's hook group (ComfyUI switches it per cond)
             if not st.hooks:
                 raise NotCarried("this model call runs under a hook group that was not on the MODEL or its "
                                  "conditioning when sampling started; the pack cannot carry it")
-            values["hooks"], parts = hook_call(self.patcher, hooks, st.hooks_sent)
+            call["hooks"], parts = hook_call(self.patcher, hooks, st.hooks_sent)
             tensors.update(parts)
             changing += parts
         if st.bypass:  # LoRA bypass: its adapters once per run, injected around each call
-            values["bypass"], parts = bypass_call(st.bypass, st.bypass_sent)
+            call["bypass"], parts = bypass_call(st.bypass, st.bypass_sent)
             tensors.update(parts)
             changing += parts
         which = (transformer_options or {}).get("cond_or_uncond")
         if isinstance(which, (list, tuple)) and all(isinstance(i, int) for i in which):
-            values["conds"] = list(which)  # which conditionings this call holds: DistriFusion's lane
-        if st.compile:
-            values["compile"] = st.compile
+            call["conds"] = which  # which conditionings this call holds: DistriFusion's lane
         if st.fbcache:  # First Block Cache: its rule and this call's sigma (what the node compares)
             sigma = call_sigma(transformer_options)
             if sigma is None:
                 raise NotCarried("First Block Cache needs the call's sigma, which ComfyUI did not hand this model call")
-            values["fbcache"] = {"rule": st.fbcache, "sigma": sigma}
+            call["fbcache"] = {"rule": st.fbcache, "sigma": sigma}
         self._ensure_resident()
         st.calls += 1
-        res = submit_once(self.runtime.pool(self.hp), self.hp.config, values, tensors, st, tuple(changing))
+        res = submit_once(self.runtime.pool(self.hp), self.hp.config, ForwardJob(**call), tensors, st,
+                          tuple(changing))
         device = (x[0] if isinstance(x, (list, tuple)) else x).device
         if "out_streams" in res.values:
             return [res.tensors[f"out.{i}"].to(device) for i in range(res.values["out_streams"])]
@@ -229,7 +228,7 @@ def submit_interruptible(pool, config, kind, values, tensors):
         raise
 
 
-def submit_once(pool, config, values: dict, tensors: dict, state: RunRecord, changing: tuple):
+def submit_once(pool, config, job: ForwardJob, tensors: dict, state: RunRecord, changing: tuple):
     """A step-mode forward whose inputs that did not change since this run's previous call stay on the workers.
 
     Why: the conditioning (text, pooled, guidance, reference latents) is the same at every step of a run, yet
@@ -247,13 +246,12 @@ def submit_once(pool, config, values: dict, tensors: dict, state: RunRecord, cha
                     and prev.device == t.device and (prev is t or torch.equal(prev, t)):
                 reuse.append(name)
                 del tensors[name]
-    values = dict(values, run=run, previous_call=None if last is None else last["call"], reuse=reuse,
-                  changing=list(changing))
+    job = job.after(run=run, previous_call=None if last is None else last["call"], reuse=reuse, changing=changing)
     state.sent = None  # until this call succeeds
-    res = submit_interruptible(pool, config, "forward", values, tensors)
+    res = submit_interruptible(pool, config, "forward", job.message(), tensors)
     kept = {n: t for n, t in tensors.items() if n not in changing}
     kept.update({n: last["tensors"][n] for n in reuse})
-    state.sent = {"call": values["call_index"], "tensors": kept}
+    state.sent = {"call": job.call_index, "tensors": kept}
     return res
 
 

@@ -1,0 +1,30 @@
+"""The typed wire of a model call (workers/messages.ForwardJob): built by field, travels as JSON, read back by the
+rank through the same class - a misspelt or unknown field fails at the boundary, not as a value silently missing."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from comfyui_hybrid_parallel.workers.messages import ForwardJob
+
+
+def test_a_forward_job_travels_as_json_and_comes_back_equal():
+    job = ForwardJob(key="m", structure={"transformer_options": {}}, call_index=3, conds=[0, 1],
+                     fbcache={"rule": {"threshold": 0.1}, "sigma": 0.5})
+    sent = job.after(run="r1", previous_call=2, reuse=["context"], changing=("x", "timestep"))
+    wire = json.loads(json.dumps(sent.message()))
+    assert ForwardJob.from_message(wire) == sent and sent.reuse == ("context",) and sent.conds == (0, 1)
+    assert "hooks" not in wire and "reuse" in wire  # unset fields do not travel
+    assert ForwardJob.from_message({"key": "m"}).structure == {}
+
+
+def test_a_misspelt_or_missing_field_fails_at_the_boundary():
+    with pytest.raises(ValueError, match=r"unknown field\(s\) \['call_idx'\]"):
+        ForwardJob.from_message({"key": "m", "call_idx": 1})
+    with pytest.raises(ValueError, match="no key"):
+        ForwardJob.from_message({"structure": {}})
+    with pytest.raises(TypeError):
+        ForwardJob(key="m", call_idx=1)  # the driver's side: a misspelt field where it is written
+    with pytest.raises(ValueError, match="names its resident model"):
+        ForwardJob(key="")
