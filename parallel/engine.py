@@ -310,7 +310,8 @@ class Engine:
         what this rank holds to `device`."""
         parallelized = family in ADAPTERS or family == ANY.family
         base_key = key
-        self.evict(evict, torch.device(device) if device is not None else None)
+        device = torch.device(device) if device is not None else None
+        self.evict(evict, device)
         self.drop_other_meshes(key)
         if parallelized:
             key = self._scoped(key, ctx)
@@ -319,7 +320,6 @@ class Engine:
             if ctx.config.pp_degree > 1 and plan_for(model).pipeline is not None:
                 keep_stage_blocks(model, ctx)  # a stage holds only its own blocks' weights
             apply_weight_sharding(model, ctx)  # a rank keeps 1/N of every weight (shard_weights)
-        device = torch.device(device) if device is not None else None
         # (a model rebuilt for another mesh from the tensors this rank already holds brings nothing new)
         incoming = _tensor_bytes(model) - _tensor_bytes(model, on_device=True) if self.measured(device) else 0
         self.check_room(base_key, incoming, device, ctx)

@@ -29,20 +29,15 @@ from .transport import WEIGHT_PREFIX, Arena, read_tensor, tensor_dtype
 
 
 
-def _test_budget(rank: int):
+def _test_budget(rank: int, engine):
     """The tests' stand-in for an accelerator's memory on a CPU rank (HP_TEST_DEVICE_BYTES: one byte count per rank,
-    comma separated): free = that budget - what this rank's resident models took. None (the device's own reading)
+    comma separated): free = that budget - what `engine`'s resident models took. None (the device's own reading)
     when unset - the room the driver makes (workers/residency.room) is then tested on CPU with uneven ranks."""
     spec = os.environ.get("HP_TEST_DEVICE_BYTES")
     if not spec:
         return None
     budget = int(spec.split(",")[rank])
-    holder = {}
-
-    def free(device) -> int:
-        return budget - sum(r.bytes for r in holder["engine"].models.values())
-    free.holder = holder
-    return free
+    return lambda device: budget - sum(r.bytes for r in engine.models.values())
 
 
 class WorkerState:
@@ -57,10 +52,8 @@ class WorkerState:
         self.preview_arenas = None      # rank 0's loop-mode previews: two, alternating, so the driver reads
                                         # one while the next step fills the other
         from comfyui_hybrid_parallel.parallel.engine import Engine
-        budget = _test_budget(rank)
-        self.engine = Engine(max_models, free_memory=budget)  # the resident models and what computes with them
-        if budget is not None:
-            budget.holder["engine"] = self.engine
+        self.engine = Engine(max_models)  # the resident models and what computes with them
+        self.engine.free_memory = _test_budget(rank, self.engine) or self.engine.free_memory
         self.run: JobRun | None = None
         self.call_inputs: dict | None = None  # the latest step-mode call's inputs that a run may reuse
         self.bypass = None  # ComfyUI's LoRA-bypass sets of the running run (workers/bridge/carry.py Bypass)

@@ -30,6 +30,11 @@ from .transport import nbytes, unlink
 ACTIONS = ("touch", "patch", "rebuild", "build")
 
 
+def is_vae_family(family: str) -> bool:
+    """A VAE's family name (vae_comfy, ...): VAEs are not counted against max_models."""
+    return family.startswith("vae")
+
+
 @dataclass(frozen=True)
 class Slot:
     """One resident model as a rank reports it (parallel/engine.Engine.ledger)."""
@@ -44,7 +49,7 @@ class Slot:
 
     @property
     def is_vae(self) -> bool:
-        return self.family.startswith("vae")
+        return is_vae_family(self.family)
 
     @classmethod
     def from_report(cls, d: dict) -> "Slot":
@@ -121,11 +126,9 @@ class Report:
     free: Optional[int] = None
     need: Optional[int] = None
 
-    def message(self) -> dict:
-        return {"slots": [asdict(s) for s in self.slots], "free": self.free, "need": self.need}
-
     @classmethod
     def from_message(cls, d) -> "Report":
+        """Read back what parallel/engine.Engine.report sent (the engine builds the message: it imports no workers/)."""
         if isinstance(d, list):  # slots only (a fake rank's or an older reply's)
             d = {"slots": d}
         return cls(tuple(Slot.from_report(s) for s in d.get("slots") or ()), d.get("free"), d.get("need"))
@@ -136,8 +139,7 @@ def ledger(world) -> list:
     resident). A slot one rank lacks (a job that failed on some ranks) counts as not resident: it is built again."""
     if world is None:
         return []
-    reports = getattr(world, "reports", None) or []
-    held = [{s.slot for s in r.slots} for r in reports[1:]]
+    held = [{s.slot for s in r.slots} for r in world.reports[1:]]
     return [s for s in world.slots if all(s.slot in h for h in held)]
 
 
@@ -207,7 +209,7 @@ def ensure_model(pool, config, base: dict, *, state_dict, timeout_s, lineage, ad
             for _ in range(STALE_RETRIES + 1):
                 world = pool.ensure_world(config)
                 decision = _with_room(decide(ledger(world), key, **request), world, key, lineage,
-                                      str(base.get("family", "")).startswith("vae"), pool.max_models)
+                                      is_vae_family(str(base.get("family", ""))), pool.max_models)
                 values = {**base, "decision": decision.message()}
                 tensors = {}
                 if decision.action in ("build", "rebuild", "patch") and (patches is not None or decision.undo):
@@ -237,8 +239,8 @@ def _with_room(decision: LoadDecision, world, key: str, lineage, is_vae: bool, m
     needed on a rank is remembered from its "short" answer (the next load of it on a full device goes straight)."""
     if decision.action not in ("build", "rebuild") or world is None:
         return decision
-    reports = list(getattr(world, "reports", None) or [Report(tuple(world.slots))])
-    needs = world.needs.setdefault(key, {}) if hasattr(world, "needs") else {}
+    reports = world.reports or [Report(tuple(world.slots))]
+    needs = world.needs.setdefault(key, {})
     for rank, r in enumerate(reports):
         if r.need is not None:
             needs[rank] = r.need
