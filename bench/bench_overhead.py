@@ -136,7 +136,7 @@ def comfy_pair(runtime, name, path, steps, reps, threads):
     import nodes as comfy_nodes  # ComfyUI's top-level module (bench/ is sys.path[0], not the pack)
     from comfyui_hybrid_parallel.doctor import tiny_checkpoints as tc
     from comfyui_hybrid_parallel.nodes import HybridSampler
-    from comfyui_hybrid_parallel.nodes.config_node import HybridParallelConfig
+    from comfyui_hybrid_parallel.workers.driver.configs import HybridParallelConfig
     from comfyui_hybrid_parallel.parallel import ParallelConfig
 
     import comfy.utils

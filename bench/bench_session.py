@@ -132,7 +132,7 @@ def child(args) -> dict:
                 row[f"pool_u{n}_first_s"] = round(hy(base, n), 3)
             for n in (2, 4):  # the product's case: the workflow was opened first - /warm with its Parallel Config
                 runtime.stop()  # started the spares and that world from them, as the route does
-                from comfyui_hybrid_parallel.nodes.routes import node_config
+                from comfyui_hybrid_parallel.workers.driver.routes import node_config
                 runtime.warm(n, node_config("HybridParallelConfig", {"ulysses_degree": n, "device": "cpu"}))
                 time.sleep(SPARES_HEAD_START_S)
                 row[f"pool_u{n}_spares_first_s"] = round(hy(base, n), 3)

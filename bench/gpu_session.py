@@ -47,7 +47,7 @@ def session_child(ckpts: list, reduced: bool, cuda: bool) -> dict:
     import comfy.sd
     from comfyui_hybrid_parallel.doctor.machine import dynamic_vram_on
     from comfyui_hybrid_parallel.nodes.model_node import ParallelModel
-    from comfyui_hybrid_parallel.nodes.routes import node_config
+    from comfyui_hybrid_parallel.workers.driver.routes import node_config
     from comfyui_hybrid_parallel.nodes.sampler_node import HybridSampler
     family, _, latent_shape, conditioning, steps, ranks = REDUCED if reduced else FULL
     cond, latent = sampler_inputs(family, latent_shape, conditioning)

@@ -22,15 +22,15 @@ if _prompt_server is not None:
     if _problem_line():  # the nodes refuse with the same line before any worker starts (Runtime.check_comfyui)
         import logging as _logging
         _logging.getLogger(__name__).error("%s", _problem_line())
-    from .routes import register as _register_routes
+    from ..workers.driver.routes import register as _register_routes
     _register_routes(_prompt_server, RUNTIME)
     ParallelConfigNode.runtime = RUNTIME  # only in a server: the config nodes start the workers early
     ParallelGPUsNode.runtime = RUNTIME
     RUNTIME.follow_comfy_unload()  # ComfyUI's "Unload models" / /free release the workers' models too
-    # Nothing starts here unless HP_PRESTART asks (a headless server: routes.prestart_from_env): no process, no
+    # Nothing starts here unless HP_PRESTART asks (a headless server: workers/driver/routes.prestart_from_env): no process, no
     # memory until the pack is used. The frontend asks for the spare interpreters (/hybrid_parallel/warm) when a
     # workflow holding the pack's nodes is opened; such a prompt starts its world when it is queued.
-    from .routes import prestart_from_env as _prestart_from_env
+    from ..workers.driver.routes import prestart_from_env as _prestart_from_env
     _prestart_from_env(RUNTIME)
 
 # The keys are what saved workflows store: never renamed. The display names say what each node is in ComfyUI's

@@ -9,14 +9,7 @@ from __future__ import annotations
 
 import os
 
-from ..workers.cluster import Cluster, ClusterError, join_commands
-
-
-def default_key_file() -> str:
-    """Where the shared key lives unless the node names a file: the user's home, in a 0700 folder."""
-    folder = os.path.join(os.path.expanduser("~"), ".hybrid_parallel")
-    os.makedirs(folder, mode=0o700, exist_ok=True)
-    return os.path.join(folder, "cluster.key")
+from ..workers.cluster import Cluster, ClusterError, NodeCluster, default_key_file
 
 
 class ClusterNode:
@@ -77,26 +70,3 @@ class ClusterNode:
         except (ClusterError, OSError) as e:
             raise ValueError(f"Hybrid Parallel Cluster: key file: {e}") from None
         return {"ui": {"text": nc.describe()}, "result": (nc,)}
-
-
-class NodeCluster:
-    """What flows along a HP_CLUSTER wire: the cluster and how long a prompt waits for it to assemble."""
-
-    def __init__(self, cluster: Cluster, join_timeout_s: float):
-        self.cluster, self.join_timeout_s = cluster, join_timeout_s
-
-    def __eq__(self, other):
-        return isinstance(other, NodeCluster) and (self.cluster, self.join_timeout_s) == (other.cluster,
-                                                                                           other.join_timeout_s)
-
-    def __hash__(self):
-        return hash((self.cluster, self.join_timeout_s))
-
-    def describe(self) -> list:
-        c = self.cluster
-        lines = [f"{c.nnodes} machine(s) x {c.nproc_per_node} worker(s); this machine runs launch group 0",
-                 f"key: {c.authkey_file} (copy it to every machine, mode 600)",
-                 "on each other machine run (it expects this pack, Python and the key at the same paths; edit "
-                 "them where they differ):"]
-        lines += [f"machine {n}: {cmd}" for n, cmd in enumerate(join_commands(c), start=1)]
-        return lines

@@ -52,7 +52,7 @@ class PatchVAEDecode:
         latent = samples["samples"]
         if latent.is_nested:
             raise ValueError("Parallel VAE Decode does not take nested (multi-part) latents; use VAE Decode")
-        declared = check_vae(first, latent, hp.config.world_size, block_size or None)  # before anything travels
+        declared = _check_vae(first, latent, hp.config.world_size, block_size or None)  # before anything travels
         key = f"{stamp(first)}:vae"
         self.runtime.ensure_native(hp, key, native_vae_spec(vae), first, family="vae_comfy")
         pool = self.runtime.pool(hp)
@@ -76,7 +76,7 @@ class _Axis:
         self.size, self.rank = size, 0
 
 
-def check_vae(first_stage_model, latent=None, ranks: int = 1, block_size=None):
+def _check_vae(first_stage_model, latent=None, ranks: int = 1, block_size=None):
     """The declaration (parallel/vae/comfy_vaes.py) of a ComfyUI VAE model Patch VAE Decode splits, with its plan
     checked on ComfyUI's copy (every module of its decode path read, a latent of the right rank, tall enough for
     `ranks`); a ValueError naming the VAE, why and the workaround otherwise - before the VAE travels or a worker

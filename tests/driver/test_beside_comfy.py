@@ -87,7 +87,7 @@ class _Pool:
 def test_comfyuis_models_make_room_before_weights_travel_to_its_gpu(stub_comfy, devices, frees):
     from comfyui_hybrid_parallel.workers.driver.runtime import Runtime
     from comfyui_hybrid_parallel.parallel import ParallelConfig
-    from comfyui_hybrid_parallel.nodes.config_node import HybridParallelConfig
+    from comfyui_hybrid_parallel.workers.driver.configs import HybridParallelConfig
     calls, _ = stub_comfy
     pool = _Pool(calls, devices)
     rt = Runtime(make_pool=lambda device: pool)

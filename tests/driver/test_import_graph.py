@@ -173,3 +173,21 @@ def test_the_path_of_a_prompt_goes_one_way():
           if above and any(d.startswith(above) for d in deps)}
     assert any(m.startswith("workers.driver.") for m in graph) and graph["nodes.model_node"] & {"workers.driver.run"}
     assert not up, up
+
+
+def test_every_file_in_nodes_is_a_node_class_file():
+    """nodes/ holds the node classes and nothing else: each file defines node classes (INPUT_TYPES), its helpers are
+    private, and a wire type, a rule the routes share or the runtime lives in workers/ (the driver room). Why: the
+    path of a prompt starts in a node and leaves nodes/ at once; a reader finds the node's widgets there, not the pack."""
+    found = {}
+    for f in sorted((ROOT / "nodes").glob("*.py")):
+        if f.name == "__init__.py":
+            continue
+        tree = ast.parse(f.read_text())
+        public = [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                  and not n.name.startswith("_")]
+        nodes = [n.name for n in tree.body if isinstance(n, ast.ClassDef) and any(
+            isinstance(b, ast.FunctionDef) and b.name == "INPUT_TYPES" for b in n.body)]
+        found[f.name] = (nodes, sorted(set(public) - set(nodes)))
+    assert len(found) >= 6 and all(nodes for nodes, _ in found.values()), found
+    assert not {name: other for name, (_, other) in found.items() if other}, found

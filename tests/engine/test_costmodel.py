@@ -214,7 +214,8 @@ def _node(**widgets):
 
 
 def test_config_node_auto_widget_and_refusals():
-    from comfyui_hybrid_parallel.nodes.config_node import HybridParallelConfig, ParallelConfigNode
+    from comfyui_hybrid_parallel.nodes.config_node import ParallelConfigNode
+    from comfyui_hybrid_parallel.workers.driver.configs import HybridParallelConfig
     optional = list(ParallelConfigNode.INPUT_TYPES()["optional"])
     assert optional[-1] == "degrees"  # last: saved workflows keep their widget positions
     hp = _node(degrees="auto")["result"][0]
@@ -235,7 +236,7 @@ def test_config_node_auto_widget_and_refusals():
 @pytest.mark.comfy
 def test_resolve_auto(comfy_models, monkeypatch):
     from comfyui_hybrid_parallel.workers.driver import auto
-    from comfyui_hybrid_parallel.nodes.config_node import HybridParallelConfig
+    from comfyui_hybrid_parallel.workers.driver.configs import HybridParallelConfig
     model = comfy_models["sd3"]
     manual = HybridParallelConfig(ParallelConfig(ulysses_degree=2), device="cpu")
     assert auto.resolve_auto(manual, model, (1, 16, 8, 8), 4.0, None) is manual
@@ -304,7 +305,7 @@ def test_hybrid_sampler_auto_end_to_end(comfy_models):
     # what the mesh picture shows for degrees auto: this run's predicted time per step per choice. The choice rests
     # on this machine's measured throughputs (one rank here unless a loaded CPU tips the tiny model to cfg 2):
     # degree 1 equals KSampler bitwise, any split within 1e-5
-    from comfyui_hybrid_parallel.nodes.routes import mesh_payload
+    from comfyui_hybrid_parallel.workers.driver.routes import mesh_payload
     auto = mesh_payload({"degrees": "auto"}, runtime)["auto"]
     assert auto["model"] == "sd3" and auto["tokens"] == 35 and auto["cfg"] is True
     rows = {c["config"]: c for c in auto["candidates"]}

@@ -204,7 +204,7 @@ def _node(runtime):
 
 
 def _hp(n):
-    from comfyui_hybrid_parallel.nodes.config_node import HybridParallelConfig
+    from comfyui_hybrid_parallel.workers.driver.configs import HybridParallelConfig
     from comfyui_hybrid_parallel.parallel import ParallelConfig
     return HybridParallelConfig(ParallelConfig(ulysses_degree=n), device="cpu")
 

@@ -4,8 +4,10 @@ import shlex
 
 import pytest
 
-from comfyui_hybrid_parallel.nodes.cluster_node import ClusterNode, join_commands
-from comfyui_hybrid_parallel.nodes.config_node import ParallelConfigNode, check_placement
+from comfyui_hybrid_parallel.nodes.cluster_node import ClusterNode
+from comfyui_hybrid_parallel.workers.cluster import join_commands
+from comfyui_hybrid_parallel.nodes.config_node import ParallelConfigNode
+from comfyui_hybrid_parallel.workers.driver.configs import check_placement
 
 WIDGETS = dict(dp_degree=1, cfg_degree=1, ulysses_degree=2, ring_degree=1, pp_degree=1, num_pipeline_patch=0,
                warmup_steps=1, tp_degree=1, method="usp", device="cpu", attention="auto")

@@ -9,8 +9,8 @@ import torch
 from comfyui_hybrid_parallel.nodes import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS
 from comfyui_hybrid_parallel.workers.driver.auto import warn_idle_cfg
 from comfyui_hybrid_parallel.workers.bridge.prepare import guider_inputs
-from comfyui_hybrid_parallel.nodes.config_node import HybridParallelConfig, auto_device_count
-from comfyui_hybrid_parallel.nodes.simple_node import PRESETS, ParallelGPUsNode
+from comfyui_hybrid_parallel.workers.driver.configs import PRESETS, HybridParallelConfig, auto_device_count
+from comfyui_hybrid_parallel.nodes.simple_node import ParallelGPUsNode
 from comfyui_hybrid_parallel.parallel import ParallelConfig
 
 configure = ParallelGPUsNode.configure
@@ -150,10 +150,10 @@ def test_every_template_is_on_the_simple_path_and_splits_as_its_name_says(monkey
     Note say. (Each runs as an API prompt against its plain twin: tests/server_e2e/test_comfyui_workflow_templates.)"""
     import sys
     from pathlib import Path
-    from comfyui_hybrid_parallel.nodes import simple_node
+    from comfyui_hybrid_parallel.workers.driver import configs
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
     import make_templates
-    monkeypatch.setattr(simple_node, "auto_device_count", lambda device: 4)
+    monkeypatch.setattr(configs, "auto_device_count", lambda device: 4)
     templates = make_templates.templates()
     assert sorted(templates) == sorted(TEMPLATE_SPLITS)
     for name, (g, note, _) in templates.items():
@@ -168,3 +168,21 @@ def test_every_template_is_on_the_simple_path_and_splits_as_its_name_says(monkey
         got = (hp.config.cfg_degree, hp.config.ulysses_degree, hp.config.shard_weights)
         assert got == TEMPLATE_SPLITS[name], (name, got)
         assert gpus[0]["preset"] in note and "Parallel GPUs" in note, name
+
+
+def test_the_shared_configure_defaults_are_the_config_nodes_widget_defaults():
+    """The routes (mesh picture, headless warm-up, HP_PRESTART) fill a missing widget from configs.configure's
+    defaults; the node fills it from its widgets. A widget whose default changes in one place only would make the
+    picture draw another world than the prompt runs."""
+    import inspect
+    from comfyui_hybrid_parallel.nodes.config_node import ParallelConfigNode
+    from comfyui_hybrid_parallel.workers.driver import configs
+    widgets = {}
+    for section in ParallelConfigNode.INPUT_TYPES().values():
+        for name, (kind, *opts) in section.items():
+            if isinstance(kind, str) and kind.isupper() and kind not in ("INT", "STRING", "FLOAT", "BOOLEAN"):
+                continue  # a link (the cluster), not a widget
+            widgets[name] = (opts[0] if opts else {}).get("default", kind[0] if isinstance(kind, list) else None)
+    shared = {n: p.default for n, p in inspect.signature(configs.configure).parameters.items() if n != "cluster"}
+    assert widgets == shared
+    assert ParallelConfigNode.configure is configs.configure and ParallelGPUsNode.configure is configs.configure_gpus

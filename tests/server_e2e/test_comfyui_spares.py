@@ -138,7 +138,7 @@ def test_a_headless_server_prestarts_the_world_of_its_prompt_file(tmp_path):
 
 
 def test_prestart_values_start_what_they_name_or_say_the_fix(tmp_path):
-    from comfyui_hybrid_parallel.nodes.routes import prestart_config, prestart_from_env
+    from comfyui_hybrid_parallel.workers.driver.routes import prestart_config, prestart_from_env
     hp, why = prestart_config('{"ulysses_degree": 2, "device": "cpu"}')
     assert hp.config.describe() == "ulysses2" and why == ""
     assert prestart_config("spares") == (None, "the fork server only (asked)")
@@ -163,7 +163,7 @@ def test_prestart_values_start_what_they_name_or_say_the_fix(tmp_path):
     assert "HP_PRESTART" in line and "Export (API)" in line and started == []
     assert prestart_from_env(object(), "", start=started.append) == "" and started == []  # unset: nothing
     # unset, in a ComfyUI whose queued prompt fixed a world: that world, at the next start; HP_PRESTART=0: nothing
-    from comfyui_hybrid_parallel.nodes.routes import LAST_WORLD, remember_world
+    from comfyui_hybrid_parallel.workers.driver.routes import LAST_WORLD, remember_world
     user = tmp_path / "user"
     user.mkdir()
     assert prestart_from_env(object(), "", start=started.append, directory=str(user)) == "" and started == []
@@ -175,7 +175,7 @@ def test_prestart_values_start_what_they_name_or_say_the_fix(tmp_path):
 
 
 def test_prompt_config_reads_the_api_prompts_config_node():
-    from comfyui_hybrid_parallel.nodes.routes import prompt_config, warm_on_prompt
+    from comfyui_hybrid_parallel.workers.driver.routes import prompt_config, warm_on_prompt
     prompt = {"1": {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": "x"}},
               "2": {"class_type": "HybridParallelConfig", "inputs": {"ulysses_degree": 2, "device": "cpu",
                                                                      "cluster": ["9", 0]}}}
@@ -222,7 +222,7 @@ def test_a_prompt_whose_cpu_world_is_up_starts_nothing():
     1.4-2x slower); a GPU world's prompt still makes sure the fork server runs."""
     from types import SimpleNamespace
 
-    from comfyui_hybrid_parallel.nodes.routes import node_config
+    from comfyui_hybrid_parallel.workers.driver.routes import node_config
     from comfyui_hybrid_parallel.workers.driver.runtime import Runtime
     rt = Runtime()
     filled = []
@@ -246,7 +246,7 @@ def test_a_prestart_leaves_a_running_world_of_another_shape_to_the_sampler(monke
     none) keeps it."""
     from types import SimpleNamespace
 
-    from comfyui_hybrid_parallel.nodes.routes import node_config
+    from comfyui_hybrid_parallel.workers.driver.routes import node_config
     from comfyui_hybrid_parallel.workers.driver import runtime as runtime_module
     from comfyui_hybrid_parallel.workers.driver.runtime import Runtime
     monkeypatch.setattr(runtime_module, "comfy_runtime", lambda: {})

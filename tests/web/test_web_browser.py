@@ -303,7 +303,7 @@ def test_ui_workflows_are_the_api_prompts(page):
 
 def test_degrees_auto_shows_the_predicted_time_per_choice(page):
     """degrees auto: the picture says Hybrid Sampler picks the degrees, and lists the cost model's predicted time
-    per step of each choice once a run made one (the route's payload, nodes/routes.py)."""
+    per step of each choice once a run made one (the route's payload, workers/driver/routes.py)."""
     got = _set(page, dp_degree=1, cfg_degree=1, ring_degree=1, ulysses_degree=1, pp_degree=1, tp_degree=1,
                degrees="auto")
     assert got["ok"] == "true" and got["worldSize"] == 1

@@ -153,7 +153,7 @@ def unclassified(class_types) -> list:
 
 def refused_in(prompt: dict, loop: bool) -> list:
     """The node classes of an API prompt that the pack refuses (in the workers' loop also the STEP ones): a prompt
-    holding one is refused when its sampler runs, so queueing it starts no workers (nodes/routes.warm_on_prompt)."""
+    holding one is refused when its sampler runs, so queueing it starts no workers (workers/driver/routes.warm_on_prompt)."""
     bad = (REFUSED, STEP) if loop else (REFUSED,)
     return sorted({n.get("class_type") for n in prompt.values() if isinstance(n, dict) and
                    NODES.get(n.get("class_type")) in bad})

@@ -130,7 +130,7 @@ def server_routes(server):
 
 def user_directory() -> str | None:
     """ComfyUI's user directory (folder_paths; `--user-directory` / `--base-directory` move it), or None outside a
-    running ComfyUI server: where the pack keeps what must outlive a restart (nodes/routes.py: the last world).
+    running ComfyUI server: where the pack keeps what must outlive a restart (workers/driver/routes.py: the last world).
     Not in a plain import of ComfyUI (pytest, scripts): its user folder is no server's."""
     if prompt_server() is None:
         return None

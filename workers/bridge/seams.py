@@ -125,13 +125,13 @@ SEAMS = (
          "(ComfyUI 0.33)", optional=True),
     Seam("comfy_execution.utils:get_executing_context", "workers/bridge/graph: the node a refusal names",
          optional=True),
-    # ComfyUI's server (nodes/__init__, nodes/routes, workers/bridge/graph)
+    # ComfyUI's server (nodes/__init__, workers/driver/routes, workers/bridge/graph)
     Seam("server:PromptServer", "nodes: the pack's routes (web extension, pool status, warm-up)", server=True),
-    Seam("server:PromptServer.add_on_prompt_handler", "nodes/routes: a queued prompt starts its world early",
+    Seam("server:PromptServer.add_on_prompt_handler", "workers/driver/routes: a queued prompt starts its world early",
          optional=True, server=True),
     Seam("execution:PromptQueue", "workers/bridge/graph: the running prompt a refusal names its node from",
          server=True),
-    Seam("folder_paths:get_user_directory", "nodes/routes: the last world a queued prompt asked for, started at the "
+    Seam("folder_paths:get_user_directory", "workers/driver/routes: the last world a queued prompt asked for, started at the "
          "next start", optional=True, server=True),
     # model configs the spec carries (workers/bridge/spec.py)
     Seam("comfy.supported_models_base:BASE.unet_config", "workers/bridge/spec: the spec's unet_config"),
@@ -204,7 +204,7 @@ PROTOCOL = (
     Attr("comfy_extras.nodes_custom_sampler:Guider_DualCFG", "cfg2", "bridge/prepare: DualCFGGuider's scales"),
     # ComfyUI's server: its routes, its queue, and the layout of a running item - (number, prompt_id, prompt, ...) -
     # which bridge/graph.executing reads (tests/driver/test_comfy_seams.py checks the layout on a real queue)
-    Attr("server:PromptServer", "routes", "nodes/routes: the pack's HTTP routes", server=True),
+    Attr("server:PromptServer", "routes", "workers/driver/routes: the pack's HTTP routes", server=True),
     Attr("server:PromptServer", "prompt_queue", "bridge/graph: the running prompt", server=True),
     Attr("execution:PromptQueue", "currently_running", "bridge/graph: the running prompt's graph", server=True),
 )

@@ -27,7 +27,7 @@ def prepare_run(runtime, hp, patcher, who: str, graph, *, shape: tuple, cfg: flo
     hp = resolve_auto(hp, patcher, tuple(shape), cfg, negative, positive, report=report,
                       probes=getattr(runtime, "cost_probes", None))
     if report:
-        runtime.last_auto = report  # the mesh picture shows it (nodes/routes.py)
+        runtime.last_auto = report  # the mesh picture shows it (workers/driver/routes.py)
     warn_idle_cfg(hp, cfg, negative, who)
     # what the graph put on the MODEL first: a model no adapter declares is refused in those words, not the planner's
     cap = capture_run(patcher, hp, who, graph, mode=mode, conds=conds, model_options=model_options)

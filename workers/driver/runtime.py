@@ -88,7 +88,7 @@ class Runtime:
         return self.warm_mesh
 
     def warm_for_prompt(self, n: int, hp=None, queued: float | None = None) -> str | None:
-        """A prompt holding the pack's nodes was queued (nodes/routes.warm_on_prompt: headless clients that never
+        """A prompt holding the pack's nodes was queued (workers/driver/routes.warm_on_prompt: headless clients that never
         open the frontend): what `warm` does, unless a node run is in progress or `hp`'s world is already up (then
         nothing is to gain, and a prepare job would queue behind the run). Returns the mesh prestarted, if any.
         `queued`: when ComfyUI's on-prompt handler saw the prompt (this runs on a thread it started then)."""
@@ -280,7 +280,7 @@ class Runtime:
             logging.getLogger(__name__).info("hybrid parallel: workers stopped after %.0f s idle (%s)",
                                              self._idle_timeout_s(), was)
 
-    # ---- what the worker panel shows (nodes/routes.py); read from the server thread, written here ----
+    # ---- what the worker panel shows (workers/driver/routes.py); read from the server thread, written here ----
     @contextmanager
     def track(self, kind: str, total: int | None = None):
         """Mark a node run in progress so the panel can say busy / starting and which step, and keep

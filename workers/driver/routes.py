@@ -1,8 +1,8 @@
 """HTTP routes for the web extension (web/hybrid_parallel.js), registered on ComfyUI's PromptServer.
 
 The mesh picture must never disagree with what a prompt would do, so the mesh
-route builds the config with the Parallel Config node's own `build` (same
-defaults, same validation, same error text) and the groups with
+route builds the config with the config nodes' own rules (configs.configure /
+configure_gpus: same defaults, same validation, same error text) and the groups with
 `parallel.mesh` - the browser computes nothing. The pool routes read the
 `Runtime` the nodes use. Everything that may block (the worker health probe,
 stopping workers) runs off the server's event loop.
@@ -10,33 +10,27 @@ stopping workers) runs off the server's event loop.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import logging
 import os
 import threading
 import time
 
-from ..parallel.mesh import AXES, rank_coords, rank_groups
-from ..workers.bridge.classified import refused_in
-from ..workers.bridge.graph import on_each_prompt, server_routes, user_directory
-from ..workers.forkserver import default_count
-from .config_node import MAX_LISTED_RANKS, ParallelConfigNode, check_hp_placement, check_placement, summary
-from .simple_node import ParallelGPUsNode
+from ...parallel.mesh import AXES, rank_coords, rank_groups
+from ..bridge.classified import refused_in
+from ..bridge.graph import on_each_prompt, server_routes, user_directory
+from ..forkserver import default_count
+from .configs import MAX_LISTED_RANKS, check_hp_placement, check_placement, configure, configure_gpus, summary
 
 MAX_PICTURE_RANKS = MAX_LISTED_RANKS  # larger worlds get totals only: a picture of them would not be read anyway
 PICTURE_AXES = ("dp", "cfg", "pp", "ring", "ulysses", "tp", "sp")
 
 
 def _defaults() -> dict:
-    spec = ParallelConfigNode.INPUT_TYPES()
-    out = {}
-    for section in ("required", "optional"):
-        for name, (kind, *opts) in spec.get(section, {}).items():
-            if isinstance(kind, str) and kind.isupper() and kind not in ("INT", "STRING", "FLOAT", "BOOLEAN"):
-                continue  # a link input (the cluster): not a widget, not in the picture's query
-            opts = opts[0] if opts else {}
-            out[name] = opts.get("default", kind[0] if isinstance(kind, list) else "")
-    return out
+    """Parallel Config's widget defaults: `configure`'s own (tests/web keeps them equal to the node's widgets); the
+    cluster is a link, not a widget, and not in the picture's query."""
+    return {name: p.default for name, p in inspect.signature(configure).parameters.items() if name != "cluster"}
 
 
 def _coerce(name: str, value: str, default):
@@ -52,13 +46,13 @@ def _coerce(name: str, value: str, default):
 
 def config_from_widgets(widgets: dict):
     """The Parallel Config node's result for these widget values (missing ones take the defaults, unknown ones are
-    ignored), built and validated by the node itself; ValueError as the node would raise it."""
+    ignored), built and validated by the node's own rules; ValueError as the node would raise it."""
     defaults = _defaults()
     kwargs = dict(defaults)
     for name, value in widgets.items():
         if name in defaults:
             kwargs[name] = _coerce(name, str(value), defaults[name])
-    return ParallelConfigNode.configure(**kwargs)
+    return configure(**kwargs)
 
 
 def node_config_why(kind: str, widgets) -> tuple:
@@ -67,8 +61,8 @@ def node_config_why(kind: str, widgets) -> tuple:
     values the node itself will refuse when the prompt runs (its message), or degrees / devices "auto" (they choose
     at the sampler)."""
     build = {"HybridParallelConfig": config_from_widgets,
-             "HybridParallelGPUs": lambda w: ParallelGPUsNode.configure(
-                 **{k: w[k] for k in ("devices", "preset") if k in w})}.get(kind)
+             "HybridParallelGPUs": lambda w: configure_gpus(**{k: w[k] for k in ("devices", "preset") if k in w})
+             }.get(kind)
     if build is None or not isinstance(widgets, dict):
         return None, "not a Parallel Config / Parallel GPUs node"
     try:
