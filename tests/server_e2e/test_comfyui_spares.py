@@ -95,49 +95,28 @@ def test_the_first_world_forks_from_the_head_start_and_a_headless_prompt_starts_
     # queued prompt asked for starts with it, before any prompt - the script's first prompt finds it up
     kept = tmp_path / "user" / "hybrid_parallel_last_world.json"
     assert kept.is_file() and kept.stat().st_mode & 0o077 == 0, kept
+    # (HP_PRESTART's prompt file takes the same path - prestart_config, then the runtime's warm - from its value:
+    # test_prestart_values_start_what_they_name_or_say_the_fix)
     srv = CountingServer(setup_comfy(), tmp_path, spares=2)
     srv.start()
     try:
         status = _ready_world(srv, 2)
         assert status["state"] == "ready" and status["mesh"] == "ulysses2" and status["prompt_warms"] == 0, status
+        assert status["prestart"]["mesh"] == "ulysses2", status  # started with ComfyUI, before any prompt
         assert "the last world a prompt asked for" in srv.tail(200), srv.tail()
         restarted = sorted(w["pid"] for w in status["workers"])
+        assert restarted == srv.worker_pids() and {_parent(p) for p in restarted} == set(srv.fork_server_pids())
+        entry = srv.run(workflow({"ulysses_degree": 2}, "u2_restarted", 104, 72))  # the script's first prompt
+        assert entry["status"]["status_str"] == "success", (entry["status"], srv.tail())
+        assert sorted(w["pid"] for w in srv.get("/hybrid_parallel/pool")["workers"]) == restarted  # none spawned
+        ref, got = (load_file(str(srv.output(f"lat_{t}.safetensors")))["images"] for t in ("ref", "u2_restarted"))
+        assert ((got.double() - ref.double()).norm() / ref.double().norm()).item() <= 1e-4
     finally:
         srv.stop()
     assert _survivors(restarted) == []
 
 
-def test_a_headless_server_prestarts_the_world_of_its_prompt_file(tmp_path):
-    """HP_PRESTART: a headless server (scripts post /prompt, no frontend ever sends /warm) starts the fork server and the
-    world of the API prompt file it names with ComfyUI - before any prompt - and the first prompt runs on those
-    processes (none started for it), equal to KSampler's."""
-    import json
-
-    from comfy_env import setup_comfy
-    prompt = workflow({"ulysses_degree": 2}, "u2", 104, 72)
-    path = tmp_path / "my_prompt_api.json"
-    path.write_text(json.dumps({"prompt": prompt}))  # the body the script posts
-    srv = CountingServer(setup_comfy(), tmp_path / "base", spares=2, env={"HP_PRESTART": str(path)})
-    write_checkpoints(srv.base, ("sd3",))
-    srv.start()
-    try:
-        status = _ready_world(srv, 2)
-        assert status["state"] == "ready" and status["mesh"] == "ulysses2", (status, srv.tail())
-        assert status["prestart"]["mesh"] == "ulysses2" and status["prompt_warms"] == 0, status  # no prompt yet
-        assert "HP_PRESTART starts ulysses2" in srv.tail(200), srv.tail()
-        workers = sorted(w["pid"] for w in status["workers"])
-        assert workers == srv.worker_pids() and {_parent(p) for p in workers} == set(srv.fork_server_pids()), workers
-        for degrees, tag in ((None, "ref"), ({"ulysses_degree": 2}, "u2")):
-            entry = srv.run(workflow(degrees, tag, 104, 72))
-            assert entry["status"]["status_str"] == "success", (entry["status"], srv.tail())
-        assert sorted(w["pid"] for w in srv.get("/hybrid_parallel/pool")["workers"]) == workers  # none spawned
-        ref, got = (load_file(str(srv.output(f"lat_{t}.safetensors")))["images"] for t in ("ref", "u2"))
-        assert ((got.double() - ref.double()).norm() / ref.double().norm()).item() <= 1e-4
-    finally:
-        srv.stop()
-
-
-def test_prestart_values_start_what_they_name_or_say_the_fix(tmp_path):
+def test_prestart_values_start_what_they_name_or_say_the_fix(tmp_path, monkeypatch):
     from comfyui_hybrid_parallel.workers.driver.routes import prestart_config, prestart_from_env
     hp, why = prestart_config('{"ulysses_degree": 2, "device": "cpu"}')
     assert hp.config.describe() == "ulysses2" and why == ""
@@ -162,6 +141,11 @@ def test_prestart_values_start_what_they_name_or_say_the_fix(tmp_path):
     line = prestart_from_env(object(), "{not json", start=started.append)  # one line naming the fix, nothing started
     assert "HP_PRESTART" in line and "Export (API)" in line and started == []
     assert prestart_from_env(object(), "", start=started.append) == "" and started == []  # unset: nothing
+    monkeypatch.setenv("HP_PRESTART", str(f))  # what a headless server's environment sets: that file's world
+    line = prestart_from_env(object(), start=started.append, directory=str(tmp_path / "none"))
+    assert line.startswith("hybrid parallel: HP_PRESTART starts ring2") and len(started) == 1, line
+    started.clear()
+    monkeypatch.delenv("HP_PRESTART")
     # unset, in a ComfyUI whose queued prompt fixed a world: that world, at the next start; HP_PRESTART=0: nothing
     from comfyui_hybrid_parallel.workers.driver.routes import LAST_WORLD, remember_world
     user = tmp_path / "user"
