@@ -27,8 +27,8 @@ if _prompt_server is not None:
     ParallelConfigNode.runtime = RUNTIME  # only in a server: the config nodes start the workers early
     ParallelGPUsNode.runtime = RUNTIME
     RUNTIME.follow_comfy_unload()  # ComfyUI's "Unload models" / /free release the workers' models too
-    # Nothing starts here unless HP_PRESTART asks (a headless server: workers/driver/routes.prestart_from_env): no process, no
-    # memory until the pack is used. The frontend asks for the spare interpreters (/hybrid_parallel/warm) when a
+    # Nothing starts here unless HP_PRESTART asks (a headless server: workers/driver/routes.prestart_from_env): no
+    # process, no memory until the pack is used. The frontend asks for the spare interpreters (/hybrid_parallel/warm) when a
     # workflow holding the pack's nodes is opened; such a prompt starts its world when it is queued.
     from ..workers.driver.routes import prestart_from_env as _prestart_from_env
     _prestart_from_env(RUNTIME)
