@@ -36,8 +36,12 @@ def pytest_collection_modifyitems(session, config, items):
     sort: each file's own order kept). Why: the session's ComfyUI server, pools and gloo worlds live for the whole run
     and their memory grows in the order tests come; in folder order every in-process family test ran before the server
     tests, and the Qwen-Image template's four ranks were killed for memory on a 24 GB machine - the order below is
-    the one CI has run within its memory."""
-    items.sort(key=lambda item: Path(str(item.fspath)).name)
+    the one CI has run within its memory. HP_TEST_ORDER=reverse runs the files in the opposite order (each file's own
+    order still kept): the proof that no test depends on what an earlier file left behind."""
+    order = os.environ.get("HP_TEST_ORDER", "name")
+    if order not in ("name", "reverse"):
+        raise pytest.UsageError(f"HP_TEST_ORDER={order!r}: use 'name' (the default) or 'reverse'")
+    items.sort(key=lambda item: Path(str(item.fspath)).name, reverse=order == "reverse")
 
 
 @pytest.fixture(scope="session")
