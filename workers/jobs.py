@@ -23,7 +23,7 @@ import torch.distributed as dist
 from .bridge.build import prepare_comfy
 from .bridge.carry import Bypass, HookWeights, ObjectValues, rebuild_call
 from .load_job import job_load_model, unhook_all
-from .messages import ForwardJob
+from .messages import ForwardJob, LoopJob
 from .serve import Cancelled, JobRun
 from .transport import WEIGHT_PREFIX, Arena, read_tensor, tensor_dtype
 
@@ -238,15 +238,17 @@ def job_loop(state: WorkerState, ctx, payload: dict) -> dict:
     """
     from comfyui_hybrid_parallel.parallel.pipefusion import PipelineCancelled
 
+    job = LoopJob.from_message({k: v for k, v in payload.items() if not isinstance(v, torch.Tensor)})
     unhook_all(state.engine)
     sigmas = payload["sigmas"]
     n_steps = len(sigmas) - 1
-    inputs = {k: v for k, v in _inputs(state, payload).items() if k not in ("noise", "sigmas")}
+    inputs = {k: v for k, v in _inputs(state, payload, job.kwargs or job.structure).items()
+              if k not in ("noise", "sigmas")}
 
     def progress(i, n, denoised):
         state.model_calls += 1  # (a step of the workers' loop: one call per step, PipeFusion's patches counted once)
         desc = None
-        if denoised is not None and payload.get("previews") and state.rank == 0:
+        if denoised is not None and job.previews and state.rank == 0:
             if state.preview_arenas is None:
                 state.preview_arenas = (Arena(state.shm_prefix), Arena(state.shm_prefix))
             desc = state.preview_arenas[i % 2].write({"p": denoised.float().cpu()})["p"]
@@ -254,14 +256,12 @@ def job_loop(state: WorkerState, ctx, payload: dict) -> dict:
 
     report = {}
     try:
-        model = state.engine.get(payload["key"], ctx).model
-        with ObjectValues(model, payload.get("object_values")), _bypass(state, model, payload.get("run"),
-                                                                       payload.get("bypass"), payload):
-            out = state.engine.loop(payload["key"], ctx, inputs, sigmas, payload["noise"].to(state.device),
-                                    convention=payload["convention"], sampler=payload["sampler"],
-                                    cfg_scale=payload.get("cfg_scale"),
+        model = state.engine.get(job.key, ctx).model
+        with ObjectValues(model, job.object_values), _bypass(state, model, job.run, job.bypass, payload):
+            out = state.engine.loop(job.key, ctx, inputs, sigmas, payload["noise"].to(state.device),
+                                    convention=job.convention, sampler=job.sampler, cfg_scale=job.cfg_scale,
                                     before_step=lambda i, n: state.stop_point(ctx), callback=progress,
-                                    cancel=lambda: state.run.cancel_requested, step_cache=payload.get("step_cache"),
+                                    cancel=lambda: state.run.cancel_requested, step_cache=job.step_cache,
                                     cache_report=report)
     except PipelineCancelled as e:
         raise Cancelled(str(e)) from None

@@ -1,4 +1,5 @@
-"""The typed messages of a run's model calls: what the driver sends and what a rank reads, through one class each.
+"""The typed messages of a run's model calls: what the driver sends and what a rank reads, through one class each
+(a step-mode call: ForwardJob; the workers' whole loop: LoopJob).
 
 Why: the ranks read about forty string keys out of payload dicts, so a key spelt one way by the driver and another
 by a rank was a value silently missing (a `.get()` answering None) - a reuse not made, a hook group not switched.
@@ -14,8 +15,31 @@ from typing import Optional
 _SEQUENCES = ("reuse", "changing", "conds")
 
 
+class _Message:
+    """message() / from_message() of a frozen message dataclass: JSON out without the unset fields, and back in
+    refusing a field the class does not know (the driver and the rank not the same version, or a misspelt key)."""
+    _required = ("key",)
+
+    def message(self) -> dict:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()
+                if v is not None and v != ()}
+
+    @classmethod
+    def from_message(cls, d: dict):
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        what = cls.__name__
+        if unknown:
+            raise ValueError(f"{what}: unknown field(s) {unknown} (a {what} has {sorted(known)}): the driver "
+                             f"and this rank are not the same version of the pack, or a field is misspelt")
+        missing = [k for k in cls._required if k not in d]
+        if missing:
+            raise ValueError(f"{what}: no {', '.join(missing)} (a {what} needs {list(cls._required)})")
+        return cls(**d)
+
+
 @dataclass(frozen=True)
-class ForwardJob:
+class ForwardJob(_Message):
     """One step-mode model call (workers/jobs.job_forward), built by workers/bridge/proxy.py."""
     key: str                              # the resident model (workers/bridge/residency.weights_key)
     structure: dict = field(default_factory=dict)  # the call's arguments as JSON, tensors named beside it
@@ -40,21 +64,28 @@ class ForwardJob:
         if not isinstance(self.key, str) or not self.key:
             raise ValueError(f"a forward job names its resident model (key), got {self.key!r}")
 
-    def message(self) -> dict:
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()
-                if v is not None and v != ()}
-
-    @classmethod
-    def from_message(cls, d: dict) -> "ForwardJob":
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"forward job: unknown field(s) {unknown} (a ForwardJob has {sorted(known)}): the driver "
-                             f"and this rank are not the same version of the pack, or a field is misspelt")
-        if "key" not in d:
-            raise ValueError("forward job: no key (which resident model to call)")
-        return cls(**d)
-
     def after(self, **changes) -> "ForwardJob":
         """This call with some fields set (the run's reuse of the previous call's inputs: proxy.submit_once)."""
         return replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class LoopJob(_Message):
+    """The workers' whole denoising loop (loop mode, PipeFusion: workers/jobs.job_loop), built by
+    workers/bridge/loop_mode.py; the noise, sigmas and conditioning tensors travel beside it by name."""
+    key: str                              # the resident model
+    sampler: str                          # ComfyUI's sampler name the workers' loop runs (parallel/sampling.py)
+    convention: dict                      # how sigma and the model output map to ComfyUI's denoised (loop_convention)
+    structure: dict = field(default_factory=dict)  # the captured conditioning as JSON, tensors named beside it
+    cfg_scale: Optional[float] = None     # classifier-free guidance, None when the batch holds no uncond
+    step_cache: Optional[dict] = None     # EasyCache's rule (ComfyUI's node or Parallel Config's step_cache)
+    object_values: Optional[dict] = None  # ComfyUI object patches of plain values, set around the loop
+    run: Optional[str] = None             # names the run's bypass adapters on the workers
+    bypass: Optional[dict] = None         # LoRA bypass adapters (workers/bridge/carry.bypass_call)
+    previews: Optional[bool] = None       # rank 0 sends its denoised latent each step (set by the pool's submit)
+    kwargs: Optional[dict] = None         # the conditioning given whole (tests) instead of structure
+    _required = ("key", "sampler", "convention")
+
+    def __post_init__(self):
+        if not isinstance(self.key, str) or not self.key:
+            raise ValueError(f"a loop job names its resident model (key), got {self.key!r}")

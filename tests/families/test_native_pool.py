@@ -379,7 +379,7 @@ def test_step_inputs_cross_once_per_run(comfy, pool, monkeypatch):
     pool: its run and its key ("once") are this test's own."""
     from comfyui_hybrid_parallel.workers.bridge.proxy import submit_once
     from comfyui_hybrid_parallel.workers.messages import ForwardJob
-    from comfyui_hybrid_parallel.workers.bridge.run_record import RunRecord
+    from comfyui_hybrid_parallel.workers.bridge.run_record import RunPlan, RunRecord
     from comfyui_hybrid_parallel.parallel import ParallelConfig
     from comfyui_hybrid_parallel.workers.pool import WorkerError
     base = load_model(comfy, "sd3", "fp8_e4m3fn").model
@@ -392,7 +392,7 @@ def test_step_inputs_cross_once_per_run(comfy, pool, monkeypatch):
             sent.append(sorted(tensors or {}))
         return submit(config, kind, values, tensors, **kw)
     monkeypatch.setattr(pool, "submit", recording)  # the module's pool: its own submit again after this test
-    state, calls, outs = RunRecord(key="once", lineage="once", native={}), [], []
+    state, calls, outs = RunRecord(RunPlan(key="once", lineage="once", native={})), [], []
     first = inputs("sd3", base, seed=400)
     pool_forward(pool, config, "once", base, first)  # resident
     sent.clear()

@@ -28,3 +28,31 @@ def test_a_misspelt_or_missing_field_fails_at_the_boundary():
         ForwardJob(key="m", call_idx=1)  # the driver's side: a misspelt field where it is written
     with pytest.raises(ValueError, match="names its resident model"):
         ForwardJob(key="")
+
+
+def test_a_loop_job_travels_as_json_and_a_missing_or_misspelt_field_fails():
+    from comfyui_hybrid_parallel.workers.messages import LoopJob
+    job = LoopJob(key="m", sampler="euler", convention={"kind": "flow", "timestep_scale": 1.0}, cfg_scale=3.0,
+                  structure={"transformer_options": {}}, step_cache={"threshold": 0.2})
+    wire = json.loads(json.dumps(job.message()))
+    assert LoopJob.from_message(wire) == job and "bypass" not in wire
+    # the pool's submit adds the previews flag to the same values: the rank reads it as a field
+    assert LoopJob.from_message({**wire, "previews": True}).previews is True
+    with pytest.raises(ValueError, match=r"unknown field\(s\) \['cfg'\]"):
+        LoopJob.from_message({**wire, "cfg": 3.0})
+    with pytest.raises(ValueError, match="no convention"):
+        LoopJob.from_message({"key": "m", "sampler": "euler"})
+    with pytest.raises(TypeError):
+        LoopJob(key="m", sampler="euler", convention={}, cfg=3.0)
+
+
+def test_a_run_plan_is_frozen_and_the_run_record_holds_it():
+    """The plan the refusals checked cannot be changed by the run that reads it; the run's own state can."""
+    import dataclasses
+    from comfyui_hybrid_parallel.workers.bridge.run_record import RunPlan, RunRecord
+    record = RunRecord(RunPlan(key="k", lineage="l", native={}, hooks=True))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        record.plan.hooks = False
+    record.calls += 1
+    record.hooks_sent.add("g")
+    assert record.calls == 1 and record.plan.key == "k" and RunRecord(record.plan).run != record.run

@@ -24,6 +24,7 @@ from .carry import bypass_call
 from .sampling import (ComfyInterrupt, fix_empty_latent, previews_enabled, progress_bar,
                                       raise_if_interrupted, sampler_object)
 from .seams import accepts
+from ..messages import LoopJob
 from ..pool import JobCancelled
 from .spec import loop_step_cache
 from .proxy import Captured, _flatten, _structure
@@ -136,22 +137,22 @@ def make_loop_sampler(runtime, hp, state, sampler_name: str, cfg: float, patcher
             inputs["c_concat"] = cap.x[:, x.shape[1]:].contiguous()
         inputs, has_uncond = _cond_uncond_order(inputs, cap.cond_or_uncond, x.shape[0])
         convention = loop_convention(model_sampling, sigmas)  # (checked before any work: sampler_node)
-        values = {"key": state.key, "structure": _structure(inputs), "sampler": sampler_name,
-                  "cfg_scale": float(cfg) if has_uncond else None, "convention": convention}
+        plan = state.plan
         model_options = extra_args.get("model_options")
-        step_cache = _step_cache(hp, model_options, base_model, cap, has_uncond, x, model_sampling)
-        if step_cache is not None:
-            values["step_cache"] = step_cache
         tensors = {**_flatten(inputs), "noise": x.float().contiguous(), "sigmas": sigmas.float().cpu()}
-        if state.object_values:  # plain object patches of the MODEL (Flux Kontext's reference method)
-            values["object_values"] = state.object_values
-        if state.bypass:  # a LoRA in bypass mode: injected around the loop's model calls
-            values["run"] = uuid.uuid4().hex
-            values["bypass"], parts = bypass_call(state.bypass, set())
+        bypass = run = None
+        if plan.bypass:  # a LoRA in bypass mode: injected around the loop's model calls
+            run = uuid.uuid4().hex
+            bypass, parts = bypass_call(plan.bypass, set())
             tensors.update(parts)
-        res = _submit_loop(runtime, hp, values, tensors, x, sigmas, callback)
+        job = LoopJob(key=plan.key, structure=_structure(inputs), sampler=sampler_name, convention=convention,
+                      cfg_scale=float(cfg) if has_uncond else None,
+                      step_cache=_step_cache(hp, model_options, base_model, cap, has_uncond, x, model_sampling),
+                      object_values=plan.object_values or None,  # plain object patches (Flux Kontext's references)
+                      run=run, bypass=bypass)
+        res = _submit_loop(runtime, hp, job.message(), tensors, x, sigmas, callback)
         report = next((v["step_cache"] for v in res.per_rank if v.get("step_cache")), None)
-        if step_cache is not None and report:
+        if job.step_cache is not None and report:
             _report_skipped(hp, report, model_options)
         return res.tensors["out"].to(x.device, x.dtype)
 

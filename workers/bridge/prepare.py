@@ -17,7 +17,7 @@ from .inplace import build_key, in_place_findings
 from .loader_types import NotCarriable, describe_patcher
 from .patches import NotPortable, encode
 from .residency import weights_key
-from .run_record import RunRecord
+from .run_record import RunPlan, RunRecord
 from .sampling import APPLY_MODEL, wrappers_of
 from .spec import (NotCarried, check_any_model, check_attention_requests, check_declared, check_loader_methods,
                    check_native_grid, check_native_pipefusion, check_native_tp, check_weights, native_spec)
@@ -219,13 +219,13 @@ def pool_state(model, hp, cap) -> RunRecord:
     patches = portable_patches(model, hp.config)  # LoRA & co travel as patches where they can
     if patches is not None:
         native["patcher"] = loader_patcher(model)  # a loader that patches its own way (GGUF)
-    record = RunRecord(key=f"native:{weights_key(model.model, model.patches, extra)}|{method}",
-                       lineage=f"{model.model._hp_uid}|{method}", native=native, patches=patches, compile=compiled,
-                       object_values=object_values(cap.carried("object_values")), hooks=bool(cap.carried("hooks")),
-                       bypass={k: v for f in cap.carried("bypass") for k, v in f.detail["adapters"].items()},
-                       fbcache=first_block(model, hp, cap, compiled))
-    check_carried_calls(model, hp, cap, record)
-    return record
+    plan = RunPlan(key=f"native:{weights_key(model.model, model.patches, extra)}|{method}",
+                   lineage=f"{model.model._hp_uid}|{method}", native=native, patches=patches, compile=compiled,
+                   object_values=object_values(cap.carried("object_values")), hooks=bool(cap.carried("hooks")),
+                   bypass={k: v for f in cap.carried("bypass") for k, v in f.detail["adapters"].items()},
+                   fbcache=first_block(model, hp, cap, compiled))
+    check_carried_calls(model, hp, cap, plan)
+    return RunRecord(plan)
 
 
 def first_block(model, hp, cap, compiled) -> dict | None:
@@ -241,21 +241,21 @@ def first_block(model, hp, cap, compiled) -> dict | None:
         raise NotCarried(f"{cap.creator(found[-1])}: {e}") from None
 
 
-def check_carried_calls(model, hp, cap, state) -> None:
+def check_carried_calls(model, hp, cap, plan) -> None:
     """Refuse, before any worker starts, carried per-call patches this config cannot apply exactly: hook LoRAs where
     the ranks do not hold whole weights they can patch (tp / pp / sharded, quantized or a loader's weights, a compiled
     model), and block skips (Skip Layer Guidance) of a block where the family's plan splits the sequence or with
     DistriFusion (its stale activations are kept per conditioning, which the extra call would overwrite)."""
     config = hp.config
-    if state.hooks:
+    if plan.hooks:
         why = ("tensor parallel, PipeFusion or weight sharding" if not config.whole_model else
-               "a compiled model (TorchCompileModel)" if state.compile else
-               "quantized weights" if state.native.get("quantized") or state.native.get("tensors") else "")
+               "a compiled model (TorchCompileModel)" if plan.compile else
+               "quantized weights" if plan.native.get("quantized") or plan.native.get("tensors") else "")
         if why:
             raise NotCarried(f"hook LoRAs switch weights per conditioning on the workers, which {why} cannot do "
                              f"exactly; use ulysses / ring / cfg / dp degrees with shard_weights none on bf16 / fp16 / "
                              f"fp32 weights, or load the LoRA with LoraLoaderModelOnly")
-    if state.bypass and (config.tp_degree > 1 or config.pp_degree > 1):
+    if plan.bypass and (config.tp_degree > 1 or config.pp_degree > 1):
         raise NotCarried(f"{cap.creator(cap.carried('bypass')[0])} computes its LoRA beside each whole layer, which "
                          f"tensor parallel (a layer's output in shards) and PipeFusion (stages) do not run; use "
                          f"ulysses / ring / cfg / dp degrees or shard_weights, or LoraLoaderModelOnly")
@@ -332,7 +332,7 @@ def patches_on_workers(patcher, state):
     """While ComfyUI samples `patcher`, leave its weights unpatched when the workers apply the patches themselves:
     no patched copy (and backup) on the host, and the base weights are what travels. A new patches_uuid makes
     ComfyUI restore the base weights if another sampler left them patched, and re-patch them for the next one."""
-    if not state.patches:
+    if not state.plan.patches:
         yield
         return
     saved = patcher.patches, patcher.patches_uuid

@@ -66,8 +66,9 @@ class PoolDiffusionModel(torch.nn.Module):
         if not st.resident:
             # the weights as they are without a hook: ComfyUI patches a hook group into them in place before the
             # call (its per-call hooks travel separately: carry.hook_call)
-            st.family = self.runtime.ensure_native(self.hp, st.key, st.native, self._original[0], st.lineage,
-                                                   st.patches, unhooked=unhooked(self.patcher))
+            plan = st.plan
+            st.family = self.runtime.ensure_native(self.hp, plan.key, plan.native, self._original[0], plan.lineage,
+                                                   plan.patches, unhooked=unhooked(self.patcher))
             st.resident = True
 
     def _native_forward(self, x, timestep, context, transformer_options, extra):
@@ -88,28 +89,29 @@ class PoolDiffusionModel(torch.nn.Module):
         structure["transformer_options"] = options
         self._check_skips(adapter, options)
         st = self.state
-        call = dict(key=st.key, call_index=st.calls, structure=structure, object_values=st.object_values or None,
-                    compile=st.compile or None)
+        plan = st.plan
+        call = dict(key=plan.key, call_index=st.calls, structure=structure, object_values=plan.object_values or None,
+                    compile=plan.compile or None)
         hooks = getattr(self.patcher, "current_hooks", None)
-        if hooks is not None or st.hooks:  # the call's hook group (ComfyUI switches it per cond)
-            if not st.hooks:
+        if hooks is not None or plan.hooks:  # the call's hook group (ComfyUI switches it per cond)
+            if not plan.hooks:
                 raise NotCarried("this model call runs under a hook group that was not on the MODEL or its "
                                  "conditioning when sampling started; the pack cannot carry it")
             call["hooks"], parts = hook_call(self.patcher, hooks, st.hooks_sent)
             tensors.update(parts)
             changing += parts
-        if st.bypass:  # LoRA bypass: its adapters once per run, injected around each call
-            call["bypass"], parts = bypass_call(st.bypass, st.bypass_sent)
+        if plan.bypass:  # LoRA bypass: its adapters once per run, injected around each call
+            call["bypass"], parts = bypass_call(plan.bypass, st.bypass_sent)
             tensors.update(parts)
             changing += parts
         which = (transformer_options or {}).get("cond_or_uncond")
         if isinstance(which, (list, tuple)) and all(isinstance(i, int) for i in which):
             call["conds"] = which  # which conditionings this call holds: DistriFusion's lane
-        if st.fbcache:  # First Block Cache: its rule and this call's sigma (what the node compares)
+        if plan.fbcache:  # First Block Cache: its rule and this call's sigma (what the node compares)
             sigma = call_sigma(transformer_options)
             if sigma is None:
                 raise NotCarried("First Block Cache needs the call's sigma, which ComfyUI did not hand this model call")
-            call["fbcache"] = {"rule": st.fbcache, "sigma": sigma}
+            call["fbcache"] = {"rule": plan.fbcache, "sigma": sigma}
         self._ensure_resident()
         st.calls += 1
         res = submit_once(self.runtime.pool(self.hp), self.hp.config, ForwardJob(**call), tensors, st,

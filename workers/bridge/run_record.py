@@ -1,9 +1,11 @@
-"""One prompt's run on the pool, typed: what prepare.pool_state decided before any worker started, then what the run
-does as it goes.
+"""One prompt's run on the pool, typed in two parts: the plan (`RunPlan`, frozen) that prepare.pool_state decided
+before any worker started, and the record of what the run does as it goes (`RunRecord`, mutable, holding its plan).
 
-Why a dataclass and not a dict: the record is built in one place (workers/bridge/prepare.py pool_state, after every refusal)
-and read by the proxy (step mode), the workers' loop (loop mode / PipeFusion) and the patch transport; a misspelt
-key in a dict read as None - a hook group silently not sent - where an attribute fails loudly.
+Why two: the plan is what the refusals checked - the residency key, ComfyUI's model spec, what travels with each call
+- and a reader that changed it mid-run (a hook flag turned off, another key) would run something the checks never saw;
+frozen, such a write fails where it is made. The run's own state (the call counter, what the workers hold for this
+run) changes at every call, from the proxy (step mode) and the loop (loop mode / PipeFusion) only. Dataclasses and not
+dicts: a misspelt key in a dict read as None - a hook group silently not sent - where an attribute fails loudly.
 """
 from __future__ import annotations
 
@@ -11,9 +13,9 @@ import uuid
 from dataclasses import dataclass, field
 
 
-@dataclass
-class RunRecord:
-    # decided before any worker starts (prepare.pool_state)
+@dataclass(frozen=True)
+class RunPlan:
+    """Decided before any worker starts (prepare.pool_state), after every refusal; read, never written, by the run."""
     key: str                       # the resident weights' key: base model, patches digest, compute dtype, method
     lineage: str                   # this model under other patches: replaced on the workers, not kept beside
     native: dict                   # ComfyUI's model spec the workers build (workers/bridge/spec.py native_spec)
@@ -23,7 +25,12 @@ class RunRecord:
     hooks: bool = False            # hook LoRAs: each call's hook group travels (carry.hook_call)
     bypass: dict = field(default_factory=dict)  # LoRA bypass adapters, injected around each call on the ranks
     fbcache: dict | None = None    # First Block Cache's rule (parallel/fbcache.FirstBlockRule), applied by the ranks
-    # what the run does as it goes
+
+
+@dataclass
+class RunRecord:
+    """A run of `plan` as it goes: written by the proxy (workers/bridge/proxy.py) and the loop (loop_mode.py)."""
+    plan: RunPlan
     calls: int = 0                 # model calls so far (the workers' call index)
     resident: bool = False         # the weights are on the workers for this run
     family: str | None = None      # the family adapter the workers run (their answer to the load)
