@@ -13,11 +13,12 @@ from __future__ import annotations
 
 from ..workers.bridge.fbcache import without_fbcache_wrapper
 from ..workers.bridge.graph import executing, given
-from ..workers.bridge.prepare import (WRAPPER_KEY, capture_run, check_not_multigpu, check_not_on_pool, guider_inputs,
-                                      guider_of, guider_run, host_clone, pool_state, without_compile_wrapper)
-from ..workers.bridge.proxy import make_apply_model_wrapper
+from ..workers.bridge.prepare import (WRAPPER_KEY, check_not_multigpu, check_not_on_pool, guider_inputs, guider_of,
+                                      guider_run, host_clone, without_compile_wrapper)
 from ..workers.bridge.sampling import APPLY_MODEL, OUTER_SAMPLE, add_wrapper
+from ..workers.driver.plan import capture_run, pool_state
 from ..workers.driver.run import prepare_run, running
+from ..workers.driver.step import step_wrapper
 
 
 class ParallelModel:
@@ -74,5 +75,5 @@ class ParallelModel:
 
         add_wrapper(m, OUTER_SAMPLE, WRAPPER_KEY, outer_sample)
         add_wrapper(m, APPLY_MODEL, WRAPPER_KEY,
-                    make_apply_model_wrapper(runtime, lambda: chosen["hp"], lambda: chosen["run"]))
+                    step_wrapper(runtime, lambda: chosen["hp"], lambda: chosen["run"]))
         return (m,)

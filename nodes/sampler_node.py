@@ -1,19 +1,20 @@
 """Hybrid Sampler: KSampler's inputs and ComfyUI's own sampling, with the diffusion model on the pool.
 
-Step mode: ComfyUI runs the sampler exactly as KSampler does, each model call on the workers (workers/bridge/proxy.py); loop
-mode and PipeFusion run the whole loop in the workers (workers/bridge/loop_mode.py). Everything is prepared and refused before
+Step mode: ComfyUI runs the sampler exactly as KSampler does, each model call on the workers (workers/driver/step.py,
+through the proxy of workers/bridge/proxy.py); loop mode and PipeFusion run the whole loop in the workers
+(workers/driver/loop.py, ComfyUI's conditioning read by workers/bridge/loop_mode.py). Everything is prepared and refused before
 any worker starts, by the run pipeline both samplers share (workers/driver/run.py).
 """
 from __future__ import annotations
 
 from ..workers.bridge.graph import given
-from ..workers.bridge.loop_mode import (check_loop_mode, check_loop_sampling, ksampler_latent, make_loop_sampler,
-                                        uses_loop_mode)
+from ..workers.bridge.loop_mode import check_loop_mode, check_loop_sampling, ksampler_latent, uses_loop_mode
 from ..workers.bridge.fbcache import without_fbcache_wrapper
 from ..workers.bridge.prepare import WRAPPER_KEY, check_not_on_pool, host_clone, without_compile_wrapper
-from ..workers.bridge.proxy import make_apply_model_wrapper
 from ..workers.bridge.sampling import APPLY_MODEL, add_wrapper, ksample, ksample_with, samplers_and_schedulers
+from ..workers.driver.loop import make_loop_sampler
 from ..workers.driver.run import prepare_run, running
+from ..workers.driver.step import step_wrapper
 
 
 class HybridSampler:
@@ -62,7 +63,7 @@ class HybridSampler:
         m = host_clone(model)  # ComfyUI's copy of the diffusion model stays on the host (see host_clone)
         without_compile_wrapper(m)  # the workers compile their own model (compile_spec)
         without_fbcache_wrapper(m)  # the workers apply First Block Cache's rule (workers/bridge/fbcache.py)
-        add_wrapper(m, APPLY_MODEL, WRAPPER_KEY, make_apply_model_wrapper(self.runtime, hp, state))
+        add_wrapper(m, APPLY_MODEL, WRAPPER_KEY, step_wrapper(self.runtime, hp, state))
         with running(self.runtime, hp, m, state, total=steps):
             return self._run(m, hp, state, loop, seed, steps, cfg, sampler_name, scheduler, positive, negative,
                              latent_image, denoise, preview_from=model)

@@ -12,7 +12,7 @@ import torch
 from ..parallel.config import ConfigError
 from ..parallel.vae.comfy_vaes import comfy_vae_for, refusal, supported_titles
 from ..parallel.vae.native import plan_native
-from ..workers.bridge.proxy import submit_interruptible
+from ..workers.driver.step import submit_interruptible
 from ..workers.bridge.residency import stamp
 from ..workers.bridge.vae import native_vae_spec, qualname, vae_input, vae_module, vae_output
 

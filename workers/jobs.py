@@ -169,7 +169,7 @@ def json_copy(value):
 
 
 def _reuse_inputs(state: WorkerState, job: ForwardJob, payload: dict) -> None:
-    """Step mode sends a run's unchanged inputs (its conditioning) once (workers/bridge/proxy.py submit_once): put
+    """Step mode sends a run's unchanged inputs (its conditioning) once (workers/driver/step.py submit_once): put
     back the tensors the previous call of the same run had, then remember this call's. Only the latest call is
     kept (one run's conditioning per worker); a gap in the run's calls is an error, never a stale input."""
     held = state.call_inputs

@@ -40,7 +40,8 @@ class _Message:
 
 @dataclass(frozen=True)
 class ForwardJob(_Message):
-    """One step-mode model call (workers/jobs.job_forward), built by workers/bridge/proxy.py."""
+    """One step-mode model call (workers/jobs.job_forward), built by workers/driver/step.py from what the proxy
+    (workers/bridge/proxy.py) read of ComfyUI's call."""
     key: str                              # the resident model (workers/bridge/residency.weights_key)
     structure: dict = field(default_factory=dict)  # the call's arguments as JSON, tensors named beside it
     call_index: Optional[int] = None      # the sampler's model call in this run (DistriFusion's warmup / stale step)
@@ -65,14 +66,14 @@ class ForwardJob(_Message):
             raise ValueError(f"a forward job names its resident model (key), got {self.key!r}")
 
     def after(self, **changes) -> "ForwardJob":
-        """This call with some fields set (the run's reuse of the previous call's inputs: proxy.submit_once)."""
+        """This call with some fields set (the run's reuse of the previous call's inputs: step.submit_once)."""
         return replace(self, **changes)
 
 
 @dataclass(frozen=True)
 class LoopJob(_Message):
     """The workers' whole denoising loop (loop mode, PipeFusion: workers/jobs.job_loop), built by
-    workers/bridge/loop_mode.py; the noise, sigmas and conditioning tensors travel beside it by name."""
+    workers/driver/loop.py; the noise, sigmas and conditioning tensors travel beside it by name."""
     key: str                              # the resident model
     sampler: str                          # ComfyUI's sampler name the workers' loop runs (parallel/sampling.py)
     convention: dict                      # how sigma and the model output map to ComfyUI's denoised (loop_convention)

@@ -377,9 +377,9 @@ def test_step_inputs_cross_once_per_run(comfy, pool, monkeypatch):
     again; a call naming a previous call the workers do not hold fails clearly and the pool stays usable. (The
     protocol is the family's business not at all: the tiny SD3, not the 531M Flux - 2 min on 2 cores.) On the module's
     pool: its run and its key ("once") are this test's own."""
-    from comfyui_hybrid_parallel.workers.bridge.proxy import submit_once
+    from comfyui_hybrid_parallel.workers.driver.step import submit_once
     from comfyui_hybrid_parallel.workers.messages import ForwardJob
-    from comfyui_hybrid_parallel.workers.bridge.run_record import RunPlan, RunRecord
+    from comfyui_hybrid_parallel.workers.driver.run_record import RunPlan, RunRecord
     from comfyui_hybrid_parallel.parallel import ParallelConfig
     from comfyui_hybrid_parallel.workers.pool import WorkerError
     base = load_model(comfy, "sd3", "fp8_e4m3fn").model

@@ -49,7 +49,7 @@ def test_a_loop_job_travels_as_json_and_a_missing_or_misspelt_field_fails():
 def test_a_run_plan_is_frozen_and_the_run_record_holds_it():
     """The plan the refusals checked cannot be changed by the run that reads it; the run's own state can."""
     import dataclasses
-    from comfyui_hybrid_parallel.workers.bridge.run_record import RunPlan, RunRecord
+    from comfyui_hybrid_parallel.workers.driver.run_record import RunPlan, RunRecord
     record = RunRecord(RunPlan(key="k", lineage="l", native={}, hooks=True))
     with pytest.raises(dataclasses.FrozenInstanceError):
         record.plan.hooks = False

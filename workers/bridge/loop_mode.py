@@ -14,20 +14,16 @@ ComfyUI's own conditioning at the diffusion model (instead of computing), then
 from __future__ import annotations
 
 import logging
-import uuid
+from dataclasses import dataclass
 
 import torch
 
 from ...parallel.models import ADAPTERS
 from ...parallel.plan import _given  # an input is given: not None, not an empty list / dict (ComfyUI's defaults)
-from .carry import bypass_call
-from .sampling import (ComfyInterrupt, fix_empty_latent, previews_enabled, progress_bar,
-                                      raise_if_interrupted, sampler_object)
+from .sampling import fix_empty_latent
 from .seams import accepts
-from ..messages import LoopJob
-from ..pool import JobCancelled
 from .spec import loop_step_cache
-from .proxy import Captured, _flatten, _structure
+from .proxy import Captured
 
 SUPPORTED_SAMPLERS = ("euler", "dpmpp_2m")
 
@@ -118,45 +114,41 @@ def check_loop_sampling(patcher) -> dict:
     return loop_convention(patcher.get_model_object("model_sampling"))
 
 
-def make_loop_sampler(runtime, hp, state, sampler_name: str, cfg: float, patcher, family_of_state):
-    """A ComfyUI KSAMPLER whose function runs the loop (PipeFusion, or one parallel forward per step) on the workers:
-    ComfyUI's conditioning pipeline runs once for a captured model call, then noise, sigmas and those inputs travel in
-    one `loop` job. `patcher`: the MODEL sampled (its model_sampling and model)."""
-    model_sampling, base_model = patcher.get_model_object("model_sampling"), patcher.model
-    def sample(model_k, x, sigmas, extra_args=None, callback=None, disable=None):
-        extra_args = dict(extra_args or {})
-        if extra_args.get("denoise_mask") is not None:
-            raise ValueError("loop mode does not support noise masks (inpainting) yet; use step mode (pp_degree=1, "
-                             "sampling_mode auto/step)")
-        cap = _capture(model_k, x, sigmas, extra_args, state)
-        if hp.config.pp_degree > 1:
-            _check_pipefusion(hp, family_of_state(), cap, x)
-        inputs = dict(cap.inputs)  # the call's conditioning (the loop supplies the latent and timestep)
-        if cap.x_shape[1] > x.shape[1]:  # ComfyUI joined its concat conditioning (Wan image to video) to the latent:
-            # the same every step, so it travels once and the workers join it to theirs before each model call
-            inputs["c_concat"] = cap.x[:, x.shape[1]:].contiguous()
-        inputs, has_uncond = _cond_uncond_order(inputs, cap.cond_or_uncond, x.shape[0])
-        convention = loop_convention(model_sampling, sigmas)  # (checked before any work: sampler_node)
-        plan = state.plan
-        model_options = extra_args.get("model_options")
-        tensors = {**_flatten(inputs), "noise": x.float().contiguous(), "sigmas": sigmas.float().cpu()}
-        bypass = run = None
-        if plan.bypass:  # a LoRA in bypass mode: injected around the loop's model calls
-            run = uuid.uuid4().hex
-            bypass, parts = bypass_call(plan.bypass, set())
-            tensors.update(parts)
-        job = LoopJob(key=plan.key, structure=_structure(inputs), sampler=sampler_name, convention=convention,
-                      cfg_scale=float(cfg) if has_uncond else None,
-                      step_cache=_step_cache(hp, model_options, base_model, cap, has_uncond, x, model_sampling),
-                      object_values=plan.object_values or None,  # plain object patches (Flux Kontext's references)
-                      run=run, bypass=bypass)
-        res = _submit_loop(runtime, hp, job.message(), tensors, x, sigmas, callback)
-        report = next((v["step_cache"] for v in res.per_rank if v.get("step_cache")), None)
-        if job.step_cache is not None and report:
-            _report_skipped(hp, report, model_options)
-        return res.tensors["out"].to(x.device, x.dtype)
+@dataclass
+class LoopCall:
+    """What ComfyUI's conditioning pipeline gave one captured model call, read for the workers' loop."""
+    inputs: dict                 # the call's conditioning, [cond, uncond] order (the loop supplies latent, timestep)
+    has_uncond: bool             # the batch holds an uncond half: the loop applies cfg
+    convention: dict             # how sigma and the model output map to ComfyUI's denoised (loop_convention)
+    step_cache: dict | None      # EasyCache's rule for the workers (ComfyUI's node or Parallel Config's own)
+    model_options: dict | None   # the run's model options (EasyCache's skip count is written back there)
 
-    return sampler_object(sample)
+    def report_skipped(self, hp, report: dict) -> None:
+        """The steps the workers' cache skipped, where ComfyUI would say it."""
+        report_skipped(hp, report, self.model_options)
+
+
+def read_loop_call(patcher, hp, model_k, x, sigmas, extra_args: dict, record, family_of) -> LoopCall:
+    """ComfyUI's conditioning for the workers' loop: its own pipeline runs once for a model call at the first sigma,
+    captured at the diffusion model (the proxy raises Captured) - refused, before any work, where the loop cannot run
+    it (a noise mask, PipeFusion's conditioning limits, an odd latent). `record`: the run's record (its capture
+    flag); `family_of()`: the family the workers run. `patcher`: the MODEL sampled (its model_sampling and model)."""
+    if extra_args.get("denoise_mask") is not None:
+        raise ValueError("loop mode does not support noise masks (inpainting) yet; use step mode (pp_degree=1, "
+                         "sampling_mode auto/step)")
+    model_sampling = patcher.get_model_object("model_sampling")
+    cap = _capture(model_k, x, sigmas, extra_args, record)
+    if hp.config.pp_degree > 1:
+        _check_pipefusion(hp, family_of(), cap, x)
+    inputs = dict(cap.inputs)  # the call's conditioning (the loop supplies the latent and timestep)
+    if cap.x_shape[1] > x.shape[1]:  # ComfyUI joined its concat conditioning (Wan image to video) to the latent:
+        # the same every step, so it travels once and the workers join it to theirs before each model call
+        inputs["c_concat"] = cap.x[:, x.shape[1]:].contiguous()
+    inputs, has_uncond = _cond_uncond_order(inputs, cap.cond_or_uncond, x.shape[0])
+    convention = loop_convention(model_sampling, sigmas)  # (checked before any work: sampler_node)
+    model_options = extra_args.get("model_options")
+    step_cache = _step_cache(hp, model_options, patcher.model, cap, has_uncond, x, model_sampling)
+    return LoopCall(inputs, has_uncond, convention, step_cache, model_options)
 
 
 def _capture(model_k, x, sigmas, extra_args: dict, state):
@@ -204,31 +196,7 @@ def _step_cache(hp, model_options, base_model, cap, has_uncond: bool, x, model_s
             "channels": int(x.shape[1]), "first": 0, "chunks": 2 if has_uncond else 1}
 
 
-def _submit_loop(runtime, hp, values: dict, tensors: dict, x, sigmas, callback):
-    """The `loop` job, with ComfyUI's progress bar, previews (where ComfyUI renders them) and interrupt."""
-    pbar = progress_bar(len(sigmas) - 1)
-    preview = None
-    if callback is not None and hp.config.pp_degree == 1 and previews_enabled():  # only then do the workers send them
-        def preview(step, total, denoised):  # ComfyUI's k-diffusion callback: its previewer and progress bar
-            i = step - 1
-            d = denoised.to(x.device, x.dtype)
-            callback({"i": i, "denoised": d, "x": d, "sigma": sigmas[i], "sigma_hat": sigmas[i]})
-
-    def progress(step, total):
-        raise_if_interrupted()
-        if preview is None:  # otherwise ComfyUI's callback (with the preview) already moved the bar
-            pbar.update_absolute(step, total)
-        runtime.progress(step, total)
-
-    try:  # the interrupt is polled too, so it wins even when no progress arrives (a rank hangs)
-        return runtime.pool(hp).submit(hp.config, "loop", values, tensors, progress=progress, preview=preview,
-                                       cancel=ComfyInterrupt())
-    except JobCancelled:
-        raise_if_interrupted()
-        raise
-
-
-def _report_skipped(hp, report: dict, model_options) -> None:
+def report_skipped(hp, report: dict, model_options) -> None:
     """The steps the workers' cache skipped, where ComfyUI would say it."""
     skipped = report["skipped"] / max(1, report.get("patches", 1))  # PipeFusion: patch steps, in steps' worth
     if hp.step_cache:

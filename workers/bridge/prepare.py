@@ -1,8 +1,8 @@
-"""Preparing a run before any worker starts: the capture of what the graph put on the MODEL, the residency key and
-ComfyUI's model spec, and every refusal of what this config cannot run (nodes/sampler_node.py, nodes/model_node.py).
-
-Also the MODEL the pool's runs sample (`host_clone`: ComfyUI's copy stays on the host) and the weight patches that
-travel as patches (`portable_patches`, `patches_on_workers`)."""
+"""ComfyUI's side of preparing a run, before any worker starts: the MODEL the pool's runs sample (`host_clone`:
+ComfyUI's copy stays on the host), the reads and refusals of what is on it (its patcher, MultiGPU CFG Split,
+TorchCompileModel, a guider's inputs, the latent's shape, Skip Layer Guidance's layers) and the weight patches that
+travel as patches (`portable_patches`, `patches_on_workers`). The driver room sequences them into a run's plan
+(workers/driver/plan.py)."""
 from __future__ import annotations
 
 import math
@@ -10,17 +10,13 @@ import uuid
 from contextlib import contextmanager
 
 from ...parallel.models import adapter_for
-from .capture import capture
-from .carry import object_values
 from .fbcache import first_block_rule
-from .inplace import build_key, in_place_findings
 from .loader_types import NotCarriable, describe_patcher
 from .patches import NotPortable, encode
 from .residency import weights_key
-from .run_record import RunPlan, RunRecord
 from .sampling import APPLY_MODEL, wrappers_of
 from .spec import (NotCarried, check_any_model, check_attention_requests, check_declared, check_loader_methods,
-                   check_native_grid, check_native_pipefusion, check_native_tp, check_weights, native_spec)
+                   check_native_grid, check_native_pipefusion, check_native_tp, check_weights)
 
 WRAPPER_KEY = "comfyui_hybrid_parallel"  # the pack's own wrappers on a MODEL (capture.OWN_KEY says the same)
 
@@ -186,51 +182,40 @@ def check_latent(patcher, config, latent_shape) -> None:
     check_native_grid(patcher.model.diffusion_model, config, latent_shape)
 
 
-def capture_run(model, hp, who: str, graph, mode: str | None = None, conds=None, model_options=None):
-    """Everything the graph put on `model` (and `conds`), refused before any work where the pool cannot carry it
-    exactly, naming the node (workers/bridge/capture.py). Returns the capture (pool_state reads what it carries)."""
-    adapter = adapter_for(model.model.diffusion_model)
-    mode = mode or ("loop" if hp.config.pp_degree > 1 or hp.mode == "loop" else "step")
-    cap = capture(model, mode, model_options=model_options, conds=conds,
-                  carried_options=adapter.carried_options if adapter is not None else ())
-    cap.found += in_place_findings(model.model, build_key(model.model))  # changed outside ModelPatcher
-    cap.check(who, graph)
-    return cap
+def adapter_of(model):
+    """The family adapter (parallel/models) that declares this MODEL's diffusion model, or None."""
+    return adapter_for(model.model.diffusion_model)
 
 
-def pool_state(model, hp, cap) -> RunRecord:
-    """How the pool runs this MODEL for `hp`: its residency key (what the weights hold - base, patches, compute
-    dtype - and the method), ComfyUI's own model spec, what travels with each call (object values, hooks) and the call
-    counter. Refuses, before any worker starts, what cannot travel (tp / pp where the family declares none, tp degrees
-    the model cannot be sharded by, carried patches a method cannot run). `cap`: the run's capture (capture_run)."""
-    # the workers keep the model parallelized for one method: the method is part of its identity
-    method = f"{hp.config.method}" + (f"-w{hp.config.warmup_steps}" if hp.config.method != "usp" else "")
-    cast = [f.detail["value"] for f in cap.carried("compute_dtype")]
-    extra = f"cast-{str(cast[-1]).removeprefix('torch.')}" if cast and cast[-1] is not None else ""
-    check_any_model(model.model.diffusion_model, hp)  # a model no adapter declares: cfg / dp only
-    check_declared(model.model.diffusion_model, hp.config)  # tp / pp where the family declares them
-    compiled = compile_spec(model, hp)
-    # ComfyUI's own model on the workers; refused here, before any worker starts, if it cannot travel
-    native = native_spec(model.model, compute_dtype=cast[-1] if cast else None)
-    check_weights(model.model.diffusion_model)
-    check_attention_requests(model.model.diffusion_model)  # a checkpoint asking for its own kernel (newer ComfyUI)
-    check_native_tp(model.model.diffusion_model, hp.config)
-    check_loader_methods(model.model.diffusion_model, hp.config, patched=bool(model.patches))  # GGUF
-    patches = portable_patches(model, hp.config)  # LoRA & co travel as patches where they can
-    if patches is not None:
-        native["patcher"] = loader_patcher(model)  # a loader that patches its own way (GGUF)
-    plan = RunPlan(key=f"native:{weights_key(model.model, model.patches, extra)}|{method}",
-                   lineage=f"{model.model._hp_uid}|{method}", native=native, patches=patches, compile=compiled,
-                   object_values=object_values(cap.carried("object_values")), hooks=bool(cap.carried("hooks")),
-                   bypass={k: v for f in cap.carried("bypass") for k, v in f.detail["adapters"].items()},
-                   fbcache=first_block(model, hp, cap, compiled))
-    check_carried_calls(model, hp, cap, plan)
-    return RunRecord(plan)
+def check_family(model, hp) -> None:
+    """What the family declares, refused before any worker starts: a model no adapter declares runs cfg / dp only,
+    and tp / pp only where its family declares them."""
+    check_any_model(model.model.diffusion_model, hp)
+    check_declared(model.model.diffusion_model, hp.config)
+
+
+def check_model_weights(model, config) -> None:
+    """What this MODEL's weights allow, refused before any worker starts: a layout the workers cannot build, a
+    checkpoint asking for its own attention kernel (newer ComfyUI), tp degrees the weights cannot be sharded by, a
+    loader's weights (GGUF) under a method that cannot run them."""
+    dm = model.model.diffusion_model
+    check_weights(dm)
+    check_attention_requests(dm)
+    check_native_tp(dm, config)
+    check_loader_methods(dm, config, patched=bool(model.patches))
+
+
+def residency_names(model, extra: str, method: str) -> tuple:
+    """(key, lineage) of this MODEL on the workers: the key names what the weights hold (base model, patches digest,
+    `extra`: the compute dtype) under `method`; the lineage names this model under any patches (another version of
+    it is replaced on the workers, not kept beside)."""
+    return (f"native:{weights_key(model.model, model.patches, extra)}|{method}",
+            f"{model.model._hp_uid}|{method}")
 
 
 def first_block(model, hp, cap, compiled) -> dict | None:
     """First Block Cache's rule for the workers (workers/bridge/fbcache.py), refused before any worker starts where
-    they cannot apply it exactly; None without the node."""
+    they cannot apply it exactly; None without the node. `cap`: the run's capture."""
     found = cap.carried("fbcache")
     if not found:
         return None
@@ -239,44 +224,6 @@ def first_block(model, hp, cap, compiled) -> dict | None:
                                 compiled=bool(compiled)).message()
     except NotCarried as e:
         raise NotCarried(f"{cap.creator(found[-1])}: {e}") from None
-
-
-def check_carried_calls(model, hp, cap, plan) -> None:
-    """Refuse, before any worker starts, carried per-call patches this config cannot apply exactly: hook LoRAs where
-    the ranks do not hold whole weights they can patch (tp / pp / sharded, quantized or a loader's weights, a compiled
-    model), and block skips (Skip Layer Guidance) of a block where the family's plan splits the sequence or with
-    DistriFusion (its stale activations are kept per conditioning, which the extra call would overwrite)."""
-    config = hp.config
-    if plan.hooks:
-        why = ("tensor parallel, PipeFusion or weight sharding" if not config.whole_model else
-               "a compiled model (TorchCompileModel)" if plan.compile else
-               "quantized weights" if plan.native.get("quantized") or plan.native.get("tensors") else "")
-        if why:
-            raise NotCarried(f"hook LoRAs switch weights per conditioning on the workers, which {why} cannot do "
-                             f"exactly; use ulysses / ring / cfg / dp degrees with shard_weights none on bf16 / fp16 / "
-                             f"fp32 weights, or load the LoRA with LoraLoaderModelOnly")
-    if plan.bypass and (config.tp_degree > 1 or config.pp_degree > 1):
-        raise NotCarried(f"{cap.creator(cap.carried('bypass')[0])} computes its LoRA beside each whole layer, which "
-                         f"tensor parallel (a layer's output in shards) and PipeFusion (stages) do not run; use "
-                         f"ulysses / ring / cfg / dp degrees or shard_weights, or LoraLoaderModelOnly")
-    closures = cap.carried("closure")
-    if closures and not config.batch_only:
-        raise NotCarried(f"{cap.creator(closures[0])} patches the model's activations inside each call, which is exact "
-                         f"only where every rank runs the whole model on whole images: use cfg_degree / dp_degree "
-                         f"(ulysses / ring / tensor / pipeline degrees 1, shard_weights none)")
-    extra_calls = cap.carried("skip_blocks") + cap.carried("value_attention")
-    if not extra_calls:
-        return
-    if config.method == "distrifusion" and config.sp_degree > 1:
-        raise NotCarried(f"{cap.creator(extra_calls[0])} makes an extra model call per step, which DistriFusion's "
-                         f"stale activations (kept per conditioning) cannot tell from the real one: use method usp")
-    adapter = adapter_for(model.model.diffusion_model)
-    split = split_blocks(adapter) if adapter is not None and config.sp_degree > 1 else set()
-    for f in cap.carried("skip_blocks"):
-        hit = sorted(split & skip_layers(f.detail.get("function")))
-        if hit:
-            raise NotCarried(f"{cap.creator(f)} skips block {hit[0]}, where the pack splits the image tokens over the "
-                             f"ranks ({adapter.title}): choose layers from 1, or use cfg / dp degrees")
 
 
 def split_blocks(adapter) -> set:
@@ -328,11 +275,12 @@ def loader_patcher(model):
 
 
 @contextmanager
-def patches_on_workers(patcher, state):
-    """While ComfyUI samples `patcher`, leave its weights unpatched when the workers apply the patches themselves:
-    no patched copy (and backup) on the host, and the base weights are what travels. A new patches_uuid makes
+def patches_on_workers(patcher, on_workers: bool):
+    """While ComfyUI samples `patcher`, leave its weights unpatched when the workers apply the patches themselves
+    (`on_workers`: the run's plan sends them): no patched copy (and backup) on the host, and the base weights are what
+    travels. A new patches_uuid makes
     ComfyUI restore the base weights if another sampler left them patched, and re-patch them for the next one."""
-    if not state.plan.patches:
+    if not on_workers:
         yield
         return
     saved = patcher.patches, patcher.patches_uuid

@@ -2,24 +2,23 @@
 
 Step mode: ComfyUI runs the sampler exactly as KSampler does (same noise, sigmas, CFG, masks, previews); an
 APPLY_MODEL wrapper (`make_apply_model_wrapper`) swaps the diffusion model for `PoolDiffusionModel` for the duration
-of each model call, and the proxy sends that one forward to the workers - its arguments as they are (`call_payload`),
-what travels with the call besides (workers/bridge/carry.py: transformer options, object values, hook groups, a LoRA
-bypass) - and returns their output. Everything around the forward stays ComfyUI's code. In loop mode the proxy
-captures the first call's conditioning instead (`Captured`, workers/bridge/loop_mode.py).
+of each model call, and the proxy reads that one forward's arguments as they are (`call_payload`) and what travels
+with the call besides (workers/bridge/carry.py: transformer options, hook groups, a LoRA bypass), hands them to the
+run's link to the pool (workers/driver/step.StepRun: the residency, the typed job, the send) and returns the workers'
+output. Everything around the forward stays ComfyUI's code. In loop mode the proxy captures the first call's
+conditioning instead (`Captured`, workers/bridge/loop_mode.py). This module never reaches the pool itself: the driver
+room hands it the run.
 """
 from __future__ import annotations
 
 import torch
 
 from ...parallel.models import adapter_for
-from ..messages import ForwardJob
-from ..pool import JobCancelled
 from .carry import bypass_call, call_options, hook_call, skipped_blocks
 from .fbcache import call_sigma
 from .prepare import split_blocks
 from .residency import unhooked
-from .run_record import RunRecord
-from .sampling import ComfyInterrupt, raise_if_interrupted, run_wrapped
+from .sampling import run_wrapped
 from .spec import NotCarried, check_diffusion_wrappers, diffusion_wrappers, runs_diffusion_wrappers
 
 
@@ -37,9 +36,10 @@ class PoolDiffusionModel(torch.nn.Module):
     """Stands in for ComfyUI's diffusion model during one call: sends the call's arguments to the workers, which run
     ComfyUI's own model, and returns their output."""
 
-    def __init__(self, runtime, hp, original: torch.nn.Module, state: RunRecord, patcher=None):
+    def __init__(self, run, original: torch.nn.Module, patcher=None):
         super().__init__()
-        self.runtime, self.hp, self.state = runtime, hp, state
+        self.run = run  # the run's link to the pool (workers/driver/step.StepRun): its plan, its state, its send
+        self.state = run.state
         self.patcher = patcher  # the ModelPatcher sampling now (BaseModel.current_patcher): its hooks, its backups
         self.dtype = original.dtype
         self.device = getattr(original, "device", None)
@@ -62,14 +62,10 @@ class PoolDiffusionModel(torch.nn.Module):
             return value
 
     def _ensure_resident(self):
-        st = self.state
-        if not st.resident:
+        if not self.state.resident:
             # the weights as they are without a hook: ComfyUI patches a hook group into them in place before the
             # call (its per-call hooks travel separately: carry.hook_call)
-            plan = st.plan
-            st.family = self.runtime.ensure_native(self.hp, plan.key, plan.native, self._original[0], plan.lineage,
-                                                   plan.patches, unhooked=unhooked(self.patcher))
-            st.resident = True
+            self.run.ensure_resident(self._original[0], unhooked(self.patcher))
 
     def _native_forward(self, x, timestep, context, transformer_options, extra):
         """ComfyUI's own model on the workers: its call's arguments go as they are (call_payload), its output
@@ -90,8 +86,7 @@ class PoolDiffusionModel(torch.nn.Module):
         self._check_skips(adapter, options)
         st = self.state
         plan = st.plan
-        call = dict(key=plan.key, call_index=st.calls, structure=structure, object_values=plan.object_values or None,
-                    compile=plan.compile or None)
+        call = dict(structure=structure)
         hooks = getattr(self.patcher, "current_hooks", None)
         if hooks is not None or plan.hooks:  # the call's hook group (ComfyUI switches it per cond)
             if not plan.hooks:
@@ -113,9 +108,7 @@ class PoolDiffusionModel(torch.nn.Module):
                 raise NotCarried("First Block Cache needs the call's sigma, which ComfyUI did not hand this model call")
             call["fbcache"] = {"rule": plan.fbcache, "sigma": sigma}
         self._ensure_resident()
-        st.calls += 1
-        res = submit_once(self.runtime.pool(self.hp), self.hp.config, ForwardJob(**call), tensors, st,
-                          tuple(changing))
+        res = self.run.forward(call, tensors, tuple(changing))
         device = (x[0] if isinstance(x, (list, tuple)) else x).device
         if "out_streams" in res.values:
             return [res.tensors[f"out.{i}"].to(device) for i in range(res.values["out_streams"])]
@@ -126,7 +119,7 @@ class PoolDiffusionModel(torch.nn.Module):
         """A block skipped by this call (Skip Layer Guidance's extra call) where the family's plan splits the tokens
         would never split them: refused (the node's layers are checked before work; this is the net)."""
         skipped = skipped_blocks(options)
-        if skipped and adapter is not None and self.hp.config.sp_degree > 1:
+        if skipped and adapter is not None and self.run.config.sp_degree > 1:
             hit = sorted(skipped & split_blocks(adapter))
             if hit:
                 raise NotCarried(f"this model call skips block {hit[0]}, where the pack splits the image tokens over "
@@ -145,7 +138,7 @@ class PoolDiffusionModel(torch.nn.Module):
 
     def _call(self, x, timestep, context=None, control=None, transformer_options=None, **extra):
         if control is not None and self.state.capture:
-            if self.hp.config.pp_degree > 1:  # sampling_mode step alone is refused with PipeFusion
+            if self.run.config.pp_degree > 1:  # sampling_mode step alone is refused with PipeFusion
                 how = "PipeFusion, which always loops in the workers: set pp_degree to 1 (sampling_mode auto or step)"
             else:
                 how = "loop mode: set sampling_mode to step"
@@ -221,43 +214,7 @@ def call_payload(context, extra: dict):
     return tensors, structure
 
 
-def submit_interruptible(pool, config, kind, values, tensors):
-    """pool.submit that stops at ComfyUI's interrupt button and raises ComfyUI's own interrupt exception."""
-    try:
-        return pool.submit(config, kind, values, tensors, cancel=ComfyInterrupt())
-    except JobCancelled:
-        raise_if_interrupted()
-        raise
-
-
-def submit_once(pool, config, job: ForwardJob, tensors: dict, state: RunRecord, changing: tuple):
-    """A step-mode forward whose inputs that did not change since this run's previous call stay on the workers.
-
-    Why: the conditioning (text, pooled, guidance, reference latents) is the same at every step of a run, yet
-    ComfyUI hands it over as new tensors each call (it concatenates cond and uncond per call); sent every step it
-    was most of the payload (9 MiB of a Flux 1024² step). A tensor equal to the one of the previous call is named
-    in `reuse` and the workers take their copy of it (workers/jobs.py job_forward). `changing` (latent, timestep)
-    is always sent. The previous call is identified by the run's id and call index, so a worker never reuses
-    tensors of another run; a failed call sends everything again next time."""
-    last, run = state.sent, state.run
-    reuse = []
-    if last is not None:
-        for name, t in list(tensors.items()):
-            prev = last["tensors"].get(name)
-            if name not in changing and prev is not None and prev.shape == t.shape and prev.dtype == t.dtype \
-                    and prev.device == t.device and (prev is t or torch.equal(prev, t)):
-                reuse.append(name)
-                del tensors[name]
-    job = job.after(run=run, previous_call=None if last is None else last["call"], reuse=reuse, changing=changing)
-    state.sent = None  # until this call succeeds
-    res = submit_interruptible(pool, config, "forward", job.message(), tensors)
-    kept = {n: t for n, t in tensors.items() if n not in changing}
-    kept.update({n: last["tensors"][n] for n in reuse})
-    state.sent = {"call": job.call_index, "tensors": kept}
-    return res
-
-
-def _flatten(inputs: dict) -> dict:
+def loop_tensors(inputs: dict) -> dict:
     """Tensors of the call's kwargs, nested dicts flattened as 'outer.inner'."""
     out = {}
     for k, v in inputs.items():
@@ -268,7 +225,7 @@ def _flatten(inputs: dict) -> dict:
     return out
 
 
-def _structure(inputs: dict) -> dict:
+def loop_structure(inputs: dict) -> dict:
     """The non-tensor part of the kwargs (None leaves, nested dict names), JSON-safe."""
     out = {}
     for k, v in inputs.items():
@@ -279,28 +236,27 @@ def _structure(inputs: dict) -> dict:
     return out
 
 
-def _note_step(runtime, options) -> None:
+def _note_step(run, options) -> None:
     """The sampler step this model call belongs to, for the worker panel (ComfyUI's own bar is separate)."""
     sigmas, now = (options or {}).get("sample_sigmas"), (options or {}).get("sigmas")
     if isinstance(sigmas, torch.Tensor) and isinstance(now, torch.Tensor) and sigmas.numel() > 1 and now.numel():
         total = sigmas.numel() - 1
-        runtime.progress(min(int((sigmas[:-1].cpu() > now.max().cpu()).sum()) + 1, total), total)
+        run.progress(min(int((sigmas[:-1].cpu() > now.max().cpu()).sum()) + 1, total), total)
 
 
-def make_apply_model_wrapper(runtime, hp, state):
-    """`hp` and `state` (the RunRecord): each the value, or a callable returning this run's (Parallel Model decides
-    degrees "auto" and builds its record per run)."""
+def make_apply_model_wrapper(run_of):
+    """ComfyUI's APPLY_MODEL wrapper that puts the proxy in for each model call. `run_of()`: the run's link to the
+    pool (workers/driver/step.StepRun) - asked at each call, so Parallel Model's run decided per sampling (degrees
+    "auto", the record from the guider's whole graph) is the one the call goes to."""
     def wrapper(executor, *args, **kwargs):
-        _note_step(runtime, kwargs.get("transformer_options", args[5] if len(args) > 5 else None))
+        run = run_of()
+        _note_step(run, kwargs.get("transformer_options", args[5] if len(args) > 5 else None))
         base = executor.class_obj
         original = base.diffusion_model
-        proxy = PoolDiffusionModel(runtime, hp() if callable(hp) else hp, original, state() if callable(state) else state,
-                                   patcher=getattr(base, "current_patcher", None))
+        proxy = PoolDiffusionModel(run, original, patcher=getattr(base, "current_patcher", None))
         base.diffusion_model = proxy
         try:
             return executor(*args, **kwargs)
         finally:
             base.diffusion_model = original
     return wrapper
-
-

@@ -11,9 +11,10 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 from ..bridge.host import take_over_from_dynamic_vram
-from ..bridge.prepare import capture_run, check_latent, check_not_multigpu, patches_on_workers, pool_state
+from ..bridge.prepare import check_latent, check_not_multigpu, patches_on_workers
 from ..bridge.spec import check_memory
 from .auto import resolve_auto, warn_idle_cfg
+from .plan import capture_run, pool_state
 
 
 def prepare_run(runtime, hp, patcher, who: str, graph, *, shape: tuple, cfg: float, positive, negative,
@@ -43,5 +44,5 @@ def running(runtime, hp, patcher, state, total=None):
     """The context a prepared run samples in: ComfyUI's DynamicVRAM copy leaves the GPU first, progress is tracked,
     the driver stays quiet (its threads), and the patches the workers applied are undone on ComfyUI's copy after."""
     take_over_from_dynamic_vram(patcher)
-    with runtime.track("sample", total=total), runtime.quiet_driver(hp), patches_on_workers(patcher, state):
+    with runtime.track("sample", total=total), runtime.quiet_driver(hp), patches_on_workers(patcher, bool(state.plan.weight_patches)):
         yield
