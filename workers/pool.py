@@ -33,8 +33,8 @@ from .launch import World, balance_spec
 from .platform_support import check_os, check_pool
 from .protocol import model_families
 from .sweep import sweep_stale
-from .transport import (WEIGHT_PREFIX, Arena, cleanup_prefix, new_prefix, shm_dir, unlink, write_tensor,
-                        write_weights)
+from .transport import (WEIGHT_PREFIX, Arena, cleanup_prefix, nbytes, new_prefix, shm_dir, unlink,
+                        write_tensor, write_weights)
 
 JOB_KINDS = ("health", "release", "echo", "model_bytes", "prepare", "steps", "load_model", "forward", "vae_decode", "loop",
              "pipefusion_loop")
@@ -351,8 +351,61 @@ class WorkerPool(JobCollection):
             base["native"] = native
         if lineage is not None:
             base["lineage"] = lineage
-        return residency.ensure_model(self, config, base, state_dict=state_dict, timeout_s=timeout_s,
-                                      lineage=lineage, adopt=adopt, patches=patches)
+        return self._load(config, base, state_dict=state_dict, timeout_s=timeout_s, lineage=lineage, adopt=adopt,
+                          patches=patches)
+
+    def _load(self, config, base: dict, *, state_dict, timeout_s, lineage, adopt, patches) -> dict:
+        """Make `base["key"]` resident on every rank as workers/residency.py decides from the ranks' reports; the
+        job's `base` values (key, family, native spec) travel with the decision. Weights are written before the pool
+        is taken when the ranks' last report says they will travel (the copy overlaps Parallel Config's prestart),
+        and only then; patches travel with a build or a patch decision. A "stale" or "short" answer is decided
+        again from the ranks' own numbers. Returns rank 0's answer."""
+        key = base["key"]
+        request = dict(layout=config.layout_name(), lineage=lineage, patches=patches is not None,
+                       whole_model=config.whole_model)
+        self.last_load_bytes = 0
+        written = {}
+
+        def write() -> dict:
+            sd = state_dict() if callable(state_dict) else state_dict
+            self.last_load_bytes += nbytes(sd)
+            # a dict made for this call (a callable's) is emptied as it is written: each tensor is let go at once
+            return self._write_weights(sd if callable(state_dict) else dict(sd), adopt)
+
+        def let_go(written: dict) -> None:
+            for d in written.values():  # normally removed by the job that carried them; not if it never started
+                unlink(d, self.shm_prefix)
+            self._written.difference_update(d["name"] for d in written.values())
+
+        if residency.decide(residency.ledger(self.world), key, **request).weights == "sent":
+            written = write()
+        try:
+            with self._lock:
+                for _ in range(residency.STALE_RETRIES + 1):
+                    world = self.ensure_world(config)
+                    decision = residency.load_decision(world, key, request=request, family=str(base.get("family", "")),
+                                                       max_models=self.max_models)
+                    values, tensors = {**base, "decision": decision.message()}, {}
+                    if decision.action in ("build", "rebuild", "patch") and (patches is not None or decision.undo):
+                        spec, tensors = patches if patches is not None else ({}, {})
+                        values["patch_spec"], tensors = spec, dict(tensors)
+                        self.last_load_bytes += nbytes(tensors)
+                    if decision.weights == "sent" and not written:
+                        written = write()
+                    res = self.submit(config, "load_model", values, tensors, timeout_s=timeout_s,
+                                      written=written if decision.weights == "sent" else None)
+                    if res.values.get("short"):  # every rank answered with its numbers: decide the room again
+                        let_go(written)
+                        written = {}
+                        continue
+                    if not res.values.get("stale"):
+                        self.last_load = dict(res.values)
+                        return self.last_load
+                why = res.values.get("stale") or res.values.get("short")
+                raise RuntimeError(f"load_model {key!r}: the ranks answered {why!r} to a decision made from "
+                                   f"their own report {residency.STALE_RETRIES + 1} times")
+        finally:
+            let_go(written)
 
     def _write_weights(self, sd: dict, adopt=None) -> dict:
         """The weights written for the next submit (transport.write_weights); their names are registered before each

@@ -22,10 +22,8 @@ finds, building, that the decided room is not enough does not evict on its own e
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
-import os
 from typing import Optional
 
-from .transport import nbytes, unlink
 
 ACTIONS = ("touch", "patch", "rebuild", "build")
 
@@ -180,58 +178,12 @@ def room(reports: list, key: str, *, lineage: Optional[str], is_vae: bool, max_m
 STALE_RETRIES = 2  # a decision the ranks answer "stale" is made again from their report; more means a bug
 
 
-def ensure_model(pool, config, base: dict, *, state_dict, timeout_s, lineage, adopt, patches) -> dict:
-    """Make `base["key"]` resident on every rank of `pool` as decided here (see the module's docstring); the job's
-    `base` values (key, family, config, native spec) travel with the decision. Weights are written before the pool is
-    taken when the ranks' last report says they will travel (the copy overlaps Parallel Config's prestart), and only
-    then; patches travel with a build or a patch decision. Returns rank 0's answer."""
-    key = base["key"]
-    request = dict(layout=config.layout_name(), lineage=lineage, patches=patches is not None,
-                   whole_model=config.whole_model)
-    pool.last_load_bytes = 0
-    written = {}
-
-    def write() -> dict:
-        sd = state_dict() if callable(state_dict) else state_dict
-        pool.last_load_bytes += nbytes(sd)
-        # a dict made for this call (a callable's) is emptied as it is written: each tensor is let go at once
-        return pool._write_weights(sd if callable(state_dict) else dict(sd), adopt)
-
-    def let_go(written: dict) -> None:
-        for d in written.values():  # normally removed by the job that carried them; not if it never started
-            unlink(d, pool.shm_prefix)
-        pool._written.difference_update(d["name"] for d in written.values())
-
-    if decide(ledger(pool.world), key, **request).weights == "sent":
-        written = write()
-    try:
-        with pool._lock:
-            for _ in range(STALE_RETRIES + 1):
-                world = pool.ensure_world(config)
-                decision = _with_room(decide(ledger(world), key, **request), world, key, lineage,
-                                      is_vae_family(str(base.get("family", ""))), pool.max_models)
-                values = {**base, "decision": decision.message()}
-                tensors = {}
-                if decision.action in ("build", "rebuild", "patch") and (patches is not None or decision.undo):
-                    spec, tensors = patches if patches is not None else ({}, {})
-                    values["patch_spec"], tensors = spec, dict(tensors)
-                    pool.last_load_bytes += nbytes(tensors)
-                if decision.weights == "sent" and not written:
-                    written = write()
-                res = pool.submit(config, "load_model", values, tensors, timeout_s=timeout_s,
-                                  written=written if decision.weights == "sent" else None)
-                if res.values.get("short"):  # every rank answered with its numbers: decide the room again
-                    let_go(written)
-                    written = {}
-                    continue
-                if not res.values.get("stale"):
-                    pool.last_load = dict(res.values)
-                    return pool.last_load
-            why = res.values.get("stale") or res.values.get("short")
-            raise RuntimeError(f"load_model {key!r}: the ranks answered {why!r} to a decision made from "
-                               f"their own report {STALE_RETRIES + 1} times")
-    finally:
-        let_go(written)
+def load_decision(world, key: str, *, request: dict, family: str, max_models: int) -> LoadDecision:
+    """The next load of `key` on `world` (None: no world yet), from every rank's last report: what to do with the
+    weights (`decide`), then the room every rank makes first (`room`) for a build or a rebuild. `request`: decide's
+    keyword arguments (layout, lineage, patches, whole_model)."""
+    return _with_room(decide(ledger(world), key, **request), world, key, request.get("lineage"),
+                      is_vae_family(family), max_models)
 
 
 def _with_room(decision: LoadDecision, world, key: str, lineage, is_vae: bool, max_models: int) -> LoadDecision:

@@ -44,5 +44,6 @@ def running(runtime, hp, patcher, state, total=None):
     """The context a prepared run samples in: ComfyUI's DynamicVRAM copy leaves the GPU first, progress is tracked,
     the driver stays quiet (its threads), and the patches the workers applied are undone on ComfyUI's copy after."""
     take_over_from_dynamic_vram(patcher)
-    with runtime.track("sample", total=total), runtime.quiet_driver(hp), patches_on_workers(patcher, bool(state.plan.weight_patches)):
+    on_workers = bool(state.plan.weight_patches)
+    with runtime.track("sample", total=total), runtime.quiet_driver(hp), patches_on_workers(patcher, on_workers):
         yield
