@@ -39,7 +39,13 @@ def parse_args(argv=None):
                     help="where to write the full report (default: the temp dir, not the folder you run it in, which "
                          "is often ComfyUI's own)")
     ap.add_argument("--comfyui", default=None, help="ComfyUI directory (default: found automatically)")
-    return ap.parse_args(argv)
+    ap.add_argument("--timing-runs", type=int, default=3,
+                    help="timed runs per row after its checked runs (the median is reported; default 3, 1 to check "
+                         "faster: the agreement is checked on the same runs either way)")
+    args = ap.parse_args(argv)
+    if args.timing_runs < 1:
+        ap.error("--timing-runs must be 1 or more")
+    return args
 
 
 def default_precisions(args, cuda: bool) -> list:
@@ -69,6 +75,7 @@ def comfyui_check() -> dict:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    os.environ["HP_DOCTOR_TIMING_RUNS"] = str(args.timing_runs)  # (doctor/machine.median_ms; this process only)
     t0 = time.perf_counter()
     comfy_dir = find_comfyui(args.comfyui)
     cuda = torch.cuda.is_available() and args.devices != "cpu"

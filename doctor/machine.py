@@ -143,8 +143,11 @@ def print_environment(env: dict) -> None:
         print(f"note: {n}")
 
 
-def median_ms(fn, repeat: int = 3, sync=None) -> float:
-    """Median wall time of `fn()` in ms (after the caller's warm-up); `sync` waits for the device."""
+def median_ms(fn, repeat: int | None = None, sync=None) -> float:
+    """Median wall time of `fn()` in ms (after the caller's warm-up); `sync` waits for the device. `repeat`: the
+    timed runs, by default the doctor's --timing-runs (HP_DOCTOR_TIMING_RUNS, 3)."""
+    if repeat is None:
+        repeat = max(1, int(os.environ.get("HP_DOCTOR_TIMING_RUNS", "3")))
     times = []
     for _ in range(repeat):
         t = time.perf_counter()

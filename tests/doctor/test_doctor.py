@@ -30,7 +30,7 @@ def _run(*args, env=None, timeout=600):
 @pytest.mark.parametrize("precisions", ["fp32", pytest.param("fp32,fp8_e4m3fn", marks=pytest.mark.slow)])
 def test_quick_doctor_passes_on_cpu_and_writes_its_report(tmp_path, precisions):
     out = tmp_path / "report.json"
-    res = _run("--quick", "--precisions", precisions, "--json", str(out))
+    res = _run("--quick", "--precisions", precisions, "--timing-runs", "1", "--json", str(out))
     print(res.stdout[-4000:])
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     report = json.loads(out.read_text())

@@ -33,9 +33,10 @@ def _check(pool, tmp_path, backend, degrees):
     spec = {"backend": backend, "options": None, "mode": None, "fullgraph": False, "dynamic": False}
     key = f"compile:{backend}:{config.describe()}"
     graphs = []
-    # two "prompts" of three calls on one latent size, then a new size: a prompt's first calls may compile a
-    # variant or two (a split shard's strides), the second prompt compiles nothing, the new size compiles again
-    for prompt, (seeds, odd) in enumerate((((1, 2, 3), True), ((4, 5, 6), True), ((7,), False))):
+    # a "prompt" of three calls on one latent size, the next prompt's first call on it, then a new size: a prompt's
+    # first calls may compile a variant or two (a split shard's strides), the second prompt compiles nothing (its
+    # first call is where a guard would fail), the new size compiles again
+    for prompt, (seeds, odd) in enumerate((((1, 2, 3), True), ((4,), True), ((7,), False))):
         for seed in seeds:
             inp = inputs("sd3", base, seed=seed, odd=odd)
             plain = _forward(pool, config, key, base, inp, None).tensors["out"]
