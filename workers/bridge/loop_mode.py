@@ -8,8 +8,9 @@ ComfyUI still does everything around the loop: noise,
 sigmas (scheduler, denoise), noise scaling, CFG setup and the final latent
 format. The loop itself is a ComfyUI *sampler object* (KSAMPLER) whose function
 (1) lets ComfyUI run its conditioning pipeline for one model call and captures
-ComfyUI's own conditioning at the diffusion model (instead of computing), then
-(2) ships noise, sigmas and those inputs to the workers' `loop` job.
+ComfyUI's own conditioning at the diffusion model (instead of computing: `read_loop_call`, here), then
+(2) ships noise, sigmas and those inputs to the workers' `loop` job (workers/driver/loop.py, the driver room's).
+This module is ComfyUI's side of it: the latent KSampler samples, the checks, the capture and the conventions.
 """
 from __future__ import annotations
 
