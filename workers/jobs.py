@@ -242,8 +242,7 @@ def job_loop(state: WorkerState, ctx, payload: dict) -> dict:
     unhook_all(state.engine)
     sigmas = payload["sigmas"]
     n_steps = len(sigmas) - 1
-    inputs = {k: v for k, v in _inputs(state, payload, job.kwargs or job.structure).items()
-              if k not in ("noise", "sigmas")}
+    inputs = {k: v for k, v in _inputs(state, payload, job.structure).items() if k not in ("noise", "sigmas")}
 
     def progress(i, n, denoised):
         state.model_calls += 1  # (a step of the workers' loop: one call per step, PipeFusion's patches counted once)

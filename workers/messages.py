@@ -19,6 +19,11 @@ class _Message:
     """message() / from_message() of a frozen message dataclass: JSON out without the unset fields, and back in
     refusing a field the class does not know (the driver and the rank not the same version, or a misspelt key)."""
     _required = ("key",)
+    _what = "a job"
+
+    def _check_key(self) -> None:
+        if not isinstance(self.key, str) or not self.key:
+            raise ValueError(f"{self._what} names its resident model (key), got {self.key!r}")
 
     def message(self) -> dict:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()
@@ -56,14 +61,14 @@ class ForwardJob(_Message):
     compile: Optional[dict] = None        # ComfyUI's TorchCompileModel options
     fbcache: Optional[dict] = None        # First Block Cache's rule and the call's sigma
     kwargs: Optional[dict] = None         # the call's arguments given whole (the doctor, tests) instead of structure
+    _what = "a forward job"
 
     def __post_init__(self):
         for name in _SEQUENCES:
             value = getattr(self, name)
             if value is not None:
                 object.__setattr__(self, name, tuple(value))
-        if not isinstance(self.key, str) or not self.key:
-            raise ValueError(f"a forward job names its resident model (key), got {self.key!r}")
+        self._check_key()
 
     def after(self, **changes) -> "ForwardJob":
         """This call with some fields set (the run's reuse of the previous call's inputs: step.submit_once)."""
@@ -84,9 +89,8 @@ class LoopJob(_Message):
     run: Optional[str] = None             # names the run's bypass adapters on the workers
     bypass: Optional[dict] = None         # LoRA bypass adapters (workers/bridge/carry.bypass_call)
     previews: Optional[bool] = None       # rank 0 sends its denoised latent each step (set by the pool's submit)
-    kwargs: Optional[dict] = None         # the conditioning given whole (tests) instead of structure
     _required = ("key", "sampler", "convention")
+    _what = "a loop job"
 
     def __post_init__(self):
-        if not isinstance(self.key, str) or not self.key:
-            raise ValueError(f"a loop job names its resident model (key), got {self.key!r}")
+        self._check_key()

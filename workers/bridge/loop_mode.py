@@ -126,7 +126,12 @@ class LoopCall:
 
     def report_skipped(self, hp, report: dict) -> None:
         """The steps the workers' cache skipped, where ComfyUI would say it."""
-        report_skipped(hp, report, self.model_options)
+        skipped = report["skipped"] / max(1, report.get("patches", 1))  # PipeFusion: patch steps, in steps' worth
+        if hp.step_cache:
+            logging.info(f"Hybrid Sampler step cache - skipped {skipped:g}/{report['steps']} steps "
+                         f"(threshold {hp.step_cache:g})")
+        else:  # so ComfyUI's own "EasyCache - skipped k/N steps" line is right
+            self.model_options["transformer_options"]["easycache"].total_steps_skipped = skipped
 
 
 def read_loop_call(patcher, hp, model_k, x, sigmas, extra_args: dict, record, family_of) -> LoopCall:
@@ -195,13 +200,3 @@ def _step_cache(hp, model_options, base_model, cap, has_uncond: bool, x, model_s
     return {"threshold": hp.step_cache, "start_sigma": float(model_sampling.percent_to_sigma(0.15)),
             "end_sigma": float(model_sampling.percent_to_sigma(0.95)), "subsample": 8,
             "channels": int(x.shape[1]), "first": 0, "chunks": 2 if has_uncond else 1}
-
-
-def report_skipped(hp, report: dict, model_options) -> None:
-    """The steps the workers' cache skipped, where ComfyUI would say it."""
-    skipped = report["skipped"] / max(1, report.get("patches", 1))  # PipeFusion: patch steps, in steps' worth
-    if hp.step_cache:
-        logging.info(f"Hybrid Sampler step cache - skipped {skipped:g}/{report['steps']} steps "
-                     f"(threshold {hp.step_cache:g})")
-    else:  # so ComfyUI's own "EasyCache - skipped k/N steps" line is right
-        model_options["transformer_options"]["easycache"].total_steps_skipped = skipped

@@ -12,9 +12,9 @@ import uuid
 from ..bridge.carry import bypass_call
 from ..bridge.loop_mode import read_loop_call
 from ..bridge.proxy import loop_structure, loop_tensors
-from ..bridge.sampling import ComfyInterrupt, previews_enabled, progress_bar, raise_if_interrupted, sampler_object
+from ..bridge.sampling import previews_enabled, progress_bar, raise_if_interrupted, sampler_object
 from ..messages import LoopJob
-from ..pool import JobCancelled
+from .step import submit_interruptible
 
 
 def make_loop_sampler(runtime, hp, state, sampler_name: str, cfg: float, patcher, family_of_state):
@@ -59,9 +59,5 @@ def submit_loop(runtime, hp, job: LoopJob, tensors: dict, x, sigmas, callback):
             pbar.update_absolute(step, total)
         runtime.progress(step, total)
 
-    try:  # the interrupt is polled too, so it wins even when no progress arrives (a rank hangs)
-        return runtime.pool(hp).submit(hp.config, "loop", job.message(), tensors, progress=progress, preview=preview,
-                                       cancel=ComfyInterrupt())
-    except JobCancelled:
-        raise_if_interrupted()
-        raise
+    return submit_interruptible(runtime.pool(hp), hp.config, "loop", job.message(), tensors, progress=progress,
+                                preview=preview)

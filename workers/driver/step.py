@@ -53,10 +53,12 @@ def step_wrapper(runtime, hp, state):
                                                     state() if callable(state) else state))
 
 
-def submit_interruptible(pool, config, kind, values, tensors):
-    """pool.submit that stops at ComfyUI's interrupt button and raises ComfyUI's own interrupt exception."""
+def submit_interruptible(pool, config, kind, values, tensors, **kw):
+    """pool.submit that stops at ComfyUI's interrupt button and raises ComfyUI's own interrupt exception; `kw`: the
+    rest of submit's arguments (a loop job's progress and previews). The interrupt is polled too, so it wins even when
+    no progress arrives (a rank hangs)."""
     try:
-        return pool.submit(config, kind, values, tensors, cancel=ComfyInterrupt())
+        return pool.submit(config, kind, values, tensors, cancel=ComfyInterrupt(), **kw)
     except JobCancelled:
         raise_if_interrupted()
         raise
