@@ -4,6 +4,7 @@ that travelled - and applies weight patches where its layout keeps the base weig
 Its own file because it is the one path that builds models; workers/jobs.py carries every other job."""
 from __future__ import annotations
 
+import torch
 import torch.distributed as dist
 
 from .bridge.build import (attention_kernel, build_native, build_native_vae, call_native, compute_dtype, import_comfy,
@@ -11,16 +12,16 @@ from .bridge.build import (attention_kernel, build_native, build_native_vae, cal
 from .bridge.loader_types import operations
 from .bridge.patches import PREFIX, apply, decode
 from ..parallel.engine import RoomShort
+from .messages import LoadJob
 from .residency import LoadDecision
 from .transport import WEIGHT_PREFIX
 
 
-def _patches(payload: dict):
+def _patches(job: LoadJob, payload: dict):
     """The job's ComfyUI weight patches (workers/bridge/patches.py), or None when it carries none."""
-    spec = payload.get("patch_spec")
-    if spec is None:
+    if job.patch_spec is None:
         return None
-    return decode(spec, {k: v for k, v in payload.items() if k.startswith(PREFIX)})
+    return decode(job.patch_spec, {k: v for k, v in payload.items() if k.startswith(PREFIX)})
 
 
 def _share(state, ctx, key: str):
@@ -44,27 +45,27 @@ def job_load_model(state, ctx, payload: dict) -> dict:
     the version it names in place (only the patches travelled), rebuild it for this layout from the weights a slot
     kept, or build it from the weights that travelled. A decision this rank's state does not match (a job failed
     since the driver's report) is answered "stale", with this rank's report: the driver decides again."""
-    decision = LoadDecision.from_message(payload["decision"])
+    job = LoadJob.from_message({k: v for k, v in payload.items() if not isinstance(v, torch.Tensor)})
+    decision = LoadDecision.from_message(job.decision)
     engine = state.engine
     unhook_all(engine)
-    _loader_settings(ctx, payload)
+    _loader_settings(ctx, job.native)
     kept = engine.slot(decision.slot) if decision.slot else None
     if decision.action == "touch":
         return _loaded(engine, loaded=False) if engine.touch(decision.key, ctx) else _stale(engine, decision)
     if decision.action in ("patch", "rebuild") and (kept is None or (kept.base if decision.action == "patch"
                                                                       else kept.source) is None):
         return _stale(engine, decision)
-    native = payload.get("native")
-    if payload.get("patch_spec") is not None and native:
-        import_comfy(native, ctx.config.intercepts_attention)
-    patches = _patches(payload)
+    if job.patch_spec is not None and job.native:
+        import_comfy(job.native, ctx.config.intercepts_attention)
+    patches = _patches(job, payload)
     if decision.action == "patch":
         if patches is None:
             raise ValueError(f"load_model {decision.key!r}: a patch decision without its patches (an empty set undoes)")
-        return _patch_in_place(state, ctx, payload, patches, decision.slot, kept)
-    weights = kept.source if decision.action == "rebuild" else _sent_weights(payload)
+        return _patch_in_place(state, ctx, job, patches, decision.slot, kept)
+    weights = kept.source if decision.action == "rebuild" else _sent_weights(job, payload)
     try:
-        return _build_resident(state, ctx, payload, weights, patches, decision.evict)
+        return _build_resident(state, ctx, job, weights, patches, decision.evict)
     except RoomShort as short:  # every rank agreed some rank has no room: nothing built, the driver decides again
         return _loaded(engine, need=short.need)
 
@@ -77,21 +78,21 @@ def _stale(engine, decision: LoadDecision) -> dict:
     return _loaded(engine, stale=f"{decision.action} {decision.slot or decision.key}: not what this rank holds")
 
 
-def _loader_settings(ctx, payload: dict) -> None:
+def _loader_settings(ctx, native: dict | None) -> None:
     """A custom loader's layer settings are class attributes (ComfyUI-GGUF's dequant_dtype): the driver's class holds
     them for every model it loaded, so each run sets them here as they are there now."""
-    custom = (payload.get("native") or {}).get("ops", {}).get("custom")
+    custom = (native or {}).get("ops", {}).get("custom")
     if custom:
-        import_comfy(payload["native"], ctx.config.intercepts_attention)
+        import_comfy(native, ctx.config.intercepts_attention)
         operations(custom)
 
 
-def _patch_in_place(state, ctx, payload: dict, patches, slot, r) -> dict:
+def _patch_in_place(state, ctx, job: LoadJob, patches, slot, r) -> dict:
     """Another patch version of this lineage is resident: its previous patches undone, these applied, re-keyed."""
-    engine, key = state.engine, payload["key"]
+    engine, key = state.engine, job.key
     try:
         r.patched = frozenset(apply(r.model, r.base, patches, r.patched, state.device, _share(state, ctx, key),
-                                    patcher=payload["native"].get("patcher"), held=r.patch_pages))
+                                    patcher=job.native.get("patcher"), held=r.patch_pages))
     except BaseException:
         engine.discard(slot, ctx, why="patch failed")  # half patched: nothing may run it
         raise
@@ -99,18 +100,18 @@ def _patch_in_place(state, ctx, payload: dict, patches, slot, r) -> dict:
     return _loaded(engine, loaded=True, patched_in_place=True, pages_rewritten=r.patch_pages.get("rewritten", 0))
 
 
-def _sent_weights(payload: dict) -> dict:
+def _sent_weights(job: LoadJob, payload: dict) -> dict:
     """The weights that travelled with a build decision, in shared memory."""
     weights = {k[len(WEIGHT_PREFIX):]: v for k, v in payload.items() if k.startswith(WEIGHT_PREFIX)}
     if not weights:
-        raise ValueError(f"load_model {payload['key']!r}: the decision was to build, but no weights travelled")
+        raise ValueError(f"load_model {job.key!r}: the decision was to build, but no weights travelled")
     return weights
 
 
-def _build_resident(state, ctx, payload: dict, weights: dict, patches, evict=()) -> dict:
+def _build_resident(state, ctx, job: LoadJob, weights: dict, patches, evict=()) -> dict:
     """Build the model (ComfyUI's VAE, or ComfyUI's own class with its ops) from `weights`, make it resident, and
     apply `patches` to it (the weights are then its base, kept for the next version)."""
-    key, engine, native = payload["key"], state.engine, payload.get("native")
+    key, engine, native = job.key, state.engine, job.native
     if native and native.get("vae"):  # ComfyUI's own VAE, for Patch VAE Decode
         model, extra, kernel_name = build_native_vae(native, weights), {}, None
     elif native:  # ComfyUI's own class, ops and weights (workers/bridge/build.py)
@@ -126,8 +127,8 @@ def _build_resident(state, ctx, payload: dict, weights: dict, patches, evict=())
     # tensors (engine.add keeps them as the model holds them, on its device), so keeping them costs nothing. On an
     # accelerator only unpatched weights: there the patches are applied to the model's own tensors in place
     keep = ctx.config.whole_model and (state.device.type == "cpu" or patches is None)
-    r = engine.add(key, payload["family"], model, ctx, device=state.device, source=weights if keep else None,
-                   lineage=payload.get("lineage"), evict=evict, **extra)
+    r = engine.add(key, job.family, model, ctx, device=state.device, source=weights if keep else None,
+                   lineage=job.lineage, evict=evict, **extra)
     if patches is not None:  # base weights + patches: kept (host, shared by the local ranks) for the next version
         if not ctx.config.whole_model:
             raise ValueError("weight patches travel only to ranks that hold the whole model (no tp / pp / "

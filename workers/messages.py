@@ -1,5 +1,5 @@
 """The typed messages of a run's model calls: what the driver sends and what a rank reads, through one class each
-(a step-mode call: ForwardJob; the workers' whole loop: LoopJob).
+(a step-mode call: ForwardJob; the workers' whole loop: LoopJob; a model made resident: LoadJob).
 
 Why: the ranks read about forty string keys out of payload dicts, so a key spelt one way by the driver and another
 by a rank was a value silently missing (a `.get()` answering None) - a reuse not made, a hook group not switched.
@@ -91,6 +91,23 @@ class LoopJob(_Message):
     previews: Optional[bool] = None       # rank 0 sends its denoised latent each step (set by the pool's submit)
     _required = ("key", "sampler", "convention")
     _what = "a loop job"
+
+    def __post_init__(self):
+        self._check_key()
+
+
+@dataclass(frozen=True)
+class LoadJob(_Message):
+    """A model made resident on every rank as the driver decided (workers/load_job.job_load_model), built by
+    workers/pool.py; the weights and the patches' tensors travel beside it by name."""
+    key: str                              # the model's residency key
+    family: str                           # the family adapter it runs under (parallel/models), or "vae_comfy"
+    decision: dict                        # the driver's LoadDecision (workers/residency.py), as its message()
+    native: Optional[dict] = None         # ComfyUI's model spec the rank builds (workers/bridge/spec.native_spec)
+    lineage: Optional[str] = None         # this model under other patches: another version is replaced, not kept
+    patch_spec: Optional[dict] = None     # ComfyUI's weight patches (workers/bridge/patches.py), their tensors beside
+    _required = ("key", "family", "decision")
+    _what = "a load job"
 
     def __post_init__(self):
         self._check_key()

@@ -30,6 +30,7 @@ from .errors import (JobCancelled, JobResult, JobTimeout, PoolError, StartupErro
                      WorkerStalled)
 from .fake_worker import parse_behaviour
 from .launch import World, balance_spec
+from .messages import LoadJob
 from .platform_support import check_os, check_pool
 from .protocol import model_families
 from .sweep import sweep_stale
@@ -385,11 +386,12 @@ class WorkerPool(JobCollection):
                     world = self.ensure_world(config)
                     decision = residency.load_decision(world, key, request=request, family=str(base.get("family", "")),
                                                        max_models=self.max_models)
-                    values, tensors = {**base, "decision": decision.message()}, {}
+                    spec, tensors = None, {}
                     if decision.action in ("build", "rebuild", "patch") and (patches is not None or decision.undo):
                         spec, tensors = patches if patches is not None else ({}, {})
-                        values["patch_spec"], tensors = spec, dict(tensors)
+                        tensors = dict(tensors)
                         self.last_load_bytes += nbytes(tensors)
+                    values = LoadJob(**base, decision=decision.message(), patch_spec=spec).message()
                     if decision.weights == "sent" and not written:
                         written = write()
                     res = self.submit(config, "load_model", values, tensors, timeout_s=timeout_s,

@@ -56,3 +56,17 @@ def test_a_run_plan_is_frozen_and_the_run_record_holds_it():
     record.calls += 1
     record.hooks_sent.add("g")
     assert record.calls == 1 and record.plan.key == "k" and RunRecord(record.plan).run != record.run
+
+
+def test_a_load_job_travels_as_json_and_a_misspelt_field_fails():
+    from comfyui_hybrid_parallel.workers.messages import LoadJob
+    from comfyui_hybrid_parallel.workers.residency import LoadDecision
+    decision = LoadDecision(action="build", key="m", weights="sent").message()
+    job = LoadJob(key="m", family="flux", decision=decision, native={"module": "comfy.ldm.flux.model"}, lineage="l")
+    wire = json.loads(json.dumps(job.message()))
+    assert LoadJob.from_message(wire) == job and "patch_spec" not in wire
+    assert LoadJob(key="m", family="flux", decision=decision, patch_spec={}).message()["patch_spec"] == {}  # an undo
+    with pytest.raises(ValueError, match=r"unknown field\(s\) \['linage'\]"):
+        LoadJob.from_message({**wire, "linage": "l"})
+    with pytest.raises(ValueError, match="no decision"):
+        LoadJob.from_message({"key": "m", "family": "flux"})
