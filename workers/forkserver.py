@@ -30,15 +30,23 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import traceback
 
 from .bootstrap import BOOTSTRAP, PACKAGE, pack_root
 
-# Imported by the server before its first fork: torch, its distributed package and compiler front end, and the
-# libraries ComfyUI's model modules import that read no device and no ComfyUI flag (ComfyUI itself waits for the
-# rank: comfy.model_management picks a device when imported, and the spec configures its flags first).
-PRELOAD = ("torch", "torch.distributed", "torch._dynamo", "einops", "safetensors.torch", "transformers",
-           "torchvision", "torchaudio")
+# Imported by the server before it says ready: torch, its distributed package and the compiler front end that
+# ComfyUI's own comfy.model_management pulls in (through comfy_kitchen), with the small libraries every diffusion
+# model imports. ComfyUI itself waits for the rank: comfy.model_management picks a device when imported, and the
+# spec configures its flags first.
+PRELOAD = ("torch", "torch.distributed", "torch._dynamo", "einops", "safetensors.torch")
+# Imported after ready, one module at a time once no request came for IDLE_AFTER_S (a world's spawn requests come
+# one after another: none waits behind an import): libraries only some model modules and the VAE / text-encoder
+# code import (comfy.sd). Why not before ready: ~0.5 s on the first world's critical path for a Flux or Wan rank
+# that never imports them (a headless first prompt, issue 69); a rank forked before they arrived imports what its
+# model needs itself, later forks (spares, the next world) get them shared.
+PRELOAD_IDLE = ("transformers", "torchvision", "torchaudio")
+IDLE_AFTER_S = 1.0
 # Environment read when those libraries load (their value is the server's in every fork; PYTORCH_CUDA_ALLOC_CONF's
 # backend, for one, is read by a static initialiser of torch's CUDA library): a world asking for other values gets
 # fresh interpreters. OMP_NUM_THREADS is not among them: each rank sets its threads (torch.set_num_threads).
@@ -262,8 +270,8 @@ class ForkServer:
 
 
 # ---- the server's side ----
-def _preload() -> None:
-    for name in PRELOAD:
+def _preload(names) -> None:
+    for name in names:
         try:
             importlib.import_module(name)
         except Exception:  # noqa: BLE001 - a head start only: a module that fails here is imported, or fails, later
@@ -299,9 +307,10 @@ def _child(request: dict, reply_fd: int) -> None:
 
 def serve(driver_pid: int, reply_fd: int) -> int:
     """Import PRELOAD, say ready, then fork a worker per request line on stdin until stdin closes and the last
-    worker has exited, or the driver is gone."""
+    worker has exited, or the driver is gone; PRELOAD_IDLE is imported a module at a time while no request waits."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's business; closing stdin stops us
-    _preload()
+    _preload(PRELOAD)
+    idle, last = list(PRELOAD_IDLE), time.monotonic()
 
     def reply(text: str) -> None:
         os.write(reply_fd, (text + "\n").encode())
@@ -326,7 +335,10 @@ def serve(driver_pid: int, reply_fd: int) -> int:
             select.select([], [], [], POLL_S)
             continue
         if not select.select([0], [], [], POLL_S)[0]:
+            if idle and time.monotonic() - last > IDLE_AFTER_S:
+                _preload([idle.pop(0)])
             continue
+        last = time.monotonic()
         data = os.read(0, 1 << 16)
         if not data:
             open_ = False
