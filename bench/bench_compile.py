@@ -52,6 +52,8 @@ def main() -> None:
 
     from _worlds import write_results
     from comfyui_hybrid_parallel.doctor import tiny_checkpoints as tiny
+    from dataclasses import replace
+
     from comfyui_hybrid_parallel.workers.bridge.spec import family_adapter, native_spec
     from comfyui_hybrid_parallel.parallel import ParallelConfig
     from comfyui_hybrid_parallel.workers.pool import WorkerPool
@@ -82,8 +84,10 @@ def main() -> None:
     try:
         config = ParallelConfig(ulysses_degree=2)
         native = native_spec(base)  # the workers: ComfyUI's pytorch attention too, whatever this process picked
-        native = dict(native, attention="pytorch", comfy_args={**native["comfy_args"],
-                                                               "use_pytorch_cross_attention": True})
+        runtime = native.runtime
+        native = replace(native, runtime=replace(runtime, attention="pytorch",
+                                                 comfy_args={**runtime.comfy_args,
+                                                             "use_pytorch_cross_attention": True}))
         pool.ensure_model(config, "bench", family_adapter(dm).family, native=native,
                           state_dict=lambda: dict(dm.state_dict()))
 

@@ -25,6 +25,7 @@ from _worlds import write_results  # noqa: E402
 from bench_native import _pss  # noqa: E402
 
 from comfyui_hybrid_parallel.parallel import ParallelConfig  # noqa: E402
+from comfyui_hybrid_parallel.workers.messages import ComfyRuntime  # noqa: E402
 from comfyui_hybrid_parallel.workers.pool import WorkerPool  # noqa: E402
 
 WORLDS = (ParallelConfig(ulysses_degree=2), ParallelConfig(cfg_degree=2, ulysses_degree=2))
@@ -34,8 +35,8 @@ def _ready(pool, config) -> float:
     """Seconds until every rank of `config`'s world has imported ComfyUI as a prompt's ranks do (the prestart's job)."""
     from comfy_env import comfyui_dir
     t = time.perf_counter()
-    pool.submit(config, "prepare", {"comfy": {"comfy_dir": str(comfyui_dir()), "comfy_args": {"cpu": True}}},
-                timeout_s=300)
+    runtime = ComfyRuntime(comfy_dir=str(comfyui_dir()), comfy_args={"cpu": True})
+    pool.submit(config, "prepare", {"comfy": runtime.message()}, timeout_s=300)
     return time.perf_counter() - t
 
 

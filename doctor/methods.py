@@ -10,7 +10,7 @@ random tensors, on a latent that splits evenly over the ranks and one that does 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -139,10 +139,11 @@ class _Case:
         self.device = device
         return self
 
-    def spec(self, kind: str) -> dict:
+    def spec(self, kind: str):
         spec = native_spec(self.base)
         if kind == "cpu":  # CPU workers beside a GPU driver: ComfyUI in them must pick the CPU too
-            spec["comfy_args"] = {**spec["comfy_args"], "cpu": True}
+            runtime = spec.runtime
+            spec = replace(spec, runtime=replace(runtime, comfy_args={**runtime.comfy_args, "cpu": True}))
         return spec
 
     def serial(self, inp: dict) -> torch.Tensor:

@@ -23,7 +23,7 @@ import torch.distributed as dist
 from .bridge.build import prepare_comfy
 from .bridge.carry import Bypass, HookWeights, ObjectValues, rebuild_call
 from .load_job import job_load_model, unhook_all
-from .messages import ForwardJob, LoopJob
+from .messages import ComfyRuntime, ForwardJob, LoopJob
 from .serve import Cancelled, JobRun
 from .transport import WEIGHT_PREFIX, Arena, read_tensor, tensor_dtype
 
@@ -279,7 +279,8 @@ def job_prepare(state: WorkerState, ctx, payload: dict) -> dict:
     """Import ComfyUI as the driver's ComfyUI is configured, ahead of the first model: the pack starts the workers
     and this import while ComfyUI is still loading the model (or, on a model ComfyUI holds already, while the driver
     writes its weights)."""
-    prepare_comfy(payload.get("comfy") or {}, sequence_parallel=ctx.config.intercepts_attention)
+    prepare_comfy(ComfyRuntime.from_message(payload.get("comfy") or {}),
+                  sequence_parallel=ctx.config.intercepts_attention)
     return {"prepared": True}
 
 

@@ -12,7 +12,7 @@ from .bridge.build import (attention_kernel, build_native, build_native_vae, cal
 from .bridge.loader_types import operations
 from .bridge.patches import PREFIX, apply, decode
 from ..parallel.engine import RoomShort
-from .messages import LoadJob
+from .messages import LoadJob, NativeSpec, VaeSpec
 from .residency import LoadDecision
 from .transport import WEIGHT_PREFIX
 
@@ -56,8 +56,8 @@ def job_load_model(state, ctx, payload: dict) -> dict:
     if decision.action in ("patch", "rebuild") and (kept is None or (kept.base if decision.action == "patch"
                                                                       else kept.source) is None):
         return _stale(engine, decision)
-    if job.patch_spec is not None and job.native:
-        import_comfy(job.native, ctx.config.intercepts_attention)
+    if job.patch_spec is not None and job.native is not None:
+        import_comfy(job.native.runtime, ctx.config.intercepts_attention)
     patches = _patches(job, payload)
     if decision.action == "patch":
         if patches is None:
@@ -78,13 +78,17 @@ def _stale(engine, decision: LoadDecision) -> dict:
     return _loaded(engine, stale=f"{decision.action} {decision.slot or decision.key}: not what this rank holds")
 
 
-def _loader_settings(ctx, native: dict | None) -> None:
+def _loader_settings(ctx, native: NativeSpec | VaeSpec | None) -> None:
     """A custom loader's layer settings are class attributes (ComfyUI-GGUF's dequant_dtype): the driver's class holds
     them for every model it loaded, so each run sets them here as they are there now."""
-    custom = (native or {}).get("ops", {}).get("custom")
-    if custom:
-        import_comfy(native, ctx.config.intercepts_attention)
-        operations(custom)
+    if isinstance(native, NativeSpec) and native.ops.custom:
+        import_comfy(native.runtime, ctx.config.intercepts_attention)
+        operations(native.ops.custom)
+
+
+def _patcher(native: NativeSpec | VaeSpec | None) -> dict | None:
+    """The loader's ModelPatcher that patches weights its own way (GGUF), where the model's spec names one."""
+    return native.patcher if isinstance(native, NativeSpec) else None
 
 
 def _patch_in_place(state, ctx, job: LoadJob, patches, slot, r) -> dict:
@@ -92,7 +96,7 @@ def _patch_in_place(state, ctx, job: LoadJob, patches, slot, r) -> dict:
     engine, key = state.engine, job.key
     try:
         r.patched = frozenset(apply(r.model, r.base, patches, r.patched, state.device, _share(state, ctx, key),
-                                    patcher=job.native.get("patcher"), held=r.patch_pages))
+                                    patcher=_patcher(job.native), held=r.patch_pages))
     except BaseException:
         engine.discard(slot, ctx, why="patch failed")  # half patched: nothing may run it
         raise
@@ -112,14 +116,14 @@ def _build_resident(state, ctx, job: LoadJob, weights: dict, patches, evict=()) 
     """Build the model (ComfyUI's VAE, or ComfyUI's own class with its ops) from `weights`, make it resident, and
     apply `patches` to it (the weights are then its base, kept for the next version)."""
     key, engine, native = job.key, state.engine, job.native
-    if native and native.get("vae"):  # ComfyUI's own VAE, for Patch VAE Decode
+    if isinstance(native, VaeSpec):  # ComfyUI's own VAE, for Patch VAE Decode
         model, extra, kernel_name = build_native_vae(native, weights), {}, None
-    elif native:  # ComfyUI's own class, ops and weights (workers/bridge/build.py)
-        import_comfy(native, ctx.config.intercepts_attention)  # (before a custom loader's modules import it)
+    elif isinstance(native, NativeSpec):  # ComfyUI's own class, ops and weights (workers/bridge/build.py)
+        import_comfy(native.runtime, ctx.config.intercepts_attention)  # (before a custom loader's modules import it)
         weights = loader_weights(native, weights)  # GGUF's quantized tensors around their raw bytes
         # sequence or pipeline parallel: attention must be interceptable (ComfyUI's pytorch kernel)
         model = build_native(native, weights, state.device, sequence_parallel=ctx.config.intercepts_attention)
-        kernel, kernel_name = attention_kernel(native)  # the driver's kernel, for the Ulysses ranks
+        kernel, kernel_name = attention_kernel(native.runtime)  # the driver's kernel, for the Ulysses ranks
         extra = dict(native_call=call_native, compute_dtype=compute_dtype(native), attention_kernel=kernel)
     else:
         raise ValueError(f"load_model {key!r}: no ComfyUI model spec travelled (pool.ensure_model(native=...))")
@@ -136,7 +140,7 @@ def _build_resident(state, ctx, job: LoadJob, weights: dict, patches, evict=()) 
         r.base = weights
         try:
             r.patched = frozenset(apply(r.model, weights, patches, set(), state.device, _share(state, ctx, key),
-                                        patcher=native.get("patcher"), held=r.patch_pages))
+                                        patcher=_patcher(native), held=r.patch_pages))
         except BaseException:
             engine.discard(key, ctx, why="patch failed")  # its base with some patches: unusable
             raise

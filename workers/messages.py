@@ -1,5 +1,6 @@
 """The typed messages of a run's model calls: what the driver sends and what a rank reads, through one class each
-(a step-mode call: ForwardJob; the workers' whole loop: LoopJob; a model made resident: LoadJob).
+(a step-mode call: ForwardJob; the workers' whole loop: LoopJob; a model made resident: LoadJob, with the ComfyUI
+model it builds: NativeSpec or VaeSpec, each with ComfyRuntime - how the rank imports ComfyUI).
 
 Why: the ranks read about forty string keys out of payload dicts, so a key spelt one way by the driver and another
 by a rank was a value silently missing (a `.get()` answering None) - a reuse not made, a hook group not switched.
@@ -10,9 +11,17 @@ does not know. Like the load decision (workers/residency.LoadDecision); the tens
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Optional
+from typing import Optional, Union
+
+from .protocol import VAE_FAMILIES  # (torch-free, as this module: see LoadJob)
 
 _SEQUENCES = ("reuse", "changing", "conds")
+
+
+def _set_fields(items) -> dict:
+    """A message's fields as JSON: the unset ones (None, an empty sequence) left out, sequences as lists - at every
+    level of nested messages (asdict's dict_factory), plain dict values as they are."""
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in items if v is not None and v != ()}
 
 
 class _Message:
@@ -26,8 +35,7 @@ class _Message:
             raise ValueError(f"{self._what} names its resident model (key), got {self.key!r}")
 
     def message(self) -> dict:
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()
-                if v is not None and v != ()}
+        return asdict(self, dict_factory=_set_fields)
 
     @classmethod
     def from_message(cls, d: dict):
@@ -96,6 +104,79 @@ class LoopJob(_Message):
         self._check_key()
 
 
+class _Part(_Message):
+    """A message inside a message (a model spec, its ops, ComfyUI's runtime): no resident key of its own to check;
+    its nested parts given as their JSON form are read back through their own class in __post_init__, so that a
+    misspelt field deep inside fails at the rank's from_message too, naming it, and from_message(message()) is
+    equal. `_parts`: (field, class) of those parts."""
+    _required = ()
+    _parts = ()
+
+    def __post_init__(self):
+        for name, cls in self._parts:
+            value = getattr(self, name)
+            if isinstance(value, dict):
+                object.__setattr__(self, name, cls.from_message(value))
+            elif not isinstance(value, cls):
+                raise TypeError(f"{type(self).__name__}.{name} is a {cls.__name__} (or its message), "
+                                f"got {type(value).__name__}")
+
+
+@dataclass(frozen=True)
+class ComfyRuntime(_Part):
+    """How a rank imports ComfyUI as the driver's process did (workers/bridge/build.comfy_runtime): where it lives,
+    the flags that choose its kernels and device, and the attention kernel it picked (by ComfyUI's registry name)."""
+    comfy_dir: Optional[str] = None       # ComfyUI's directory, put on the rank's sys.path
+    comfy_args: dict = field(default_factory=dict)  # build.FORWARDED_ARGS as the driver's ComfyUI has them
+    attention: Optional[str] = None       # the driver's attention kernel, for the Ulysses ranks
+
+
+@dataclass(frozen=True)
+class ModelOps(_Part):
+    """The facts comfy.ops.pick_operations chose ComfyUI's operations class by (or a custom loader's operations, by
+    name): the ranks pick the same (workers/bridge/build.py). Dtypes encoded (carry.encode_value)."""
+    weight_dtype: Optional[dict] = None   # unet_config's dtype
+    manual_cast_dtype: Optional[dict] = None
+    fp8_optimizations: bool = False
+    scaled_fp8: Optional[dict] = None     # ComfyUI <= 0.3.x's scaled-fp8 checkpoints
+    custom: Optional[dict] = None         # a custom loader's operations (GGUF: loader_types.describe_operations)
+    quant_config: Optional[dict] = None   # ComfyUI's mixed-precision ops (quantized checkpoints)
+    disabled: Optional[list] = None       # the quantized formats the driver's device emulates
+
+
+@dataclass(frozen=True)
+class NativeSpec(_Part):
+    """ComfyUI's diffusion model as a rank builds it (workers/bridge/build.build_native), written by
+    workers/bridge/spec.native_spec: the class, its unet_config (encoded), the ops and how the weights that travel
+    beside it are rebuilt."""
+    module: str                           # the diffusion model's module
+    class_name: str                       # its qualified name in that module
+    unet_config: dict                     # ComfyUI's unet_config, encoded (carry.encode_value)
+    ops: ModelOps
+    runtime: ComfyRuntime
+    tensors: Optional[dict] = None        # a custom loader's tensors (GGUF): {name: loader_types.describe}
+    packages: Optional[list] = None       # the custom nodes' folders those tensors' classes come from
+    quantized: Optional[dict] = None      # ComfyUI's quantized weights: {name: loader_types.quantized_tensors entry}
+    compute_dtype: Optional[dict] = None  # a ModelComputeDtype node's dtype (encoded), with force_cast
+    force_cast: bool = False
+    patcher: Optional[dict] = None        # a loader's ModelPatcher that patches its own way (GGUF), with patches
+    _required = ("module", "class_name", "unet_config", "ops", "runtime")
+    _parts = (("ops", ModelOps), ("runtime", ComfyRuntime))
+
+
+@dataclass(frozen=True)
+class VaeSpec(_Part):
+    """ComfyUI's VAE model as a rank builds it (workers/bridge/build.build_native_vae), written by
+    workers/bridge/vae.native_vae_spec: ComfyUI's detection picks the class from the weights, checked against these."""
+    class_name: str                       # module.qualname of the driver's first_stage_model
+    runtime: ComfyRuntime
+    dtype: Optional[dict] = None          # the VAE's dtype (encoded)
+    attrs: dict = field(default_factory=dict)  # the classes it was built with, by name (vae.settings)
+    metadata: Optional[dict] = None       # a configuration the weights alone do not give (LTX)
+    _required = ("class_name", "runtime")
+    _parts = (("runtime", ComfyRuntime),)
+
+
 @dataclass(frozen=True)
 class LoadJob(_Message):
     """A model made resident on every rank as the driver decided (workers/load_job.job_load_model), built by
@@ -103,11 +184,23 @@ class LoadJob(_Message):
     key: str                              # the model's residency key
     family: str                           # the family adapter it runs under (parallel/models), or "vae_comfy"
     decision: dict                        # the driver's LoadDecision (workers/residency.py), as its message()
-    native: Optional[dict] = None         # ComfyUI's model spec the rank builds (workers/bridge/spec.native_spec)
+    native: Optional[Union[NativeSpec, VaeSpec]] = None  # ComfyUI's model (or VAE) the rank builds
     lineage: Optional[str] = None         # this model under other patches: another version is replaced, not kept
     patch_spec: Optional[dict] = None     # ComfyUI's weight patches (workers/bridge/patches.py), their tensors beside
     _required = ("key", "family", "decision")
     _what = "a load job"
 
     def __post_init__(self):
+        """`native` given as its JSON form is read back as the spec the family builds: a VaeSpec for a VAE family
+        (workers/protocol.VAE_FAMILIES), else a NativeSpec. Chosen by the family and not by a field of its own: the
+        family already says what the rank builds, and a second statement of it could disagree with the first."""
         self._check_key()
+        kind = VaeSpec if self.family in VAE_FAMILIES else NativeSpec
+        if isinstance(self.native, dict):
+            try:
+                object.__setattr__(self, "native", kind.from_message(self.native))
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"{self._what} {self.key!r}: its native spec: {e}") from None
+        elif self.native is not None and not isinstance(self.native, kind):
+            raise ValueError(f"{self._what} {self.key!r} of family {self.family!r} builds from a {kind.__name__}, "
+                             f"got a {type(self.native).__name__}")

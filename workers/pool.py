@@ -30,7 +30,7 @@ from .errors import (JobCancelled, JobResult, JobTimeout, PoolError, StartupErro
                      WorkerStalled)
 from .fake_worker import parse_behaviour
 from .launch import World, balance_spec
-from .messages import LoadJob
+from .messages import LoadJob, NativeSpec, VaeSpec
 from .platform_support import check_os, check_pool
 from .protocol import model_families
 from .sweep import sweep_stale
@@ -324,7 +324,7 @@ class WorkerPool(JobCollection):
                     world.state = "idle"
 
     # ---- models ----
-    def ensure_model(self, config, key: str, family: str, *, state_dict, native: dict | None = None,
+    def ensure_model(self, config, key: str, family: str, *, state_dict, native: NativeSpec | VaeSpec | None = None,
                      timeout_s: float | None = None, lineage: str | None = None, adopt=None,
                      patches: tuple | None = None) -> dict:
         """Make a model resident on every worker; a key already resident costs one small round trip.
@@ -332,8 +332,9 @@ class WorkerPool(JobCollection):
         Weights come from `state_dict` (through shared memory); they travel only when the ranks' report says they
         must (workers/residency.py decides: touch, patch in place, rebuild from kept weights, build). `state_dict` may be a callable returning the dict, so a caller only
         converts weights when they must travel.
-        `native`: the ComfyUI model spec (workers/bridge/spec.py): the workers build ComfyUI's own class (or VAE)
-        with ComfyUI's ops and these weights (its state dict as ComfyUI holds it); fake workers need none.
+        `native`: the ComfyUI model spec (workers/messages.NativeSpec from workers/bridge/spec.native_spec, or a
+        VaeSpec from workers/bridge/vae.native_vae_spec for a VAE family): the workers build ComfyUI's own class (or
+        VAE) with ComfyUI's ops and these weights (its state dict as ComfyUI holds it); fake workers need none.
         `lineage`: what other keys of the same model (other patch versions) share; the workers drop those first.
         `adopt(name, mapped)`: called with each weight mapped back from the file just written (copy-on-write), so
         the caller can make its own tensor that mapping - one host copy for the caller and every local rank.
@@ -350,6 +351,7 @@ class WorkerPool(JobCollection):
         base = {"key": key, "family": family}
         if native is not None:
             base["native"] = native
+            LoadJob(**base, decision={})  # the spec's kind for the family, checked before any weight is written
         if lineage is not None:
             base["lineage"] = lineage
         return self._load(config, base, state_dict=state_dict, timeout_s=timeout_s, lineage=lineage, adopt=adopt,

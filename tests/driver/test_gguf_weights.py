@@ -68,11 +68,12 @@ def _inputs(h, w, seed):
 
 
 def _load(pool, config, key, base, **kw):
+    from dataclasses import replace
+
     from comfyui_hybrid_parallel.workers.bridge.spec import family_adapter, host_tensors, native_spec
     from comfyui_hybrid_parallel.workers.bridge.loader_types import raw
     dm = base.diffusion_model
-    spec = native_spec(base)
-    spec.update(kw.pop("spec", {}))
+    spec = replace(native_spec(base), **kw.pop("spec", {}))  # (the loader's patcher, as plan.pool_state adds it)
     return pool.ensure_model(config, key, family_adapter(dm).family, native=spec,
                              state_dict=lambda: {k: raw(v) for k, v in host_tensors(dm).items()}, **kw)
 

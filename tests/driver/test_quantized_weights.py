@@ -104,8 +104,9 @@ def _worker_model(base):
     Runtime.ensure_native sends them (each cloned: the bytes as another process maps them)."""
     from comfyui_hybrid_parallel.workers.bridge.spec import native_spec
     from comfyui_hybrid_parallel.workers.bridge.build import build_native
+    from comfyui_hybrid_parallel.workers.messages import NativeSpec
     from comfyui_hybrid_parallel.workers.bridge.loader_types import host_tensors, raw
-    spec = json.loads(json.dumps(native_spec(base)))
+    spec = NativeSpec.from_message(json.loads(json.dumps(native_spec(base).message())))
     weights = {k: raw(v).clone() for k, v in host_tensors(base.diffusion_model).items()}
     return build_native(spec, weights, torch.device("cpu"), sequence_parallel=False), spec, weights
 
@@ -128,6 +129,7 @@ def test_quantized_weights_travel_as_their_bytes_and_rebuild_bitwise(files, form
     holds the same layouts around the bytes it was sent, set up by ComfyUI's own loader, and computes ComfyUI's
     forward bitwise."""
     from comfyui_hybrid_parallel.workers.bridge.spec import check_weights, native_spec, weight_bytes
+    from comfyui_hybrid_parallel.workers.messages import NativeSpec
     from comfyui_hybrid_parallel.parallel.shard import wrapper_parts
     from comfyui_hybrid_parallel.workers.bridge.loader_types import host_tensors
     base = _load(files, form)
@@ -135,14 +137,14 @@ def test_quantized_weights_travel_as_their_bytes_and_rebuild_bitwise(files, form
     quantized = _quantized(dm)
     assert set(quantized) == files["names"], sorted(quantized)  # every layer the file quantizes, none other
     spec = native_spec(base)
-    assert json.loads(json.dumps(spec)) == spec
-    assert spec["ops"]["quant_config"] == base.model_config.quant_config
-    assert set(spec["quantized"]) == set(quantized) and "tensors" not in spec
+    assert NativeSpec.from_message(json.loads(json.dumps(spec.message()))) == spec
+    assert spec.ops.quant_config == base.model_config.quant_config
+    assert set(spec.quantized) == set(quantized) and spec.tensors is None
     sent = host_tensors(dm)
     held_bytes = 0
     for name, t in quantized.items():
         parts, ctx = wrapper_parts(t)
-        meta = spec["quantized"][name]
+        meta = spec.quantized[name]
         assert meta["layout"] == t._layout_cls == ctx["layout_cls"]
         assert meta["comfy_quant"]["format"] == getattr(dict(dm.named_modules())[name.rpartition(".")[0]],
                                                         "quant_format")

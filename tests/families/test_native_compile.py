@@ -12,12 +12,16 @@ pytestmark = pytest.mark.comfy
 
 
 def _forward(pool, config, key, base, inp, compile_spec):
+    from dataclasses import replace
+
     from comfyui_hybrid_parallel.workers.bridge.spec import family_adapter, native_spec
     dm = base.diffusion_model
     # ComfyUI's pytorch attention, as on GPUs: its CPU default (sub-quadratic) reads the free memory at every call,
     # which dynamo guards on - ComfyUI's own TorchCompileModel recompiles it at every step too
     native = native_spec(base)
-    native = dict(native, attention="pytorch", comfy_args={**native["comfy_args"], "use_pytorch_cross_attention": True})
+    runtime = native.runtime
+    native = replace(native, runtime=replace(runtime, attention="pytorch",
+                                             comfy_args={**runtime.comfy_args, "use_pytorch_cross_attention": True}))
     pool.ensure_model(config, key, family_adapter(dm).family, native=native,
                       state_dict=lambda: dict(dm.state_dict()))
     values = {"key": key, "structure": {"transformer_options": {}}}

@@ -248,7 +248,7 @@ def test_ulysses_ranks_run_the_drivers_kernel(comfy, pool):
     from comfyui_hybrid_parallel.workers.bridge.spec import comfy_runtime, family_adapter, native_spec
     from comfyui_hybrid_parallel.parallel import ParallelConfig
     import comfy.ldm.modules.attention as attention
-    name = comfy_runtime()["attention"]
+    name = comfy_runtime().attention
     assert name is not None and attention.get_attention_function(name) is attention.optimized_attention
     config = ParallelConfig(ulysses_degree=2)
     base = load_model(comfy, "sd3", "fp32").model
@@ -531,4 +531,4 @@ def test_model_description_reads_only_what_this_comfyui_declares(comfy, caplog):
     with caplog.at_level(logging.WARNING):
         spec = native_spec(base)
     assert not [r.getMessage() for r in caplog.records if "you accessed" in r.getMessage()]
-    assert spec["ops"]["weight_dtype"] is not None
+    assert spec.ops.weight_dtype is not None

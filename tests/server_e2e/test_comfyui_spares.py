@@ -233,7 +233,8 @@ def test_a_prestart_leaves_a_running_world_of_another_shape_to_the_sampler(monke
     from comfyui_hybrid_parallel.workers.driver.routes import node_config
     from comfyui_hybrid_parallel.workers.driver import runtime as runtime_module
     from comfyui_hybrid_parallel.workers.driver.runtime import Runtime
-    monkeypatch.setattr(runtime_module, "comfy_runtime", lambda: {})
+    from comfyui_hybrid_parallel.workers.messages import ComfyRuntime
+    monkeypatch.setattr(runtime_module, "comfy_runtime", ComfyRuntime)
     submitted = []
     rt = Runtime()
     running = node_config("HybridParallelConfig", {"ulysses_degree": 2, "ring_degree": 2, "device": "cpu"})

@@ -29,6 +29,7 @@ import sys
 import torch
 
 from ...parallel.shard import wrapper_parts
+from ..messages import ComfyRuntime, ModelOps, NativeSpec, VaeSpec
 from .loader_types import (INNER, comfy_quant_tensor, host_tensors, operations, rebuild, rebuild_quantized,
                            register_packages)
 
@@ -53,20 +54,20 @@ def decode_value(v):
     return v
 
 
-def import_comfy(spec: dict, sequence_parallel: bool):
-    """Put ComfyUI on sys.path and configure it as the driver's ComfyUI before its first import.
+def import_comfy(runtime: ComfyRuntime, sequence_parallel: bool):
+    """Put ComfyUI on sys.path and configure it as the driver's ComfyUI (`runtime`) before its first import.
 
     With sequence parallelism the worker uses ComfyUI's pytorch attention kernel: attention calls that
     bypass ComfyUI's override seam (PixArt's) are then F.scaled_dot_product_attention calls, which the
     plan's interceptor swaps. At world size 1 the driver's kernel is kept, so degree 1 is bitwise KSampler.
     """
     if "comfy.model_management" not in sys.modules:
-        path = spec.get("comfy_dir")
+        path = runtime.comfy_dir
         if path and path not in sys.path:
             sys.path.append(path)
         import comfy.cli_args
         args = comfy.cli_args.args
-        for name, value in (spec.get("comfy_args") or {}).items():
+        for name, value in (runtime.comfy_args or {}).items():
             if name not in FORWARDED_ARGS or not hasattr(args, name):
                 continue
             if name == "fast":
@@ -84,7 +85,7 @@ def import_comfy(spec: dict, sequence_parallel: bool):
     return comfy
 
 
-def attention_kernel(spec: dict) -> tuple:
+def attention_kernel(runtime: ComfyRuntime) -> tuple:
     """(ComfyUI's attention function the driver runs - unwrapped, ComfyUI's signature - or None, its name as this
     worker runs it) for the Ulysses ranks' local attention (parallel/attention_seam.py).
 
@@ -94,7 +95,7 @@ def attention_kernel(spec: dict) -> tuple:
     one device. The driver names it by ComfyUI's registry (comfy_runtime, below); a kernel this process
     cannot run (xformers, enabled only by the driver's import) falls back to the seam's, with a warning.
     """
-    name = spec.get("attention")
+    name = runtime.attention
     if not name:
         return None, None
     fn = attention_function(name)
@@ -127,19 +128,19 @@ def attention_function(name: str):
     return None if fn is None else getattr(fn, "__wrapped__", fn)
 
 
-def _operations(comfy, spec: dict, device: torch.device):
-    ops = spec["ops"]
-    if ops.get("custom"):  # a custom loader's operations (ComfyUI-GGUF's), imported from its folder
-        return operations(ops["custom"])
-    weight_dtype = decode_value(ops.get("weight_dtype"))
-    compute_dtype = decode_value(ops.get("manual_cast_dtype"))
-    scaled = decode_value(ops.get("scaled_fp8"))
-    kwargs = {"load_device": device, "fp8_optimizations": bool(ops.get("fp8_optimizations"))}
+def _operations(comfy, ops: ModelOps, device: torch.device):
+    """The operations class ComfyUI's pick_operations returns for `ops` on `device`, or a custom loader's own."""
+    if ops.custom:  # a custom loader's operations (ComfyUI-GGUF's), imported from its folder
+        return operations(ops.custom)
+    weight_dtype = decode_value(ops.weight_dtype)
+    compute_dtype = decode_value(ops.manual_cast_dtype)
+    scaled = decode_value(ops.scaled_fp8)
+    kwargs = {"load_device": device, "fp8_optimizations": bool(ops.fp8_optimizations)}
     if scaled is not None:
         # ComfyUI <= 0.3.x's scaled-fp8 ops; later ComfyUIs load those files as quantized tensors instead
         # (mixed-precision ops) and have no such argument - the driver never sends it there.
         kwargs["scaled_fp8"] = scaled
-    quant = decode_value(ops.get("quant_config"))
+    quant = decode_value(ops.quant_config)
     if quant:
         # ComfyUI's mixed-precision ops, chosen as ComfyUI chooses them: pick_operations reads the model config's
         # quant_config and disables the formats this device cannot compute natively (emulated: dequantized)
@@ -147,7 +148,7 @@ def _operations(comfy, spec: dict, device: torch.device):
         kwargs["model_config"] = types.SimpleNamespace(quant_config=quant)
     picked = comfy.ops.pick_operations(weight_dtype, compute_dtype, **kwargs)
     if quant:
-        mine, driver = getattr(picked, "_disabled", None), ops.get("disabled")
+        mine, driver = getattr(picked, "_disabled", None), ops.disabled
         if driver is not None and mine is not None and sorted(mine) != sorted(driver):
             import logging
             logging.getLogger(__name__).warning(
@@ -157,42 +158,42 @@ def _operations(comfy, spec: dict, device: torch.device):
     return picked
 
 
-def loader_weights(spec: dict, weights: dict) -> dict:
+def loader_weights(spec: NativeSpec, weights: dict) -> dict:
     """`weights` with every tensor a custom loader held as its own subclass (GGUF's quantized tensors) rebuilt
     around the raw bytes that travelled (workers/bridge/loader_types.py); the dict itself where there are none."""
-    metas = spec.get("tensors")
+    metas = spec.tensors
     if not metas:
         return weights
-    register_packages(spec.get("packages"))
+    register_packages(spec.packages)
     return {k: rebuild(v, metas.get(k)) for k, v in weights.items()}
 
 
-def build_native(spec: dict, weights: dict, device: torch.device, sequence_parallel: bool) -> torch.nn.Module:
+def build_native(spec: NativeSpec, weights: dict, device: torch.device, sequence_parallel: bool) -> torch.nn.Module:
     """ComfyUI's diffusion model of `spec`, holding `weights` (assigned, not copied; a loader's tensors already
     rebuilt by `loader_weights`), with the operations ComfyUI picks for `device` - or the loader's own; the model
     itself stays on the host (the engine moves its shard)."""
-    comfy = import_comfy(spec, sequence_parallel)
-    module = importlib.import_module(spec["module"])
+    comfy = import_comfy(spec.runtime, sequence_parallel)
+    module = importlib.import_module(spec.module)
     cls = module
-    for part in spec["class"].split("."):
+    for part in spec.class_name.split("."):
         cls = getattr(cls, part)
-    unet_config = decode_value(spec["unet_config"])
-    operations = _operations(comfy, spec, device)
+    unet_config = decode_value(spec.unet_config)
+    operations = _operations(comfy, spec.ops, device)
     model = cls(**unet_config, device=torch.device("meta"), operations=operations)
-    quantized = spec["ops"].get("quant_config") or spec.get("quantized")
+    quantized = spec.ops.quant_config or spec.quantized
     # (a custom loader's layers - and mixed-precision ops' Linear layers - hold no weight until loaded: compare
     # what the model holds once loaded)
-    expected = set(host_tensors(model)) if not spec["ops"].get("custom") and not quantized else set(weights)
+    expected = set(host_tensors(model)) if not spec.ops.custom and not quantized else set(weights)
     missing, unexpected = sorted(expected - set(weights)), sorted(set(weights) - expected)
     if not missing and not unexpected:
         if quantized:
-            _load_quantized(model, spec.get("quantized") or {}, weights)
+            _load_quantized(model, spec.quantized or {}, weights)
         else:
             model.load_state_dict(weights, strict=True, assign=True)
         held = set(host_tensors(model))
         missing, unexpected = sorted(set(weights) - held), sorted(held - set(weights))
     if missing or unexpected:
-        raise RuntimeError(f"{spec['class']} built from ComfyUI's config does not match the weights sent: "
+        raise RuntimeError(f"{spec.class_name} built from ComfyUI's config does not match the weights sent: "
                            f"missing {missing[:8]}, unexpected {unexpected[:8]}")
     left = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_meta]
     if left and not any(n in dict(model.named_parameters()) for n in left):
@@ -206,9 +207,9 @@ def build_native(spec: dict, weights: dict, device: torch.device, sequence_paral
             owners[path]._buffers[leaf] = host[n]
         left = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_meta]
     if left:
-        raise RuntimeError(f"{spec['class']} keeps tensors outside its state dict ({left[:8]}); the workers "
+        raise RuntimeError(f"{spec.class_name} keeps tensors outside its state dict ({left[:8]}); the workers "
                            f"cannot build it without initialising them - report this model class")
-    if spec.get("force_cast"):
+    if spec.force_cast:
         # a ModelComputeDtype node: ComfyUI's load casts every layer's weights to the compute dtype at each call
         # (ModelPatcher.force_cast_weights -> comfy_cast_weights on each op module); the same here
         for m in model.modules():
@@ -269,27 +270,26 @@ def _load_quantized(model: torch.nn.Module, metas: dict, weights: dict) -> None:
         owner._parameters[leaf] = t
 
 
-def build_native_vae(spec: dict, weights: dict) -> torch.nn.Module:
+def build_native_vae(spec: VaeSpec, weights: dict) -> torch.nn.Module:
     """ComfyUI's own VAE model (the `first_stage_model` its VAE Decode runs) for `weights`, picked by ComfyUI's own
     detection from the weights' names and shapes - the class and configuration the driver's ComfyUI built - on the
     meta device, then holding `weights` (assigned, not copied: the ranks share the mapped pages)."""
-    import_comfy(spec, sequence_parallel=False)
+    import_comfy(spec.runtime, sequence_parallel=False)
     import comfy.sd
 
-    want = spec["vae"]
     meta = {k: torch.empty(tuple(v.shape), dtype=v.dtype, device="meta") for k, v in weights.items()}
     with torch.device("meta"):
-        vae = comfy.sd.VAE(sd=meta, dtype=decode_value(want.get("dtype")), metadata=want.get("metadata"))
+        vae = comfy.sd.VAE(sd=meta, dtype=decode_value(spec.dtype), metadata=spec.metadata)
     model = vae.first_stage_model
     got = f"{type(model).__module__}.{type(model).__qualname__}"
-    if got != want["class"]:
-        raise RuntimeError(f"ComfyUI built a {got} from the VAE weights sent, the driver holds a {want['class']}")
+    if got != spec.class_name:
+        raise RuntimeError(f"ComfyUI built a {got} from the VAE weights sent, the driver holds a {spec.class_name}")
     expected = set(host_tensors(model))
     missing, unexpected = sorted(expected - set(weights)), sorted(set(weights) - expected)
     if missing or unexpected:
         raise RuntimeError(f"{got} does not match the VAE weights sent: missing {missing[:8]}, unexpected "
                            f"{unexpected[:8]}")
-    for k, v in (want.get("attrs") or {}).items():  # e.g. TAEHV's latent format, which ComfyUI picks by weight dtype
+    for k, v in (spec.attrs or {}).items():  # e.g. TAEHV's latent format, which ComfyUI picks by weight dtype
         mine = getattr(model, k, None)
         mine = f"class {mine.__module__}.{mine.__qualname__}" if isinstance(mine, type) else mine
         if mine != v:
@@ -303,12 +303,12 @@ def build_native_vae(spec: dict, weights: dict) -> torch.nn.Module:
     return model.eval().requires_grad_(False)
 
 
-def compute_dtype(spec: dict) -> torch.dtype:
+def compute_dtype(spec: NativeSpec) -> torch.dtype:
     """The dtype ComfyUI hands the spec's model its latent in (BaseModel._apply_model: the manual-cast dtype,
     else the model's own)."""
-    ops = spec["ops"]
-    return (decode_value(spec.get("compute_dtype")) or decode_value(ops.get("manual_cast_dtype")) or
-            decode_value(ops.get("weight_dtype")) or torch.float32)
+    ops = spec.ops
+    return (decode_value(spec.compute_dtype) or decode_value(ops.manual_cast_dtype) or
+            decode_value(ops.weight_dtype) or torch.float32)
 
 
 def call_native(model, inputs: dict):
@@ -318,7 +318,7 @@ def call_native(model, inputs: dict):
     return model(x, t, **inputs)
 
 
-def prepare_comfy(runtime: dict, sequence_parallel: bool) -> None:
+def prepare_comfy(runtime: ComfyRuntime, sequence_parallel: bool) -> None:
     """import_comfy as the driver's ComfyUI is configured (comfy_runtime), and its attention module: every diffusion
     model imports it, it picks its kernel from the arguments just set, and it is most of a model class's import
     (0.1 s)."""
@@ -343,12 +343,12 @@ def _comfy_args() -> dict:
     return out
 
 
-def comfy_runtime() -> dict:
+def comfy_runtime() -> ComfyRuntime:
     """Where this process's ComfyUI lives, the flags that choose its kernels and the attention kernel it picked
     (its name in ComfyUI's registry): what a worker needs to import ComfyUI as this process did."""
     import comfy.model_management
-    return {"comfy_dir": os.path.dirname(os.path.dirname(os.path.abspath(comfy.model_management.__file__))),
-            "comfy_args": _comfy_args(), "attention": picked_attention()}
+    return ComfyRuntime(comfy_dir=os.path.dirname(os.path.dirname(os.path.abspath(comfy.model_management.__file__))),
+                        comfy_args=_comfy_args(), attention=picked_attention())
 
 
 def driver_attention_is_pytorch() -> bool:

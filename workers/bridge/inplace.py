@@ -32,10 +32,12 @@ import os
 import sys
 import sysconfig
 import types
+from typing import NamedTuple
 
 import torch
 import torch.nn.modules.module as torch_module
 
+from ..messages import NativeSpec
 from .build import decode_value
 from .capture import Found
 from .carry import encode_value
@@ -198,13 +200,14 @@ def _built_structure(module: str, cls_name: str, config_json: str) -> dict:
     return {p: (type(m), tuple(sorted(set(m._parameters) | set(m._buffers)))) for p, m in model.named_modules()}
 
 
-def built_structure(spec: dict | None) -> dict | None:
-    """`_built_structure` of the workers' build spec; None where the class does not build on the meta device here
-    (the workers then say so themselves)."""
+def built_structure(spec: BuildKey | NativeSpec | None) -> dict | None:
+    """`_built_structure` of what the workers build (a BuildKey, or the whole NativeSpec: both name the module, the
+    class and its unet_config); None where the class does not build on the meta device here (the workers then say so
+    themselves)."""
     if spec is None:
         return None
     try:
-        return _built_structure(spec["module"], spec["class"], json.dumps(spec["unet_config"], sort_keys=True))
+        return _built_structure(spec.module, spec.class_name, json.dumps(spec.unet_config, sort_keys=True))
     except Exception:  # noqa: BLE001
         return None
 
@@ -288,18 +291,25 @@ def module_findings(modules, reader: Reader, rule, attention_rule=None) -> list:
     return out
 
 
-def build_key(base_model) -> dict:
-    """What the workers build the diffusion model from (the module and class of ComfyUI's model, its unet_config):
-    the part of spec.native_spec the structure comparison needs, without reading the weights."""
+class BuildKey(NamedTuple):
+    """What the workers build the diffusion model from (the module and class of ComfyUI's model, its encoded
+    unet_config): the part of NativeSpec the structure comparison needs, read without the weights' checks."""
+    module: str
+    class_name: str
+    unet_config: dict
+
+
+def build_key(base_model) -> BuildKey:
+    """The BuildKey of `base_model` (ComfyUI's BaseModel), as spec.native_spec would write its fields."""
     dm = base_model.diffusion_model
-    return {"module": type(dm).__module__, "class": type(dm).__qualname__,
-            "unet_config": encode_value(dict(base_model.model_config.unet_config))}
+    return BuildKey(module=type(dm).__module__, class_name=type(dm).__qualname__,
+                    unet_config=encode_value(dict(base_model.model_config.unet_config)))
 
 
-def in_place_findings(base_model, spec: dict | None = None, reader: Reader | None = None) -> list:
+def in_place_findings(base_model, spec: BuildKey | NativeSpec | None = None, reader: Reader | None = None) -> list:
     """Every in-place change of `base_model` (ComfyUI's BaseModel) and of ComfyUI's model and sampling code, as the
-    capture's findings (their rules say in which sampling mode each is refused). `spec`: the workers' build spec
-    (spec.native_spec), for the structure comparison."""
+    capture's findings (their rules say in which sampling mode each is refused). `spec`: what the workers build
+    (build_key, or spec.native_spec's NativeSpec), for the structure comparison."""
     reader = reader or Reader()
     if reader.comfy is None:
         return []

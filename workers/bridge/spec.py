@@ -23,6 +23,7 @@ import torch
 
 from ...parallel.models import ANY, adapter_for, supported_titles, unchecked_base
 from ...parallel.models.any_model import RECIPE
+from ..messages import ModelOps, NativeSpec
 from ..transport import TRAVEL_DTYPES
 from .build import comfy_runtime  # (re-exported: the VAE node and the runtime send it)
 
@@ -158,7 +159,7 @@ def sent_tensors(module, cast: bool = True, unhooked: dict | None = None) -> dic
 
 def loader_tensors(diffusion_model) -> dict:
     """{name: description} of the weights a custom loader holds as its own tensor subclass (GGUF); {} for none.
-    ComfyUI's own quantized weights are not a loader's (native_spec carries them as "quantized"): every method that
+    ComfyUI's own quantized weights are not a loader's (native_spec carries them as NativeSpec.quantized): every method that
     holds whole weights runs them, tensor parallel checks their layout (parallel/tp.py)."""
     return {k: describe(t, k) for k, t in host_tensors(diffusion_model).items() if not is_plain(t)}
 
@@ -199,11 +200,11 @@ def _declared(config, name: str):
     return getattr(config, name) if name in vars(config) or hasattr(type(config), name) else None
 
 
-def native_spec(base_model, compute_dtype=None) -> dict:
-    """What a worker needs to build `base_model.diffusion_model` as ComfyUI built it (JSON-safe). `compute_dtype`:
-    the dtype a ModelComputeDtype node set (its object patch `manual_cast_dtype`, with the patcher's forced weight
-    cast): the workers build the same ops and cast every layer's weights to it at each call, as ComfyUI's load
-    does."""
+def native_spec(base_model, compute_dtype=None) -> NativeSpec:
+    """What a worker needs to build `base_model.diffusion_model` as ComfyUI built it (typed; its message() is JSON).
+    `compute_dtype`: the dtype a ModelComputeDtype node set (its object patch `manual_cast_dtype`, with the patcher's
+    forced weight cast): the workers build the same ops and cast every layer's weights to it at each call, as
+    ComfyUI's load does."""
     dm = base_model.diffusion_model
     family_adapter(dm)
     config = base_model.model_config
@@ -230,21 +231,17 @@ def native_spec(base_model, compute_dtype=None) -> dict:
                          f"quant_config, so the workers could not pick ComfyUI's mixed-precision ops for it; load the "
                          f"model with ComfyUI's own loaders")
     unet_config = dict(config.unet_config)
-    return {
-        "module": type(dm).__module__,
-        "class": type(dm).__qualname__,
-        "unet_config": encode_value(unet_config),
-        "ops": {"weight_dtype": encode_value(unet_config.get("dtype")),
-                "manual_cast_dtype": encode_value(base_model.manual_cast_dtype),
-                "fp8_optimizations": bool(config.optimizations.get("fp8", False)),
-                "scaled_fp8": encode_value(_declared(config, "scaled_fp8")),
-                **({"custom": custom} if custom else {}),
-                **({"quant_config": encode_value(quant), "disabled": disabled_formats(dm)} if quant else {})},
-        **({"tensors": tensors, "packages": tensor_packages(tensors)} if tensors else {}),
-        **({"quantized": quantized} if quantized else {}),
-        **({"compute_dtype": encode_value(compute_dtype), "force_cast": True} if compute_dtype is not None else {}),
-        **comfy_runtime(),
-    }
+    ops = ModelOps(weight_dtype=encode_value(unet_config.get("dtype")),
+                   manual_cast_dtype=encode_value(base_model.manual_cast_dtype),
+                   fp8_optimizations=bool(config.optimizations.get("fp8", False)),
+                   scaled_fp8=encode_value(_declared(config, "scaled_fp8")), custom=custom or None,
+                   quant_config=encode_value(quant) if quant else None,
+                   disabled=disabled_formats(dm) if quant else None)
+    return NativeSpec(module=type(dm).__module__, class_name=type(dm).__qualname__,
+                      unet_config=encode_value(unet_config), ops=ops, runtime=comfy_runtime(),
+                      tensors=tensors or None, packages=tensor_packages(tensors) if tensors else None,
+                      quantized=quantized or None, compute_dtype=encode_value(compute_dtype),
+                      force_cast=compute_dtype is not None)
 
 
 def disabled_formats(diffusion_model) -> list | None:

@@ -4,6 +4,7 @@ code that reads the VAE wrapper (tests/driver/test_comfy_seams.py)."""
 from __future__ import annotations
 
 from ...parallel.vae.comfy_vaes import comfy_vae_for
+from ..messages import VaeSpec
 from .build import comfy_runtime
 from .carry import encode_value
 
@@ -23,15 +24,15 @@ def vae_output(vae, decoded):
     return vae.process_output(decoded.float()).movedim(1, -1)
 
 
-def native_vae_spec(vae) -> dict:
+def native_vae_spec(vae) -> VaeSpec:
     """What the workers build ComfyUI's VAE model from (workers/bridge/build.build_native_vae): its class, dtype and
     the classes it was built with, plus this process's ComfyUI runtime (family "vae_comfy" in the pool)."""
     first = vae.first_stage_model
-    spec = {"class": qualname(first), "dtype": encode_value(vae.vae_dtype), "attrs": settings(first)}
     declared = comfy_vae_for(first)
-    if declared is not None and declared.metadata is not None:  # a configuration the weights alone do not give (LTX)
-        spec["metadata"] = declared.metadata(first)
-    return {"vae": spec, **comfy_runtime()}
+    # a configuration the weights alone do not give (LTX)
+    metadata = declared.metadata(first) if declared is not None and declared.metadata is not None else None
+    return VaeSpec(class_name=qualname(first), dtype=encode_value(vae.vae_dtype), attrs=settings(first),
+                   metadata=metadata, runtime=comfy_runtime())
 
 
 def settings(module) -> dict:

@@ -5,6 +5,8 @@ workers/bridge/ (capture.py, spec.py, prepare.py, carry.py, fbcache.py, inplace.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..bridge.capture import capture
 from ..bridge.carry import object_values
 from ..bridge.inplace import build_key, in_place_findings
@@ -42,7 +44,7 @@ def pool_state(model, hp, cap) -> RunRecord:
     check_model_weights(model, hp.config)  # its layout, an attention kernel it asks for, tp shards, GGUF's methods
     patches = portable_patches(model, hp.config)  # LoRA & co travel as patches where they can
     if patches is not None:
-        native["patcher"] = loader_patcher(model)  # a loader that patches its own way (GGUF)
+        native = replace(native, patcher=loader_patcher(model))  # a loader that patches its own way (GGUF)
     key, lineage = residency_names(model, extra, method)
     plan = RunPlan(key=key, lineage=lineage, native=native, weight_patches=patches, compile=compiled,
                    object_values=object_values(cap.carried("object_values")), hooks=bool(cap.carried("hooks")),
@@ -61,7 +63,7 @@ def check_carried_calls(model, hp, cap, plan) -> None:
     if plan.hooks:
         why = ("tensor parallel, PipeFusion or weight sharding" if not config.whole_model else
                "a compiled model (TorchCompileModel)" if plan.compile else
-               "quantized weights" if plan.native.get("quantized") or plan.native.get("tensors") else "")
+               "quantized weights" if plan.native.quantized or plan.native.tensors else "")
         if why:
             raise NotCarried(f"hook LoRAs switch weights per conditioning on the workers, which {why} cannot do "
                              f"exactly; use ulysses / ring / cfg / dp degrees with shard_weights none on bf16 / fp16 / "

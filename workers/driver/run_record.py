@@ -12,13 +12,15 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, field
 
+from ..messages import NativeSpec
+
 
 @dataclass(frozen=True)
 class RunPlan:
     """Decided before any worker starts (plan.pool_state), after every refusal; read, never written, by the run."""
     key: str                       # the resident weights' key: base model, patches digest, compute dtype, method
     lineage: str                   # this model under other patches: replaced on the workers, not kept beside
-    native: dict                   # ComfyUI's model spec the workers build (workers/bridge/spec.py native_spec)
+    native: NativeSpec             # ComfyUI's model spec the workers build (workers/bridge/spec.py native_spec)
     weight_patches: tuple | None = None  # ComfyUI's weight patches as they travel, or None (the weights travel patched)
     compile: dict | None = None    # TorchCompileModel's options for the workers, or None
     object_values: dict | None = None  # plain object patches that travel with each call

@@ -24,6 +24,7 @@ from ..bridge.loader_types import raw
 from ..bridge.seams import comfy_loaded, problem_line
 from ..bridge.spec import family_adapter, sent_tensors, weight_bytes
 from ..launch import local_env
+from ..messages import NativeSpec, VaeSpec
 from ..pool import JobCancelled, PoolError, WorkerPool
 from ..cluster import join_commands
 
@@ -174,7 +175,7 @@ class Runtime:
         if self._pool is not None and self._pool.running and not self._pool.runs(hp.config):
             return  # another world is up: the sampler switches it once its checks pass
         try:
-            comfy = comfy_runtime()
+            comfy = comfy_runtime().message()
         except Exception:  # noqa: BLE001 - no ComfyUI here: nothing to prepare
             return
 
@@ -190,7 +191,7 @@ class Runtime:
         self._prestart = threading.Thread(target=run, name="hybrid-parallel-prestart", daemon=True)
         self._prestart.start()
 
-    def ensure_native(self, hp, key: str, spec: dict, diffusion_model, lineage: str | None = None,
+    def ensure_native(self, hp, key: str, spec: NativeSpec | VaeSpec, diffusion_model, lineage: str | None = None,
                       patches: tuple | None = None, family: str | None = None, unhooked: dict | None = None) -> str:
         """Make ComfyUI's own diffusion model (or, with `family` "vae_comfy", its VAE model) resident on the workers
         under `key`; returns its family.
@@ -207,7 +208,7 @@ class Runtime:
             pool.ensure_world(hp.config)
             free_beside_comfy(pool, hp.config, weight_bytes(diffusion_model), pool.gpus)
         # the weights as the layers hold them, in the dtype ComfyUI computes them in (native.sent_tensors); a
-        # loader's tensor subclass (GGUF) as its raw bytes (spec["tensors"] says how the workers rebuild it)
+        # loader's tensor subclass (GGUF) as its raw bytes (spec.tensors says how the workers rebuild it)
         unhooked = unhooked or {}
         pool.ensure_model(hp.config, key, family, native=spec, lineage=lineage,
                           adopt=adopter(diffusion_model, skip=set(unhooked)), patches=patches,
