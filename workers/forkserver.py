@@ -30,7 +30,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import traceback
 
 from .bootstrap import BOOTSTRAP, PACKAGE, pack_root
@@ -40,13 +39,10 @@ from .bootstrap import BOOTSTRAP, PACKAGE, pack_root
 # model imports. ComfyUI itself waits for the rank: comfy.model_management picks a device when imported, and the
 # spec configures its flags first.
 PRELOAD = ("torch", "torch.distributed", "torch._dynamo", "einops", "safetensors.torch")
-# Imported after ready, one module at a time once no request came for IDLE_AFTER_S (a world's spawn requests come
-# one after another: none waits behind an import): libraries only some model modules and the VAE / text-encoder
-# code import (comfy.sd). Why not before ready: ~0.5 s on the first world's critical path for a Flux or Wan rank
-# that never imports them (a headless first prompt, issue 69); a rank forked before they arrived imports what its
-# model needs itself, later forks (spares, the next world) get them shared.
-PRELOAD_IDLE = ("transformers", "torchvision", "torchaudio")
-IDLE_AFTER_S = 1.0
+# Not imported here: transformers, torchvision, torchaudio (~0.5 s). No diffusion model module of ComfyUI imports
+# them (its VAE / text-encoder code does: comfy.sd, which a Parallel VAE Decode rank imports itself), and before
+# ready they sat on the first world's critical path (a headless first prompt, issue 69); imported later here, on
+# a CPU machine, they took a core from the ranks' first steps.
 # Environment read when those libraries load (their value is the server's in every fork; PYTORCH_CUDA_ALLOC_CONF's
 # backend, for one, is read by a static initialiser of torch's CUDA library): a world asking for other values gets
 # fresh interpreters. OMP_NUM_THREADS is not among them: each rank sets its threads (torch.set_num_threads).
@@ -270,8 +266,8 @@ class ForkServer:
 
 
 # ---- the server's side ----
-def _preload(names) -> None:
-    for name in names:
+def _preload() -> None:
+    for name in PRELOAD:
         try:
             importlib.import_module(name)
         except Exception:  # noqa: BLE001 - a head start only: a module that fails here is imported, or fails, later
@@ -307,10 +303,9 @@ def _child(request: dict, reply_fd: int) -> None:
 
 def serve(driver_pid: int, reply_fd: int) -> int:
     """Import PRELOAD, say ready, then fork a worker per request line on stdin until stdin closes and the last
-    worker has exited, or the driver is gone; PRELOAD_IDLE is imported a module at a time while no request waits."""
+    worker has exited, or the driver is gone."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's business; closing stdin stops us
-    _preload(PRELOAD)
-    idle, last = list(PRELOAD_IDLE), time.monotonic()
+    _preload()
 
     def reply(text: str) -> None:
         os.write(reply_fd, (text + "\n").encode())
@@ -335,10 +330,7 @@ def serve(driver_pid: int, reply_fd: int) -> int:
             select.select([], [], [], POLL_S)
             continue
         if not select.select([0], [], [], POLL_S)[0]:
-            if idle and time.monotonic() - last > IDLE_AFTER_S:
-                _preload([idle.pop(0)])
             continue
-        last = time.monotonic()
         data = os.read(0, 1 << 16)
         if not data:
             open_ = False
