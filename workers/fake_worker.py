@@ -20,9 +20,9 @@ import sys
 import time
 
 from .protocol import connect
-from .serve import Cancelled, serve, ParentWatch
+from .job_run import Cancelled
 from .transport import copy_blob
-from .worker_main import read_authkey
+from .worker_main import ParentWatch, read_authkey, serve
 
 BEHAVIOURS = ("serve", "die", "hang", "slow", "raise")
 SLOW_S = 0.2

@@ -30,7 +30,6 @@ import signal
 import subprocess
 import sys
 import threading
-import traceback
 
 from .bootstrap import BOOTSTRAP, PACKAGE, pack_root
 
@@ -274,33 +273,6 @@ def _preload() -> None:
             pass
 
 
-def _child(request: dict, reply_fd: int) -> None:
-    """In the forked worker: the request's folder, environment and stdin, then worker_main; never returns."""
-    code = 1
-    try:
-        os.close(reply_fd)
-        devnull = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(devnull, 0)
-        os.close(devnull)
-        sys.stdin = open(0, closefd=False)
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        os.chdir(request["cwd"])
-        os.environ.clear()
-        os.environ.update(request["env"])
-        from .worker_main import main  # lazy: the worker's side only (the driver never imports it)
-        code = main(request["argv"], authkey=bytes.fromhex(request["key"]))
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
-    except BaseException:  # noqa: BLE001 - the traceback goes to the driver's stderr, as a fresh worker's would
-        traceback.print_exc()
-    finally:
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        finally:
-            os._exit(code)
-
-
 def serve(driver_pid: int, reply_fd: int) -> int:
     """Import PRELOAD, say ready, then fork a worker per request line on stdin until stdin closes and the last
     worker has exited, or the driver is gone."""
@@ -349,7 +321,8 @@ def serve(driver_pid: int, reply_fd: int) -> int:
                 reply(f"failed {rid} {e}")
                 continue
             if pid == 0:
-                _child(request, reply_fd)
+                from .worker_main import run_forked  # lazy: the worker's side, in the child only
+                run_forked(request, reply_fd)
             children.add(pid)
             reply(f"forked {rid} {pid}")
     return 0

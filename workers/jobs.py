@@ -23,8 +23,8 @@ import torch.distributed as dist
 from .bridge.build import prepare_comfy
 from .bridge.carry import Bypass, HookWeights, ObjectValues, rebuild_call
 from .load_job import job_load_model, unhook_all
+from .job_run import Cancelled, JobRun
 from .messages import ComfyRuntime, ForwardJob, LoopJob
-from .serve import Cancelled, JobRun
 from .transport import WEIGHT_PREFIX, Arena, read_tensor, tensor_dtype
 
 

@@ -28,7 +28,6 @@ from . import forkserver, residency
 from .collect import JobCollection
 from .errors import (JobCancelled, JobResult, JobTimeout, PoolError, StartupError, WorkerDied, WorkerError, WorkerOOM,
                      WorkerStalled)
-from .fake_worker import parse_behaviour
 from .launch import World, balance_spec
 from .messages import LoadJob, NativeSpec, VaeSpec
 from .platform_support import check_os, check_pool
@@ -76,6 +75,7 @@ class WorkerPool(JobCollection):
                  stall_timeout_s: float | None = None, share_devices: bool | None = None,
                  balance: str | None = None, forks=None):
         if fake is not None:
+            from .fake_worker import parse_behaviour  # lazy: an entry module (-m), kept out of the package import
             parse_behaviour(fake)
         if device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {device!r}")

@@ -1,4 +1,4 @@
-"""The worker's receive side (workers/serve.py): one reader, the main thread, and no hand-off on the hot path.
+"""The worker's receive side (workers/worker_main.py): one reader, the main thread, and no hand-off on the hot path.
 
 Over a real socket pair with the pool's own message encoding: jobs arrive in
 order and `stop` ends the loop; a cancel sent while a job runs is seen at the
@@ -18,7 +18,8 @@ from multiprocessing.connection import Connection
 import pytest
 
 from comfyui_hybrid_parallel.workers.protocol import Channel
-from comfyui_hybrid_parallel.workers.serve import Cancelled, Inbox, ParentWatch, serve
+from comfyui_hybrid_parallel.workers.job_run import Cancelled
+from comfyui_hybrid_parallel.workers.worker_main import Inbox, ParentWatch, serve
 
 
 class StubWatch:
