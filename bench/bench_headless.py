@@ -66,9 +66,14 @@ def one_run(mode: str, comfy_dir) -> dict:
     server.start()
     try:
         row = {"mode": mode, "ksampler_first_s": round(timed_prompt(server, _graph(None, "ks1")), 3),
-               "ksampler_warm_s": round(timed_prompt(server, _graph(None, "ks2", seed=43)), 3),
-               "pool_u2_first_s": round(timed_prompt(server, _graph({"ulysses_degree": 2}, "u2")), 3),
-               "pool_u2_warm_s": round(timed_prompt(server, _graph({"ulysses_degree": 2}, "u2b", seed=44)), 3)}
+               "ksampler_warm_s": round(timed_prompt(server, _graph(None, "ks2", seed=43)), 3)}
+        # nothing set and no prompt of the pack's nodes yet: not one process of the pack's
+        row["processes_before_pool_prompt"] = len(server.fork_server_pids()) + len(server.worker_pids())
+        if mode == "queued" and row["processes_before_pool_prompt"]:
+            raise RuntimeError(f"a server whose prompts held none of the pack's nodes started "
+                               f"{row['processes_before_pool_prompt']} process(es) of the pack")
+        row.update({"pool_u2_first_s": round(timed_prompt(server, _graph({"ulysses_degree": 2}, "u2")), 3),
+                    "pool_u2_warm_s": round(timed_prompt(server, _graph({"ulysses_degree": 2}, "u2b", seed=44)), 3)})
         status = server.get("/hybrid_parallel/pool")
         row["prestarted"] = (status.get("prestart") or {}).get("mesh")
     finally:
@@ -110,7 +115,9 @@ def main(argv=None):
     lines += ["", "queued: nothing set, a ComfyUI that never ran the pack - the world starts when the prompt is queued. "
               "restarted: nothing set, the same ComfyUI restarted after one pool prompt - the world its last prompt "
               "asked for starts with it. prestart: HP_PRESTART=<the API prompt file>, the spares and that world start "
-              "with ComfyUI. Each run a fresh server (restarted: its second life), the modes interleaved."]
+              "with ComfyUI. Each run a fresh server (restarted: its second life), the modes interleaved.", "",
+              "Processes of the pack on a queued-mode server after its two KSampler prompts (none of the pack's nodes): "
+              f"{sorted({r['processes_before_pool_prompt'] for r in rows if r['mode'] == 'queued'})} over the runs."]
     print("\n".join(lines))
     write_results("headless_quick" if args.quick else "headless", rows, "\n".join(lines))
 

@@ -36,7 +36,10 @@ def test_the_first_world_forks_from_the_head_start_and_a_headless_prompt_starts_
     srv.start()
     try:
         time.sleep(2.0)
-        # nothing before use: no process at ComfyUI's start
+        # nothing before use: no process at ComfyUI's start, nor for a prompt without the pack's nodes
+        assert srv.fork_server_pids() == [] and srv.worker_pids() == []
+        entry = srv.run(workflow(None, "plain", 64, 64))
+        assert entry["status"]["status_str"] == "success", (entry["status"], srv.tail())
         assert srv.fork_server_pids() == [] and srv.worker_pids() == []
         assert srv.post("/hybrid_parallel/warm", {}) == {"ok": True, "spares": 2, "world": None}  # a workflow opened
         deadline = time.monotonic() + 60
