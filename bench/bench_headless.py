@@ -116,7 +116,8 @@ def main(argv=None):
               "restarted: nothing set, the same ComfyUI restarted after one pool prompt - the world its last prompt "
               "asked for starts with it. prestart: HP_PRESTART=<the API prompt file>, the spares and that world start "
               "with ComfyUI. Each run a fresh server (restarted: its second life), the modes interleaved.", "",
-              "Processes of the pack on a queued-mode server after its two KSampler prompts (none of the pack's nodes): "
+              "Processes of the pack on a queued-mode server after its two KSampler prompts (none of the pack's "
+              "nodes): "
               f"{sorted({r['processes_before_pool_prompt'] for r in rows if r['mode'] == 'queued'})} over the runs."]
     print("\n".join(lines))
     write_results("headless_quick" if args.quick else "headless", rows, "\n".join(lines))

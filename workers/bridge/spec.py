@@ -159,8 +159,8 @@ def sent_tensors(module, cast: bool = True, unhooked: dict | None = None) -> dic
 
 def loader_tensors(diffusion_model) -> dict:
     """{name: description} of the weights a custom loader holds as its own tensor subclass (GGUF); {} for none.
-    ComfyUI's own quantized weights are not a loader's (native_spec carries them as NativeSpec.quantized): every method that
-    holds whole weights runs them, tensor parallel checks their layout (parallel/tp.py)."""
+    ComfyUI's own quantized weights are not a loader's (native_spec carries them as NativeSpec.quantized): every
+    method that holds whole weights runs them, tensor parallel checks their layout (parallel/tp.py)."""
     return {k: describe(t, k) for k, t in host_tensors(diffusion_model).items() if not is_plain(t)}
 
 
