@@ -114,6 +114,30 @@ def test_the_rules_refuse_where_the_change_would_be_lost(sd3, monkeypatch):
     assert kernel.verdict("step") == REFUSED and "--use-" in kernel.fix
 
 
+def test_libraries_installed_outside_the_interpreters_scheme_are_libraries(comfy, tmp_path, monkeypatch):
+    """torch or einops from a `pip install --target` folder, the user site or an image's packages on PYTHONPATH (the
+    GPU kit's environment) are libraries, not a node's code: a folder on sys.path holding distributions' records. A
+    folder without them, or one under custom_nodes (a pack that put itself on sys.path), stays a node's."""
+    import importlib
+
+    from comfyui_hybrid_parallel.workers.bridge.inplace import Reader, library_folders
+    target, loose = tmp_path / "target", tmp_path / "loose"
+    pack = tmp_path / "custom_nodes" / "a_pack"
+    for folder, name in ((target, "hp_t_lib"), (loose, "hp_t_loose"), (pack, "hp_t_pack")):
+        folder.mkdir(parents=True)
+        (folder / f"{name}.py").write_text("def f(x):\n    return x\n")
+        monkeypatch.syspath_prepend(str(folder))
+    (target / "hp_t_lib-1.0.dist-info").mkdir()
+    (pack / "hp_t_pack-1.0.dist-info").mkdir()
+    found = library_folders(None)
+    assert str(target) in found and str(loose) not in found and str(pack) not in found, found
+    reader = Reader()
+    lib, node, packed = (importlib.import_module(n).f for n in ("hp_t_lib", "hp_t_loose", "hp_t_pack"))
+    assert reader.foreign(lib) is None and reader.foreign(node) is node and reader.foreign(packed) is packed
+    # ComfyUI's own tree on sys.path (its main.py puts it first) is ComfyUI's, whatever it holds
+    assert not any(p == reader.comfy or p.startswith(reader.comfy + "/") for p in library_folders(reader.comfy))
+
+
 def test_the_check_is_cheap(sd3):
     """Microseconds-to-a-millisecond per prompt on the tiny model (bench/bench_in_place.py measures a 12B Flux)."""
     import time

@@ -57,14 +57,44 @@ def comfy_root() -> str | None:
     return os.path.dirname(os.path.dirname(os.path.abspath(f))) if f else None
 
 
+def library_folders(comfy: str | None) -> set:
+    """The folders on sys.path that installed libraries live in besides the interpreter's own scheme (sysconfig's
+    purelib): `pip install --user`'s site, a `pip install --target` folder or an image's packages put on the path by
+    PYTHONPATH or a .pth file. Such a folder holds the distributions' `*.dist-info` / `*.egg-info` records; one inside
+    ComfyUI's tree or under a custom_nodes folder never counts (a pack that put its own folder on sys.path stays a
+    pack). Why: torch's or einops' functions imported from there were taken for a node's code, and every graph on
+    such an installation was refused ("a node (torch.functional:einsum) adds ...": the GPU kit's rehearsal)."""
+    return set(_library_folders(tuple(sys.path), comfy))
+
+
+@functools.lru_cache(maxsize=64)
+def _library_folders(entries: tuple, comfy: str | None) -> frozenset:
+    """library_folders for one sys.path (read once per path: the check runs at every prompt)."""
+    found = set()
+    for entry in entries:
+        path = os.path.abspath(entry) if entry else ""
+        if not path or not os.path.isdir(path) or "custom_nodes" in path.split(os.sep):
+            continue
+        if comfy and (path == comfy or path.startswith(comfy + os.sep)):
+            continue
+        try:
+            names = os.listdir(path)
+        except OSError:
+            continue
+        if any(n.endswith((".dist-info", ".egg-info")) for n in names):
+            found.add(path)
+    return frozenset(found)
+
+
 def _roots(comfy: str | None) -> tuple:
     """(folder, kind) by which a file's place is judged, the longest folder holding it deciding: ComfyUI's tree is
     'comfy' but for its custom_nodes ('foreign'); the pack is 'own' (installed in custom_nodes, or a checkout
     holding a venv with ComfyUI inside), its tests 'foreign' (their stand-in nodes are other packs); Python and the
-    installed libraries 'own'."""
+    installed libraries 'own' (the interpreter's scheme and `library_folders`)."""
     paths = sysconfig.get_paths()
     roots = [(os.path.abspath(r), "own") for r in {paths.get(k) for k in ("stdlib", "platstdlib", "purelib",
                                                                              "platlib")} | {sys.base_prefix} if r]
+    roots += [(r, "own") for r in library_folders(comfy)]
     roots += [(PACK_ROOT, "own"), (os.path.join(PACK_ROOT, "tests"), "foreign")]
     if comfy:
         roots += [(comfy, "comfy"), (os.path.join(comfy, "custom_nodes"), "foreign")]
