@@ -1,9 +1,10 @@
 """The fork server: one interpreter that has imported torch forks every worker of the worlds on this machine.
 
-Why: a world start was mostly imports, paid by every rank of every world - `import torch` (~1.7 s of CPU here, more
-with CUDA libraries), torch's compiler front end that ComfyUI's ops pull in (~1.7 s) and the libraries ComfyUI's
-model code imports (transformers, torchvision: ~1.5 s), 4-5 s of CPU per rank, 10 s of wall time for a
-4-rank world on a 2-core machine. A fork of an interpreter that already holds them costs milliseconds, so a config
+Why: a world start was mostly imports, paid by every rank of every world - `import torch` (0.7-1.7 s of CPU here,
+more with CUDA libraries) and torch's compiler front end that ComfyUI's comfy.model_management pulls in (0.6-1.7 s),
+several seconds of CPU per rank, 10 s of wall time for a 4-rank world on a 2-core machine (the libraries only
+ComfyUI's VAE and text-encoder code imports - transformers, torchvision - are left to the ranks that build a VAE:
+see PRELOAD). A fork of an interpreter that already holds them costs milliseconds, so a config
 change (a new world) costs the driver ~1 s instead, and the imported pages are shared copy-on-write between the
 ranks. Same idea as multiprocessing's forkserver, without its re-import of ComfyUI's main.py in every child.
 
