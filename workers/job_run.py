@@ -1,8 +1,8 @@
 """What a running job sees of its rank's loop (workers/worker_main.serve): the cancel flag and progress reporting,
 and the exception a cancelled job ends with.
 
-Kept apart from the loop so the jobs (workers/jobs.py) and the fake worker reach them without importing the rank's
-entry module, which imports the jobs (no import circle); no torch here.
+Kept apart from the loop so the jobs (workers/jobs.py) reach them without importing the rank's entry module, which
+imports the jobs (no import circle); no torch here.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ class Cancelled(Exception):
 class JobRun:
     """What a handler sees of its job: progress reporting and the cancel flag."""
 
-    def __init__(self, channel, job_id: int, rank: int, inbox: "Inbox"):
+    def __init__(self, channel, job_id: int, rank: int, inbox):  # inbox: worker_main.Inbox
         self.channel, self.job_id, self.rank = channel, job_id, rank
         self._inbox = inbox
 

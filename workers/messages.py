@@ -195,12 +195,20 @@ class LoadJob(_Message):
         (workers/protocol.VAE_FAMILIES), else a NativeSpec. Chosen by the family and not by a field of its own: the
         family already says what the rank builds, and a second statement of it could disagree with the first."""
         self._check_key()
-        kind = VaeSpec if self.family in VAE_FAMILIES else NativeSpec
-        if isinstance(self.native, dict):
-            try:
-                object.__setattr__(self, "native", kind.from_message(self.native))
-            except (TypeError, ValueError) as e:
-                raise ValueError(f"{self._what} {self.key!r}: its native spec: {e}") from None
-        elif self.native is not None and not isinstance(self.native, kind):
-            raise ValueError(f"{self._what} {self.key!r} of family {self.family!r} builds from a {kind.__name__}, "
-                             f"got a {type(self.native).__name__}")
+        if self.native is not None:
+            object.__setattr__(self, "native", typed_native(self.family, self.native, f"{self._what} {self.key!r}"))
+
+
+def typed_native(family: str, native, what: str):
+    """`native` as the spec `family` builds - a VaeSpec for a VAE family (workers/protocol.VAE_FAMILIES), else a
+    NativeSpec - read back from its JSON form; a ValueError naming `what` for a misspelt field or the other kind.
+    LoadJob reads its spec through it, and the pool checks a spec with it before any weight is written."""
+    kind = VaeSpec if family in VAE_FAMILIES else NativeSpec
+    if isinstance(native, dict):
+        try:
+            return kind.from_message(native)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{what}: its native spec: {e}") from None
+    if not isinstance(native, kind):
+        raise ValueError(f"{what} of family {family!r} builds from a {kind.__name__}, got a {type(native).__name__}")
+    return native

@@ -29,7 +29,7 @@ from .collect import JobCollection
 from .errors import (JobCancelled, JobResult, JobTimeout, PoolError, StartupError, WorkerDied, WorkerError, WorkerOOM,
                      WorkerStalled)
 from .launch import World, balance_spec
-from .messages import LoadJob, NativeSpec, VaeSpec
+from .messages import LoadJob, NativeSpec, VaeSpec, typed_native
 from .platform_support import check_os, check_pool
 from .protocol import model_families
 from .sweep import sweep_stale
@@ -350,8 +350,7 @@ class WorkerPool(JobCollection):
             raise ValueError("give the weights: state_dict=... (a dict, or a callable returning it)")
         base = {"key": key, "family": family}
         if native is not None:
-            base["native"] = native
-            LoadJob(**base, decision={})  # the spec's kind for the family, checked before any weight is written
+            base["native"] = typed_native(family, native, f"the load of {key!r}")  # before any weight is written
         if lineage is not None:
             base["lineage"] = lineage
         return self._load(config, base, state_dict=state_dict, timeout_s=timeout_s, lineage=lineage, adopt=adopt,
