@@ -32,7 +32,7 @@ import subprocess
 import sys
 import threading
 
-from .bootstrap import BOOTSTRAP, PACKAGE, pack_root
+from .bootstrap import BOOTSTRAP, PACKAGE, imports_without_gc, pack_root
 
 # Imported by the server before it says ready: torch, its distributed package and the compiler front end that
 # ComfyUI's own comfy.model_management pulls in (through comfy_kitchen), with the small libraries every diffusion
@@ -267,11 +267,12 @@ class ForkServer:
 
 # ---- the server's side ----
 def _preload() -> None:
-    for name in PRELOAD:
-        try:
-            importlib.import_module(name)
-        except Exception:  # noqa: BLE001 - a head start only: a module that fails here is imported, or fails, later
-            pass
+    with imports_without_gc(freeze=True):
+        for name in PRELOAD:
+            try:
+                importlib.import_module(name)
+            except Exception:  # noqa: BLE001 - a head start only: a module failing here is imported (or fails) later
+                pass
 
 
 def serve(driver_pid: int, reply_fd: int) -> int:

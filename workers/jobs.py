@@ -13,6 +13,7 @@ values from every rank (the driver keeps rank 0's and lists all of them).
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import sys
 import time
@@ -86,7 +87,10 @@ def job_health(state: WorkerState, ctx, payload: dict) -> dict:
             "layouts": len(state.engine.models),  # resident models counting each mesh's layout of one key
             "evicted": list(state.engine.evicted),
             "loads": state.engine.loads, "model_calls": state.model_calls,
-            "first_block_hits": state.engine.first_block_hits(), "rss_bytes": _rss_bytes(), "comfy_imported": "comfy.model_management" in sys.modules,
+            "first_block_hits": state.engine.first_block_hits(), "rss_bytes": _rss_bytes(),
+            "comfy_imported": "comfy.model_management" in sys.modules,
+            # the collector runs here (imports only pause it) and skips what a fork server imported (frozen there)
+            "gc": {"enabled": gc.isenabled(), "frozen": gc.get_freeze_count()},
             "staged": _staged(), "speeds": ctx.speeds,
             # what this rank's allocator holds on its GPU (the session's "memory returned" reads it); None on a CPU
             "device_reserved_bytes": torch.cuda.memory_reserved(state.device) if state.device.type == "cuda" else None}

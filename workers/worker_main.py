@@ -26,6 +26,7 @@ import time
 import traceback
 from collections import deque
 
+from .bootstrap import imports_without_gc
 from .cluster import read_authkey_file
 from .job_run import Cancelled, JobRun
 from .protocol import ProtocolError, connect
@@ -141,14 +142,16 @@ def main(argv=None, authkey: bytes | None = None) -> int:
     if not args.torchrun:  # a cluster worker owns no files of the driver's machine
         watch.prefix, watch.tmpdir = init["shm_prefix"], os.path.dirname(args.address)
     try:
-        ctx, device = _join_world(args, init)
+        with imports_without_gc():  # torch (a fresh interpreter's) and the engine
+            ctx, device = _join_world(args, init)
     except BaseException as e:  # noqa: BLE001 - tell the driver why, then exit
         channel.send("ready", rank=args.rank, ok=False,
                      error=f"{type(e).__name__}: {e}\n{traceback.format_exc()}")
         return 2
     channel.send("ready", rank=args.rank, ok=True, device=str(device))
 
-    from .jobs import WorkerState, make_executor  # lazy: torch and the engine, once _join_world set the rank up
+    with imports_without_gc():
+        from .jobs import WorkerState, make_executor  # lazy: torch and the engine, once _join_world set the rank up
 
     state = WorkerState(args.rank, device, init["shm_prefix"], init.get("max_models", 2),
                         broadcast_tensors=bool(init.get("broadcast_tensors")))

@@ -29,6 +29,7 @@ import sys
 import torch
 
 from ...parallel.shard import wrapper_parts
+from ..bootstrap import imports_without_gc
 from ..messages import ComfyRuntime, ModelOps, NativeSpec, VaeSpec
 from .loader_types import (INNER, comfy_quant_tensor, host_tensors, operations, rebuild, rebuild_quantized,
                            register_packages)
@@ -322,8 +323,9 @@ def prepare_comfy(runtime: ComfyRuntime, sequence_parallel: bool) -> None:
     """import_comfy as the driver's ComfyUI is configured (comfy_runtime), and its attention module: every diffusion
     model imports it, it picks its kernel from the arguments just set, and it is most of a model class's import
     (0.1 s)."""
-    import_comfy(runtime, sequence_parallel=sequence_parallel)
-    import comfy.ldm.modules.attention  # noqa: F401
+    with imports_without_gc():
+        import_comfy(runtime, sequence_parallel=sequence_parallel)
+        import comfy.ldm.modules.attention  # noqa: F401
 
 
 # ---- the driver's side: what a worker needs to import ComfyUI as ComfyUI's own process did ----
