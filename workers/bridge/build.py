@@ -173,8 +173,9 @@ def build_native(spec: NativeSpec, weights: dict, device: torch.device, sequence
     """ComfyUI's diffusion model of `spec`, holding `weights` (assigned, not copied; a loader's tensors already
     rebuilt by `loader_weights`), with the operations ComfyUI picks for `device` - or the loader's own; the model
     itself stays on the host (the engine moves its shard)."""
-    comfy = import_comfy(spec.runtime, sequence_parallel)
-    module = importlib.import_module(spec.module)
+    with imports_without_gc():
+        comfy = import_comfy(spec.runtime, sequence_parallel)
+        module = importlib.import_module(spec.module)
     cls = module
     for part in spec.class_name.split("."):
         cls = getattr(cls, part)
@@ -275,8 +276,9 @@ def build_native_vae(spec: VaeSpec, weights: dict) -> torch.nn.Module:
     """ComfyUI's own VAE model (the `first_stage_model` its VAE Decode runs) for `weights`, picked by ComfyUI's own
     detection from the weights' names and shapes - the class and configuration the driver's ComfyUI built - on the
     meta device, then holding `weights` (assigned, not copied: the ranks share the mapped pages)."""
-    import_comfy(spec.runtime, sequence_parallel=False)
-    import comfy.sd
+    with imports_without_gc():  # comfy.sd: ComfyUI's VAE and text-encoder code, transformers with it (~1.2 s)
+        import_comfy(spec.runtime, sequence_parallel=False)
+        import comfy.sd
 
     meta = {k: torch.empty(tuple(v.shape), dtype=v.dtype, device="meta") for k, v in weights.items()}
     with torch.device("meta"):
