@@ -70,10 +70,11 @@ def _join_world(args, init: dict):
     """init_process_group + ParallelContext; returns (ctx, device)."""
     threads = int(init.get("threads") or 1)
     os.environ["OMP_NUM_THREADS"] = str(threads)
-    import torch
-    import torch.distributed as dist
+    with imports_without_gc():  # torch (a fresh interpreter's) and the engine; not the join's wait below
+        import torch
+        import torch.distributed as dist
 
-    from comfyui_hybrid_parallel.parallel import ParallelConfig, ParallelContext
+        from comfyui_hybrid_parallel.parallel import ParallelConfig, ParallelContext
 
     torch.set_num_threads(threads)
     config = ParallelConfig.from_dict(init["config"])
@@ -142,8 +143,7 @@ def main(argv=None, authkey: bytes | None = None) -> int:
     if not args.torchrun:  # a cluster worker owns no files of the driver's machine
         watch.prefix, watch.tmpdir = init["shm_prefix"], os.path.dirname(args.address)
     try:
-        with imports_without_gc():  # torch (a fresh interpreter's) and the engine
-            ctx, device = _join_world(args, init)
+        ctx, device = _join_world(args, init)
     except BaseException as e:  # noqa: BLE001 - tell the driver why, then exit
         channel.send("ready", rank=args.rank, ok=False,
                      error=f"{type(e).__name__}: {e}\n{traceback.format_exc()}")
